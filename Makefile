@@ -1,0 +1,41 @@
+# Fresh machine: `make demo` records the examples and shows the record; `make test` runs the suite.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STORE ?= .auditlog
+
+.PHONY: venv install demo test lint typecheck bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch is installed first and pinned: an unpinned torch can pull a multi-GB CUDA build.
+venv: $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+
+install: venv
+
+demo: venv
+	$(BIN)/auditlog run examples/train_mlp.py --epochs 2
+	$(BIN)/auditlog run examples/train_cnn.py --epochs 2
+	$(BIN)/auditlog runs
+	$(BIN)/auditlog events latest --kind module_registered --limit 12
+	$(BIN)/auditlog events latest --kind optimizer_step --limit 3
+	$(BIN)/auditlog verify all
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+lint: venv
+	$(BIN)/ruff check auditlog cli migrations tests examples benchmarks
+
+typecheck: venv
+	$(BIN)/mypy auditlog
+
+bench: venv
+	$(BIN)/python benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) $(STORE) build *.egg-info

@@ -1,0 +1,5 @@
+"""Capture layer: global PyTorch hooks -> lightweight records on a queue.
+
+Nothing in this package touches SQL, JSON, files or hashing; it knows nothing of
+storage. See ``recorder.py`` for the hooks and ``buffer.py`` for the queue.
+"""

@@ -1,0 +1,81 @@
+"""Find the line of user code responsible for the current hook call.
+
+Uses ``sys._getframe`` and a per-code-object cache; ``inspect.stack()`` reads
+source files for every frame and is orders of magnitude slower. Frames inside
+torch, auditlog and the import machinery are skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import CodeType, FrameType
+from typing import Any
+
+import torch
+
+import auditlog
+
+_SKIP_DIRS = tuple(
+    os.path.dirname(os.path.abspath(mod.__file__)) + os.sep
+    for mod in (torch, auditlog)
+    if mod.__file__
+)
+_skip_cache: dict[CodeType, bool] = {}
+Location = dict[str, Any]
+
+
+def _skipped(code: CodeType) -> bool:
+    hit = _skip_cache.get(code)
+    if hit is None:
+        name = code.co_filename
+        hit = name.startswith(_SKIP_DIRS) or name.startswith("<frozen")
+        _skip_cache[code] = hit
+    return hit
+
+
+def _location(frame: FrameType) -> Location:
+    code = frame.f_code
+    return {"file": code.co_filename, "line": frame.f_lineno, "function": code.co_name}
+
+
+def user_location(depth: int = 2) -> Location | None:
+    """The innermost frame outside torch and auditlog, as ``{file, line, function}``."""
+    try:
+        frame: FrameType | None = sys._getframe(depth)
+    except ValueError:
+        return None
+    while frame is not None:
+        if not _skipped(frame.f_code):
+            return _location(frame)
+        frame = frame.f_back
+    return None
+
+
+def construction_location(module: object, depth: int = 2) -> Location | None:
+    """Where ``module`` was constructed: the caller of its outermost ``__init__``.
+
+    A module is first seen when its own parameters or children register, which is
+    inside its ``__init__``; the interesting line is the one that called the
+    constructor (``self.fc = nn.Linear(...)``), so walk outward past every
+    ``__init__`` frame whose ``self`` is this module, then past torch frames.
+    """
+    try:
+        frame: FrameType | None = sys._getframe(depth)
+    except ValueError:
+        return None
+    outermost: FrameType | None = None
+    probe = frame
+    while probe is not None:
+        code = probe.f_code
+        if code.co_name == "__init__" and code.co_argcount > 0:
+            first = code.co_varnames[0]
+            if probe.f_locals.get(first) is module:
+                outermost = probe
+        probe = probe.f_back
+    start = outermost.f_back if outermost is not None else frame
+    while start is not None:
+        if not _skipped(start.f_code):
+            return _location(start)
+        start = start.f_back
+    return None

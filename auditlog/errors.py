@@ -1,0 +1,66 @@
+"""The one exception hierarchy of auditlog, and the exit code each maps to.
+
+Every driver or file error that reaches a user is converted into one of these in
+one place (the store module for storage, the CLI boundary for everything else), so
+the CLI can print a single ``Error: ...`` line and exit with a documented code.
+"""
+
+from __future__ import annotations
+
+
+class AuditlogError(Exception):
+    """Base class: a problem the user can act on. Exit code 1."""
+
+    exit_code = 1
+
+
+class UsageError(AuditlogError):
+    """Bad arguments: an unknown event kind, a malformed step range. Exit code 2."""
+
+    exit_code = 2
+
+
+class StoreError(AuditlogError):
+    """The store cannot be used: missing, foreign, corrupt or of another schema. Exit code 3."""
+
+    exit_code = 3
+
+
+class StoreMissingError(StoreError):
+    """Nothing is stored at the location yet (reading commands need an existing store)."""
+
+
+class NotAStoreError(StoreError):
+    """The location holds something that is not an auditlog store; it is left untouched."""
+
+
+class SchemaTooOldError(StoreError):
+    """The store was written by an older auditlog; ``auditlog db upgrade`` brings it forward."""
+
+
+class SchemaTooNewError(StoreError):
+    """The store was written by a newer auditlog; this version refuses to touch it."""
+
+
+class RunNotFoundError(AuditlogError):
+    """No run matches the selector, or a prefix matches more than one run. Exit code 1."""
+
+
+class IntegrityError(AuditlogError):
+    """``verify`` found the record altered: a broken hash chain or a sequence gap. Exit code 4."""
+
+    exit_code = 4
+
+
+class RecordingActiveError(AuditlogError):
+    """A second ``record()`` while one is active: hooks would be doubled, so it is refused."""
+
+
+EXIT_CODES: dict[str, int] = {
+    "success": 0,
+    "error (bad input, unknown run)": 1,
+    "usage (bad option or argument)": 2,
+    "store refused (missing, foreign, corrupt, other schema)": 3,
+    "integrity check failed (verify)": 4,
+    "interrupted (Ctrl-C)": 130,
+}

@@ -1,0 +1,230 @@
+"""Replay: fold construction events into the module tree they describe.
+
+Events carry identities, not names. Replay rebuilds each module's ordered
+children/parameters/buffers exactly as ``torch.nn.Module`` keeps them (a name
+lives in one of the three dicts; re-registering a name keeps its position;
+``register_module(name, None)`` leaves a None entry), and then derives
+fully-qualified names the way ``named_modules``/``named_parameters`` do,
+including their de-duplication of shared modules and tied tensors.
+
+This is a pure function of the event sequence.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+CONSTRUCTION_KINDS = (
+    "module_registered",
+    "parameter_registered",
+    "buffer_registered",
+    "construction_sealed",
+)
+
+
+@dataclass
+class ModuleNode:
+    """One module as replayed: class, where it was built, and its ordered members."""
+
+    module_id: int
+    cls: str | None = None
+    source: dict[str, Any] | None = None
+    children: dict[str, int | None] = field(default_factory=dict)
+    parameters: dict[str, int | None] = field(default_factory=dict)
+    buffers: dict[str, int | None] = field(default_factory=dict)
+
+    def drop_name(self, name: str) -> None:
+        """Assigning a name to one kind of member removes it from the others (as torch does)."""
+        self.children.pop(name, None)
+        self.parameters.pop(name, None)
+        self.buffers.pop(name, None)
+
+
+@dataclass
+class TensorInfo:
+    """A parameter or buffer as replayed."""
+
+    tensor_id: int
+    role: str
+    shape: list[int] | None
+    dtype: str | None
+    device: str | None
+    requires_grad: bool | None = None
+    persistent: bool | None = None
+    source: dict[str, Any] | None = None
+    initial_sha256: str | None = None
+    initial_stats: dict[str, Any] | None = None
+
+
+@dataclass
+class ModelState:
+    """The module forest at some point of a run."""
+
+    modules: dict[int, ModuleNode] = field(default_factory=dict)
+    tensors: dict[int, TensorInfo] = field(default_factory=dict)
+    last_seq: int = 0
+
+    def node(self, module_id: int, cls: str | None = None) -> ModuleNode:
+        found = self.modules.get(module_id)
+        if found is None:
+            found = self.modules[module_id] = ModuleNode(module_id)
+        if cls is not None and found.cls is None:
+            found.cls = cls
+        return found
+
+    # ------------------------------------------------------------------ names
+    def roots(self) -> list[int]:
+        """Modules that are nobody's child now, in order of first appearance."""
+        children = {c for m in self.modules.values() for c in m.children.values() if c is not None}
+        return [m for m in self.modules if m not in children]
+
+    def named_modules(self, root: int, prefix: str = "") -> Iterator[tuple[str, int]]:
+        """Like ``Module.named_modules()``: depth-first, each module once."""
+        memo: set[int] = set()
+
+        def walk(module_id: int, path: str) -> Iterator[tuple[str, int]]:
+            if module_id in memo:
+                return
+            memo.add(module_id)
+            yield path, module_id
+            node = self.modules.get(module_id)
+            if node is None:
+                return
+            for name, child in node.children.items():
+                if child is not None:
+                    yield from walk(child, f"{path}.{name}" if path else name)
+
+        yield from walk(root, prefix)
+
+    def _named_members(self, root: int, which: str) -> Iterator[tuple[str, int]]:
+        memo: set[int] = set()
+        for path, module_id in self.named_modules(root):
+            members: dict[str, int | None] = getattr(self.modules[module_id], which)
+            for name, tensor_id in members.items():
+                if tensor_id is None or tensor_id in memo:
+                    continue
+                memo.add(tensor_id)
+                yield (f"{path}.{name}" if path else name), tensor_id
+
+    def named_parameters(self, root: int) -> Iterator[tuple[str, int]]:
+        """Like ``Module.named_parameters()`` (tied weights once, under the first name)."""
+        return self._named_members(root, "parameters")
+
+    def named_buffers(self, root: int) -> Iterator[tuple[str, int]]:
+        """Like ``Module.named_buffers()``."""
+        return self._named_members(root, "buffers")
+
+    def module_names(self) -> dict[int, list[str]]:
+        """Every qualified name of every module, over all roots (root: its class name)."""
+        names: dict[int, list[str]] = {}
+        for root in self.roots():
+            for path, module_id in self.named_modules(root):
+                names.setdefault(module_id, []).append(path)
+        return names
+
+    def tensor_names(self) -> dict[int, list[str]]:
+        """Every qualified name of every tensor (tied weights have several)."""
+        names: dict[int, list[str]] = {}
+        for root in self.roots():
+            for path, module_id in self._all_paths(root):
+                node = self.modules[module_id]
+                for member in (node.parameters, node.buffers):
+                    for name, tensor_id in member.items():
+                        if tensor_id is not None:
+                            full = f"{path}.{name}" if path else name
+                            if full not in names.setdefault(tensor_id, []):
+                                names[tensor_id].append(full)
+        return names
+
+    def _all_paths(self, root: int) -> Iterator[tuple[str, int]]:
+        """Every path to every module (shared modules under each of their names)."""
+        stack: list[tuple[str, int, frozenset[int]]] = [("", root, frozenset())]
+        while stack:
+            path, module_id, seen = stack.pop()
+            yield path, module_id
+            node = self.modules.get(module_id)
+            if node is None or module_id in seen:
+                continue
+            inner = seen | {module_id}
+            for name, child in reversed(list(node.children.items())):
+                if child is not None and child not in inner:
+                    stack.append((f"{path}.{name}" if path else name, child, inner))
+
+    def root_by_class(self, suffix: str) -> int:
+        """The first root whose class name ends with ``suffix`` (tests and quick looks)."""
+        for root in self.roots():
+            cls = self.modules[root].cls or ""
+            if cls == suffix or cls.endswith("." + suffix):
+                return root
+        raise KeyError(suffix)
+
+
+def _payload(event: dict[str, Any]) -> dict[str, Any]:
+    payload = event.get("payload")
+    if isinstance(payload, str):
+        return dict(json.loads(payload))
+    return dict(payload or {})
+
+
+def apply(state: ModelState, event: dict[str, Any]) -> None:
+    """Fold one event into ``state`` (events of other kinds are ignored)."""
+    kind = event["kind"]
+    state.last_seq = int(event.get("seq") or state.last_seq)
+    if kind not in CONSTRUCTION_KINDS:
+        return
+    data = _payload(event)
+    if kind == "module_registered":
+        parent = state.node(int(event["module_id"]), data.get("parent_class"))
+        if parent.source is None and data.get("parent_source"):
+            parent.source = data["parent_source"]
+        name = data["name"]
+        child_id = data.get("child_id")
+        if name not in parent.children:
+            parent.drop_name(name)
+        parent.children[name] = child_id
+        if child_id is not None:
+            child = state.node(int(child_id), data.get("child_class"))
+            if child.source is None:
+                child.source = data.get("source")
+    elif kind in ("parameter_registered", "buffer_registered"):
+        module = state.node(int(event["module_id"]), data.get("module_class"))
+        if module.source is None and data.get("module_source"):
+            module.source = data["module_source"]
+        name = data["name"]
+        members = module.parameters if kind == "parameter_registered" else module.buffers
+        if name not in members:
+            module.drop_name(name)
+        tensor_id = event.get("tensor_id")
+        members[name] = None if tensor_id is None else int(tensor_id)
+        if tensor_id is not None:
+            role = "parameter" if kind == "parameter_registered" else "buffer"
+            info = state.tensors.get(int(tensor_id))
+            if info is None:
+                info = state.tensors[int(tensor_id)] = TensorInfo(
+                    int(tensor_id), role, data.get("shape"), data.get("dtype"), data.get("device")
+                )
+                info.source = data.get("source")
+            info.shape, info.dtype, info.device = data.get("shape"), data.get("dtype"), data.get("device")
+            if role == "parameter":
+                info.requires_grad = data.get("requires_grad")
+            else:
+                info.persistent = data.get("persistent")
+    elif kind == "construction_sealed":
+        for item in data.get("tensors", []):
+            info = state.tensors.get(int(item["tensor_id"]))
+            if info is not None:
+                info.initial_sha256 = item.get("sha256")
+                info.initial_stats = item.get("stats")
+
+
+def replay(events: Iterable[dict[str, Any]], upto_seq: int | None = None) -> ModelState:
+    """Fold events (in seq order) into a ``ModelState``, stopping after ``upto_seq``."""
+    state = ModelState()
+    for event in events:
+        if upto_seq is not None and int(event["seq"]) > upto_seq:
+            break
+        apply(state, event)
+    return state

@@ -1,0 +1,266 @@
+"""``auditlog.record()``: one recording session, as a context manager or decorator.
+
+A recording opens (or creates) the store, registers the run, starts the writer,
+installs the global hooks, and on exit removes exactly those hooks, seals what
+was never sealed, writes ``run_ended`` with the outcome and flushes. Only one
+recording may be active in a process: global hooks are process-wide, so a
+second one would double every event; it is refused with ``RecordingActiveError``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import sys
+import threading
+import traceback
+import uuid
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+import torch
+
+from auditlog.capture.buffer import RecordBuffer
+from auditlog.capture.recorder import CaptureOptions, Recorder
+from auditlog.encoding import canonical_payload
+from auditlog.errors import AuditlogError, RecordingActiveError
+from auditlog.metadata import (
+    RunStartedPayload,
+    process_start_ticks,
+    rank_and_world,
+    seeds,
+    static_metadata,
+)
+from auditlog.store.eventstore import EventStore
+from auditlog.store.location import StoreLocation
+from auditlog.writer import Writer
+
+_active: Recording | None = None
+_active_lock = threading.Lock()
+
+
+class Terminated(SystemExit):
+    """Raised in the main thread on SIGTERM so that the run ends as ``interrupted``."""
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGTERM)
+
+
+def current() -> Recording | None:
+    """The active recording in this process, if any."""
+    return _active
+
+
+class Recording(contextlib.ContextDecorator):
+    """A recording session; see ``auditlog.record``."""
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str] | StoreLocation | None = None,
+        name: str | None = None,
+        *,
+        backward: str = "grad",
+        activity_every: int = 1,
+        update_norms: bool = True,
+        code_path: str | os.PathLike[str] | None = None,
+        run_id: str | None = None,
+        handle_sigterm: bool = True,
+        argv: list[str] | None = None,
+    ) -> None:
+        self.store_spec = store if isinstance(store, StoreLocation) or store is None else os.fspath(store)
+        self.name = name
+        self.options = CaptureOptions(
+            backward=backward, activity_every=activity_every, update_norms=update_norms
+        )
+        self.code_path = Path(code_path) if code_path is not None else None
+        self.requested_run_id = run_id
+        self.handle_sigterm = handle_sigterm
+        self.argv = argv
+        self.run_id: str | None = None
+        self.stream = 0
+        self.store: EventStore | None = None
+        self.recorder: Recorder | None = None
+        self.writer: Writer | None = None
+        self._previous_sigterm: Any = None
+        self._ended = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> Recording:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop(exc)
+
+    def start(self) -> Recording:
+        """Begin recording (what ``with`` does on entry)."""
+        global _active
+        with _active_lock:
+            if _active is not None:
+                raise RecordingActiveError(
+                    f"a recording is already active in this process (run {_active.run_id}); "
+                    "nested or concurrent record() calls are refused because global hooks "
+                    "would record every event twice"
+                )
+            store = EventStore.open(self.store_spec, create=True)
+            rank, _world = rank_and_world()
+            run_id = self.requested_run_id or os.environ.get("AUDITLOG_RUN_ID") or uuid.uuid4().hex
+            static = static_metadata(self.name, self.code_path, self._policy(), self.argv)
+            store.create_run(run_id, self.name, static["host"], static["pid"], process_start_ticks(os.getpid()))
+            buffer = RecordBuffer()
+            writer = Writer(store, run_id, rank, buffer)
+            recorder = Recorder(buffer, self.options)
+            code_path = self.code_path or Path(os.getcwd())
+            recorder.emit("run_started", payload=RunStartedPayload(static, code_path.absolute()))
+            writer.start()
+            recorder.install()
+            self.store, self.writer, self.recorder = store, writer, recorder
+            self.run_id, self.stream, self._ended = run_id, rank, False
+            _active = self
+        atexit.register(self._at_exit)
+        self._install_sigterm()
+        return self
+
+    def stop(self, exc: BaseException | None = None) -> None:
+        """End recording with the outcome implied by ``exc`` (None: completed)."""
+        global _active
+        if self._ended or self.recorder is None or self.writer is None:
+            return
+        self._ended = True
+        recorder, writer = self.recorder, self.writer
+        try:
+            recorder.remove()
+            self._restore_sigterm()
+            try:
+                recorder.finish()
+            except Exception as fault:  # noqa: BLE001
+                recorder._fault("run_end_seal", fault)
+            ending = _outcome(exc)
+            ending.update(steps=recorder.step, seeds=seeds(), dropped=writer.dropped)
+            recorder.emit("run_ended", payload=ending)
+            writer.close()
+            if writer.dropped:
+                ending["dropped"] = writer.dropped
+        finally:
+            with contextlib.suppress(Exception):
+                atexit.unregister(self._at_exit)
+            if self.store is not None:
+                self.store.close()
+            with _active_lock:
+                if _active is self:
+                    _active = None
+
+    def _at_exit(self) -> None:
+        """Interpreter exit with the recording still open: close it with what we know."""
+        last = getattr(sys, "last_value", None)
+        self.stop(last if isinstance(last, BaseException) else None)
+
+    # ------------------------------------------------------------------ signals
+    def _install_sigterm(self) -> None:
+        if not self.handle_sigterm or threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                self._previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
+        except (ValueError, OSError):
+            self._previous_sigterm = None
+
+    def _restore_sigterm(self) -> None:
+        if self._previous_sigterm is not None:
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+
+    # ------------------------------------------------------------------ user API
+    def annotate(self, key: str, **fields: Any) -> None:
+        """Add a user fact (dataset hash, config, decision) to the same hash chain."""
+        recorder = self._require()
+        if not isinstance(key, str) or not key:
+            raise AuditlogError("annotation key must be a non-empty string")
+        try:
+            canonical_payload(fields)
+        except (TypeError, ValueError) as exc:
+            raise AuditlogError(f"annotation {key!r}: fields must be JSON-encodable ({exc})") from exc
+        recorder.emit("annotation", payload={"key": key, "fields": fields})
+
+    def seal(self, model: torch.nn.Module) -> None:
+        """Declare ``model`` fully constructed now: record its initial values."""
+        self._require().seal(model, "explicit")
+
+    def flush(self, timeout: float | None = 60.0) -> bool:
+        """Wait until everything recorded so far is in the store."""
+        self._require()
+        assert self.writer is not None
+        return self.writer.flush(timeout)
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps completed so far in this run."""
+        return self._require().step
+
+    def _require(self) -> Recorder:
+        if self.recorder is None or self._ended:
+            raise AuditlogError("this recording is not active")
+        return self.recorder
+
+    def _policy(self) -> dict[str, Any]:
+        return {
+            "backward": self.options.backward,
+            "activity": self.options.activity,
+            "activity_every": self.options.activity_every,
+            "update_norms": self.options.update_norms,
+        }
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
+
+
+def _outcome(exc: BaseException | None) -> dict[str, Any]:
+    """Status, exit code and exception details for the ``run_ended`` event."""
+    if exc is None:
+        return {"status": "completed", "exit_code": 0, "exception": None, "signal": None}
+    if isinstance(exc, Terminated):
+        return {"status": "interrupted", "exit_code": exc.code, "exception": None, "signal": "SIGTERM"}
+    if isinstance(exc, KeyboardInterrupt):
+        return {"status": "interrupted", "exit_code": 130, "exception": None, "signal": "SIGINT"}
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code is None or code == 0:
+            return {"status": "completed", "exit_code": 0, "exception": None, "signal": None}
+        return {
+            "status": "failed",
+            "exit_code": code if isinstance(code, int) else 1,
+            "exception": {"type": "SystemExit", "message": str(code), "traceback": None},
+            "signal": None,
+        }
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {
+        "status": "failed",
+        "exit_code": 1,
+        "exception": {"type": type(exc).__name__, "message": str(exc), "traceback": text[-20000:]},
+        "signal": None,
+    }
+
+
+def record(
+    store: str | os.PathLike[str] | StoreLocation | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> Recording:
+    """Record everything PyTorch does inside the block (or decorated function).
+
+    ``store``: a directory or database URL (default ``AUDITLOG_STORE`` or
+    ``./.auditlog``). ``name``: a label for the run. Options: ``backward``
+    (``grad``/``full``/``legacy``/``none``), ``activity_every`` (record forward
+    and backward activity every N optimizer steps), ``update_norms``.
+    """
+    return Recording(store, name, **options)

@@ -1,0 +1,95 @@
+"""Create and upgrade stores through Alembic, driven programmatically.
+
+The Alembic scripts ship inside the distribution (``auditlog.migrations``), so a
+plain ``pip install`` can create and upgrade stores without the source tree.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+from sqlalchemy import insert
+from sqlalchemy.exc import SQLAlchemyError
+
+import auditlog
+from auditlog.errors import StoreError, StoreMissingError
+from auditlog.store import schema
+from auditlog.store.eventstore import EventStore, make_engine, new_store_id
+from auditlog.store.location import StoreLocation
+
+
+def alembic_config() -> Config:
+    """An Alembic config pointing at the shipped migration scripts."""
+    from auditlog import migrations
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    return cfg
+
+
+def alembic_head() -> str:
+    """The head revision of the shipped scripts (tests compare it with schema.HEAD_REVISION)."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def _upgrade(location: StoreLocation, new: bool) -> None:
+    engine = make_engine(location)
+    try:
+        with engine.begin() as conn:
+            if new and engine.dialect.name == "sqlite":
+                conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+            cfg = alembic_config()
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+            if new:
+                conn.execute(
+                    insert(schema.auditlog_meta),
+                    [
+                        {"key": "format", "value": schema.STORE_FORMAT},
+                        {"key": "store_id", "value": new_store_id()},
+                        {"key": "created_ns", "value": str(time.time_ns())},
+                        {"key": "created_by", "value": f"auditlog {auditlog.__version__}"},
+                    ],
+                )
+    except SQLAlchemyError as exc:
+        cause = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        raise StoreError(f"cannot write store {location.display()!r}: {cause}") from exc
+    finally:
+        engine.dispose()
+
+
+def create_store(location: StoreLocation) -> None:
+    """Make a new, empty store at the current schema revision."""
+    if location.directory is not None:
+        try:
+            location.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create store directory {str(location.directory)!r}: {exc.strerror or exc}"
+            ) from exc
+    _upgrade(location, new=True)
+
+
+def upgrade_store(store: str | StoreLocation | None) -> tuple[str | None, str]:
+    """Bring a store to the head revision (creating it if nothing is there).
+
+    Returns ``(revision before, revision after)``; ``before`` is None for a new store.
+    A foreign, corrupt or newer store is refused untouched.
+    """
+    try:
+        existing = EventStore.open(store, create=False, allow_old=True)
+    except StoreMissingError:
+        created = EventStore.open(store, create=True)
+        created.close()
+        return None, created.revision
+    before = existing.revision
+    existing.close()
+    if before != schema.HEAD_REVISION:
+        _upgrade(existing.location, new=False)
+    return before, schema.HEAD_REVISION

@@ -1,0 +1,86 @@
+"""The event store schema as SQLAlchemy Core tables, and its version.
+
+Schema changelog (each entry is an Alembic revision in ``migrations/versions``):
+
+- ``0001``: ``auditlog_meta`` (store identity), ``runs`` (index of runs with
+  liveness), ``events`` (the append-only, hash-chained record).
+- ``0002``: ``checkpoints`` (signed chain heads; filled by ``auditlog keygen``
+  users, see the integrity docs).
+
+``HEAD_REVISION`` must equal Alembic's head; a test checks it. Code that reads a
+store compares the store's revision with ``KNOWN_REVISIONS`` to decide between
+"upgrade your store" and "upgrade auditlog".
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002")
+HEAD_REVISION = KNOWN_REVISIONS[-1]
+STORE_FORMAT = "auditlog-event-store"
+
+metadata = MetaData()
+
+auditlog_meta = Table(
+    "auditlog_meta",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("run_id", String(32), primary_key=True),
+    Column("name", Text),
+    Column("started_ns", BigInteger, nullable=False),
+    Column("host", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    # Process start time (clock ticks since boot, from /proc) tells a live pid
+    # from a reused one when deciding whether an unfinished run crashed.
+    Column("proc_start", BigInteger),
+    Column("last_seen_ns", BigInteger, nullable=False),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(32), nullable=False),
+    Column("stream", Integer, nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("ts_ns", BigInteger, nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("step", BigInteger),
+    Column("module_id", BigInteger),
+    Column("tensor_id", BigInteger),
+    Column("snapshot", String(64)),
+    Column("payload", Text, nullable=False),
+    Column("hash", String(64), nullable=False),
+    UniqueConstraint("run_id", "stream", "seq", name="uq_events_run_stream_seq"),
+    Index("ix_events_run_kind", "run_id", "kind"),
+)
+
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(32), nullable=False),
+    Column("stream", Integer, nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("head_hash", String(64), nullable=False),
+    Column("created_ns", BigInteger, nullable=False),
+    Column("key_fingerprint", String(64), nullable=False),
+    Column("signature", Text, nullable=False),
+)

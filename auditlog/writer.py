@@ -1,0 +1,179 @@
+"""The write side: a background thread that turns records into chained events.
+
+It drains the ``RecordBuffer`` in batches, resolves lazy payload values (device
+statistics, tensor copies to hash) off the training thread, encodes each event
+canonically, extends the stream's hash chain and inserts the batch in one
+transaction. The training thread never waits on the disk unless the buffer is
+full.
+
+If the store stops accepting writes the writer says so once on stderr, stops
+writing (so no gap ever appears inside a stream) and counts what it drops;
+training goes on.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+
+from auditlog.capture.buffer import RecordBuffer
+from auditlog.encoding import canonical_payload, chain_hash, genesis_hash
+from auditlog.store.eventstore import EventStore
+
+FLUSH = "__flush__"
+
+
+def materialize(value: Any) -> Any:
+    """Turn a payload with lazy parts (anything with ``resolve``) into plain data."""
+    resolve = getattr(value, "resolve", None)
+    if resolve is not None and not isinstance(value, type):
+        return materialize(resolve())
+    if isinstance(value, dict):
+        return {str(k): materialize(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [materialize(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value).removeprefix("torch.")
+    return value
+
+
+class Writer:
+    """Consumes one run-stream's records and appends them to the event store."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        run_id: str,
+        stream: int,
+        buffer: RecordBuffer,
+        *,
+        batch_size: int = 5000,
+        interval: float = 0.1,
+    ) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.stream = stream
+        self.buffer = buffer
+        self.batch_size = batch_size
+        self.interval = interval
+        head = store.chain_head(run_id, stream)
+        self.seq, self.head = head if head is not None else (0, genesis_hash(run_id, stream))
+        self.written = 0
+        self.dropped = 0
+        self.failure: BaseException | None = None
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="auditlog-writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # ------------------------------------------------------------------ control
+    def flush(self, timeout: float | None = 60.0) -> bool:
+        """Block until every record queued before this call is written (or dropped)."""
+        if not self._thread.is_alive():
+            self._drain_all()
+            return True
+        done = threading.Event()
+        self.buffer.put((FLUSH, done))
+        self.buffer.wakeup.set()
+        return done.wait(timeout)
+
+    def close(self, timeout: float | None = 60.0) -> None:
+        """Write everything still queued, then stop the thread."""
+        self.flush(timeout)
+        self._stop = True
+        self.buffer.wakeup.set()
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ loop
+    def _loop(self) -> None:
+        while True:
+            worked = self._drain_once()
+            if self._stop and not len(self.buffer):
+                return
+            if not worked:
+                self.buffer.wakeup.wait(self.interval)
+                self.buffer.wakeup.clear()
+
+    def _drain_all(self) -> None:
+        while self._drain_once():
+            pass
+
+    def _drain_once(self) -> bool:
+        records = self.buffer.drain(self.batch_size)
+        if not records:
+            return False
+        rows: list[dict[str, Any]] = []
+        waiters: list[threading.Event] = []
+        for record in records:
+            if record[0] == FLUSH:
+                waiters.append(record[1])
+                continue
+            if self.failure is not None:
+                self.dropped += 1
+                continue
+            rows.append(self._encode(record))
+        if rows and self.failure is None:
+            self._write(rows)
+        for waiter in waiters:
+            waiter.set()
+        return True
+
+    # ------------------------------------------------------------------ encode
+    def _encode(self, record: tuple[Any, ...]) -> dict[str, Any]:
+        kind, ts_ns, step, module_id, tensor_id, payload = record
+        try:
+            text = canonical_payload(materialize(payload))
+        except Exception as exc:  # a payload that cannot be read becomes the recorder's fault
+            kind, module_id, tensor_id = "recorder_error", module_id, tensor_id
+            text = canonical_payload(
+                {"where": f"writer ({record[0]})", "type": type(exc).__name__, "message": str(exc)[:2000]}
+            )
+        self.seq += 1
+        row = {
+            "run_id": self.run_id,
+            "stream": self.stream,
+            "seq": self.seq,
+            "ts_ns": ts_ns,
+            "kind": kind,
+            "step": step,
+            "module_id": module_id,
+            "tensor_id": tensor_id,
+            "snapshot": None,
+            "payload": text,
+        }
+        self.head = row["hash"] = chain_hash(self.head, row)
+        return row
+
+    def _write(self, rows: list[dict[str, Any]]) -> None:
+        delay = 0.05
+        for attempt in range(5):
+            try:
+                self.store.append(rows, self.run_id)
+                self.written += len(rows)
+                return
+            except Exception as exc:  # noqa: BLE001 - any failure means the store is gone
+                if attempt == 4:
+                    self._fail(exc, len(rows))
+                    return
+                time.sleep(delay)
+                delay *= 2
+
+    def _fail(self, exc: BaseException, lost: int) -> None:
+        self.failure = exc
+        self.dropped += lost
+        cause = str(getattr(exc, "orig", None) or exc).splitlines()[0] if str(exc) else type(exc).__name__
+        try:
+            print(
+                f"auditlog: cannot write to store {self.store.location.display()!r} ({cause}); "
+                "recording stopped, training continues",
+                file=sys.stderr,
+            )
+        except Exception:
+            pass

@@ -1,0 +1,1 @@
+"""The ``auditlog`` command line (installed as ``auditlog.cli``); thin over the library."""

@@ -1,0 +1,38 @@
+"""``auditlog db``: schema revision of a store, and upgrades through Alembic."""
+
+from __future__ import annotations
+
+import click
+
+from auditlog.cli.options import store_option
+from auditlog.store.eventstore import EventStore
+from auditlog.store.migrate import upgrade_store
+from auditlog.store.schema import HEAD_REVISION
+
+
+@click.group()
+def db() -> None:
+    """Store schema: show the revision, upgrade to the current one."""
+
+
+@db.command()
+@store_option
+def current(store: str | None) -> None:
+    """Print the store's schema revision and whether it is current."""
+    event_store = EventStore.open(store, allow_old=True)
+    event_store.close()
+    state = "current" if event_store.revision == HEAD_REVISION else f"old: run `auditlog db upgrade` (head {HEAD_REVISION})"
+    click.echo(f"{event_store.location.display()}: revision {event_store.revision} ({state})")
+
+
+@db.command()
+@store_option
+def upgrade(store: str | None) -> None:
+    """Create the store if none exists, or upgrade it to the current schema."""
+    before, after = upgrade_store(store)
+    if before is None:
+        click.echo(f"created store at revision {after}")
+    elif before == after:
+        click.echo(f"store already at revision {after}")
+    else:
+        click.echo(f"upgraded store from revision {before} to {after}")

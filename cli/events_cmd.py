@@ -1,0 +1,172 @@
+"""``auditlog events``: the events of one run, filtered, with names from replay."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import click
+
+from auditlog.cli.options import format_option, run_argument, store_option
+from auditlog.cli.output import emit_rows
+from auditlog.errors import UsageError
+from auditlog.kinds import KINDS
+from auditlog.reader import Run
+from auditlog.runs import iso, select_run
+from auditlog.store.eventstore import EventStore
+
+COLUMNS = ("seq", "step", "kind", "module", "tensor", "summary")
+_RANGE = re.compile(r"^\s*(\d*)\s*(?::\s*(\d*)\s*)?$")
+
+
+def parse_step_range(text: str | None) -> tuple[int | None, int | None] | None:
+    """``5`` -> (5, 5); ``3:7`` -> (3, 7); ``:7`` / ``3:`` open-ended."""
+    if text is None:
+        return None
+    match = _RANGE.match(text)
+    if not match or (match.group(2) is None and not match.group(1)):
+        raise UsageError(f"bad step range {text!r}: use N, A:B, A: or :B with non-negative integers")
+    low = int(match.group(1)) if match.group(1) else None
+    if match.group(2) is None and ":" not in text:
+        return low, low
+    high = int(match.group(2)) if match.group(2) else None
+    if low is not None and high is not None and low > high:
+        raise UsageError(f"bad step range {text!r}: start is after end")
+    return low, high
+
+
+def summarize(kind: str, p: dict[str, Any]) -> str:
+    """One human line per event."""
+    if kind == "module_registered":
+        return f"{p.get('name')} = {(p.get('child_class') or 'None').rsplit('.', 1)[-1]}"
+    if kind in ("parameter_registered", "buffer_registered"):
+        return f"{p.get('name')} {p.get('shape')} {p.get('dtype')}"
+    if kind == "construction_sealed":
+        return f"{len(p.get('tensors', []))} tensors sealed ({p.get('trigger')})"
+    if kind == "forward":
+        outs = p.get("outputs") or []
+        if p.get("error"):
+            return "forward raised"
+        if outs and "norm" in outs[0]:
+            o = outs[0]
+            return f"out {o['shape']} norm={_num(o['norm'])} nan={o['nan']} inf={o['inf']}"
+        return f"{p.get('n_outputs', 0)} outputs"
+    if kind == "backward":
+        grads = [g for g in p.get("grad_outputs") or [] if g]
+        if grads and "norm" in grads[0]:
+            return f"grad_out norm={_num(grads[0]['norm'])} nan={grads[0]['nan']} ({p.get('mechanism')})"
+        return str(p.get("mechanism"))
+    if kind == "optimizer_step":
+        groups = p.get("param_groups") or [{}]
+        lr = groups[0].get("lr")
+        norms = [n for n in p.get("grad_norm") or [] if isinstance(n, (int, float))]
+        total = sum(n * n for n in norms) ** 0.5
+        return f"{(p.get('optimizer_class') or '').rsplit('.', 1)[-1]} lr={_num(lr)} grad_norm={_num(total)}"
+    if kind == "run_started":
+        return " ".join(p.get("argv") or [])[:80]
+    if kind == "run_ended":
+        exc = p.get("exception") or {}
+        return f"{p.get('status')} exit={p.get('exit_code')}" + (f" {exc.get('type')}: {exc.get('message')}" if exc else "")
+    if kind == "annotation":
+        return f"{p.get('key')}: {p.get('fields')}"
+    if kind == "recorder_error":
+        return f"{p.get('where')}: {p.get('type')}: {p.get('message')}"
+    return ""
+
+
+def _num(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
+
+
+@click.command()
+@store_option
+@format_option
+@run_argument
+@click.option("--kind", "kinds", multiple=True, metavar="KIND", help="Only these kinds (repeatable).")
+@click.option("--module", "module_glob", default=None, metavar="GLOB", help="Only events of modules whose qualified name matches.")
+@click.option("--step", "step_text", default=None, metavar="N|A:B", help="Only events at these optimizer steps.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most N events.")
+def events(
+    store: str | None,
+    fmt: str,
+    run: str,
+    kinds: tuple[str, ...],
+    module_glob: str | None,
+    step_text: str | None,
+    limit: int | None,
+) -> None:
+    """Show the events of RUN (default: latest)."""
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise UsageError(f"unknown event kind {unknown[0]!r}; known kinds: {', '.join(KINDS)}")
+    step_range = parse_step_range(step_text)
+    event_store = EventStore.open(store)
+    try:
+        view = Run(event_store, select_run(event_store, run))
+        state = view.model_state()
+        module_names = state.module_names()
+        tensor_names = state.tensor_names()
+        wanted: set[int] | None = None
+        if module_glob is not None:
+            wanted = {m for m, names in module_names.items() if any(fnmatch.fnmatchcase(n, module_glob) for n in names)}
+
+        def rows() -> Iterator[dict[str, Any]]:
+            shown = 0
+            for event in view.events(kinds=list(kinds) or None, step_range=step_range):
+                if wanted is not None and event["module_id"] not in wanted:
+                    continue
+                if limit is not None and shown >= limit:
+                    return
+                shown += 1
+                yield _row(event, fmt, module_names, tensor_names, state)
+
+        columns = COLUMNS if fmt == "table" else JSON_COLUMNS
+        emit_rows(rows(), columns, fmt)
+    finally:
+        event_store.close()
+
+
+JSON_COLUMNS = ("run_id", "stream", "seq", "time", "kind", "step", "module_id", "module", "tensor_id", "tensor", "snapshot", "hash", "payload")
+
+
+def _row(event: dict[str, Any], fmt: str, module_names: dict[int, list[str]], tensor_names: dict[int, list[str]], state: Any) -> dict[str, Any]:
+    module_id, tensor_id = event["module_id"], event["tensor_id"]
+    module = _module_label(module_id, module_names, state)
+    tensor = ", ".join(tensor_names.get(tensor_id, [])) if tensor_id is not None else None
+    if fmt == "table":
+        return {
+            "seq": event["seq"],
+            "step": event["step"],
+            "kind": event["kind"],
+            "module": module,
+            "tensor": tensor or (f"#{tensor_id}" if tensor_id is not None else None),
+            "summary": summarize(event["kind"], event["payload"]),
+        }
+    return {
+        "run_id": event["run_id"],
+        "stream": event["stream"],
+        "seq": event["seq"],
+        "time": iso(event["ts_ns"]),
+        "kind": event["kind"],
+        "step": event["step"],
+        "module_id": module_id,
+        "module": module,
+        "tensor_id": tensor_id,
+        "tensor": tensor,
+        "snapshot": event["snapshot"],
+        "hash": event["hash"],
+        "payload": event["payload"],
+    }
+
+
+def _module_label(module_id: int | None, module_names: dict[int, list[str]], state: Any) -> str | None:
+    if module_id is None:
+        return None
+    names = module_names.get(module_id)
+    node = state.modules.get(module_id)
+    cls = (node.cls or "?").rsplit(".", 1)[-1] if node is not None else "?"
+    if names:
+        return names[0] if names[0] else f"({cls})"
+    return f"#{module_id} {cls} (detached)"

@@ -1,0 +1,73 @@
+"""Render rows as a rich table (terminals), JSON or CSV (machines).
+
+JSON output is a list of objects whose keys are documented in the README; CSV has
+the same columns as the table with nested values JSON-encoded.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+
+def emit_rows(
+    rows: Iterable[dict[str, Any]],
+    columns: Sequence[str],
+    fmt: str,
+    title: str | None = None,
+) -> int:
+    """Write ``rows`` in ``fmt``; returns how many were written."""
+    count = 0
+    if fmt == "json":
+        out = click.get_text_stream("stdout")
+        out.write("[")
+        for row in rows:
+            out.write(("," if count else "") + "\n  " + json.dumps(row, ensure_ascii=False, default=str))
+            count += 1
+        out.write("\n]\n" if count else "]\n")
+        return count
+    if fmt == "csv":
+        writer = csv.writer(click.get_text_stream("stdout"), lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([_cell(row.get(c)) for c in columns])
+            count += 1
+        return count
+    table = Table(title=title, show_lines=False, header_style="bold")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(_cell(row.get(c)) for c in columns))
+        count += 1
+    console().print(table)
+    return count
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False, default=str)
+    return str(value)
+
+
+def console() -> Console:
+    """A console that colours on a terminal and stays plain in pipes."""
+    return Console(file=sys.stdout, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+
+
+def fmt_duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"

@@ -1,0 +1,120 @@
+"""``auditlog run``: record an unmodified script or module."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+
+import click
+
+from auditlog.capture.recorder import BACKWARD_MECHANISMS
+from auditlog.cli.options import store_option
+from auditlog.execfile import run_target, script_path
+from auditlog.session import Recording, Terminated
+
+
+@click.command(
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@store_option
+@click.option("-m", "as_module", is_flag=True, help="Run a module (like python -m).")
+@click.option("--name", default=None, help="A label for the run.")
+@click.option(
+    "--backward",
+    type=click.Choice(BACKWARD_MECHANISMS),
+    default="grad",
+    show_default=True,
+    help="How backward activity is captured: grad hooks on module outputs (safe with "
+    "in-place ops), full/legacy module backward hooks, or none.",
+)
+@click.option(
+    "--activity-every",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Record forward/backward activity every N optimizer steps.",
+)
+@click.argument("target", metavar="SCRIPT|MODULE")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def run(
+    store: str | None,
+    as_module: bool,
+    name: str | None,
+    backward: str,
+    activity_every: int,
+    target: str,
+    args: tuple[str, ...],
+) -> int:
+    """Record SCRIPT (or, with -m, MODULE) run with ARGS, exactly as python would run it.
+
+    The script's exit code is auditlog's exit code; its traceback is printed as
+    Python would print it.
+    """
+    code_path = script_path(target, as_module)
+    recording = Recording(
+        store,
+        name,
+        backward=backward,
+        activity_every=activity_every,
+        code_path=code_path,
+        argv=[target, *args],
+    )
+    recording.start()
+    shown = recording.store.location.display() if recording.store else store
+    click.echo(f"auditlog: recording run {recording.run_id} into {shown}", err=True)
+    exit_code = 0
+    try:
+        run_target(target, list(args), as_module)
+    except Terminated as exc:
+        recording.stop(exc)
+        _die_by_sigterm()
+        exit_code = 143
+    except SystemExit as exc:
+        recording.stop(exc)
+        code = exc.code
+        if code is None:
+            exit_code = 0
+        elif isinstance(code, int):
+            exit_code = code
+        else:
+            print(code, file=sys.stderr)
+            exit_code = 1
+    except KeyboardInterrupt as exc:
+        recording.stop(exc)
+        traceback.print_exc()
+        exit_code = 130
+    except BaseException as exc:
+        recording.stop(exc)
+        _print_user_traceback(exc)
+        exit_code = 1
+    else:
+        recording.stop(None)
+    return exit_code
+
+
+def _print_user_traceback(exc: BaseException) -> None:
+    """Print the traceback as Python would, without auditlog's own frames on top."""
+    tb = exc.__traceback__
+    while tb is not None and _is_ours(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb)
+
+
+def _is_ours(filename: str) -> bool:
+    import auditlog
+    import auditlog.cli
+
+    ours = tuple(
+        os.path.dirname(os.path.abspath(mod.__file__ or "")) + os.sep for mod in (auditlog, auditlog.cli)
+    )
+    return filename.startswith(ours) or filename.endswith(("runpy.py", "click/core.py"))
+
+
+def _die_by_sigterm() -> None:
+    """After recording the interruption, die of SIGTERM as the unrecorded program would."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)

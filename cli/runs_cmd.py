@@ -1,0 +1,52 @@
+"""``auditlog runs``: the table of runs."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from auditlog.cli.options import format_option, store_option
+from auditlog.cli.output import emit_rows, fmt_duration
+from auditlog.runs import iso, list_runs
+from auditlog.store.eventstore import EventStore
+
+COLUMNS = ("run", "name", "started", "duration", "status", "script", "commit", "steps", "events")
+
+
+@click.command()
+@store_option
+@format_option
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Show only the newest N runs.")
+def runs(store: str | None, fmt: str, limit: int | None) -> None:
+    """List recorded runs: id, start, duration, status, script, git commit, steps, events."""
+    event_store = EventStore.open(store)
+    try:
+        infos = list_runs(event_store)
+    finally:
+        event_store.close()
+    if limit is not None:
+        infos = infos[-limit:]
+    if fmt != "table":
+        emit_rows((i.as_dict() for i in infos), list(infos[0].as_dict()) if infos else ["run_id"], fmt)
+        return
+    rows = []
+    for info in infos:
+        commit = (info.git_commit or "")[:10]
+        if commit and info.git_dirty:
+            commit += "+dirty"
+        script = os.path.basename(info.argv[0]) if info.argv else ""
+        rows.append(
+            {
+                "run": info.run_id[:12],
+                "name": info.name,
+                "started": iso(info.started_ns)[:19].replace("T", " "),
+                "duration": fmt_duration(info.duration_s),
+                "status": info.status,
+                "script": " ".join([script, *info.argv[1:]])[:60],
+                "commit": commit,
+                "steps": info.steps,
+                "events": info.events,
+            }
+        )
+    emit_rows(rows, COLUMNS, fmt, title=f"runs in {event_store.location.display()}")

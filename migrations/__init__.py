@@ -1,0 +1,1 @@
+"""Alembic environment and revisions for the event store (installed as auditlog.migrations)."""
