@@ -10,6 +10,7 @@ second one would double every event; it is refused with ``RecordingActiveError``
 from __future__ import annotations
 
 import atexit
+import json
 import contextlib
 import os
 import signal
@@ -25,7 +26,6 @@ import torch
 
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.recorder import CaptureOptions, Recorder
-from auditlog.encoding import canonical_payload
 from auditlog.errors import AuditlogError, RecordingActiveError
 from auditlog.metadata import (
     RunStartedPayload,
@@ -34,6 +34,7 @@ from auditlog.metadata import (
     seeds,
     static_metadata,
 )
+from auditlog.runs import close_crashed_runs
 from auditlog.store.eventstore import EventStore
 from auditlog.store.location import StoreLocation
 from auditlog.writer import Writer
@@ -114,6 +115,7 @@ class Recording(contextlib.ContextDecorator):
             rank, _world = rank_and_world()
             run_id = self.requested_run_id or os.environ.get("AUDITLOG_RUN_ID") or uuid.uuid4().hex
             static = static_metadata(self.name, self.code_path, self._policy(), self.argv)
+            close_crashed_runs(store, detected_by=run_id)
             store.create_run(run_id, self.name, static["host"], static["pid"], process_start_ticks(os.getpid()))
             buffer = RecordBuffer()
             writer = Writer(store, run_id, rank, buffer)
@@ -186,7 +188,7 @@ class Recording(contextlib.ContextDecorator):
         if not isinstance(key, str) or not key:
             raise AuditlogError("annotation key must be a non-empty string")
         try:
-            canonical_payload(fields)
+            json.dumps(fields)
         except (TypeError, ValueError) as exc:
             raise AuditlogError(f"annotation {key!r}: fields must be JSON-encodable ({exc})") from exc
         recorder.emit("annotation", payload={"key": key, "fields": fields})

@@ -1,13 +1,14 @@
 """The ``auditlog`` Click group and the one place errors become exit codes.
 
-``Error: ...`` on stderr and a documented exit code (see ``auditlog.errors``);
-a traceback only with ``--debug``.
+Library errors (``AuditlogError``) become ``Error: ...`` on stderr with the exit
+code their class documents (see ``auditlog.errors``); an unexpected exception is
+one line too. Tracebacks only with ``--debug``.
 """
 
 from __future__ import annotations
 
-import sys
 import traceback
+from typing import Any
 
 import click
 
@@ -18,14 +19,49 @@ from auditlog.errors import AuditlogError
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-@click.group(context_settings=CONTEXT)
+class CliError(click.ClickException):
+    """A library error on its way out: ``Error: message`` and the error's exit code."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class AuditlogGroup(click.Group):
+    """Converts library errors into ``CliError`` for every subcommand."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except AuditlogError as exc:
+            if ctx.meta.get("auditlog.debug"):
+                traceback.print_exc()
+            raise CliError(str(exc), exc.exit_code) from exc
+        except KeyboardInterrupt:
+            raise click.Abort() from None
+        except BrokenPipeError:
+            ctx.exit(0)
+        except Exception as exc:  # a bug in auditlog: still one line unless --debug
+            if ctx.meta.get("auditlog.debug"):
+                traceback.print_exc()
+            raise CliError(
+                f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", 1
+            ) from exc
+
+
+@click.group(cls=AuditlogGroup, context_settings=CONTEXT)
 @click.version_option(auditlog.__version__, "--version", prog_name="auditlog")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
-    """Record how a PyTorch model is built and trained; query and verify the record."""
-    ctx.ensure_object(dict)
-    ctx.obj["debug"] = debug
+    """Record how a PyTorch model is built and trained; query and verify the record.
+
+    Runs are selected by id, unique id prefix, name, 'latest' or 'latest~N'.
+    Exit codes: 0 ok, 1 error, 2 usage, 3 store refused, 4 verify failed.
+    """
+    ctx.meta["auditlog.debug"] = debug
 
 
 cli.add_command(run_cmd.run)
@@ -35,36 +71,9 @@ cli.add_command(verify_cmd.verify)
 cli.add_command(db_cmd.db)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main() -> None:
     """Console-script entry point."""
-    args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in args
-    try:
-        code = cli.main(args=args, prog_name="auditlog", standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        code = exc.exit_code
-    except click.Abort:
-        click.echo("Aborted.", err=True)
-        code = 130
-    except click.ClickException as exc:
-        exc.show()
-        code = exc.exit_code
-    except AuditlogError as exc:
-        if debug:
-            traceback.print_exc()
-        click.echo(f"Error: {exc}", err=True)
-        code = exc.exit_code
-    except KeyboardInterrupt:
-        click.echo("Interrupted.", err=True)
-        code = 130
-    except BrokenPipeError:
-        code = 0
-    except Exception as exc:  # a bug in auditlog: still one line unless --debug
-        if debug:
-            traceback.print_exc()
-        click.echo(f"Error: internal error: {type(exc).__name__}: {exc} (rerun with --debug)", err=True)
-        code = 1
-    sys.exit(code if isinstance(code, int) else 0)
+    cli(prog_name="auditlog")
 
 
 if __name__ == "__main__":

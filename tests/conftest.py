@@ -1,0 +1,21 @@
+"""Shared fixtures: isolated cwd and environment, a fresh store path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs in its own cwd with no AUDITLOG_STORE leaking in."""
+    monkeypatch.delenv("AUDITLOG_STORE", raising=False)
+    monkeypatch.delenv("AUDITLOG_RUN_ID", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    """A path for a store that does not exist yet."""
+    return tmp_path / "store"

@@ -1,0 +1,68 @@
+"""Test helpers: the real CLI (in-process and as a subprocess), examples, file digests."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from click.testing import CliRunner
+
+from auditlog.cli.main import cli
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+
+
+@dataclass
+class CliResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+def invoke(*args: str) -> CliResult:
+    """Run the CLI in-process (Click's runner), stdout and stderr apart."""
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return CliResult(result.exit_code, result.stdout, result.stderr)
+
+
+def run_auditlog(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """Run the real ``auditlog`` command in a subprocess."""
+    full_env = {k: v for k, v in os.environ.items() if k != "AUDITLOG_STORE"}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "auditlog.cli.main", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def load_example(name: str) -> ModuleType:
+    """Import ``examples/<name>.py`` by path (examples are scripts, not a package)."""
+    path = EXAMPLES / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file, to prove a refused store was left byte-for-byte untouched."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Digest of every file under ``root`` (relative path -> sha256)."""
+    return {str(p.relative_to(root)): file_digest(p) for p in sorted(root.rglob("*")) if p.is_file()}

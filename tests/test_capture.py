@@ -1,0 +1,435 @@
+"""Capture: hooks installed and removed exactly, never perturbing training, events complete."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import threading
+import warnings
+import weakref
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.modules import module as nn_module
+from torch.optim import optimizer as optim_module
+
+import auditlog
+from auditlog.errors import RecordingActiveError
+from helpers import load_example
+
+HOOK_DICTS = {
+    "forward_pre": nn_module._global_forward_pre_hooks,
+    "forward": nn_module._global_forward_hooks,
+    "forward_always": nn_module._global_forward_hooks_always_called,
+    "backward": nn_module._global_backward_hooks,
+    "backward_pre": nn_module._global_backward_pre_hooks,
+    "buffer_reg": nn_module._global_buffer_registration_hooks,
+    "module_reg": nn_module._global_module_registration_hooks,
+    "param_reg": nn_module._global_parameter_registration_hooks,
+    "opt_pre": optim_module._global_optimizer_pre_hooks,
+    "opt_post": optim_module._global_optimizer_post_hooks,
+}
+
+
+def hook_state() -> dict[str, list[int]]:
+    return {name: list(d.keys()) for name, d in HOOK_DICTS.items()}
+
+
+def train_steps(model: nn.Module, steps: int, seed: int = 0, lr: float = 0.05) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    for _ in range(steps):
+        x = torch.randn(8, 1, 16, 16, generator=gen) if _is_cnn(model) else torch.randn(16, 20, generator=gen)
+        out = model(x)
+        loss = out.float().pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def _is_cnn(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.Conv2d) for m in model.modules())
+
+
+def params_bytes(model: nn.Module) -> dict[str, bytes]:
+    return {
+        k: v.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+        for k, v in model.state_dict().items()
+    }
+
+
+def kinds_of(store: Path) -> Counter[str]:
+    with auditlog.open(store) as s:
+        return Counter(e["kind"] for e in s.run("latest").events())
+
+
+# ---------------------------------------------------------------------- hooks
+
+
+@pytest.mark.parametrize("backward", ["grad", "full", "legacy", "none"])
+def test_hooks_installed_then_removed_exactly(store: Path, backward: str) -> None:
+    before = hook_state()
+    with auditlog.record(store, backward=backward):
+        during = hook_state()
+        added = {k: len(during[k]) - len(before[k]) for k in before}
+    assert hook_state() == before
+    # the eight module hooks: registration x3, forward pre/post always; backward by mechanism
+    assert added["buffer_reg"] == added["module_reg"] == added["param_reg"] == 1
+    assert added["forward_pre"] == added["forward"] == added["forward_always"] == 1
+    assert added["opt_pre"] == added["opt_post"] == 1
+    assert added["backward_pre"] == (1 if backward == "full" else 0)
+    assert added["backward"] == (1 if backward in ("full", "legacy") else 0)
+
+
+def test_every_installed_hook_returns_none(store: Path) -> None:
+    """A non-None return would replace the tensor/parameter: call each hook directly."""
+    lin = nn.Linear(2, 2)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    before = hook_state()
+    with auditlog.record(store, backward="full"):
+        new = {k: [h for h in v if h not in before[k]] for k, v in hook_state().items()}
+        x = torch.randn(1, 2)
+        calls: list[Any] = []
+        for hid in new["param_reg"]:
+            calls.append(nn_module._global_parameter_registration_hooks[hid](lin, "w2", nn.Parameter(torch.ones(1))))
+        for hid in new["buffer_reg"]:
+            calls.append(nn_module._global_buffer_registration_hooks[hid](lin, "b2", torch.ones(1)))
+        for hid in new["module_reg"]:
+            calls.append(nn_module._global_module_registration_hooks[hid](lin, "c", nn.ReLU()))
+        for hid in new["forward_pre"]:
+            calls.append(nn_module._global_forward_pre_hooks[hid](lin, (x,)))
+        for hid in new["forward"]:
+            calls.append(nn_module._global_forward_hooks[hid](lin, (x,), lin(x)))
+        for hid in new["backward"]:
+            calls.append(nn_module._global_backward_hooks[hid](lin, (x,), (x,)))
+        for hid in new["backward_pre"]:
+            calls.append(nn_module._global_backward_pre_hooks[hid](lin, (x,)))
+        for hid in new["opt_pre"]:
+            calls.append(optim_module._global_optimizer_pre_hooks[hid](opt, (), {}))
+        for hid in new["opt_post"]:
+            calls.append(optim_module._global_optimizer_post_hooks[hid](opt, (), {}))
+    assert len(calls) == 9
+    assert all(c is None for c in calls)
+
+
+def test_nested_record_is_refused_and_first_keeps_working(store: Path, tmp_path: Path) -> None:
+    before = hook_state()
+    with auditlog.record(store) as run:
+        with pytest.raises(RecordingActiveError, match="already active"):
+            with auditlog.record(tmp_path / "other"):
+                pass
+        assert auditlog.current() is run
+        model = nn.Linear(3, 3)
+        model(torch.randn(2, 3))
+    assert hook_state() == before
+    assert auditlog.current() is None
+    assert not (tmp_path / "other").exists()
+    kinds = kinds_of(store)
+    assert kinds["parameter_registered"] == 2 and kinds["forward"] == 1
+
+
+def test_decorator_records_one_run_per_call(store: Path) -> None:
+    @auditlog.record(store, name="decorated")
+    def job(n: int) -> int:
+        nn.Linear(2, 2)(torch.randn(1, 2))
+        return n * 2
+
+    assert job(2) == 4
+    assert job(3) == 6
+    with auditlog.open(store) as s:
+        runs = s.runs()
+    assert [r.name for r in runs] == ["decorated", "decorated"]
+    assert all(r.status == "completed" for r in runs)
+
+
+def test_recording_does_not_keep_model_alive(store: Path) -> None:
+    with auditlog.record(store):
+        model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+        train_steps_mlp = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(2, 4)).sum().backward()
+        train_steps_mlp.step()
+        ref = weakref.ref(model)
+        param_ref = weakref.ref(model[0].weight)
+        del model, train_steps_mlp
+        gc.collect()
+        assert ref() is None
+        assert param_ref() is None
+
+
+# ---------------------------------------------------------------------- numerics
+
+
+@pytest.mark.parametrize(
+    "backward,every", [("grad", 1), ("grad", 2), ("none", 1), ("full", 1), ("legacy", 1)]
+)
+def test_recorded_training_is_bitwise_identical(store: Path, backward: str, every: int) -> None:
+    mlp = load_example("train_mlp")
+
+    def run() -> nn.Module:
+        torch.manual_seed(0)
+        model = mlp.build_model()
+        mlp.train(model, epochs=1, quiet=True)
+        return model
+
+    plain = params_bytes(run())
+    rng_after_plain = torch.get_rng_state()
+    with auditlog.record(store, backward=backward, activity_every=every):
+        recorded = params_bytes(run())
+        rng_after_recorded = torch.get_rng_state()
+    assert plain == recorded
+    assert torch.equal(rng_after_plain, rng_after_recorded)
+
+
+def test_cnn_with_inplace_relu_trains_under_recording(store: Path) -> None:
+    cnn = load_example("train_cnn")
+    torch.manual_seed(0)
+    plain_model = cnn.build_model()
+    train_steps(plain_model, 4)
+    torch.manual_seed(0)
+    with auditlog.record(store, backward="grad"):
+        model = cnn.build_model()
+        assert any(isinstance(m, nn.ReLU) and m.inplace for m in model.modules())
+        train_steps(model, 4)
+    assert params_bytes(model) == params_bytes(plain_model)
+    kinds = kinds_of(store)
+    assert kinds["optimizer_step"] == 4
+    assert kinds["backward"] > 0
+    with auditlog.open(store) as s:
+        backward = [e for e in s.run().events(kinds=["backward"])]
+    assert all(e["payload"]["mechanism"] == "grad" for e in backward)
+    assert all(e["payload"]["grad_outputs"][0]["nan"] == 0 for e in backward)
+
+
+# ---------------------------------------------------------------------- events
+
+
+def test_training_events_per_step(store: Path) -> None:
+    torch.manual_seed(0)
+    with auditlog.record(store):
+        model = nn.Sequential(nn.Linear(20, 8), nn.Tanh(), nn.Linear(8, 2))
+        train_steps(model, 3)
+    with auditlog.open(store) as s:
+        run = s.run()
+        events = list(run.events())
+        state = run.model_state()
+    steps = [e for e in events if e["kind"] == "optimizer_step"]
+    assert [e["step"] for e in steps] == [1, 2, 3]
+    payload = steps[0]["payload"]
+    assert payload["optimizer_class"] == "torch.optim.sgd.SGD"
+    assert payload["optimizer_step"] == 1
+    group = payload["param_groups"][0]
+    assert group["lr"] == 0.05 and group["momentum"] == 0.9 and group["weight_decay"] == 0
+    root = state.root_by_class("Sequential")
+    names = dict(state.named_parameters(root))
+    assert [names[n] for n in ("0.weight", "0.bias", "2.weight", "2.bias")] == payload["tensor_ids"]
+    assert all(isinstance(v, float) and v > 0 for v in payload["grad_norm"])
+    assert all(isinstance(v, float) and v > 0 for v in payload["update_norm"])
+    assert payload["nonfinite_grads"] == 0
+    # every step: one forward per module call (Sequential + 3 children), one backward per module
+    for step in (0, 1, 2):
+        fwd = [e for e in events if e["kind"] == "forward" and e["step"] == step]
+        bwd = [e for e in events if e["kind"] == "backward" and e["step"] == step]
+        assert len(fwd) == 4
+        assert len(bwd) == 4
+    out = [e for e in events if e["kind"] == "forward" and e["module_id"] == root][0]["payload"]["outputs"][0]
+    assert out["shape"] == [16, 2] and out["dtype"] == "float32"
+    assert set(out) >= {"norm", "mean", "std", "min", "max", "nan", "inf"}
+
+
+def test_update_norm_matches_parameter_change(store: Path) -> None:
+    torch.manual_seed(0)
+    with auditlog.record(store):
+        model = nn.Linear(5, 3)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        model(torch.randn(4, 5)).pow(2).sum().backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        grads = [p.grad.detach().clone() for p in model.parameters()]
+        opt.step()
+        after = [p.detach().clone() for p in model.parameters()]
+    with auditlog.open(store) as s:
+        payload = next(s.run().events(kinds=["optimizer_step"]))["payload"]
+    for i in range(2):
+        assert payload["update_norm"][i] == pytest.approx(float((after[i] - before[i]).norm()), rel=1e-5)
+        assert payload["grad_norm"][i] == pytest.approx(float(grads[i].norm()), rel=1e-5)
+        assert payload["param_norm"][i] == pytest.approx(float(after[i].norm()), rel=1e-5)
+    assert payload["param_groups"][0]["betas"] == [0.9, 0.999]
+
+
+def test_nan_is_counted_in_activity_and_gradients(store: Path) -> None:
+    class Bad(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.sqrt(x)  # sqrt of negatives -> NaN, and NaN gradients
+
+    torch.manual_seed(0)
+    with auditlog.record(store):
+        model = nn.Sequential(nn.Linear(3, 3), Bad())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(4, 3)).sum().backward()
+        opt.step()
+    with auditlog.open(store) as s:
+        run = s.run()
+        state = run.model_state()
+        bad_id = dict(state.named_modules(state.root_by_class("Sequential")))["1"]
+        fwd = [e for e in run.events(kinds=["forward"]) if e["module_id"] == bad_id][0]
+        step = next(run.events(kinds=["optimizer_step"]))["payload"]
+    stats = fwd["payload"]["outputs"][0]
+    assert stats["nan"] > 0 and stats["norm"] == "NaN"
+    assert step["nonfinite_grads"] >= 1
+    assert "NaN" in step["grad_norm"]
+
+
+def test_multiple_outputs_and_no_grad_forward(store: Path) -> None:
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> dict[str, Any]:
+            y = self.a(x)
+            return {"y": y, "z": (y * 2, y.sum())}
+
+    with auditlog.record(store):
+        model = Two()
+        out = model(torch.randn(2, 3))
+        (out["y"].sum() + out["z"][1]).backward()
+        with torch.no_grad():
+            model(torch.randn(2, 3))
+    with auditlog.open(store) as s:
+        events = list(s.run().events(kinds=["forward", "backward"]))
+    root_fwd = [e for e in events if e["kind"] == "forward" and e["payload"]["n_outputs"] == 3]
+    assert len(root_fwd) == 2
+    back = [e for e in events if e["kind"] == "backward"]
+    # Two's outputs (3 tensors, one unused) and its child's output: one backward each
+    assert len(back) == 2
+    multi = [e for e in back if len(e["payload"]["grad_outputs"]) == 3][0]["payload"]["grad_outputs"]
+    assert multi[1] is None or multi[1]["numel"] == 6
+
+
+def test_forward_that_raises_is_recorded_and_depth_recovers(store: Path) -> None:
+    class Boom(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise ValueError("bad input")
+
+    with auditlog.record(store):
+        model = nn.Sequential(nn.Linear(2, 2), Boom())
+        with pytest.raises(ValueError, match="bad input"):
+            model(torch.randn(1, 2))
+        later = nn.Linear(2, 2)
+        later(torch.randn(1, 2))  # a new root after the failure is still sealed
+    with auditlog.open(store) as s:
+        events = list(s.run().events())
+    errors = [e for e in events if e["kind"] == "forward" and e["payload"].get("error")]
+    assert len(errors) == 2  # Boom and the Sequential around it
+    sealed = [e for e in events if e["kind"] == "construction_sealed"]
+    assert len(sealed) == 2
+
+
+def test_recorder_fault_becomes_event_and_warning_once(store: Path) -> None:
+    """A tensor subclass whose reductions fail: the hook fails, training does not."""
+
+    class Grumpy(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func is torch.aminmax:
+                raise RuntimeError("no statistics for you")
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    class Wrap(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.as_subclass(Grumpy)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with auditlog.record(store):
+            model = Wrap()
+            outs = [model(torch.randn(2)) for _ in range(3)]
+    assert all(isinstance(o, Grumpy) for o in outs)
+    ours = [w for w in caught if "auditlog: recorder fault" in str(w.message)]
+    assert len(ours) == 1
+    with auditlog.open(store) as s:
+        faults = [e["payload"] for e in s.run().events(kinds=["recorder_error"])]
+    assert len(faults) == 3
+    assert faults[0]["where"] == "forward_hook" and "no statistics" in faults[0]["message"]
+
+
+def test_threads_record_concurrently(store: Path) -> None:
+    with auditlog.record(store):
+        models = [nn.Linear(4, 4) for _ in range(4)]
+
+        def work(m: nn.Module) -> None:
+            for _ in range(50):
+                m(torch.randn(2, 4))
+
+        threads = [threading.Thread(target=work, args=(m,)) for m in models]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    with auditlog.open(store) as s:
+        run = s.run()
+        events = list(run.events())
+        assert run.verify().ok
+    assert sum(1 for e in events if e["kind"] == "forward") == 200
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+
+
+def test_annotation_enters_the_chain_and_bad_fields_are_refused(store: Path) -> None:
+    with auditlog.record(store, name="exp-7") as run:
+        run.annotate("dataset", name="cifar10-train", sha256="ab" * 32, size=50000)
+        with pytest.raises(auditlog.AuditlogError, match="JSON-encodable"):
+            run.annotate("bad", obj=object())
+    with pytest.raises(auditlog.AuditlogError, match="not active"):
+        run.annotate("late", x=1)
+    with auditlog.open(store) as s:
+        r = s.run("exp-7")
+        notes = [e["payload"] for e in r.events(kinds=["annotation"])]
+        assert r.verify().ok
+    assert notes == [{"key": "dataset", "fields": {"name": "cifar10-train", "sha256": "ab" * 32, "size": 50000}}]
+
+
+def test_exception_in_block_records_failed_and_propagates(store: Path) -> None:
+    with pytest.raises(KeyError):
+        with auditlog.record(store):
+            nn.Linear(2, 2)
+            raise KeyError("missing")
+    with auditlog.open(store) as s:
+        info = s.run().info()
+    assert info.status == "failed"
+    assert info.exception is not None and info.exception["type"] == "KeyError"
+    assert "missing" in info.exception["message"]
+
+
+def test_keyboard_interrupt_records_interrupted(store: Path) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        with auditlog.record(store):
+            raise KeyboardInterrupt
+    with auditlog.open(store) as s:
+        assert s.run().info().status == "interrupted"
+
+
+def test_models_built_before_recording_are_adopted(store: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
+    with auditlog.record(store):
+        model(torch.randn(5, 3))
+    with auditlog.open(store) as s:
+        state = s.run().model_state()
+    root = state.root_by_class("Sequential")
+    assert [n for n, _ in state.named_modules(root)] == [n for n, _ in model.named_modules()]
+    assert [n for n, _ in state.named_buffers(root)] == [n for n, _ in model.named_buffers()]
+    hashes = {n: state.tensors[t].initial_sha256 for n, t in state.named_parameters(root)}
+    assert hashes == {n: auditlog.tensor_hash(p) for n, p in model.named_parameters()}
+
+
+def test_deepcopied_modules_are_recorded(store: Path) -> None:
+    with auditlog.record(store):
+        block = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+        model = nn.ModuleList([copy.deepcopy(block) for _ in range(2)])
+    with auditlog.open(store) as s:
+        state = s.run().model_state()
+    root = state.root_by_class("ModuleList")
+    assert [n for n, _ in state.named_parameters(root)] == [n for n, _ in model.named_parameters()]

@@ -1,0 +1,39 @@
+"""The README's event reference is generated from auditlog.kinds and kept in sync."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import auditlog
+from auditlog.kinds import KINDS, kinds_markdown
+from helpers import REPO
+
+
+def test_readme_embeds_the_generated_kinds_reference() -> None:
+    readme = (REPO / "README.md").read_text()
+    begin, end = "<!-- kinds:begin -->", "<!-- kinds:end -->"
+    assert begin in readme and end in readme
+    embedded = readme.split(begin, 1)[1].split(end, 1)[0].strip()
+    assert embedded == kinds_markdown().strip(), "regenerate with: python -m auditlog.kinds"
+
+
+def test_every_emitted_kind_and_field_is_documented(store: Path) -> None:
+    with auditlog.record(store, backward="grad") as run:
+        model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(3, 2)).sum().backward()
+        opt.step()
+        run.annotate("note", text="hello")
+    with auditlog.open(store) as s:
+        events = list(s.run().events())
+    seen = {e["kind"] for e in events}
+    assert seen <= set(KINDS)
+    assert seen >= set(KINDS) - {"recorder_error"}
+    for event in events:
+        documented = set(KINDS[event["kind"]].fields)
+        extra = set(event["payload"]) - documented
+        assert not extra, f"{event['kind']} has undocumented fields {extra}"
+

@@ -1,0 +1,47 @@
+"""A plain, non-editable install carries the CLI and the migrations (DESIGN.md: must ship)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO
+
+
+@pytest.mark.slow
+def test_non_editable_install_creates_and_upgrades_a_store(tmp_path: Path) -> None:
+    target = tmp_path / "site"
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(REPO)]
+    if importlib.util.find_spec("setuptools") is not None:
+        cmd.insert(4, "--no-build-isolation")
+    subprocess.run(cmd, check=True, capture_output=True, cwd=tmp_path, timeout=300)
+    assert (target / "auditlog" / "cli" / "main.py").is_file()
+    assert (target / "auditlog" / "migrations" / "versions" / "0001_initial.py").is_file()
+    assert (target / "auditlog" / "migrations" / "script.py.mako").is_file()
+    assert not (target / "cli").exists() and not (target / "migrations").exists()
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    env.pop("AUDITLOG_STORE", None)
+    script = target / "bin" / "auditlog"
+    assert script.is_file()
+    store = tmp_path / "store"
+
+    def auditlog(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(script), *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+
+    created = auditlog("db", "upgrade", "--store", str(store))
+    assert created.returncode == 0, created.stderr
+    assert "created store at revision" in created.stdout
+    current = auditlog("db", "current", "--store", str(store))
+    assert current.returncode == 0 and "(current)" in current.stdout
+    where = subprocess.run(
+        [sys.executable, "-c", "import auditlog, auditlog.cli; print(auditlog.__file__); print(auditlog.cli.__file__)"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, check=True,
+    ).stdout.split()
+    assert all(Path(p).is_relative_to(target) for p in where)
