@@ -20,7 +20,7 @@ from auditlog.encoding import chain_hash, genesis_hash
 from auditlog.store import schema
 from auditlog.store.eventstore import EventStore
 
-WINDOW = 64
+WINDOW = 32
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,20 @@ def _explain_mismatch(store: EventStore, row: dict[str, Any]) -> str:
             continue
         if chain_hash(prev, {**row, "seq": candidate}) == row["hash"]:
             return f"event was recorded as seq {candidate} and moved here (events reordered)"
-    return "content does not match its recorded hash (event modified)"
+    for position, stored in hashes.items():
+        if position != seq - 1 and chain_hash(stored, row) == row["hash"]:
+            return (
+                f"event is intact but was chained after the event now at seq {position} "
+                "(events reordered)"
+            )
+    # Moved together with its predecessor (a block shifted by an insertion or a
+    # deletion followed by renumbering): any nearby seq after any nearby hash.
+    for candidate in range(max(1, seq - WINDOW), seq + WINDOW + 1):
+        shifted = {**row, "seq": candidate}
+        for stored in hashes.values():
+            if chain_hash(stored, shifted) == row["hash"]:
+                return f"event was recorded as seq {candidate} and renumbered (events inserted or removed before it)"
+    return "content does not match its recorded hash (the event or its hash was modified)"
 
 
 def verify_stream(
@@ -94,7 +107,10 @@ def verify_stream(
 ) -> None:
     """Check one stream, appending problems to ``report``."""
     expected = 1
-    prev = genesis_hash(run_id, stream)
+    # prev: the stored hash of the previous event; recomputed: what that hash should
+    # be given its own content. An event chained to either is intact, so editing
+    # one event's hash column is reported once, not also at the next event.
+    prev = recomputed = genesis_hash(run_id, stream)
     last_id = -1
     count = 0
     mismatched: list[dict[str, Any]] = []
@@ -106,14 +122,19 @@ def verify_stream(
             report.problems.append(
                 Problem(run_id, stream, expected, None, None, f"{missing} missing (events deleted)")
             )
-            prev = row["hash"]
+            prev = recomputed = row["hash"]
         elif seq < expected:
             report.problems.append(
                 Problem(run_id, stream, seq, row["id"], row["kind"], "duplicate sequence number (event inserted)")
             )
             continue
-        elif chain_hash(prev, row) != row["hash"]:
-            mismatched.append(row)
+        else:
+            computed = chain_hash(prev, row)
+            if computed != row["hash"] and (
+                recomputed == prev or chain_hash(recomputed, row) != row["hash"]
+            ):
+                mismatched.append(row)
+            recomputed = computed
         if row["id"] < last_id:
             report.problems.append(
                 Problem(run_id, stream, seq, row["id"], row["kind"], "stored out of order (events reordered)")

@@ -45,7 +45,7 @@ def _git(root: Path, *args: str) -> bytes | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def git_state(path: Path) -> dict[str, Any] | None:
+def git_state(path: Path, exclude: Path | None = None) -> dict[str, Any] | None:
     """Commit, branch, dirty flag and a hash of uncommitted changes of the repo holding ``path``.
 
     ``diff_sha256`` covers ``git diff HEAD --binary`` plus the names and contents of
@@ -59,9 +59,17 @@ def git_state(path: Path) -> dict[str, Any] | None:
     root = Path(top.decode().strip())
     commit = _git(root, "rev-parse", "HEAD")
     branch = _git(root, "rev-parse", "--abbrev-ref", "HEAD")
-    status = _git(root, "status", "--porcelain", "--untracked-files=all") or b""
+    # The store often lives inside the repository (./.auditlog): its own files
+    # must not make the code look dirty.
+    spec = ["--", "."]
+    if exclude is not None:
+        try:
+            spec.append(f":(exclude){exclude.resolve().relative_to(root.resolve())}")
+        except ValueError:
+            pass
+    status = _git(root, "status", "--porcelain", "--untracked-files=all", *spec) or b""
     digest = hashlib.sha256()
-    digest.update(_git(root, "diff", "HEAD", "--binary") or b"")
+    digest.update(_git(root, "diff", "HEAD", "--binary", *spec) or b"")
     untracked = sorted(
         line[3:].decode(errors="replace") for line in status.splitlines() if line.startswith(b"??")
     )
@@ -140,9 +148,10 @@ def static_metadata(
 class RunStartedPayload:
     """Lazy payload of ``run_started``: the writer thread adds the git state."""
 
-    def __init__(self, static: dict[str, Any], code_path: Path) -> None:
+    def __init__(self, static: dict[str, Any], code_path: Path, store_dir: Path | None) -> None:
         self.static = static
         self.code_path = code_path
+        self.store_dir = store_dir
 
     def resolve(self) -> dict[str, Any]:
-        return {**self.static, "git": git_state(self.code_path)}
+        return {**self.static, "git": git_state(self.code_path, exclude=self.store_dir)}

@@ -121,7 +121,10 @@ class Recording(contextlib.ContextDecorator):
             writer = Writer(store, run_id, rank, buffer)
             recorder = Recorder(buffer, self.options)
             code_path = self.code_path or Path(os.getcwd())
-            recorder.emit("run_started", payload=RunStartedPayload(static, code_path.absolute()))
+            recorder.emit(
+                "run_started",
+                payload=RunStartedPayload(static, code_path.absolute(), store.location.directory),
+            )
             writer.start()
             recorder.install()
             self.store, self.writer, self.recorder = store, writer, recorder

@@ -85,7 +85,14 @@ def _num(value: Any) -> str:
 @format_option
 @run_argument
 @click.option("--kind", "kinds", multiple=True, metavar="KIND", help="Only these kinds (repeatable).")
-@click.option("--module", "module_glob", default=None, metavar="GLOB", help="Only events of modules whose qualified name matches.")
+@click.option(
+    "--module",
+    "module_glob",
+    default=None,
+    metavar="GLOB",
+    help="Only events about modules whose qualified name matches (for module_registered: "
+    "the parent or the child registered).",
+)
 @click.option("--step", "step_text", default=None, metavar="N|A:B", help="Only events at these optimizer steps.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most N events.")
 def events(
@@ -115,7 +122,7 @@ def events(
         def rows() -> Iterator[dict[str, Any]]:
             shown = 0
             for event in view.events(kinds=list(kinds) or None, step_range=step_range):
-                if wanted is not None and event["module_id"] not in wanted:
+                if wanted is not None and not _mentions(event, wanted):
                     continue
                 if limit is not None and shown >= limit:
                     return
@@ -126,6 +133,13 @@ def events(
         emit_rows(rows(), columns, fmt)
     finally:
         event_store.close()
+
+
+def _mentions(event: dict[str, Any], wanted: set[int]) -> bool:
+    """An event is about a module if it is the event's module, or the child it registers."""
+    if event["module_id"] in wanted:
+        return True
+    return event["kind"] == "module_registered" and event["payload"].get("child_id") in wanted
 
 
 JSON_COLUMNS = ("run_id", "stream", "seq", "time", "kind", "step", "module_id", "module", "tensor_id", "tensor", "snapshot", "hash", "payload")

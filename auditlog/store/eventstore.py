@@ -51,7 +51,13 @@ def _sqlite_revision(path: Path, shown: str) -> str:
         raise NotAStoreError(f"{shown!r} is an empty file, not an auditlog store")
     if header != SQLITE_HEADER:
         raise NotAStoreError(f"{shown!r} is not an auditlog store (not an SQLite database)")
-    uri = f"file:{quote(str(path))}?mode=ro"
+    # A read-only connection to a WAL database creates -wal/-shm files beside it.
+    # When none exist the file is self-contained, so read it as immutable (no
+    # locks, no sidecar files): a refused store is left exactly as found. When
+    # they exist, a normal read-only connection uses them and creates nothing.
+    sidecars = [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
+    immutable = not any(p.exists() for p in sidecars)
+    uri = f"file:{quote(str(path))}?mode=ro" + ("&immutable=1" if immutable else "")
     try:
         conn = sqlite3.connect(uri, uri=True)
         try:
