@@ -8,9 +8,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from auditlog.errors import AuditlogError  # noqa: E402
-from auditlog.session import Recording, current, record  # noqa: E402
-from auditlog.reader import open  # noqa: E402,A004
-from auditlog.tensors import tensor_hash  # noqa: E402
+from auditlog.errors import AuditlogError
+from auditlog.reader import open
+from auditlog.session import Recording, current, record
+from auditlog.tensors import tensor_hash
 
-__all__ = ["AuditlogError", "Recording", "current", "open", "record", "tensor_hash", "__version__"]
+__all__ = ["AuditlogError", "Recording", "__version__", "current", "open", "record", "tensor_hash"]

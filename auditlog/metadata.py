@@ -103,7 +103,7 @@ def rank_and_world() -> tuple[int, int]:
 def seeds() -> dict[str, Any]:
     """RNG seeds that can be read without consuming randomness or initializing CUDA."""
     out: dict[str, Any] = {"torch_initial_seed": torch.initial_seed()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         out["cuda_initial_seed"] = torch.cuda.initial_seed()
     return out
 

@@ -72,7 +72,7 @@ class Store:
         self.close()
 
 
-def open(store: str | os.PathLike[str] | StoreLocation | None = None) -> Store:  # noqa: A001
+def open(store: str | os.PathLike[str] | StoreLocation | None = None) -> Store:
     """Open an existing store for reading (default ``AUDITLOG_STORE`` or ``./.auditlog``)."""
     spec = store if isinstance(store, StoreLocation) or store is None else os.fspath(store)
     return Store(EventStore.open(spec, create=False))

@@ -206,7 +206,7 @@ def close_crashed_runs(store: EventStore, detected_by: str) -> list[str]:
             event["hash"] = chain_hash(prev, event)
             try:
                 store.append([event], row["run_id"], heartbeat=False)
-            except Exception:  # noqa: BLE001 - another recorder closed it first
+            except Exception:
                 continue
             closed.append(row["run_id"])
     return closed

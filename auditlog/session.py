@@ -10,8 +10,8 @@ second one would double every event; it is refused with ``RecordingActiveError``
 from __future__ import annotations
 
 import atexit
-import json
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -146,7 +146,7 @@ class Recording(contextlib.ContextDecorator):
             self._restore_sigterm()
             try:
                 recorder.finish()
-            except Exception as fault:  # noqa: BLE001
+            except Exception as fault:
                 recorder._fault("run_end_seal", fault)
             ending = _outcome(exc)
             ending.update(steps=recorder.step, seeds=seeds(), dropped=writer.dropped)

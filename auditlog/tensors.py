@@ -42,7 +42,7 @@ class StatsRecord:
     activation is not kept alive by the queue.
     """
 
-    __slots__ = ("shape", "dtype", "numel", "floats", "counts")
+    __slots__ = ("counts", "dtype", "floats", "numel", "shape")
 
     def __init__(
         self,

@@ -131,7 +131,7 @@ class Writer:
         try:
             text = canonical_payload(materialize(payload))
         except Exception as exc:  # a payload that cannot be read becomes the recorder's fault
-            kind, module_id, tensor_id = "recorder_error", module_id, tensor_id
+            kind = "recorder_error"
             text = canonical_payload(
                 {"where": f"writer ({record[0]})", "type": type(exc).__name__, "message": str(exc)[:2000]}
             )
@@ -158,7 +158,7 @@ class Writer:
                 self.store.append(rows, self.run_id)
                 self.written += len(rows)
                 return
-            except Exception as exc:  # noqa: BLE001 - any failure means the store is gone
+            except Exception as exc:
                 if attempt == 4:
                     self._fail(exc, len(rows))
                     return

@@ -40,7 +40,7 @@ class EmptyHooks(AbstractContextManager[None]):
             nn_module.register_module_forward_hook(lambda m, a, o: None),
         ]
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for h in self.handles:
             h.remove()
 
@@ -90,7 +90,7 @@ def main() -> None:
             samples[name].extend(time_steps(ctx, args.steps))
     bare = statistics.median(samples["bare"])
     print(f"median step time, bare: {bare * 1e3:.2f} ms ({args.rounds} rounds x {args.steps} steps)")
-    print(f"| configuration | step time vs bare |\n|---|---|")
+    print("| configuration | step time vs bare |\n|---|---|")
     for name, values in samples.items():
         print(f"| {name} | {statistics.median(values) / bare:.2f}x |")
 

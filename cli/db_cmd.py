@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import click
-
 from auditlog.cli.options import store_option
+
 from auditlog.store.eventstore import EventStore
 from auditlog.store.migrate import upgrade_store
 from auditlog.store.schema import HEAD_REVISION

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import click
-
 from auditlog.cli.options import format_option, run_argument, store_option
 from auditlog.cli.output import emit_rows
+
 from auditlog.errors import UsageError
 from auditlog.kinds import KINDS
 from auditlog.reader import Run

@@ -11,9 +11,9 @@ import traceback
 from typing import Any
 
 import click
+from auditlog.cli import db_cmd, events_cmd, run_cmd, runs_cmd, verify_cmd
 
 import auditlog
-from auditlog.cli import db_cmd, events_cmd, run_cmd, runs_cmd, verify_cmd
 from auditlog.errors import AuditlogError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}

@@ -8,9 +8,9 @@ import sys
 import traceback
 
 import click
+from auditlog.cli.options import store_option
 
 from auditlog.capture.recorder import BACKWARD_MECHANISMS
-from auditlog.cli.options import store_option
 from auditlog.execfile import run_target, script_path
 from auditlog.session import Recording, Terminated
 
@@ -105,8 +105,9 @@ def _print_user_traceback(exc: BaseException) -> None:
 
 
 def _is_ours(filename: str) -> bool:
-    import auditlog
     import auditlog.cli
+
+    import auditlog
 
     ours = tuple(
         os.path.dirname(os.path.abspath(mod.__file__ or "")) + os.sep for mod in (auditlog, auditlog.cli)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 
 import click
-
 from auditlog.cli.options import format_option, store_option
 from auditlog.cli.output import emit_rows, fmt_duration
+
 from auditlog.runs import iso, list_runs
 from auditlog.store.eventstore import EventStore
 

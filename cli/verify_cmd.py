@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 
 import click
-from rich.progress import Progress
-
 from auditlog.cli.options import format_option, store_option
 from auditlog.cli.output import emit_rows
+from rich.progress import Progress
+
 from auditlog.errors import IntegrityError
 from auditlog.integrity import VerifyReport, verify_run
 from auditlog.runs import select_run

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from click.testing import CliRunner
-
 from auditlog.cli.main import cli
+from click.testing import CliRunner
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import load_example
 from torch import nn
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
 import auditlog
 from auditlog.errors import RecordingActiveError
-from helpers import load_example
 
 HOOK_DICTS = {
     "forward_pre": nn_module._global_forward_pre_hooks,
@@ -392,10 +392,9 @@ def test_annotation_enters_the_chain_and_bad_fields_are_refused(store: Path) -> 
 
 
 def test_exception_in_block_records_failed_and_propagates(store: Path) -> None:
-    with pytest.raises(KeyError):
-        with auditlog.record(store):
-            nn.Linear(2, 2)
-            raise KeyError("missing")
+    with pytest.raises(KeyError), auditlog.record(store):
+        nn.Linear(2, 2)
+        raise KeyError("missing")
     with auditlog.open(store) as s:
         info = s.run().info()
     assert info.status == "failed"
@@ -404,9 +403,8 @@ def test_exception_in_block_records_failed_and_propagates(store: Path) -> None:
 
 
 def test_keyboard_interrupt_records_interrupted(store: Path) -> None:
-    with pytest.raises(KeyboardInterrupt):
-        with auditlog.record(store):
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), auditlog.record(store):
+        raise KeyboardInterrupt
     with auditlog.open(store) as s:
         assert s.run().info().status == "interrupted"
 

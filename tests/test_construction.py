@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_example
 from torch import nn
 
 import auditlog
 from auditlog.replay import ModelState
-from helpers import load_example
 
 
 def replayed(store: Path) -> ModelState:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from helpers import REPO
 from torch import nn
 
 import auditlog
 from auditlog.kinds import KINDS, kinds_markdown
-from helpers import REPO
 
 
 def test_readme_embeds_the_generated_kinds_reference() -> None:

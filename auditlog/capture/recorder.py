@@ -84,7 +84,7 @@ class StackedNorms:
     tensor holds norms only for those.
     """
 
-    __slots__ = ("present", "norms")
+    __slots__ = ("norms", "present")
 
     def __init__(self, present: list[bool], norms: list[torch.Tensor]) -> None:
         self.present = present
@@ -279,7 +279,6 @@ class Recorder:
             self.emit("module_registered", parent_id, None, payload)
         except Exception as exc:
             self._fault("module_registration_hook", exc)
-        return None
 
     def _tensor_payload(self, module: torch.nn.Module, name: str, tensor: torch.Tensor | None) -> tuple[int | None, dict[str, Any]]:
         payload: dict[str, Any] = {"name": name, "module_class": _class_name(module)}
@@ -310,7 +309,6 @@ class Recorder:
             self.emit("parameter_registered", module_id, tensor_id, payload)
         except Exception as exc:
             self._fault("parameter_registration_hook", exc)
-        return None
 
     def _on_buffer_registered(
         self, module: torch.nn.Module, name: str, buffer: torch.Tensor | None
@@ -334,7 +332,6 @@ class Recorder:
             self.emit("buffer_registered", module_id, tensor_id, payload)
         except Exception as exc:
             self._fault("buffer_registration_hook", exc)
-        return None
 
     def adopt(self, root: torch.nn.Module) -> None:
         """Emit registration events for modules/tensors that existed before recording."""
@@ -417,7 +414,6 @@ class Recorder:
             stack.append(module)
         except Exception as exc:
             self._fault("forward_pre_hook", exc)
-        return None
 
     def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         try:
@@ -427,11 +423,11 @@ class Recorder:
             elif module in stack:
                 del stack[len(stack) - 1 - stack[::-1].index(module) :]
             if not (self.sampling and self.options.activity):
-                return None
+                return
             module_id = self._module_id(module)
             if output is None:
                 self.emit("forward", module_id, None, {"outputs": [], "n_outputs": 0, "error": True})
-                return None
+                return
             tensors = _tensors_in(output)
             stats = [device_stats(t) for t in tensors[:MAX_TENSORS]]
             self.emit("forward", module_id, None, {"outputs": stats, "n_outputs": len(tensors)})
@@ -439,7 +435,7 @@ class Recorder:
                 self._hook_gradients(module_id, tensors)
         except Exception as exc:
             self._fault("forward_hook", exc)
-        return None
+        return
 
     def _hook_gradients(self, module_id: int, tensors: list[torch.Tensor]) -> None:
         needing = [t for t in tensors if t.requires_grad]
@@ -447,7 +443,7 @@ class Recorder:
             return
         step = self.step
         if len(needing) == 1:
-            needing[0].register_hook(partial(self._on_output_grad, module_id, step))
+            needing[0].register_hook(partial(self._on_output_grad, module_id, step))  # type: ignore[no-untyped-call]
         else:
             torch.autograd.graph.register_multi_grad_hook(
                 needing, partial(self._on_output_grads, module_id, step), mode="all"
@@ -465,7 +461,6 @@ class Recorder:
             )
         except Exception as exc:
             self._fault("gradient_hook", exc)
-        return None
 
     def _on_output_grads(self, module_id: int, step: int, grads: Any) -> None:
         try:
@@ -475,7 +470,6 @@ class Recorder:
             )
         except Exception as exc:
             self._fault("gradient_hook", exc)
-        return None
 
     def _on_backward_pre(self, module: torch.nn.Module, grad_output: Any) -> None:
         return None  # installed so the full pair is present; the post hook records
@@ -485,11 +479,9 @@ class Recorder:
 
     def _on_full_backward(self, module: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:
         self._record_backward("full", "full_backward_hook", module, grad_input, grad_output)
-        return None
 
     def _on_legacy_backward(self, module: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:
         self._record_backward("legacy", "legacy_backward_hook", module, grad_input, grad_output)
-        return None
 
     def _record_backward(
         self, mechanism: str, where: str, module: torch.nn.Module, grad_input: Any, grad_output: Any
@@ -527,7 +519,6 @@ class Recorder:
             self._pending_steps[id(optimizer)] = (params, before)
         except Exception as exc:
             self._fault("optimizer_step_pre_hook", exc)
-        return None
 
     def _on_step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         try:
@@ -548,7 +539,6 @@ class Recorder:
             self.emit("optimizer_step", None, None, payload)
         except Exception as exc:
             self._fault("optimizer_step_post_hook", exc)
-        return None
 
     def _step_payload(
         self,

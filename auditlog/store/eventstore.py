@@ -13,6 +13,7 @@ hash chain that tells a running process from a crashed one.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
 import uuid
@@ -304,27 +305,17 @@ class EventStore:
             return {r[0]: r[1] for r in conn.execute(select(schema.auditlog_meta))}
 
     # ------------------------------------------------------------------ misc
-    def guard(self, doing: str) -> _Guard:
-        """Context manager converting driver errors into ``StoreError`` naming the store."""
-        return _Guard(self.location.display(), doing)
+    @contextlib.contextmanager
+    def guard(self, doing: str) -> Iterator[None]:
+        """Convert driver errors into ``StoreError`` naming the store and the cause."""
+        try:
+            yield
+        except SQLAlchemyError as exc:
+            cause = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+            raise StoreError(f"store {self.location.display()!r}: error while {doing}: {cause}") from exc
 
     def close(self) -> None:
         self.engine.dispose()
-
-
-class _Guard:
-    def __init__(self, shown: str, doing: str) -> None:
-        self.shown = shown
-        self.doing = doing
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        if isinstance(exc, SQLAlchemyError):
-            cause = str(getattr(exc, "orig", None) or exc).splitlines()[0]
-            raise StoreError(f"store {self.shown!r}: error while {self.doing}: {cause}") from exc
-        return False
 
 
 def _url_revision(location: StoreLocation, shown: str, create: bool) -> str | None:

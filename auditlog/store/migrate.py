@@ -6,6 +6,7 @@ plain ``pip install`` can create and upgrade stores without the source tree.
 
 from __future__ import annotations
 
+import importlib
 import time
 from pathlib import Path
 
@@ -24,10 +25,9 @@ from auditlog.store.location import StoreLocation
 
 def alembic_config() -> Config:
     """An Alembic config pointing at the shipped migration scripts."""
-    from auditlog import migrations
-
+    migrations = importlib.import_module("auditlog.migrations")  # migrations/ in the source tree
     cfg = Config()
-    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    cfg.set_main_option("script_location", str(Path(str(migrations.__file__)).parent))
     return cfg
 
 
