@@ -12,7 +12,6 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import click
 from rich.console import Console
 from rich.table import Table
 
@@ -26,7 +25,7 @@ def emit_rows(
     """Write ``rows`` in ``fmt``; returns how many were written."""
     count = 0
     if fmt == "json":
-        out = click.get_text_stream("stdout")
+        out = sys.stdout
         out.write("[")
         for row in rows:
             out.write(("," if count else "") + "\n  " + json.dumps(row, ensure_ascii=False, default=str))
@@ -34,7 +33,7 @@ def emit_rows(
         out.write("\n]\n" if count else "]\n")
         return count
     if fmt == "csv":
-        writer = csv.writer(click.get_text_stream("stdout"), lineterminator="\n")
+        writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(columns)
         for row in rows:
             writer.writerow([_cell(row.get(c)) for c in columns])

@@ -431,3 +431,38 @@ def test_deepcopied_modules_are_recorded(store: Path) -> None:
         state = s.run().model_state()
     root = state.root_by_class("ModuleList")
     assert [n for n, _ in state.named_parameters(root)] == [n for n, _ in model.named_parameters()]
+
+
+def test_torch_compile_is_recorded_once_and_trains_identically(store: Path) -> None:
+    def run() -> tuple[nn.Module, list[float]]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+        compiled = torch.compile(model, backend="eager")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for _ in range(3):
+            loss = compiled(torch.randn(2, 4)).sum()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return model, losses
+
+    plain, plain_losses = run()
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch's own note about global hooks + compile
+        with auditlog.record(store):
+            recorded, losses = run()
+    torch._dynamo.reset()
+    assert losses == plain_losses
+    assert params_bytes(recorded) == params_bytes(plain)
+    with auditlog.open(store) as s:
+        run_view = s.run()
+        state = run_view.model_state()
+        events = list(run_view.events(kinds=["forward", "optimizer_step", "recorder_error"]))
+    root = state.root_by_class("Sequential")
+    assert state.roots() == [root]  # the OptimizedModule wrapper is not part of the structure
+    assert [n for n, _ in state.named_parameters(root)] == [n for n, _ in recorded.named_parameters()]
+    forwards = [e for e in events if e["kind"] == "forward"]
+    assert len(forwards) == 3 and all(e["module_id"] == root for e in forwards)
+    assert not [e for e in events if e["kind"] == "recorder_error"]

@@ -32,6 +32,7 @@ from auditlog.capture.source import Location, construction_location, user_locati
 from auditlog.tensors import StatsRecord, device_stats, finite_or_text, host_stats, tensor_hash
 
 BACKWARD_MECHANISMS = ("grad", "full", "legacy", "none")
+_is_compiling = torch.compiler.is_compiling
 MAX_TENSORS = 4
 
 
@@ -253,7 +254,11 @@ class Recorder:
     def _on_module_registered(
         self, parent: torch.nn.Module, name: str, child: torch.nn.Module | None
     ) -> None:
+        if _is_compiling():  # traced by dynamo: record nothing, never break the trace
+            return None
         try:
+            if type(parent).__name__ == "OptimizedModule":
+                return None  # torch.compile's wrapper is not part of the model's structure
             self._registrations += 1
             parent_new = self.modules.lookup(parent) is None
             parent_id = self._module_id(parent)
@@ -297,6 +302,8 @@ class Recorder:
     def _on_parameter_registered(
         self, module: torch.nn.Module, name: str, param: torch.Tensor | None
     ) -> None:
+        if _is_compiling():  # traced by dynamo: record nothing, never break the trace
+            return None
         try:
             self._registrations += 1
             new = self.modules.lookup(module) is None
@@ -313,6 +320,8 @@ class Recorder:
     def _on_buffer_registered(
         self, module: torch.nn.Module, name: str, buffer: torch.Tensor | None
     ) -> None:
+        if _is_compiling():  # traced by dynamo: record nothing, never break the trace
+            return None
         try:
             self._registrations += 1
             new = self.modules.lookup(module) is None
@@ -407,7 +416,11 @@ class Recorder:
         return stack
 
     def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if _is_compiling():  # traced by dynamo: record nothing, never break the trace
+            return None
         try:
+            if type(module).__name__ == "OptimizedModule":  # torch.compile wrapper: count once
+                module = module._orig_mod
             stack = self._stack()
             if not stack and self._scanned.get(module) != self._registrations:
                 self.seal(module, "first_forward")
@@ -416,7 +429,11 @@ class Recorder:
             self._fault("forward_pre_hook", exc)
 
     def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if _is_compiling():  # traced by dynamo: record nothing, never break the trace
+            return None
         try:
+            if type(module).__name__ == "OptimizedModule":
+                module = module._orig_mod
             stack = self._stack()
             if stack and stack[-1] is module:
                 stack.pop()
@@ -451,6 +468,8 @@ class Recorder:
 
     # ------------------------------------------------------------------ backward
     def _on_output_grad(self, module_id: int, step: int, grad: torch.Tensor) -> None:
+        if _is_compiling():  # traced by dynamo: record nothing, never break the trace
+            return None
         try:
             self.emit(
                 "backward",
@@ -463,6 +482,8 @@ class Recorder:
             self._fault("gradient_hook", exc)
 
     def _on_output_grads(self, module_id: int, step: int, grads: Any) -> None:
+        if _is_compiling():  # traced by dynamo: record nothing, never break the trace
+            return None
         try:
             stats = [None if g is None else device_stats(g) for g in list(grads)[:MAX_TENSORS]]
             self.emit(
@@ -478,9 +499,13 @@ class Recorder:
         return [None if g is None else device_stats(g) for g in list(grads or ())[:MAX_TENSORS]]
 
     def _on_full_backward(self, module: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:
+        if _is_compiling():  # traced by dynamo: record nothing, never break the trace
+            return None
         self._record_backward("full", "full_backward_hook", module, grad_input, grad_output)
 
     def _on_legacy_backward(self, module: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:
+        if _is_compiling():  # traced by dynamo: record nothing, never break the trace
+            return None
         self._record_backward("legacy", "legacy_backward_hook", module, grad_input, grad_output)
 
     def _record_backward(
@@ -504,6 +529,8 @@ class Recorder:
 
     # ------------------------------------------------------------------ optimizer
     def _on_step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if _is_compiling():  # traced by dynamo: record nothing, never break the trace
+            return None
         try:
             self._stack().clear()  # a forward that died on BaseException left stale entries
             params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -521,6 +548,8 @@ class Recorder:
             self._fault("optimizer_step_pre_hook", exc)
 
     def _on_step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if _is_compiling():  # traced by dynamo: record nothing, never break the trace
+            return None
         try:
             self.step += 1
             self.sampling = self.step % self.options.activity_every == 0
