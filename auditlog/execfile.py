@@ -44,6 +44,8 @@ def run_target(target: str, args: list[str], as_module: bool) -> None:
         sys.path.insert(0, os.getcwd())
         runpy.run_module(target, run_name="__main__", alter_sys=True)
     else:
+        # argv[0] as typed; __file__ and tracebacks absolute, as python does (3.9+).
+        path = Path(target).absolute()
         sys.argv = [target, *args]
-        sys.path.insert(0, str(Path(target).absolute().parent if not Path(target).is_dir() else Path(target).absolute()))
-        runpy.run_path(target, run_name="__main__")
+        sys.path.insert(0, str(path if path.is_dir() else path.parent))
+        runpy.run_path(str(path), run_name="__main__")

@@ -112,7 +112,8 @@ def _is_ours(filename: str) -> bool:
     ours = tuple(
         os.path.dirname(os.path.abspath(mod.__file__ or "")) + os.sep for mod in (auditlog, auditlog.cli)
     )
-    return filename.startswith(ours) or filename.endswith(("runpy.py", "click/core.py"))
+    # runpy is frozen on Python 3.11+ ("<frozen runpy>"), a file before that.
+    return filename.startswith(ours) or filename.endswith(("runpy.py", "runpy>", "click/core.py"))
 
 
 def _die_by_sigterm() -> None:
