@@ -157,7 +157,7 @@ def test_verify_all_reports_every_run(store: Path, run_id: str) -> None:
     line = assert_failed_at(result, 3, "deleted")
     assert second[:12] in line
     assert f"run {run_id[:12]}: " in result.stdout
-    first_line = next(l for l in result.stdout.splitlines() if l.startswith(f"run {run_id[:12]}"))
+    first_line = next(ln for ln in result.stdout.splitlines() if ln.startswith(f"run {run_id[:12]}"))
     assert first_line.endswith("intact")
     assert verify(store, run_id).exit_code == 0
 

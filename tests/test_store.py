@@ -178,7 +178,7 @@ def test_upgrade_store_reports_before_and_after(store: Path) -> None:
     assert upgrade_store(str(store)) == ("0002", "0002")
 
 
-@pytest.mark.parametrize("command", READING_COMMANDS + (("db", "current"),), ids=" ".join)
+@pytest.mark.parametrize("command", (*READING_COMMANDS, ("db", "current")), ids=" ".join)
 def test_reading_a_missing_store_is_refused_and_not_created(
     store: Path, command: tuple[str, ...]
 ) -> None:
