@@ -75,6 +75,8 @@ _KINDS = [
             "parent_class": "qualified class name of the parent",
             "source": "{file, line, function} of the user code that constructed the child",
             "parent_source": "where the parent was constructed; present on the parent's first appearance",
+            "detected_at": "set when no hook reported it and a structural check found it "
+            "(optimizer_step | snapshot | run_end)",
             "adopted": "true when the module existed before recording and was discovered later",
         },
     ),
@@ -93,6 +95,7 @@ _KINDS = [
             "requires_grad": "bool",
             "source": "{file, line, function} of the user code",
             "module_source": "where the module was constructed; present on its first appearance",
+            "detected_at": "set when found by a structural check rather than a hook",
             "adopted": "true when discovered after the fact",
         },
     ),
@@ -108,6 +111,7 @@ _KINDS = [
             "persistent": "whether it is part of state_dict (null if it could not be read)",
             "source": "{file, line, function} of the user code",
             "module_source": "where the module was constructed; present on its first appearance",
+            "detected_at": "set when found by a structural check rather than a hook",
             "adopted": "true when discovered after the fact",
         },
     ),
@@ -118,8 +122,37 @@ _KINDS = [
         "run.seal(model), or at run end, for every parameter/buffer not sealed before.",
         {
             "trigger": "first_forward | optimizer_step | explicit | run_end",
+            "stored": "true when the values were also stored as snapshots (the default)",
             "tensors": "list of {tensor_id, sha256, stats}: sha256 is the content hash "
             "(see auditlog.tensor_hash) of the value at sealing; " + STATS_DOC,
+        },
+    ),
+    Kind(
+        "snapshot_taken",
+        "The values of every parameter and buffer under a root module (module_id). "
+        "Contents are stored once per distinct hash in snapshots/ (Parquet) and listed "
+        "in the snapshot_blobs catalog, so the hash chain covers them.",
+        {
+            "trigger": "step (every N optimizer steps) | explicit (run.snapshot) | run_end",
+            "tag": "user label for explicit snapshots, else null",
+            "snapshot": "{tensors: [{tensor_id, sha256}], new_bytes: bytes newly stored, "
+            "copied_bytes: bytes copied and hashed (unchanged tensors cost neither)}",
+        },
+    ),
+    Kind(
+        "structure_changed",
+        "A change no PyTorch hook reports, found by a structural check: a member removed "
+        "(del model.sub) or a tensor's dtype/device/shape/requires_grad changed "
+        "(.half(), .to(), requires_grad_). module_id is the owning module; tensor_id the "
+        "tensor for tensor changes.",
+        {
+            "change": "removed | tensor_changed",
+            "member": "module | parameter | buffer",
+            "name": "the member's name in its module",
+            "old_id": "for removed: the id that was there",
+            "before": "for tensor_changed: the old values of the changed fields",
+            "after": "for tensor_changed: the new values",
+            "detected_at": "optimizer_step | snapshot | run_end",
         },
     ),
     Kind(

@@ -22,6 +22,12 @@ CONSTRUCTION_KINDS = (
     "parameter_registered",
     "buffer_registered",
     "construction_sealed",
+    "structure_changed",
+    "snapshot_taken",
+)
+# Kinds that change the module structure (the recorder keeps its own state of these).
+STATE_KINDS = frozenset(
+    ("module_registered", "parameter_registered", "buffer_registered", "structure_changed")
 )
 
 
@@ -57,6 +63,9 @@ class TensorInfo:
     source: dict[str, Any] | None = None
     initial_sha256: str | None = None
     initial_stats: dict[str, Any] | None = None
+    snapshot_sha256: str | None = None
+    snapshot_step: int | None = None
+    snapshot_seq: int | None = None
 
 
 @dataclass
@@ -172,7 +181,8 @@ def _payload(event: dict[str, Any]) -> dict[str, Any]:
 def apply(state: ModelState, event: dict[str, Any]) -> None:
     """Fold one event into ``state`` (events of other kinds are ignored)."""
     kind = event["kind"]
-    state.last_seq = int(event.get("seq") or state.last_seq)
+    if event.get("seq") is not None:
+        state.last_seq = int(event["seq"])
     if kind not in CONSTRUCTION_KINDS:
         return
     data = _payload(event)
@@ -218,6 +228,30 @@ def apply(state: ModelState, event: dict[str, Any]) -> None:
             if info is not None:
                 info.initial_sha256 = item.get("sha256")
                 info.initial_stats = item.get("stats")
+                if data.get("stored"):
+                    _snapshotted(info, item.get("sha256"), event)
+    elif kind == "snapshot_taken":
+        snap = data.get("snapshot") or {}
+        for item in snap.get("tensors", []):
+            info = state.tensors.get(int(item["tensor_id"]))
+            if info is not None:
+                _snapshotted(info, item.get("sha256"), event)
+    elif kind == "structure_changed":
+        module = state.modules.get(int(event["module_id"])) if event.get("module_id") is not None else None
+        if data.get("change") == "removed" and module is not None:
+            members = {"module": module.children, "parameter": module.parameters, "buffer": module.buffers}
+            members[data["member"]].pop(data["name"], None)
+        elif data.get("change") == "tensor_changed" and event.get("tensor_id") is not None:
+            info = state.tensors.get(int(event["tensor_id"]))
+            if info is not None:
+                for key, value in (data.get("after") or {}).items():
+                    setattr(info, key, value)
+
+
+def _snapshotted(info: TensorInfo, sha256: str | None, event: dict[str, Any]) -> None:
+    info.snapshot_sha256 = sha256
+    info.snapshot_step = event.get("step")
+    info.snapshot_seq = event.get("seq")
 
 
 def replay(events: Iterable[dict[str, Any]], upto_seq: int | None = None) -> ModelState:

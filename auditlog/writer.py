@@ -22,20 +22,24 @@ import torch
 
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.encoding import canonical_payload, chain_hash, genesis_hash
+from auditlog.snapshots import SnapshotStore
 from auditlog.store.eventstore import EventStore
 
 FLUSH = "__flush__"
 
 
-def materialize(value: Any) -> Any:
-    """Turn a payload with lazy parts (anything with ``resolve``) into plain data."""
+def materialize(value: Any, writer: Writer | None = None) -> Any:
+    """Turn a payload with lazy parts (``resolve`` / ``resolve_in``) into plain data."""
+    resolve_in = getattr(value, "resolve_in", None)
+    if resolve_in is not None and writer is not None:
+        return materialize(resolve_in(writer), writer)
     resolve = getattr(value, "resolve", None)
     if resolve is not None and not isinstance(value, type):
-        return materialize(resolve())
+        return materialize(resolve(), writer)
     if isinstance(value, dict):
-        return {str(k): materialize(v) for k, v in value.items()}
+        return {str(k): materialize(v, writer) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [materialize(v) for v in value]
+        return [materialize(v, writer) for v in value]
     if isinstance(value, torch.Tensor):
         return value.tolist()
     if isinstance(value, (torch.dtype, torch.device)):
@@ -66,6 +70,10 @@ class Writer:
         self.seq, self.head = head if head is not None else (0, genesis_hash(run_id, stream))
         self.written = 0
         self.dropped = 0
+        self.snapshots = SnapshotStore(store.location.snapshots)
+        self.last_hash: dict[int, str] = {}
+        self._catalogued: set[str] = set()
+        self._new_blobs: list[dict[str, Any]] = []
         self.failure: BaseException | None = None
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="auditlog-writer", daemon=True)
@@ -125,11 +133,24 @@ class Writer:
             waiter.set()
         return True
 
+    # ------------------------------------------------------------------ snapshots
+    def store_blob(self, tensor: torch.Tensor, sha256: str) -> int:
+        """Write a tensor's content unless the store has it; returns bytes newly written."""
+        if sha256 in self._catalogued:
+            return 0
+        if self.store.has_blob(sha256) and self.snapshots.path(sha256).exists():
+            self._catalogued.add(sha256)
+            return 0
+        info = self.snapshots.put(tensor, sha256)
+        self._catalogued.add(sha256)
+        self._new_blobs.append(info.as_row())
+        return info.nbytes
+
     # ------------------------------------------------------------------ encode
     def _encode(self, record: tuple[Any, ...]) -> dict[str, Any]:
         kind, ts_ns, step, module_id, tensor_id, payload = record
         try:
-            text = canonical_payload(materialize(payload))
+            text = canonical_payload(materialize(payload, self))
         except Exception as exc:  # a payload that cannot be read becomes the recorder's fault
             kind = "recorder_error"
             text = canonical_payload(
@@ -155,6 +176,11 @@ class Writer:
         delay = 0.05
         for attempt in range(5):
             try:
+                if self._new_blobs:
+                    # Catalog rows first, in their own transaction: an event must
+                    # never reference a hash the catalog does not know.
+                    self.store.add_blobs(self._new_blobs)
+                    self._new_blobs = []
                 self.store.append(rows, self.run_id)
                 self.written += len(rows)
                 return

@@ -26,6 +26,9 @@ def test_every_emitted_kind_and_field_is_documented(store: Path) -> None:
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         model(torch.randn(3, 2)).sum().backward()
         opt.step()
+        model[1].weight.requires_grad_(False)  # no hook: found by the structural check
+        model(torch.randn(3, 2)).sum().backward()
+        opt.step()
         run.annotate("note", text="hello")
     with auditlog.open(store) as s:
         events = list(s.run().events())

@@ -20,6 +20,7 @@ from helpers import CliResult, file_digest, invoke, tree_digest
 from torch import nn
 
 import auditlog
+from auditlog.store.schema import HEAD_REVISION as HEAD
 from auditlog.errors import NotAStoreError, SchemaTooNewError, StoreError, StoreMissingError
 from auditlog.store import schema
 from auditlog.store.eventstore import EventStore
@@ -157,15 +158,15 @@ def test_db_upgrade_creates_a_fresh_store(store: Path) -> None:
 
     result = cli("db", "current", store=store)
     assert result.exit_code == 0, result.stderr
-    assert "revision 0002" in result.stdout and "(current)" in result.stdout
+    assert f"revision {HEAD}" in result.stdout and "(current)" in result.stdout
 
     result = cli("db", "upgrade", store=store)
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.strip() == "store already at revision 0002"
+    assert result.stdout.strip() == f"store already at revision {HEAD}"
 
     opened = EventStore.open(str(store))
     try:
-        assert opened.revision == "0002"
+        assert opened.revision == HEAD
         meta = opened.meta()
     finally:
         opened.close()
@@ -174,8 +175,8 @@ def test_db_upgrade_creates_a_fresh_store(store: Path) -> None:
 
 
 def test_upgrade_store_reports_before_and_after(store: Path) -> None:
-    assert upgrade_store(str(store)) == (None, "0002")
-    assert upgrade_store(str(store)) == ("0002", "0002")
+    assert upgrade_store(str(store)) == (None, HEAD)
+    assert upgrade_store(str(store)) == (HEAD, HEAD)
 
 
 @pytest.mark.parametrize("command", (*READING_COMMANDS, ("db", "current")), ids=" ".join)
@@ -350,6 +351,7 @@ def test_newer_schema_is_refused_by_every_command(store: Path, pristine: tuple[P
 def test_older_schema_needs_db_upgrade_and_keeps_its_runs(store: Path, recorded: str) -> None:
     conn = sqlite3.connect(store / "events.db")
     conn.execute("drop table checkpoints")
+    conn.execute("drop table snapshot_blobs")
     conn.execute("update alembic_version set version_num='0001'")
     conn.commit()
     conn.close()
@@ -367,7 +369,7 @@ def test_older_schema_needs_db_upgrade_and_keeps_its_runs(store: Path, recorded:
 
     result = cli("db", "upgrade", store=store)
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.strip() == "upgraded store from revision 0001 to 0002"
+    assert result.stdout.strip() == f"upgraded store from revision 0001 to {HEAD}"
 
     assert run_ids_listed(store) == [recorded]
     result = cli("verify", store=store)
@@ -377,7 +379,7 @@ def test_older_schema_needs_db_upgrade_and_keeps_its_runs(store: Path, recorded:
     tables = {r[0] for r in conn.execute("select name from sqlite_master where type='table'")}
     (revision,) = conn.execute("select version_num from alembic_version").fetchone()
     conn.close()
-    assert "checkpoints" in tables and revision == "0002"
+    assert {"checkpoints", "snapshot_blobs"} <= tables and revision == HEAD
     # and it can be recorded into again
     second = record_run(store)
     assert run_ids_listed(store) == [recorded, second]
@@ -419,7 +421,7 @@ def test_sqlite_url_to_an_existing_store(store: Path, recorded: str) -> None:
     assert result.exit_code == 0, result.stderr
     assert "intact" in result.stdout
     result = cli("db", "current", store=url)
-    assert result.exit_code == 0 and "revision 0002 (current)" in result.stdout
+    assert result.exit_code == 0 and f"revision {HEAD} (current)" in result.stdout
 
 
 def test_sqlite_url_store_is_created_and_recorded_into(tmp_path: Path) -> None:
@@ -429,7 +431,7 @@ def test_sqlite_url_store_is_created_and_recorded_into(tmp_path: Path) -> None:
     assert_one_line_error(cli("runs", store=url), 3, "no auditlog store")
     assert not db.exists()
     result = cli("db", "upgrade", store=url)
-    assert result.exit_code == 0 and "created store at revision 0002" in result.stdout
+    assert result.exit_code == 0 and f"created store at revision {HEAD}" in result.stdout
     run_id = record_run(url)
     assert run_ids_listed(url) == [run_id]
     assert cli("verify", run_id, store=url).exit_code == 0

@@ -29,7 +29,10 @@ from torch.utils.hooks import RemovableHandle
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.identity import ObjectIds
 from auditlog.capture.source import Location, construction_location, user_location
-from auditlog.tensors import StatsRecord, device_stats, finite_or_text, host_stats, tensor_hash
+from auditlog.capture.structure import check_structure
+from auditlog.replay import STATE_KINDS, ModelState, apply
+from auditlog.capture.lazy import NonFiniteCount, SealItems, SnapshotItems, StackedNorms
+from auditlog.tensors import StatsRecord, device_stats
 
 BACKWARD_MECHANISMS = ("grad", "full", "legacy", "none")
 _is_compiling = torch.compiler.is_compiling
@@ -50,74 +53,19 @@ class CaptureOptions:
     activity: bool = True
     activity_every: int = 1
     update_norms: bool = True
+    snapshot_initial: bool = True
+    snapshot_every: int = 0
+    snapshot_final: bool = True
 
     def __post_init__(self) -> None:
+        if self.snapshot_every < 0:
+            raise ValueError("snapshot_every must be >= 0 (0: off)")
         if self.backward not in BACKWARD_MECHANISMS:
             raise ValueError(
                 f"backward must be one of {', '.join(BACKWARD_MECHANISMS)}, not {self.backward!r}"
             )
         if self.activity_every < 1:
             raise ValueError("activity_every must be >= 1")
-
-
-class SealItems:
-    """Host copies of tensors to be hashed on the writer: ``[(tensor_id, copy)]``."""
-
-    __slots__ = ("items",)
-
-    def __init__(self, items: list[tuple[int, torch.Tensor]]) -> None:
-        self.items = items
-
-    def resolve(self) -> list[dict[str, Any]]:
-        """Hash and describe each copy (writer thread), then let the copies go."""
-        out = [
-            {"tensor_id": tensor_id, "sha256": tensor_hash(copy), "stats": host_stats(copy)}
-            for tensor_id, copy in self.items
-        ]
-        self.items = []
-        return out
-
-
-class StackedNorms:
-    """Per-parameter norms stacked into one tensor on the hot path, read by the writer.
-
-    ``present`` marks which parameters had a value (a gradient, say); the stacked
-    tensor holds norms only for those.
-    """
-
-    __slots__ = ("norms", "present")
-
-    def __init__(self, present: list[bool], norms: list[torch.Tensor]) -> None:
-        self.present = present
-        self.norms: torch.Tensor | None = _stack_on_cpu(norms) if norms else None
-
-    def resolve(self) -> list[float | str | None]:
-        """Norms aligned with ``present``; None where the parameter had no value."""
-        values = iter(self.norms.tolist() if self.norms is not None else [])
-        return [finite_or_text(float(next(values))) if has else None for has in self.present]
-
-
-class NonFiniteCount:
-    """How many of the stacked norms are NaN or infinite (resolved on the writer)."""
-
-    __slots__ = ("norms",)
-
-    def __init__(self, norms: StackedNorms) -> None:
-        self.norms = norms
-
-    def resolve(self) -> int:
-        values = self.norms.norms
-        return 0 if values is None else int((~torch.isfinite(values)).sum())
-
-
-def _stack_on_cpu(norms: list[torch.Tensor]) -> torch.Tensor:
-    # Norms may live on several devices; group by device so each device does one
-    # stack and one copy (non-blocking for CUDA), keeping order.
-    devices = {n.device for n in norms}
-    if len(devices) == 1:
-        stacked = torch.stack([n.float() for n in norms])
-        return stacked.to("cpu", non_blocking=True) if stacked.device.type != "cpu" else stacked
-    return torch.stack([n.float().to("cpu", non_blocking=True) for n in norms])
 
 
 def _class_name(obj: object) -> str:
@@ -173,6 +121,11 @@ class Recorder:
         self._optimizer_steps: dict[int, int] = {}
         self._warned: set[str] = set()
         self.faults = 0
+        # The state our own events describe (replay.apply), for structural checks.
+        self.state = ModelState()
+        self._roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        # tensor_id -> (version, data_ptr, dtype, shape, device) at its last snapshot
+        self._snapped: dict[int, tuple[Any, ...]] = {}
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
@@ -217,6 +170,8 @@ class Recorder:
         self.buffer.put(
             (kind, time.time_ns(), self.step if step is None else step, module_id, tensor_id, payload)
         )
+        if kind in STATE_KINDS:
+            apply(self.state, {"kind": kind, "module_id": module_id, "tensor_id": tensor_id, "payload": payload})
 
     def _fault(self, where: str, exc: BaseException) -> None:
         """Record a recorder fault; warn once per place; never raise."""
@@ -259,45 +214,16 @@ class Recorder:
         try:
             if type(parent).__name__ == "OptimizedModule":
                 return None  # torch.compile's wrapper is not part of the model's structure
-            self._registrations += 1
-            parent_new = self.modules.lookup(parent) is None
-            parent_id = self._module_id(parent)
-            child_id = None
-            if child is not None:
-                if self.modules.lookup(child) is None and (
-                    child._modules or child._parameters or child._buffers
-                ):
-                    # A module whose members never passed through our hooks: built
-                    # before recording, or a deepcopy (TransformerEncoder clones its
-                    # layer that way). Record its subtree as adopted first.
-                    self.adopt(child)
-                child_id = self._module_id(child)
-            payload: dict[str, Any] = {
-                "name": name,
-                "child_id": child_id,
-                "child_class": None if child is None else _class_name(child),
-                "parent_class": _class_name(parent),
-                "source": self._source_of(child),
-            }
-            if parent_new:
-                payload["parent_source"] = self._source_of(parent)
-            self.emit("module_registered", parent_id, None, payload)
+            if child is not None and self.modules.lookup(child) is None and (
+                child._modules or child._parameters or child._buffers
+            ):
+                # A module whose members never passed through our hooks: built
+                # before recording, or a deepcopy (TransformerEncoder clones its
+                # layer that way). Record its subtree as adopted first.
+                self.adopt(child)
+            self.register_child(parent, name, child)
         except Exception as exc:
             self._fault("module_registration_hook", exc)
-
-    def _tensor_payload(self, module: torch.nn.Module, name: str, tensor: torch.Tensor | None) -> tuple[int | None, dict[str, Any]]:
-        payload: dict[str, Any] = {"name": name, "module_class": _class_name(module)}
-        if tensor is None:
-            payload.update(shape=None, dtype=None, device=None)
-            return None, payload
-        tensor_id, _ = self.tensors.get(tensor)
-        self._unsealed[tensor_id] = weakref.ref(tensor)
-        payload.update(
-            shape=list(tensor.shape),
-            dtype=str(tensor.dtype).removeprefix("torch."),
-            device=str(tensor.device),
-        )
-        return tensor_id, payload
 
     def _on_parameter_registered(
         self, module: torch.nn.Module, name: str, param: torch.Tensor | None
@@ -305,15 +231,7 @@ class Recorder:
         if _is_compiling():  # traced by dynamo: record nothing, never break the trace
             return None
         try:
-            self._registrations += 1
-            new = self.modules.lookup(module) is None
-            module_id = self._module_id(module)
-            tensor_id, payload = self._tensor_payload(module, name, param)
-            payload["requires_grad"] = None if param is None else bool(param.requires_grad)
-            payload["source"] = user_location(2)
-            if new:
-                payload["module_source"] = self._source_of(module)
-            self.emit("parameter_registered", module_id, tensor_id, payload)
+            self.register_tensor(module, name, param, "parameter", source=user_location(2))
         except Exception as exc:
             self._fault("parameter_registration_hook", exc)
 
@@ -323,10 +241,6 @@ class Recorder:
         if _is_compiling():  # traced by dynamo: record nothing, never break the trace
             return None
         try:
-            self._registrations += 1
-            new = self.modules.lookup(module) is None
-            module_id = self._module_id(module)
-            tensor_id, payload = self._tensor_payload(module, name, buffer)
             # The hook is not told whether the buffer is persistent; register_buffer
             # (our caller) holds it in a local. Read it from there when we can.
             caller = sys._getframe(1)
@@ -334,51 +248,93 @@ class Recorder:
             if caller.f_code.co_name == "register_buffer":
                 value = caller.f_locals.get("persistent")
                 persistent = bool(value) if value is not None else None
-            payload["persistent"] = persistent
-            payload["source"] = user_location(2)
-            if new:
-                payload["module_source"] = self._source_of(module)
-            self.emit("buffer_registered", module_id, tensor_id, payload)
+            self.register_tensor(
+                module, name, buffer, "buffer", source=user_location(2), persistent=persistent
+            )
         except Exception as exc:
             self._fault("buffer_registration_hook", exc)
+
+    def register_child(
+        self,
+        parent: torch.nn.Module,
+        name: str,
+        child: torch.nn.Module | None,
+        adopted: bool = False,
+        detected_at: str | None = None,
+    ) -> None:
+        """Emit ``module_registered`` (from the hook, adoption or a structural check)."""
+        self._registrations += 1
+        parent_new = self.modules.lookup(parent) is None
+        parent_id = self._module_id(parent)
+        child_id = None if child is None else self._module_id(child)
+        payload: dict[str, Any] = {
+            "name": name,
+            "child_id": child_id,
+            "child_class": None if child is None else _class_name(child),
+            "parent_class": _class_name(parent),
+            "source": None if adopted else self._source_of(child),
+        }
+        if parent_new and not adopted:
+            payload["parent_source"] = self._source_of(parent)
+        if adopted:
+            payload["adopted"] = True
+        if detected_at is not None:
+            payload["detected_at"] = detected_at
+        self.emit("module_registered", parent_id, None, payload)
+
+    def register_tensor(
+        self,
+        module: torch.nn.Module,
+        name: str,
+        tensor: torch.Tensor | None,
+        member: str,
+        source: Location | None = None,
+        persistent: bool | None = None,
+        adopted: bool = False,
+        detected_at: str | None = None,
+    ) -> None:
+        """Emit ``parameter_registered`` / ``buffer_registered`` for one member."""
+        self._registrations += 1
+        new = self.modules.lookup(module) is None
+        module_id = self._module_id(module)
+        payload: dict[str, Any] = {"name": name, "module_class": _class_name(module)}
+        tensor_id = None
+        if tensor is None:
+            payload.update(shape=None, dtype=None, device=None)
+        else:
+            tensor_id, _ = self.tensors.get(tensor)
+            self._unsealed[tensor_id] = weakref.ref(tensor)
+            payload.update(
+                shape=list(tensor.shape),
+                dtype=str(tensor.dtype).removeprefix("torch."),
+                device=str(tensor.device),
+            )
+        if member == "parameter":
+            payload["requires_grad"] = None if tensor is None else bool(tensor.requires_grad)
+        else:
+            if persistent is None and (adopted or detected_at is not None):
+                persistent = name not in module._non_persistent_buffers_set
+            payload["persistent"] = persistent
+        payload["source"] = source
+        if new and not adopted:
+            payload["module_source"] = self._source_of(module)
+        if adopted:
+            payload["adopted"] = True
+        if detected_at is not None:
+            payload["detected_at"] = detected_at
+        self.emit(f"{member}_registered", module_id, tensor_id, payload)
 
     def adopt(self, root: torch.nn.Module) -> None:
         """Emit registration events for modules/tensors that existed before recording."""
         unknown = [m for m in root.modules() if self.modules.lookup(m) is None]
         for module in unknown:
-            module_id = self._module_id(module)
+            self._module_id(module)
             for name, child in module._modules.items():
-                child_id = None if child is None else self._module_id(child)
-                self.emit(
-                    "module_registered",
-                    module_id,
-                    None,
-                    {
-                        "name": name,
-                        "child_id": child_id,
-                        "child_class": None if child is None else _class_name(child),
-                        "parent_class": _class_name(module),
-                        "source": None,
-                        "adopted": True,
-                    },
-                )
+                self.register_child(module, name, child, adopted=True)
             for name, param in module._parameters.items():
-                tensor_id, payload = self._tensor_payload(module, name, param)
-                payload.update(
-                    requires_grad=None if param is None else bool(param.requires_grad),
-                    source=None,
-                    adopted=True,
-                )
-                self.emit("parameter_registered", module_id, tensor_id, payload)
+                self.register_tensor(module, name, param, "parameter", adopted=True)
             for name, buf in module._buffers.items():
-                tensor_id, payload = self._tensor_payload(module, name, buf)
-                payload.update(
-                    persistent=name not in module._non_persistent_buffers_set,
-                    source=None,
-                    adopted=True,
-                )
-                self.emit("buffer_registered", module_id, tensor_id, payload)
-        self._registrations += 1
+                self.register_tensor(module, name, buf, "buffer", adopted=True)
 
     # ------------------------------------------------------------------ sealing
     def seal(self, root: torch.nn.Module | None, trigger: str, tensors: Any = None) -> None:
@@ -404,9 +360,69 @@ class Recorder:
                 items.append((tensor_id, tensor.detach().to("cpu", copy=True)))
         if root is not None:
             self._scanned[root] = self._registrations
+            self._roots.add(root)
         if items:
             module_id = None if root is None else self.modules.lookup(root)
-            self.emit("construction_sealed", module_id, None, {"trigger": trigger, "tensors": SealItems(items)})
+            store = self.options.snapshot_initial
+            for tensor_id, copy in items:
+                if store:
+                    self._snapped[tensor_id] = ()  # stored, but version unknown: copy next time
+            self.emit(
+                "construction_sealed",
+                module_id,
+                None,
+                {"trigger": trigger, "stored": store, "tensors": SealItems(items, store)},
+            )
+
+    # ------------------------------------------------------------------ snapshots
+    def live_roots(self) -> list[torch.nn.Module]:
+        """Root modules seen so far that are still alive and still roots."""
+        roots = list(self._roots)
+        children = {id(c) for r in roots for c in r.modules() if c is not r}
+        return [r for r in roots if id(r) not in children]
+
+    def snapshot(
+        self,
+        roots: list[torch.nn.Module],
+        trigger: str,
+        tag: str | None = None,
+        force_copy: bool = False,
+    ) -> None:
+        """Emit ``snapshot_taken`` with every parameter and buffer under ``roots``.
+
+        A tensor whose version counter, storage, dtype, shape and device are what
+        they were at its previous snapshot is not copied (the writer reuses its
+        hash), unless ``force_copy``: writes through ``.data`` bypass the version
+        counter, so explicit and final snapshots copy everything.
+        """
+        for root in roots:
+            if self.modules.lookup(root) is None:
+                self.adopt(root)
+            self._roots.add(root)
+            items: list[tuple[int, torch.Tensor | None]] = []
+            seen: set[int] = set()
+            with torch.no_grad():
+                for tensor in _module_tensors(root):
+                    tensor_id = self.tensors.get(tensor)[0]
+                    if tensor_id in seen:
+                        continue
+                    seen.add(tensor_id)
+                    key = (tensor._version, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.device)
+                    if not force_copy and self._snapped.get(tensor_id) == key:
+                        items.append((tensor_id, None))
+                        continue
+                    self._snapped[tensor_id] = key
+                    items.append((tensor_id, tensor.detach().to("cpu", copy=True)))
+            self.emit(
+                "snapshot_taken",
+                self.modules.lookup(root),
+                None,
+                {"trigger": trigger, "tag": tag, "snapshot": SnapshotItems(items)},
+            )
+
+    def check(self, roots: list[torch.nn.Module] | None, where: str) -> None:
+        """Run a structural check (see ``structure.py``)."""
+        check_structure(self, self.live_roots() if roots is None else roots, where)
 
     # ------------------------------------------------------------------ forward
     def _stack(self) -> list[torch.nn.Module]:
@@ -423,7 +439,7 @@ class Recorder:
                 module = module._orig_mod
             stack = self._stack()
             if not stack and self._scanned.get(module) != self._registrations:
-                self.seal(module, "first_forward")
+                self.seal(module, "first_forward")  # also remembers it as a root
             stack.append(module)
         except Exception as exc:
             self._fault("forward_pre_hook", exc)
@@ -565,6 +581,14 @@ class Recorder:
                 optimizer_class=_class_name(optimizer),
                 optimizer_step=count,
             )
+            # Structure check and snapshot come before the optimizer_step event, so
+            # "the state after step N" is exactly the events up to that event.
+            every = self.options.snapshot_every
+            snap = every > 0 and self.step % every == 0
+            if self.sampling or snap:
+                self.check(None, "optimizer_step")
+            if snap:
+                self.snapshot(self.live_roots(), "step")
             self.emit("optimizer_step", None, None, payload)
         except Exception as exc:
             self._fault("optimizer_step_post_hook", exc)
@@ -611,9 +635,13 @@ class Recorder:
 
     # ------------------------------------------------------------------ end
     def finish(self) -> None:
-        """Seal whatever was never sealed (models built but never run)."""
+        """Run end: seal what was never sealed, check structure, take the final snapshot."""
         if self._unsealed:
             self.seal(None, "run_end")
+        roots = self.live_roots()
+        self.check(roots, "run_end")
+        if self.options.snapshot_final and roots:
+            self.snapshot(roots, "run_end", force_copy=True)
 
 
 def _module_tensors(root: torch.nn.Module) -> Iterator[torch.Tensor]:

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event, func, inspect, select, text
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from auditlog.errors import (
     NotAStoreError,
@@ -213,6 +213,34 @@ class EventStore:
                 .where(schema.runs.c.run_id == run_id)
                 .values(last_seen_ns=time.time_ns())
             )
+
+    def has_blob(self, sha256: str) -> bool:
+        """Is this tensor content in the snapshot catalog?"""
+        blobs = schema.snapshot_blobs
+        with self.guard("reading the snapshot catalog"), self.engine.connect() as conn:
+            return conn.execute(select(blobs.c.sha256).where(blobs.c.sha256 == sha256)).first() is not None
+
+    def add_blobs(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Add catalog rows; a row another process added first is left as it is."""
+        blobs = schema.snapshot_blobs
+        now = time.time_ns()
+        for row in rows:
+            try:
+                with self.engine.begin() as conn:
+                    exists = conn.execute(select(blobs.c.sha256).where(blobs.c.sha256 == row["sha256"])).first()
+                    if exists is None:
+                        conn.execute(blobs.insert().values(**row, created_ns=now))
+            except IntegrityError:
+                continue  # inserted concurrently by another writer: same content, same row
+
+    def blob_rows(self, hashes: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Catalog rows by hash (all of them when ``hashes`` is None)."""
+        blobs = schema.snapshot_blobs
+        query = select(blobs)
+        if hashes is not None:
+            query = query.where(blobs.c.sha256.in_(list(hashes)))
+        with self.guard("reading the snapshot catalog"), self.engine.connect() as conn:
+            return {r["sha256"]: dict(r) for r in conn.execute(query).mappings()}
 
     def chain_head(self, run_id: str, stream: int) -> tuple[int, str] | None:
         """The last ``(seq, hash)`` of a stream, used to append to an existing stream."""

@@ -6,6 +6,9 @@ Schema changelog (each entry is an Alembic revision in ``migrations/versions``):
   liveness), ``events`` (the append-only, hash-chained record).
 - ``0002``: ``checkpoints`` (signed chain heads; filled by ``auditlog keygen``
   users, see the integrity docs).
+- ``0003``: ``snapshot_blobs`` (catalog of content-addressed tensor snapshots:
+  hash -> Parquet file, dtype, shape, size). Snapshot events reference these
+  hashes, so the hash chain covers snapshot contents.
 
 ``HEAD_REVISION`` must equal Alembic's head; a test checks it. Code that reads a
 store compares the store's revision with ``KNOWN_REVISIONS`` to decide between
@@ -26,7 +29,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002")
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003")
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 STORE_FORMAT = "auditlog-event-store"
 
@@ -83,4 +86,18 @@ checkpoints = Table(
     Column("created_ns", BigInteger, nullable=False),
     Column("key_fingerprint", String(64), nullable=False),
     Column("signature", Text, nullable=False),
+)
+
+snapshot_blobs = Table(
+    "snapshot_blobs",
+    metadata,
+    Column("sha256", String(64), primary_key=True),
+    Column("file", Text, nullable=False),
+    Column("dtype", String(32), nullable=False),
+    Column("shape", Text, nullable=False),
+    Column("numel", BigInteger, nullable=False),
+    Column("nbytes", BigInteger, nullable=False),
+    Column("layout", String(8), nullable=False),
+    Column("row_groups", Integer, nullable=False),
+    Column("created_ns", BigInteger, nullable=False),
 )

@@ -1,0 +1,119 @@
+"""Lazy payload values: launched on the training thread, resolved on the writer.
+
+A hook must not read device values back (a host-device sync) nor hash or encode
+anything. So it puts these objects into a record's payload instead of numbers;
+the writer calls ``resolve()`` (or ``resolve_in(writer)`` when storing snapshot
+data) while encoding the event. Each holds only what it must: small result
+tensors, or host copies of tensors that are about to change.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from auditlog.tensors import finite_or_text, host_stats, tensor_hash
+
+
+class BlobSink(Protocol):
+    """What the writer offers snapshot payloads: store content, remember hashes."""
+
+    last_hash: dict[int, str]
+
+    def store_blob(self, tensor: torch.Tensor, sha256: str) -> int:
+        """Store the tensor's content if new; return the bytes newly written."""
+        ...
+
+
+class SealItems:
+    """Host copies of tensors at construction end: ``[(tensor_id, copy)]``.
+
+    With ``store`` the writer also saves their content as snapshots (initial values).
+    """
+
+    __slots__ = ("items", "store")
+
+    def __init__(self, items: list[tuple[int, torch.Tensor]], store: bool) -> None:
+        self.items = items
+        self.store = store
+
+    def resolve_in(self, sink: BlobSink) -> list[dict[str, Any]]:
+        out = []
+        for tensor_id, copy in self.items:
+            digest = tensor_hash(copy)
+            if self.store:
+                sink.store_blob(copy, digest)
+                sink.last_hash[tensor_id] = digest
+            out.append({"tensor_id": tensor_id, "sha256": digest, "stats": host_stats(copy)})
+        self.items = []
+        return out
+
+
+class SnapshotItems:
+    """A snapshot's tensors: a host copy each, or None when unchanged since the last.
+
+    "Unchanged" is decided on the hot path from the tensor's version counter and
+    storage; the writer then reuses the hash it computed last time.
+    """
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[tuple[int, torch.Tensor | None]]) -> None:
+        self.items = items
+
+    def resolve_in(self, sink: BlobSink) -> dict[str, Any]:
+        tensors = []
+        new_bytes = logical = 0
+        for tensor_id, copy in self.items:
+            if copy is None:
+                digest = sink.last_hash[tensor_id]
+            else:
+                digest = tensor_hash(copy)
+                new_bytes += sink.store_blob(copy, digest)
+                sink.last_hash[tensor_id] = digest
+                logical += copy.numel() * copy.element_size()
+            tensors.append({"tensor_id": tensor_id, "sha256": digest})
+        self.items = []
+        return {"tensors": tensors, "new_bytes": new_bytes, "copied_bytes": logical}
+
+
+class StackedNorms:
+    """Per-parameter norms stacked into one tensor on the hot path, read by the writer.
+
+    ``present`` marks which parameters had a value (a gradient, say); the stacked
+    tensor holds norms only for those. It stays on the parameters' device: the
+    writer's ``tolist()`` is then the only sync, on the writer thread.
+    """
+
+    __slots__ = ("norms", "present")
+
+    def __init__(self, present: list[bool], norms: list[torch.Tensor]) -> None:
+        self.present = present
+        self.norms: torch.Tensor | None = _stack(norms) if norms else None
+
+    def resolve(self) -> list[float | str | None]:
+        """Norms aligned with ``present``; None where the parameter had no value."""
+        values = iter(self.norms.tolist() if self.norms is not None else [])
+        return [finite_or_text(float(next(values))) if has else None for has in self.present]
+
+
+class NonFiniteCount:
+    """How many of the stacked norms are NaN or infinite (resolved on the writer)."""
+
+    __slots__ = ("norms",)
+
+    def __init__(self, norms: StackedNorms) -> None:
+        self.norms = norms
+
+    def resolve(self) -> int:
+        values = self.norms.norms
+        return 0 if values is None else int((~torch.isfinite(values)).sum())
+
+
+def _stack(norms: list[torch.Tensor]) -> torch.Tensor:
+    devices = {n.device for n in norms}
+    if len(devices) == 1:
+        return torch.stack([n.float() for n in norms])
+    # Parameters on several devices (model parallel): a blocking copy each, rare.
+    return torch.stack([n.float().cpu() for n in norms])

@@ -1,0 +1,131 @@
+"""Structural checks: find the changes no PyTorch hook reports, and record them.
+
+``del model.sub``, ``.to(dtype/device)``, ``.half()``, ``requires_grad_()``,
+direct writes into ``_parameters``/``_modules`` and parameter swaps under
+``torch.__future__.set_overwrite_module_params_on_conversion`` fire no hook. The
+recorder keeps the state its own events describe (the same ``replay.apply`` the
+read side uses); a check walks the live module tree and emits an explicit event
+for every difference, so replaying the record yields the live structure again.
+
+Checks run at optimizer steps where activity is sampled, before every snapshot
+and at run end; a change is dated by the check that found it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from auditlog.tensors import dtype_name
+
+if TYPE_CHECKING:
+    from auditlog.capture.recorder import Recorder
+
+_MISSING = object()
+
+
+def _tensor_facts(tensor: torch.Tensor, parameter: bool) -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "shape": list(tensor.shape),
+        "dtype": dtype_name(tensor.dtype),
+        "device": str(tensor.device),
+    }
+    if parameter:
+        facts["requires_grad"] = bool(tensor.requires_grad)
+    return facts
+
+
+def check_structure(recorder: Recorder, roots: list[torch.nn.Module], where: str) -> int:
+    """Compare live modules under ``roots`` with the recorded state; return changes emitted."""
+    emitted = 0
+    seen: set[int] = set()
+    for root in roots:
+        if recorder.modules.lookup(root) is None:
+            recorder.adopt(root)
+        for module in root.modules():
+            module_id = recorder.modules.lookup(module)
+            if module_id is None or module_id in seen:
+                continue
+            seen.add(module_id)
+            node = recorder.state.modules.get(module_id)
+            if node is None:
+                continue
+            emitted += _check_children(recorder, module, module_id, node.children, where)
+            emitted += _check_tensors(recorder, module, module_id, node.parameters, "parameter", where)
+            emitted += _check_tensors(recorder, module, module_id, node.buffers, "buffer", where)
+    return emitted
+
+
+def _removed(recorder: Recorder, module_id: int, member: str, name: str, old: int | None, where: str) -> None:
+    recorder.emit(
+        "structure_changed",
+        module_id,
+        old if member != "module" else None,
+        {"change": "removed", "member": member, "name": name, "old_id": old, "detected_at": where},
+    )
+
+
+def _check_children(
+    recorder: Recorder, module: torch.nn.Module, module_id: int, known: dict[str, int | None], where: str
+) -> int:
+    emitted = 0
+    live = module._modules
+    for name in [n for n in known if n not in live]:
+        _removed(recorder, module_id, "module", name, known[name], where)
+        emitted += 1
+    for name, child in live.items():
+        child_id = None
+        if child is not None:
+            if recorder.modules.lookup(child) is None:
+                recorder.adopt(child)
+            child_id = recorder.modules.lookup(child)
+        if known.get(name, _MISSING) != child_id:
+            recorder.register_child(module, name, child, detected_at=where)
+            emitted += 1
+    return emitted
+
+
+def _check_tensors(
+    recorder: Recorder,
+    module: torch.nn.Module,
+    module_id: int,
+    known: dict[str, int | None],
+    member: str,
+    where: str,
+) -> int:
+    emitted = 0
+    live: dict[str, torch.Tensor | None] = module._parameters if member == "parameter" else module._buffers  # type: ignore[assignment]
+    for name in [n for n in known if n not in live]:
+        _removed(recorder, module_id, member, name, known[name], where)
+        emitted += 1
+    for name, tensor in live.items():
+        tensor_id = None if tensor is None else recorder.tensors.lookup(tensor)
+        if tensor is not None and tensor_id is None or known.get(name, _MISSING) != tensor_id:
+            recorder.register_tensor(module, name, tensor, member, detected_at=where)
+            emitted += 1
+            continue
+        if tensor is None or tensor_id is None:
+            continue
+        info = recorder.state.tensors.get(tensor_id)
+        if info is None:
+            continue
+        facts = _tensor_facts(tensor, member == "parameter")
+        before = {k: getattr(info, k) for k in facts}
+        if before != facts:
+            changed = {k: v for k, v in facts.items() if before[k] != v}
+            recorder.emit(
+                "structure_changed",
+                module_id,
+                tensor_id,
+                {
+                    "change": "tensor_changed",
+                    "member": member,
+                    "name": name,
+                    "before": {k: before[k] for k in changed},
+                    "after": changed,
+                    "detected_at": where,
+                },
+            )
+            emitted += 1
+    return emitted
