@@ -136,7 +136,8 @@ _KINDS = [
             "trigger": "step (every N optimizer steps) | explicit (run.snapshot) | run_end",
             "tag": "user label for explicit snapshots, else null",
             "snapshot": "{tensors: [{tensor_id, sha256}], new_bytes: bytes newly stored, "
-            "copied_bytes: bytes copied and hashed (unchanged tensors cost neither)}",
+            "copied_bytes: bytes copied and hashed (every tensor, every time: unchanged content "
+            "costs no disk, but is still copied and hashed)}",
         },
     ),
     Kind(

@@ -11,9 +11,15 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import torch
+from sqlalchemy import func, select
+
+from auditlog.errors import AuditlogError, UsageError
 from auditlog.integrity import VerifyReport, verify_run
 from auditlog.replay import CONSTRUCTION_KINDS, ModelState, replay
 from auditlog.runs import RunInfo, list_runs, select_run
+from auditlog.snapshots import SnapshotError, SnapshotStore, blob_from_row
+from auditlog.store import schema
 from auditlog.store.eventstore import EventStore
 from auditlog.store.location import StoreLocation
 
@@ -40,6 +46,106 @@ class Run:
         """The module forest as of ``upto_seq`` (default: the end of the run)."""
         return replay(self.events(kinds=CONSTRUCTION_KINDS, stream=stream), upto_seq=upto_seq)
 
+    def boundary(self, step: int | None = None, seq: int | None = None, stream: int = 0) -> int | None:
+        """The last seq of "the state right after the N-th optimizer.step() returned".
+
+        Step 0 is the sealed initial state: every event before the first one of
+        step 1. ``seq`` is taken as given. Neither: None (the end of the run).
+        """
+        if seq is not None:
+            if seq < 1:
+                raise UsageError(f"bad seq {seq}: sequence numbers start at 1")
+            return seq
+        if step is None:
+            return None
+        if step < 0:
+            raise UsageError(f"bad step {step}: steps are >= 0")
+        ev = schema.events
+        where = (ev.c.run_id == self.run_id, ev.c.stream == stream)
+        with self.store.guard("finding a step"), self.store.engine.connect() as conn:
+            if step == 0:
+                first = conn.execute(select(func.min(ev.c.seq)).where(*where, ev.c.step >= 1)).scalar()
+                if first is not None:
+                    return int(first) - 1
+                return conn.execute(select(func.max(ev.c.seq)).where(*where)).scalar()
+            found = conn.execute(
+                select(ev.c.seq).where(*where, ev.c.kind == "optimizer_step", ev.c.step == step)
+            ).scalar()
+            if found is None:
+                last = conn.execute(select(func.max(ev.c.step)).where(*where)).scalar() or 0
+                raise UsageError(f"run {self.run_id[:12]} has no step {step} (it recorded steps 0..{last})")
+            return int(found)
+
+    def state_at(self, step: int | None = None, seq: int | None = None) -> ModelState:
+        """The module forest as of a step or a seq (see ``boundary``)."""
+        return self.model_state(upto_seq=self.boundary(step, seq))
+
+    def state_dict(
+        self,
+        step: int | None = None,
+        seq: int | None = None,
+        root: str | None = None,
+        allow_partial: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """A ``state_dict`` rebuilt from snapshots, bitwise equal to the live one then.
+
+        Values for step N come from snapshots recorded at step N (taken in that
+        step's post hook, or later before step N+1: explicit and run-end
+        snapshots). A tensor with no such snapshot is an error naming it, unless
+        ``allow_partial`` (then it is left out).
+        """
+        plan = self.restore_plan(step, seq, root)
+        missing = [key for key, sha in plan if sha is None]
+        if missing and not allow_partial:
+            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            when = f"step {step}" if step is not None else (f"seq {seq}" if seq is not None else "the end")
+            raise AuditlogError(
+                f"no snapshot of {shown} at {when} (record with --snapshot-every, or pass --allow-partial)"
+            )
+        wanted = {sha for _, sha in plan if sha is not None}
+        rows = self.store.blob_rows(sorted(wanted))
+        snapshots = SnapshotStore(self.store.location.snapshots)
+        loaded: dict[str, torch.Tensor] = {}
+        out: dict[str, torch.Tensor] = {}
+        for key, sha in plan:
+            if sha is None:
+                continue
+            if sha not in rows:
+                raise SnapshotError(f"snapshot {sha[:16]}... of {key} is not in the catalog")
+            if sha not in loaded:
+                loaded[sha] = snapshots.get(blob_from_row(rows[sha]))
+            out[key] = loaded[sha]
+        return out
+
+    def restore_plan(
+        self, step: int | None = None, seq: int | None = None, root: str | None = None
+    ) -> list[tuple[str, str | None]]:
+        """``(state_dict key, snapshot hash or None)`` for the chosen root at a step/seq."""
+        upto = self.boundary(step, seq)
+        full = self.model_state()
+        state = self.model_state(upto_seq=upto)
+        try:
+            root_id = state.root_by_class(root) if root else state.main_root()
+        except KeyError:
+            raise UsageError(f"no root module {root!r} in run {self.run_id[:12]}") from None
+        end = upto if upto is not None else full.last_seq
+        limit = self._next_step_seq(step) if step is not None else None
+        plan: list[tuple[str, str | None]] = []
+        for key, tensor_id in state.state_dict_keys(root_id):
+            history = full.tensors[tensor_id].history if tensor_id in full.tensors else []
+            plan.append((key, _pick(history, step, end, limit)))
+        return plan
+
+    def _next_step_seq(self, step: int) -> int | None:
+        ev = schema.events
+        with self.store.guard("finding a step"), self.store.engine.connect() as conn:
+            found = conn.execute(
+                select(ev.c.seq).where(
+                    ev.c.run_id == self.run_id, ev.c.kind == "optimizer_step", ev.c.step == step + 1
+                )
+            ).scalar()
+        return None if found is None else int(found)
+
     def verify(self) -> VerifyReport:
         return verify_run(self.store, self.run_id)
 
@@ -48,6 +154,18 @@ class Run:
             if info.run_id == self.run_id:
                 return info
         raise KeyError(self.run_id)
+
+
+def _pick(history: list[tuple[int, int, str]], step: int | None, end: int, limit: int | None) -> str | None:
+    """The snapshot hash that holds a tensor's value at the boundary ``end``."""
+    if step is None:  # by seq or at the end: the latest snapshot at or before it
+        before = [h for h in history if h[1] <= end]
+        return before[-1][2] if before else None
+    same = [h for h in history if h[0] == step and (limit is None or h[1] < limit)]
+    at_or_before = [h for h in same if h[1] <= end]
+    if at_or_before:
+        return at_or_before[-1][2]
+    return same[0][2] if same else None
 
 
 class Store:

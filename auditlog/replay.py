@@ -66,6 +66,7 @@ class TensorInfo:
     snapshot_sha256: str | None = None
     snapshot_step: int | None = None
     snapshot_seq: int | None = None
+    history: list[tuple[int, int, str]] = field(default_factory=list)  # (step, seq, sha256)
 
 
 @dataclass
@@ -162,6 +163,33 @@ class ModelState:
                 if child is not None and child not in inner:
                     stack.append((f"{path}.{name}" if path else name, child, inner))
 
+    def state_dict_keys(self, root: int) -> list[tuple[str, int]]:
+        """``(key, tensor_id)`` in ``Module.state_dict()`` order: parameters, persistent
+        buffers, then children, by every path (tied tensors under each name)."""
+        out: list[tuple[str, int]] = []
+
+        def walk(module_id: int, prefix: str) -> None:
+            node = self.modules[module_id]
+            for name, tensor_id in node.parameters.items():
+                if tensor_id is not None:
+                    out.append((prefix + name, tensor_id))
+            for name, tensor_id in node.buffers.items():
+                if tensor_id is not None and self.tensors[tensor_id].persistent is not False:
+                    out.append((prefix + name, tensor_id))
+            for name, child in node.children.items():
+                if child is not None:
+                    walk(child, f"{prefix}{name}.")
+
+        walk(root, "")
+        return out
+
+    def main_root(self) -> int:
+        """The root most likely to be "the model": the one holding the most parameters."""
+        roots = self.roots()
+        if not roots:
+            raise KeyError("no modules recorded")
+        return max(roots, key=lambda r: (sum(1 for _ in self.named_parameters(r)), -roots.index(r)))
+
     def root_by_class(self, suffix: str) -> int:
         """The first root whose class name ends with ``suffix`` (tests and quick looks)."""
         for root in self.roots():
@@ -252,6 +280,8 @@ def _snapshotted(info: TensorInfo, sha256: str | None, event: dict[str, Any]) ->
     info.snapshot_sha256 = sha256
     info.snapshot_step = event.get("step")
     info.snapshot_seq = event.get("seq")
+    if sha256 is not None and event.get("seq") is not None:
+        info.history.append((int(event.get("step") or 0), int(event["seq"]), sha256))
 
 
 def replay(events: Iterable[dict[str, Any]], upto_seq: int | None = None) -> ModelState:

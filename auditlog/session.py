@@ -66,6 +66,9 @@ class Recording(contextlib.ContextDecorator):
         backward: str = "grad",
         activity_every: int = 1,
         update_norms: bool = True,
+        snapshot_every: int = 0,
+        snapshot_initial: bool = True,
+        snapshot_final: bool = True,
         code_path: str | os.PathLike[str] | None = None,
         run_id: str | None = None,
         handle_sigterm: bool = True,
@@ -74,7 +77,12 @@ class Recording(contextlib.ContextDecorator):
         self.store_spec = store if isinstance(store, StoreLocation) or store is None else os.fspath(store)
         self.name = name
         self.options = CaptureOptions(
-            backward=backward, activity_every=activity_every, update_norms=update_norms
+            backward=backward,
+            activity_every=activity_every,
+            update_norms=update_norms,
+            snapshot_every=snapshot_every,
+            snapshot_initial=snapshot_initial,
+            snapshot_final=snapshot_final,
         )
         self.code_path = Path(code_path) if code_path is not None else None
         self.requested_run_id = run_id
@@ -200,6 +208,12 @@ class Recording(contextlib.ContextDecorator):
         """Declare ``model`` fully constructed now: record its initial values."""
         self._require().seal(model, "explicit")
 
+    def snapshot(self, model: torch.nn.Module, tag: str | None = None) -> None:
+        """Snapshot every parameter and buffer of ``model`` now (values as of this call)."""
+        recorder = self._require()
+        recorder.check([model], "snapshot")
+        recorder.snapshot([model], "explicit", tag=tag)
+
     def flush(self, timeout: float | None = 60.0) -> bool:
         """Wait until everything recorded so far is in the store."""
         self._require()
@@ -222,6 +236,9 @@ class Recording(contextlib.ContextDecorator):
             "activity": self.options.activity,
             "activity_every": self.options.activity_every,
             "update_norms": self.options.update_norms,
+            "snapshot_initial": self.options.snapshot_initial,
+            "snapshot_every": self.options.snapshot_every,
+            "snapshot_final": self.options.snapshot_final,
         }
 
 
@@ -266,6 +283,9 @@ def record(
     ``store``: a directory or database URL (default ``AUDITLOG_STORE`` or
     ``./.auditlog``). ``name``: a label for the run. Options: ``backward``
     (``grad``/``full``/``legacy``/``none``), ``activity_every`` (record forward
-    and backward activity every N optimizer steps), ``update_norms``.
+    and backward activity every N optimizer steps), ``update_norms``,
+    ``snapshot_every`` (store all parameter/buffer values every N steps; 0: off),
+    ``snapshot_initial`` (store initial values at sealing), ``snapshot_final``
+    (store values at run end).
     """
     return Recording(store, name, **options)

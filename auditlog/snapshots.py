@@ -21,6 +21,8 @@ partial file under a content name.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import tempfile
@@ -81,6 +83,7 @@ class BlobInfo:
     nbytes: int
     layout: str
     row_groups: int
+    file_sha256: str = ""
 
     def as_row(self) -> dict[str, Any]:
         return {
@@ -92,6 +95,7 @@ class BlobInfo:
             "nbytes": self.nbytes,
             "layout": self.layout,
             "row_groups": self.row_groups,
+            "file_sha256": self.file_sha256,
         }
 
 
@@ -137,7 +141,7 @@ class SnapshotStore:
         )
         target = self.path(digest)
         if target.exists():
-            return info
+            return dataclasses.replace(info, file_sha256=file_digest(target))
         target.parent.mkdir(parents=True, exist_ok=True)
         field = pa.field("value", native[1]) if native else pa.field("raw", pa.large_binary())
         metadata = {
@@ -160,11 +164,12 @@ class SnapshotStore:
                     wrote = True
                 if not wrote:  # empty tensor: one empty row group keeps the schema
                     writer.write_table(schema.empty_table())
+            file_sha256 = file_digest(Path(tmp))
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return info
+        return dataclasses.replace(info, file_sha256=file_sha256)
 
     def get(self, info: BlobInfo | dict[str, Any]) -> torch.Tensor:
         """Read a stored tensor back, chunk by chunk into its final buffer."""
@@ -200,8 +205,11 @@ class SnapshotStore:
     def check(self, info: BlobInfo | dict[str, Any]) -> str | None:
         """None if the file holds exactly the content its hash names, else what is wrong."""
         blob = info if isinstance(info, BlobInfo) else blob_from_row(info)
-        if not self.path(blob.sha256).exists():
+        path = self.path(blob.sha256)
+        if not path.exists():
             return "missing"
+        if blob.file_sha256 and file_digest(path) != blob.file_sha256:
+            return "file bytes differ from the catalog's file hash (file modified)"
         try:
             tensor = self.get(blob)
         except SnapshotError as exc:
@@ -224,4 +232,14 @@ def blob_from_row(row: dict[str, Any]) -> BlobInfo:
         nbytes=int(row["nbytes"]),
         layout=row["layout"],
         row_groups=int(row["row_groups"]),
+        file_sha256=str(row.get("file_sha256") or ""),
     )
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

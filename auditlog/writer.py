@@ -71,7 +71,6 @@ class Writer:
         self.written = 0
         self.dropped = 0
         self.snapshots = SnapshotStore(store.location.snapshots)
-        self.last_hash: dict[int, str] = {}
         self._catalogued: set[str] = set()
         self._new_blobs: list[dict[str, Any]] = []
         self.failure: BaseException | None = None

@@ -69,6 +69,13 @@ def summarize(kind: str, p: dict[str, Any]) -> str:
     if kind == "run_ended":
         exc = p.get("exception") or {}
         return f"{p.get('status')} exit={p.get('exit_code')}" + (f" {exc.get('type')}: {exc.get('message')}" if exc else "")
+    if kind == "snapshot_taken":
+        snap = p.get("snapshot") or {}
+        return f"{p.get('trigger')}{' ' + repr(p['tag']) if p.get('tag') else ''}: {len(snap.get('tensors', []))} tensors, {snap.get('new_bytes', 0)} new bytes"
+    if kind == "structure_changed":
+        if p.get("change") == "removed":
+            return f"{p.get('member')} {p.get('name')!r} removed (found at {p.get('detected_at')})"
+        return f"{p.get('member')} {p.get('name')!r}: {p.get('before')} -> {p.get('after')}"
     if kind == "annotation":
         return f"{p.get('key')}: {p.get('fields')}"
     if kind == "recorder_error":

@@ -11,7 +11,16 @@ import traceback
 from typing import Any
 
 import click
-from auditlog.cli import db_cmd, events_cmd, run_cmd, runs_cmd, verify_cmd
+from auditlog.cli import (
+    db_cmd,
+    events_cmd,
+    restore_cmd,
+    run_cmd,
+    runs_cmd,
+    snapshots_cmd,
+    tree_cmd,
+    verify_cmd,
+)
 
 import auditlog
 from auditlog.errors import AuditlogError
@@ -69,6 +78,9 @@ cli.add_command(runs_cmd.runs)
 cli.add_command(events_cmd.events)
 cli.add_command(verify_cmd.verify)
 cli.add_command(db_cmd.db)
+cli.add_command(tree_cmd.tree)
+cli.add_command(snapshots_cmd.snapshots)
+cli.add_command(restore_cmd.restore)
 
 
 def main() -> None:

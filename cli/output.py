@@ -49,6 +49,11 @@ def emit_rows(
     return count
 
 
+def emit_json(value: Any) -> None:
+    """Write one JSON document (pretty, UTF-8) to stdout."""
+    sys.stdout.write(json.dumps(value, ensure_ascii=False, indent=2, default=str) + "\n")
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return ""

@@ -36,6 +36,13 @@ from auditlog.session import Recording, Terminated
     show_default=True,
     help="Record forward/backward activity every N optimizer steps.",
 )
+@click.option(
+    "--snapshot-every",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Store every parameter and buffer every N optimizer steps (0: only initial and final).",
+)
 @click.argument("target", metavar="SCRIPT|MODULE")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -46,6 +53,7 @@ def run(
     name: str | None,
     backward: str,
     activity_every: int,
+    snapshot_every: int,
     target: str,
     args: tuple[str, ...],
 ) -> None:
@@ -60,6 +68,7 @@ def run(
         name,
         backward=backward,
         activity_every=activity_every,
+        snapshot_every=snapshot_every,
         code_path=code_path,
         argv=[target, *args],
     )

@@ -87,7 +87,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         mp.chdir(path.parent)
         run_id = record_run(path)
     checkpoint(path / "events.db")
-    assert sorted(os.listdir(path)) == ["events.db"]
+    assert sorted(os.listdir(path)) == ["events.db", "snapshots"]
     return path, run_id
 
 
@@ -146,7 +146,7 @@ def make_newer(directory: Path, pristine: Path) -> None:
     conn.commit()
     conn.close()
     checkpoint(directory / "events.db")
-    assert sorted(os.listdir(directory)) == ["events.db"]
+    assert sorted(os.listdir(directory)) == ["events.db", "snapshots"]
 
 
 # --------------------------------------------------------------------------- creation and revisions

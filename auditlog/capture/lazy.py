@@ -17,9 +17,7 @@ from auditlog.tensors import finite_or_text, host_stats, tensor_hash
 
 
 class BlobSink(Protocol):
-    """What the writer offers snapshot payloads: store content, remember hashes."""
-
-    last_hash: dict[int, str]
+    """What the writer offers snapshot payloads: store content once per hash."""
 
     def store_blob(self, tensor: torch.Tensor, sha256: str) -> int:
         """Store the tensor's content if new; return the bytes newly written."""
@@ -44,35 +42,26 @@ class SealItems:
             digest = tensor_hash(copy)
             if self.store:
                 sink.store_blob(copy, digest)
-                sink.last_hash[tensor_id] = digest
             out.append({"tensor_id": tensor_id, "sha256": digest, "stats": host_stats(copy)})
         self.items = []
         return out
 
 
 class SnapshotItems:
-    """A snapshot's tensors: a host copy each, or None when unchanged since the last.
-
-    "Unchanged" is decided on the hot path from the tensor's version counter and
-    storage; the writer then reuses the hash it computed last time.
-    """
+    """A snapshot's tensors: ``[(tensor_id, host copy)]``, hashed and stored by the writer."""
 
     __slots__ = ("items",)
 
-    def __init__(self, items: list[tuple[int, torch.Tensor | None]]) -> None:
+    def __init__(self, items: list[tuple[int, torch.Tensor]]) -> None:
         self.items = items
 
     def resolve_in(self, sink: BlobSink) -> dict[str, Any]:
         tensors = []
         new_bytes = logical = 0
         for tensor_id, copy in self.items:
-            if copy is None:
-                digest = sink.last_hash[tensor_id]
-            else:
-                digest = tensor_hash(copy)
-                new_bytes += sink.store_blob(copy, digest)
-                sink.last_hash[tensor_id] = digest
-                logical += copy.numel() * copy.element_size()
+            digest = tensor_hash(copy)
+            new_bytes += sink.store_blob(copy, digest)
+            logical += copy.numel() * copy.element_size()
             tensors.append({"tensor_id": tensor_id, "sha256": digest})
         self.items = []
         return {"tensors": tensors, "new_bytes": new_bytes, "copied_bytes": logical}

@@ -124,8 +124,8 @@ class Recorder:
         # The state our own events describe (replay.apply), for structural checks.
         self.state = ModelState()
         self._roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
-        # tensor_id -> (version, data_ptr, dtype, shape, device) at its last snapshot
-        self._snapped: dict[int, tuple[Any, ...]] = {}
+        self._finalizers: list[weakref.finalize[Any, Any]] = []
+        self._finished = False
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
@@ -360,13 +360,10 @@ class Recorder:
                 items.append((tensor_id, tensor.detach().to("cpu", copy=True)))
         if root is not None:
             self._scanned[root] = self._registrations
-            self._roots.add(root)
+            self._track_root(root)
         if items:
             module_id = None if root is None else self.modules.lookup(root)
             store = self.options.snapshot_initial
-            for tensor_id, copy in items:
-                if store:
-                    self._snapped[tensor_id] = ()  # stored, but version unknown: copy next time
             self.emit(
                 "construction_sealed",
                 module_id,
@@ -386,39 +383,68 @@ class Recorder:
         roots: list[torch.nn.Module],
         trigger: str,
         tag: str | None = None,
-        force_copy: bool = False,
     ) -> None:
         """Emit ``snapshot_taken`` with every parameter and buffer under ``roots``.
 
-        A tensor whose version counter, storage, dtype, shape and device are what
-        they were at its previous snapshot is not copied (the writer reuses its
-        hash), unless ``force_copy``: writes through ``.data`` bypass the version
-        counter, so explicit and final snapshots copy everything.
+        Every tensor is copied to host and hashed on the writer; content already
+        stored costs no disk. (Version counters cannot prove a tensor unchanged:
+        BatchNorm's running statistics, fused optimizers and ``.data`` writes
+        change bytes without bumping them, measured with torch 2.13.)
         """
         for root in roots:
             if self.modules.lookup(root) is None:
                 self.adopt(root)
-            self._roots.add(root)
-            items: list[tuple[int, torch.Tensor | None]] = []
-            seen: set[int] = set()
-            with torch.no_grad():
-                for tensor in _module_tensors(root):
-                    tensor_id = self.tensors.get(tensor)[0]
-                    if tensor_id in seen:
-                        continue
-                    seen.add(tensor_id)
-                    key = (tensor._version, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.device)
-                    if not force_copy and self._snapped.get(tensor_id) == key:
-                        items.append((tensor_id, None))
-                        continue
-                    self._snapped[tensor_id] = key
-                    items.append((tensor_id, tensor.detach().to("cpu", copy=True)))
+            self._track_root(root)
+            items = self._snapshot_items(_module_tensors(root))
             self.emit(
                 "snapshot_taken",
                 self.modules.lookup(root),
                 None,
                 {"trigger": trigger, "tag": tag, "snapshot": SnapshotItems(items)},
             )
+
+    def _track_root(self, root: torch.nn.Module) -> None:
+        """Remember a root; when it is garbage-collected, snapshot its last values.
+
+        Training scripts often drop the model (a local of ``main()``) before the
+        recording ends, so a run-end snapshot would find nothing. ``weakref.finalize``
+        holds the root's member dicts, not the root: the root still dies when the user
+        drops it, and the callback can read the tensors it owned one last time.
+        """
+        if root in self._roots:
+            return
+        self._roots.add(root)
+        module_id = self.modules.lookup(root)
+        finalizer = weakref.finalize(
+            root, self._on_root_released, module_id, root._parameters, root._buffers, root._modules
+        )
+        finalizer.atexit = False  # interpreter exit is handled by the recording's own close
+        self._finalizers.append(finalizer)
+
+    def _on_root_released(self, module_id: int | None, params: Any, buffers: Any, children: Any) -> None:
+        if not self.options.snapshot_final or self._finished:
+            return
+        try:
+            tensors = _dict_tensors(params, buffers, children)
+            items = self._snapshot_items(tensors)
+            self.emit(
+                "snapshot_taken", module_id, None, {"trigger": "released", "tag": None, "snapshot": SnapshotItems(items)}
+            )
+        except Exception as exc:
+            self._fault("root_released_snapshot", exc)
+
+    def _snapshot_items(self, tensors: Iterator[torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
+        """Host copies of ``tensors``, each tensor once."""
+        items: list[tuple[int, torch.Tensor]] = []
+        seen: set[int] = set()
+        with torch.no_grad():
+            for tensor in tensors:
+                tensor_id = self.tensors.get(tensor)[0]
+                if tensor_id in seen:
+                    continue
+                seen.add(tensor_id)
+                items.append((tensor_id, tensor.detach().to("cpu", copy=True)))
+        return items
 
     def check(self, roots: list[torch.nn.Module] | None, where: str) -> None:
         """Run a structural check (see ``structure.py``)."""
@@ -641,7 +667,21 @@ class Recorder:
         roots = self.live_roots()
         self.check(roots, "run_end")
         if self.options.snapshot_final and roots:
-            self.snapshot(roots, "run_end", force_copy=True)
+            self.snapshot(roots, "run_end")
+        self._finished = True
+        for finalizer in self._finalizers:
+            finalizer.detach()  # release the member dicts: recording is over
+        self._finalizers.clear()
+
+
+def _dict_tensors(params: Any, buffers: Any, children: Any) -> Iterator[torch.Tensor]:
+    """The tensors of a (dead) root, from the member dicts it owned."""
+    for tensor in list(params.values()) + list(buffers.values()):
+        if tensor is not None:
+            yield tensor
+    for child in list(children.values()):
+        if child is not None:
+            yield from _module_tensors(child)
 
 
 def _module_tensors(root: torch.nn.Module) -> Iterator[torch.Tensor]:

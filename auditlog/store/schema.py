@@ -99,5 +99,8 @@ snapshot_blobs = Table(
     Column("nbytes", BigInteger, nullable=False),
     Column("layout", String(8), nullable=False),
     Column("row_groups", Integer, nullable=False),
+    # SHA-256 of the Parquet file's bytes: any change to the file, even one that
+    # leaves the decoded values intact, is detected.
+    Column("file_sha256", String(64), nullable=False),
     Column("created_ns", BigInteger, nullable=False),
 )

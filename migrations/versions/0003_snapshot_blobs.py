@@ -26,6 +26,7 @@ def upgrade() -> None:
         sa.Column("nbytes", sa.BigInteger, nullable=False),
         sa.Column("layout", sa.String(8), nullable=False),
         sa.Column("row_groups", sa.Integer, nullable=False),
+        sa.Column("file_sha256", sa.String(64), nullable=False),
         sa.Column("created_ns", sa.BigInteger, nullable=False),
     )
 

@@ -1,0 +1,134 @@
+"""``auditlog tree``: the module tree of a run at any step, with where each part was built."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+from rich.tree import Tree
+
+from auditlog.cli.options import format_option, run_argument, store_option
+from auditlog.cli.output import console, emit_json
+from auditlog.errors import AuditlogError, UsageError
+from auditlog.reader import Run
+from auditlog.replay import ModelState
+from auditlog.runs import select_run
+from auditlog.store.eventstore import EventStore
+
+
+def step_options(func: Any) -> Any:
+    """``--step N`` / ``--seq N``: the state right after the N-th optimizer step, or at an event."""
+    func = click.option("--seq", type=int, default=None, metavar="N", help="State as of event seq N.")(func)
+    return click.option(
+        "--step", type=int, default=None, metavar="N",
+        help="State right after the N-th optimizer.step() returned (0: sealed initial state).",
+    )(func)
+
+
+def _where(source: dict[str, Any] | None) -> str | None:
+    if not source:
+        return None
+    return f"{os.path.relpath(source['file']) if os.path.isabs(source['file']) else source['file']}:{source['line']}"
+
+
+def tree_json(state: ModelState, module_id: int, name: str) -> dict[str, Any]:
+    """One module and its subtree as JSON (stable field names, documented in the README)."""
+    node = state.modules[module_id]
+
+    def tensors(members: dict[str, int | None]) -> list[dict[str, Any]]:
+        out = []
+        for member, tensor_id in members.items():
+            if tensor_id is None:
+                continue
+            info = state.tensors[tensor_id]
+            out.append(
+                {
+                    "name": member,
+                    "tensor_id": tensor_id,
+                    "shape": info.shape,
+                    "dtype": info.dtype,
+                    "device": info.device,
+                    "requires_grad": info.requires_grad,
+                    "persistent": info.persistent,
+                    "source": _where(info.source),
+                    "initial_sha256": info.initial_sha256,
+                    "sha256": info.snapshot_sha256,
+                    "snapshot_step": info.snapshot_step,
+                }
+            )
+        return out
+
+    return {
+        "name": name,
+        "module_id": module_id,
+        "class": node.cls,
+        "source": _where(node.source),
+        "parameters": tensors(node.parameters),
+        "buffers": tensors(node.buffers),
+        "children": [
+            tree_json(state, child, child_name)
+            for child_name, child in node.children.items()
+            if child is not None
+        ],
+    }
+
+
+def _render(data: dict[str, Any], tree: Tree) -> None:
+    for kind in ("parameters", "buffers"):
+        for t in data[kind]:
+            flags = []
+            if kind == "buffers":
+                flags.append("buffer" + ("" if t["persistent"] is not False else ", not persistent"))
+            elif t["requires_grad"] is False:
+                flags.append("frozen")
+            sha = f" [dim]{t['sha256'][:10]}@{t['snapshot_step']}[/dim]" if t["sha256"] else ""
+            extra = f" ({', '.join(flags)})" if flags else ""
+            tree.add(f"[cyan]{t['name']}[/cyan] {t['shape']} {t['dtype']}{extra}{sha}")
+    for child in data["children"]:
+        cls = (child["class"] or "?").rsplit(".", 1)[-1]
+        where = f" [dim]{child['source']}[/dim]" if child["source"] else ""
+        _render(child, tree.add(f"[bold]{child['name']}[/bold] ({cls}){where}"))
+
+
+@click.command()
+@store_option
+@format_option
+@run_argument
+@step_options
+@click.option(
+    "--root", default=None, metavar="CLASS|all",
+    help="Root module by class name, or 'all' (default: the root holding the most parameters).",
+)
+def tree(store: str | None, fmt: str, run: str, step: int | None, seq: int | None, root: str | None) -> None:
+    """Show RUN's module tree: names, classes, shapes, dtypes, where each was built."""
+    event_store = EventStore.open(store)
+    try:
+        view = Run(event_store, select_run(event_store, run))
+        state = view.state_at(step=step, seq=seq)
+    finally:
+        event_store.close()
+    if not state.modules:
+        raise AuditlogError(f"run {view.run_id[:12]} recorded no modules")
+    if root == "all":
+        roots = state.roots()
+    elif root:
+        try:
+            roots = [state.root_by_class(root)]
+        except KeyError:
+            raise UsageError(f"no root module of class {root!r}") from None
+    else:
+        roots = [state.main_root()]
+    data = [tree_json(state, r, "") for r in roots]
+    if fmt == "json":
+        emit_json(data)
+        return
+    if fmt == "csv":
+        raise click.UsageError("tree has no csv format; use --format json")
+    out = console()
+    for item in data:
+        cls = item["class"] or "?"
+        where = f" [dim]{item['source']}[/dim]" if item["source"] else ""
+        top = Tree(f"[bold]{cls.rsplit('.', 1)[-1]}[/bold] [dim]{cls}[/dim]{where}")
+        _render(item, top)
+        out.print(top)

@@ -1,0 +1,132 @@
+"""Parquet snapshots: every dtype round-trips bitwise; identical content is stored once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import auditlog
+from auditlog.snapshots import SnapshotError, SnapshotStore
+from auditlog.tensors import tensor_hash
+
+FLOAT8 = [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, n)]
+DTYPES = [
+    torch.float64, torch.float32, torch.float16, torch.bfloat16,
+    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+    torch.complex64, torch.complex128, *FLOAT8,
+]
+
+
+def sample(dtype: torch.dtype) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randn(6, 5, generator=gen, dtype=torch.float64) * 20
+    if dtype.is_complex:
+        return torch.randn(6, 5, generator=gen, dtype=dtype)
+    if dtype == torch.bool:
+        return base > 0
+    if dtype in FLOAT8:
+        return base.abs().to(torch.float32).to(dtype)
+    return base.to(dtype)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return bool(torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_dtype_round_trips_bitwise(tmp_path: Path, dtype: torch.dtype) -> None:
+    store = SnapshotStore(tmp_path)
+    full = sample(dtype)
+    for tensor in (full, full.t(), full[::2, 1:], full[2, 3], full[:0]):
+        info = store.put(tensor)
+        back = store.get(info)
+        assert same_bits(back, tensor.contiguous())
+        assert info.sha256 == tensor_hash(tensor) == tensor_hash(back)
+        assert store.check(info) is None
+    special = torch.tensor([float("nan"), float("inf"), -0.0, 1e-30], dtype=torch.float32)
+    assert same_bits(store.get(store.put(special)), special)
+
+
+def test_large_tensor_is_written_in_bounded_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import auditlog.snapshots as snapshots_module
+
+    monkeypatch.setattr(snapshots_module, "CHUNK_BYTES", 4096)
+    store = SnapshotStore(tmp_path)
+    big = torch.randn(10_000)  # 40,000 bytes -> 10 chunks of 4,096 bytes
+    info = store.put(big)
+    assert info.row_groups == 10
+    import pyarrow.parquet as pq
+
+    assert pq.ParquetFile(store.path(info.sha256)).num_row_groups == 10
+    assert torch.equal(store.get(info), big)
+    raw = torch.randn(3000).bfloat16()
+    raw_info = store.put(raw)
+    assert raw_info.layout == "raw" and raw_info.row_groups == 2
+    assert same_bits(store.get(raw_info), raw)
+
+
+def test_identical_content_is_stored_once(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path)
+    a = torch.arange(12.0).reshape(3, 4)
+    first = store.put(a)
+    second = store.put(a.clone())
+    assert first.sha256 == second.sha256
+    assert len(list(tmp_path.rglob("*.parquet"))) == 1
+    other_shape = store.put(a.reshape(4, 3))
+    assert other_shape.sha256 != first.sha256  # the hash covers the shape
+
+
+def test_damaged_and_missing_files_are_reported(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path)
+    info = store.put(torch.randn(100))
+    path = store.path(info.sha256)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert store.check(info) is not None
+    path.unlink()
+    assert store.check(info) == "missing"
+    with pytest.raises(SnapshotError, match="missing"):
+        store.get(info)
+
+
+def dir_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*.parquet"))
+
+
+def test_frozen_layers_do_not_grow_the_snapshot_directory(store: Path) -> None:
+    torch.manual_seed(0)
+    sizes: list[int] = []
+    with auditlog.record(store, snapshot_every=1) as run:
+        backbone = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
+        for p in backbone.parameters():
+            p.requires_grad_(False)
+        model = nn.Sequential(backbone, nn.Linear(64, 2))
+        opt = torch.optim.SGD(model[1].parameters(), lr=0.1)
+        for _ in range(4):
+            model(torch.randn(8, 64)).sum().backward()
+            opt.step()
+            run.flush()
+            sizes.append(dir_bytes(store / "snapshots"))
+    with auditlog.open(store) as s:
+        state = s.run().model_state()
+        events = list(s.run().events(kinds=["snapshot_taken"]))
+    root = state.root_by_class("Sequential")
+    params = dict(state.named_parameters(root))
+    frozen = [params[n] for n in ("0.0.weight", "0.0.bias", "0.1.weight", "0.1.bias")]
+    for tensor_id in frozen:
+        hashes = {sha for _, _, sha in state.tensors[tensor_id].history}
+        assert len(hashes) == 1  # one content, however often snapshotted
+    head_bytes = 64 * 2 * 4 + 2 * 4
+    growth = [b - a for a, b in zip(sizes, sizes[1:])]
+    # each step adds the new head values only (plus Parquet overhead), never the backbone
+    backbone_bytes = 2 * (64 * 64 + 64) * 4
+    assert all(0 < g < backbone_bytes / 4 for g in growth), (growth, head_bytes)
+    step_events = [e for e in events if e["payload"]["trigger"] == "step"]
+    assert len(step_events) == 4
+    assert all(e["payload"]["snapshot"]["new_bytes"] <= head_bytes for e in step_events)
