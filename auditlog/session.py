@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from auditlog.capture.buffer import RecordBuffer
-from auditlog.capture.recorder import CaptureOptions, Recorder
+from auditlog.capture.recorder import Recorder
+from auditlog.policy import Policy, make_policy
 from auditlog.errors import AuditlogError, RecordingActiveError
 from auditlog.metadata import (
     RunStartedPayload,
@@ -63,27 +64,16 @@ class Recording(contextlib.ContextDecorator):
         store: str | os.PathLike[str] | StoreLocation | None = None,
         name: str | None = None,
         *,
-        backward: str = "grad",
-        activity_every: int = 1,
-        update_norms: bool = True,
-        snapshot_every: int = 0,
-        snapshot_initial: bool = True,
-        snapshot_final: bool = True,
+        policy: str | os.PathLike[str] | Policy | None = None,
         code_path: str | os.PathLike[str] | None = None,
         run_id: str | None = None,
         handle_sigterm: bool = True,
         argv: list[str] | None = None,
+        **overrides: Any,
     ) -> None:
         self.store_spec = store if isinstance(store, StoreLocation) or store is None else os.fspath(store)
         self.name = name
-        self.options = CaptureOptions(
-            backward=backward,
-            activity_every=activity_every,
-            update_norms=update_norms,
-            snapshot_every=snapshot_every,
-            snapshot_initial=snapshot_initial,
-            snapshot_final=snapshot_final,
-        )
+        self.policy = make_policy(policy, **overrides)
         self.code_path = Path(code_path) if code_path is not None else None
         self.requested_run_id = run_id
         self.handle_sigterm = handle_sigterm
@@ -127,7 +117,7 @@ class Recording(contextlib.ContextDecorator):
             store.create_run(run_id, self.name, static["host"], static["pid"], process_start_ticks(os.getpid()))
             buffer = RecordBuffer()
             writer = Writer(store, run_id, rank, buffer)
-            recorder = Recorder(buffer, self.options)
+            recorder = Recorder(buffer, self.policy)
             code_path = self.code_path or Path(os.getcwd())
             recorder.emit(
                 "run_started",
@@ -231,15 +221,7 @@ class Recording(contextlib.ContextDecorator):
         return self.recorder
 
     def _policy(self) -> dict[str, Any]:
-        return {
-            "backward": self.options.backward,
-            "activity": self.options.activity,
-            "activity_every": self.options.activity_every,
-            "update_norms": self.options.update_norms,
-            "snapshot_initial": self.options.snapshot_initial,
-            "snapshot_every": self.options.snapshot_every,
-            "snapshot_final": self.options.snapshot_final,
-        }
+        return {**self.policy.as_dict(), "source": self.policy.source}
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
@@ -276,16 +258,17 @@ def _outcome(exc: BaseException | None) -> dict[str, Any]:
 def record(
     store: str | os.PathLike[str] | StoreLocation | None = None,
     name: str | None = None,
+    *,
+    policy: str | os.PathLike[str] | Policy | None = None,
     **options: Any,
 ) -> Recording:
     """Record everything PyTorch does inside the block (or decorated function).
 
     ``store``: a directory or database URL (default ``AUDITLOG_STORE`` or
-    ``./.auditlog``). ``name``: a label for the run. Options: ``backward``
-    (``grad``/``full``/``legacy``/``none``), ``activity_every`` (record forward
-    and backward activity every N optimizer steps), ``update_norms``,
-    ``snapshot_every`` (store all parameter/buffer values every N steps; 0: off),
-    ``snapshot_initial`` (store initial values at sealing), ``snapshot_final``
-    (store values at run end).
+    ``./.auditlog``). ``name``: a label for the run. ``policy``: a preset
+    (``audit``, the default; ``debug``; ``minimal``), a policy file, or a
+    ``Policy``; keyword options override single policy keys (``activity_every=1``,
+    ``backward="none"``, ``snapshot_every=100``, ...; see ``auditlog.policy``).
+    Also ``run_id=`` and ``code_path=``.
     """
-    return Recording(store, name, **options)
+    return Recording(store, name, policy=policy, **options)

@@ -67,21 +67,14 @@ class StatsRecord:
         }
         if self.floats is None or self.counts is None:
             return out
-        norm, mean, std, lo, hi = (float(v) for v in self.floats.tolist())
+        floats = [finite_or_text(float(v)) for v in self.floats.tolist()]
         nan, inf = (int(v) for v in self.counts.tolist())
-        out.update(
-            norm=finite_or_text(norm),
-            mean=finite_or_text(mean),
-            std=finite_or_text(std),
-            min=finite_or_text(lo),
-            max=finite_or_text(hi),
-            nan=nan,
-            inf=inf,
-        )
+        out.update(zip(("norm", "mean", "std", "min", "max"), floats, strict=False))
+        out.update(nan=nan, inf=inf)
         return out
 
 
-def device_stats(tensor: torch.Tensor) -> StatsRecord:
+def device_stats(tensor: torch.Tensor, full: bool = True) -> StatsRecord:
     """Launch the statistics reductions for ``tensor`` without syncing the device.
 
     Runs under ``no_grad`` and touches no RNG. Low-precision, integer and boolean
@@ -98,10 +91,13 @@ def device_stats(tensor: torch.Tensor) -> StatsRecord:
             x = torch.view_as_real(x)
         if x.dtype not in _FAST_FLOATS:
             x = x.float()
-        lo, hi = torch.aminmax(x)
-        floats = torch.stack(
-            [torch.linalg.vector_norm(x), x.mean(), x.std(correction=0), lo, hi]
-        )
+        if full:
+            lo, hi = torch.aminmax(x)
+            floats = torch.stack(
+                [torch.linalg.vector_norm(x), x.mean(), x.std(correction=0), lo, hi]
+            )
+        else:  # policy stats="norm": one reduction instead of five
+            floats = torch.linalg.vector_norm(x).reshape(1)
         counts = torch.stack([torch.isnan(x).sum(), torch.isinf(x).sum()])
     return StatsRecord(shape, tensor.dtype, numel, floats, counts)
 

@@ -10,7 +10,7 @@ import traceback
 import click
 from auditlog.cli.options import store_option
 
-from auditlog.capture.recorder import BACKWARD_MECHANISMS
+from auditlog.policy import BACKWARD_MECHANISMS, make_policy
 from auditlog.execfile import run_target, script_path
 from auditlog.session import Recording, Terminated
 
@@ -22,25 +22,29 @@ from auditlog.session import Recording, Terminated
 @click.option("-m", "as_module", is_flag=True, help="Run a module (like python -m).")
 @click.option("--name", default=None, help="A label for the run.")
 @click.option(
+    "--policy",
+    default=None,
+    metavar="audit|debug|minimal|PATH",
+    help="Capture policy preset or TOML file [default: ./auditlog.toml, pyproject "
+    "[tool.auditlog], else audit].",
+)
+@click.option(
     "--backward",
     type=click.Choice(BACKWARD_MECHANISMS),
-    default="grad",
-    show_default=True,
-    help="How backward activity is captured: grad hooks on module outputs (safe with "
-    "in-place ops), full/legacy module backward hooks, or none.",
+    default=None,
+    help="Backward capture: grad hooks on module outputs (safe with in-place ops; "
+    "default), full/legacy module backward hooks, or none.",
 )
 @click.option(
     "--activity-every",
     type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
+    default=None,
     help="Record forward/backward activity every N optimizer steps.",
 )
 @click.option(
     "--snapshot-every",
     type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
+    default=None,
     help="Store every parameter and buffer every N optimizer steps (0: only initial and final).",
 )
 @click.argument("target", metavar="SCRIPT|MODULE")
@@ -51,9 +55,10 @@ def run(
     store: str | None,
     as_module: bool,
     name: str | None,
-    backward: str,
-    activity_every: int,
-    snapshot_every: int,
+    policy: str | None,
+    backward: str | None,
+    activity_every: int | None,
+    snapshot_every: int | None,
     target: str,
     args: tuple[str, ...],
 ) -> None:
@@ -62,13 +67,14 @@ def run(
     The script's exit code is auditlog's exit code; its traceback is printed as
     Python would print it.
     """
+    chosen = make_policy(
+        policy, backward=backward, activity_every=activity_every, snapshot_every=snapshot_every
+    )  # a bad policy is refused before anything else happens
     code_path = script_path(target, as_module)
     recording = Recording(
         store,
         name,
-        backward=backward,
-        activity_every=activity_every,
-        snapshot_every=snapshot_every,
+        policy=chosen,
         code_path=code_path,
         argv=[target, *args],
     )

@@ -209,7 +209,7 @@ def test_cnn_with_inplace_relu_trains_under_recording(store: Path) -> None:
 
 def test_training_events_per_step(store: Path) -> None:
     torch.manual_seed(0)
-    with auditlog.record(store):
+    with auditlog.record(store, activity_every=1):
         model = nn.Sequential(nn.Linear(20, 8), nn.Tanh(), nn.Linear(8, 2))
         train_steps(model, 3)
     with auditlog.open(store) as s:
@@ -451,7 +451,7 @@ def test_torch_compile_is_recorded_once_and_trains_identically(store: Path) -> N
     torch._dynamo.reset()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # torch's own note about global hooks + compile
-        with auditlog.record(store):
+        with auditlog.record(store, activity_every=1):
             recorded, losses = run()
     torch._dynamo.reset()
     assert losses == plain_losses

@@ -75,7 +75,7 @@ def rec(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
 
     mlp = load_example("train_mlp")
     with auditlog.record(
-        store, name="mlp", argv=["examples/train_mlp.py", "--epochs", "1"]
+        store, name="mlp", argv=["examples/train_mlp.py", "--epochs", "1"], activity_every=1
     ) as second:
         mlp.main(["--epochs", "1"])
     assert second.run_id is not None

@@ -20,6 +20,7 @@ class ObjectIds:
 
     def __init__(self) -> None:
         self._ids: dict[int, tuple[weakref.ref[Any], int]] = {}
+        self._by_number: dict[int, weakref.ref[Any]] = {}
         self._counter = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -43,15 +44,23 @@ class ObjectIds:
             number = next(self._counter)
             ref = weakref.ref(obj, self._forget(key, number))
             self._ids[key] = (ref, number)
+            self._by_number[number] = ref
             return number, True
+
+    def object(self, number: int) -> Any:
+        """The live object with this id, or None if it died (or never had it)."""
+        ref = self._by_number.get(number)
+        return None if ref is None else ref()
 
     def _forget(self, key: int, number: int) -> Any:
         ids = self._ids
+        by_number = self._by_number
 
         def callback(_ref: weakref.ref[Any]) -> None:
             entry = ids.get(key)
             if entry is not None and entry[1] == number:
                 ids.pop(key, None)
+            by_number.pop(number, None)
 
         return callback
 

@@ -9,6 +9,7 @@ tensors, or host copies of tensors that are about to change.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -90,14 +91,18 @@ class StackedNorms:
 class NonFiniteCount:
     """How many of the stacked norms are NaN or infinite (resolved on the writer)."""
 
-    __slots__ = ("norms",)
+    __slots__ = ("norms", "on_nonfinite")
 
-    def __init__(self, norms: StackedNorms) -> None:
+    def __init__(self, norms: StackedNorms, on_nonfinite: Callable[[], None] | None = None) -> None:
         self.norms = norms
+        self.on_nonfinite = on_nonfinite
 
     def resolve(self) -> int:
         values = self.norms.norms
-        return 0 if values is None else int((~torch.isfinite(values)).sum())
+        count = 0 if values is None else int((~torch.isfinite(values)).sum())
+        if count and self.on_nonfinite is not None:
+            self.on_nonfinite()  # the recorder samples activity from the next step on
+        return count
 
 
 def _stack(norms: list[torch.Tensor]) -> torch.Tensor:

@@ -17,7 +17,6 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -30,42 +29,13 @@ from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.identity import ObjectIds
 from auditlog.capture.source import Location, construction_location, user_location
 from auditlog.capture.structure import check_structure
+from auditlog.policy import Policy
 from auditlog.replay import STATE_KINDS, ModelState, apply
 from auditlog.capture.lazy import NonFiniteCount, SealItems, SnapshotItems, StackedNorms
 from auditlog.tensors import StatsRecord, device_stats
 
-BACKWARD_MECHANISMS = ("grad", "full", "legacy", "none")
 _is_compiling = torch.compiler.is_compiling
 MAX_TENSORS = 4
-
-
-@dataclass(frozen=True)
-class CaptureOptions:
-    """What the hooks capture. The full policy object (presets, files) builds on this.
-
-    ``backward``: ``grad`` (default) hooks the gradient of each module's outputs
-    on sampled steps and works with in-place ops; ``full`` uses the global full
-    backward hooks (breaks models with in-place ops on module outputs); ``legacy``
-    uses ``register_module_backward_hook``; ``none`` records no backward activity.
-    """
-
-    backward: str = "grad"
-    activity: bool = True
-    activity_every: int = 1
-    update_norms: bool = True
-    snapshot_initial: bool = True
-    snapshot_every: int = 0
-    snapshot_final: bool = True
-
-    def __post_init__(self) -> None:
-        if self.snapshot_every < 0:
-            raise ValueError("snapshot_every must be >= 0 (0: off)")
-        if self.backward not in BACKWARD_MECHANISMS:
-            raise ValueError(
-                f"backward must be one of {', '.join(BACKWARD_MECHANISMS)}, not {self.backward!r}"
-            )
-        if self.activity_every < 1:
-            raise ValueError("activity_every must be >= 1")
 
 
 def _class_name(obj: object) -> str:
@@ -98,9 +68,9 @@ class Recorder:
     ``StackedNorms``) that the writer resolves off the training thread.
     """
 
-    def __init__(self, buffer: RecordBuffer, options: CaptureOptions | None = None) -> None:
+    def __init__(self, buffer: RecordBuffer, policy: Policy | None = None) -> None:
         self.buffer = buffer
-        self.options = options or CaptureOptions()
+        self.policy = policy or Policy()
         self.modules = ObjectIds()
         self.tensors = ObjectIds()
         self.optimizers = ObjectIds()
@@ -126,36 +96,84 @@ class Recorder:
         self._roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self._finalizers: list[weakref.finalize[Any, Any]] = []
         self._finished = False
+        self._call_handles: list[RemovableHandle] = []  # per-call hooks, present on sampled steps only
+        self._selected: dict[int, bool] = {}
+        self._names: dict[int, list[str]] = {}
+        self._selected_at = -1
+        self._nonfinite = False
+        self.hooked_steps = 0
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
-        """Register every global hook this configuration needs."""
+        """Register the registration and optimizer hooks, and the per-call hooks for step 0.
+
+        Step 0 (until the first optimizer step returns) always has the forward hooks,
+        so that the model is sealed at its first forward, before BatchNorm and the
+        like change any buffer.
+        """
         add = self._handles.append
         add(nn_module.register_module_module_registration_hook(self._on_module_registered))
         add(nn_module.register_module_parameter_registration_hook(self._on_parameter_registered))
         add(nn_module.register_module_buffer_registration_hook(self._on_buffer_registered))
-        add(nn_module.register_module_forward_pre_hook(self._on_forward_pre))
-        add(nn_module.register_module_forward_hook(self._on_forward, always_call=True))
+        add(optim_module.register_optimizer_step_pre_hook(self._on_step_pre))
+        add(optim_module.register_optimizer_step_post_hook(self._on_step_post))
         # torch keeps a module-level flag saying which kind of global backward hook
         # is in use and never clears it on removal; save it so remove() can restore
         # it, and treat it as unset when no global backward hook exists any more.
         self._saved_full_flag = nn_module._global_is_full_backward_hook
         if not nn_module._global_backward_hooks:
             nn_module._global_is_full_backward_hook = None
-        if self.options.backward == "full":
-            add(nn_module.register_module_full_backward_pre_hook(self._on_backward_pre))
-            add(nn_module.register_module_full_backward_hook(self._on_full_backward))
-        elif self.options.backward == "legacy":
-            add(nn_module.register_module_backward_hook(self._on_legacy_backward))
-        add(optim_module.register_optimizer_step_pre_hook(self._on_step_pre))
-        add(optim_module.register_optimizer_step_post_hook(self._on_step_post))
+        self.sampling = self.policy.samples(0)
+        self._install_call_hooks(forward_only=not self.sampling)
+
+    def _install_call_hooks(self, forward_only: bool = False) -> None:
+        """Forward (and full/legacy backward) hooks: they take every module call off
+        PyTorch's fast path, so they are present only on steps that need them."""
+        if self._call_handles:
+            return
+        add = self._call_handles.append
+        add(nn_module.register_module_forward_pre_hook(self._on_forward_pre))
+        add(nn_module.register_module_forward_hook(self._on_forward, always_call=True))
+        if not forward_only:
+            if self.policy.backward == "full":
+                add(nn_module.register_module_full_backward_pre_hook(self._on_backward_pre))
+                add(nn_module.register_module_full_backward_hook(self._on_full_backward))
+            elif self.policy.backward == "legacy":
+                add(nn_module.register_module_backward_hook(self._on_legacy_backward))
+        self.hooked_steps += 1
+
+    def _remove_call_hooks(self) -> None:
+        while self._call_handles:
+            self._call_handles.pop().remove()
+        self._stack().clear()
 
     def remove(self) -> None:
         """Remove exactly the hooks this recorder installed."""
+        self._remove_call_hooks()
         while self._handles:
             self._handles.pop().remove()
         if hasattr(self, "_saved_full_flag"):
             nn_module._global_is_full_backward_hook = self._saved_full_flag
+
+    def flag_nonfinite(self) -> None:
+        """Called by the writer when a step's gradients were not finite."""
+        self._nonfinite = True
+
+    def _selected_module(self, module: torch.nn.Module, module_id: int) -> bool:
+        """Include/exclude globs, evaluated once per module per structure version."""
+        policy = self.policy
+        if not policy.include and not policy.exclude:
+            return True
+        if self._selected_at != self._registrations:
+            self._selected = {}
+            self._names = self.state.module_names()
+            self._selected_at = self._registrations
+        hit = self._selected.get(module_id)
+        if hit is None:
+            node = self.state.modules.get(module_id)
+            cls = node.cls if node is not None and node.cls else _class_name(module)
+            hit = self._selected[module_id] = policy.module_selected(self._names.get(module_id, []), cls)
+        return hit
 
     # ------------------------------------------------------------------ emit
     def emit(
@@ -363,7 +381,7 @@ class Recorder:
             self._track_root(root)
         if items:
             module_id = None if root is None else self.modules.lookup(root)
-            store = self.options.snapshot_initial
+            store = self.policy.snapshot_initial
             self.emit(
                 "construction_sealed",
                 module_id,
@@ -403,6 +421,20 @@ class Recorder:
                 {"trigger": trigger, "tag": tag, "snapshot": SnapshotItems(items)},
             )
 
+    def _track_owners(self, params: list[torch.Tensor]) -> None:
+        """Track the root modules that own these parameters (per the recorded structure)."""
+        wanted = {self.tensors.lookup(p) for p in params} - {None}
+        if not wanted:
+            return
+        for root_id in self.state.roots():
+            node_ids = [m for _, m in self.state.named_modules(root_id)]
+            owns = any(
+                t in wanted for m in node_ids for t in self.state.modules[m].parameters.values()
+            )
+            root = self.modules.object(root_id) if owns else None
+            if root is not None:
+                self._track_root(root)
+
     def _track_root(self, root: torch.nn.Module) -> None:
         """Remember a root; when it is garbage-collected, snapshot its last values.
 
@@ -422,7 +454,7 @@ class Recorder:
         self._finalizers.append(finalizer)
 
     def _on_root_released(self, module_id: int | None, params: Any, buffers: Any, children: Any) -> None:
-        if not self.options.snapshot_final or self._finished:
+        if not self.policy.snapshot_final or self._finished:
             return
         try:
             tensors = _dict_tensors(params, buffers, children)
@@ -481,16 +513,19 @@ class Recorder:
                 stack.pop()
             elif module in stack:
                 del stack[len(stack) - 1 - stack[::-1].index(module) :]
-            if not (self.sampling and self.options.activity):
+            if not (self.sampling and self.policy.activity):
                 return
             module_id = self._module_id(module)
+            if not self._selected_module(module, module_id):
+                return
             if output is None:
                 self.emit("forward", module_id, None, {"outputs": [], "n_outputs": 0, "error": True})
                 return
             tensors = _tensors_in(output)
-            stats = [device_stats(t) for t in tensors[:MAX_TENSORS]]
+            full = self.policy.stats == "full"
+            stats = [device_stats(t, full) for t in tensors[:MAX_TENSORS]]
             self.emit("forward", module_id, None, {"outputs": stats, "n_outputs": len(tensors)})
-            if self.options.backward == "grad" and torch.is_grad_enabled():
+            if self.policy.backward == "grad" and torch.is_grad_enabled():
                 self._hook_gradients(module_id, tensors)
         except Exception as exc:
             self._fault("forward_hook", exc)
@@ -517,7 +552,7 @@ class Recorder:
                 "backward",
                 module_id,
                 None,
-                {"mechanism": "grad", "grad_outputs": [device_stats(grad)]},
+                {"mechanism": "grad", "grad_outputs": [device_stats(grad, self.policy.stats == "full")]},
                 step=step,
             )
         except Exception as exc:
@@ -527,7 +562,8 @@ class Recorder:
         if _is_compiling():  # traced by dynamo: record nothing, never break the trace
             return None
         try:
-            stats = [None if g is None else device_stats(g) for g in list(grads)[:MAX_TENSORS]]
+            full = self.policy.stats == "full"
+            stats = [None if g is None else device_stats(g, full) for g in list(grads)[:MAX_TENSORS]]
             self.emit(
                 "backward", module_id, None, {"mechanism": "grad", "grad_outputs": stats}, step=step
             )
@@ -538,7 +574,8 @@ class Recorder:
         return None  # installed so the full pair is present; the post hook records
 
     def _grad_stats(self, grads: Any) -> list[StatsRecord | None]:
-        return [None if g is None else device_stats(g) for g in list(grads or ())[:MAX_TENSORS]]
+        full = self.policy.stats == "full"
+        return [None if g is None else device_stats(g, full) for g in list(grads or ())[:MAX_TENSORS]]
 
     def _on_full_backward(self, module: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:
         if _is_compiling():  # traced by dynamo: record nothing, never break the trace
@@ -554,11 +591,14 @@ class Recorder:
         self, mechanism: str, where: str, module: torch.nn.Module, grad_input: Any, grad_output: Any
     ) -> None:
         try:
-            if not (self.sampling and self.options.activity):
+            if not (self.sampling and self.policy.activity):
+                return
+            module_id = self._module_id(module)
+            if not self._selected_module(module, module_id):
                 return
             self.emit(
                 "backward",
-                self._module_id(module),
+                module_id,
                 None,
                 {
                     "mechanism": mechanism,
@@ -576,11 +616,15 @@ class Recorder:
         try:
             self._stack().clear()  # a forward that died on BaseException left stale entries
             params = [p for group in optimizer.param_groups for p in group["params"]]
-            if self._unsealed and self._step_scanned != self._registrations:
+            if self._step_scanned != self._registrations:
+                # The structure changed since the last step: per-call hooks may be
+                # absent, so find the models these parameters belong to from here.
                 self._step_scanned = self._registrations
-                self.seal(None, "optimizer_step", tensors=params)
+                if self._unsealed:
+                    self.seal(None, "optimizer_step", tensors=params)
+                self._track_owners(params)
             before = None
-            if self.options.update_norms:
+            if self.policy.update_norms:
                 # A plain clone per tensor measured ~9x faster than _foreach_mul(x, 1) on
                 # CPU; the copies live only until the post hook of this same step.
                 with torch.no_grad():
@@ -594,7 +638,6 @@ class Recorder:
             return None
         try:
             self.step += 1
-            self.sampling = self.step % self.options.activity_every == 0
             optimizer_id, _ = self.optimizers.get(optimizer)
             count = self._optimizer_steps.get(optimizer_id, 0) + 1
             self._optimizer_steps[optimizer_id] = count
@@ -609,13 +652,21 @@ class Recorder:
             )
             # Structure check and snapshot come before the optimizer_step event, so
             # "the state after step N" is exactly the events up to that event.
-            every = self.options.snapshot_every
+            every = self.policy.snapshot_every
             snap = every > 0 and self.step % every == 0
             if self.sampling or snap:
                 self.check(None, "optimizer_step")
             if snap:
                 self.snapshot(self.live_roots(), "step")
             self.emit("optimizer_step", None, None, payload)
+            # Decide the next step: per-call hooks only where activity is sampled.
+            self.sampling = self.policy.samples(self.step) or (
+                self.policy.activity and self.policy.sample_nonfinite and self._nonfinite
+            )
+            if self.sampling:
+                self._install_call_hooks()
+            else:
+                self._remove_call_hooks()
         except Exception as exc:
             self._fault("optimizer_step_post_hook", exc)
 
@@ -637,12 +688,15 @@ class Recorder:
             groups.append(hyper)
         with torch.no_grad():
             detached = [p.detach() for p in params]
-            grads = [p.grad.detach() for p in params if p.grad is not None and p.grad.layout == torch.strided]
-            present = [p.grad is not None and p.grad.layout == torch.strided for p in params]
-            grad_norms = StackedNorms(present, list(torch._foreach_norm(grads)) if grads else [])
-            param_norms = StackedNorms(
-                [True] * len(params), list(torch._foreach_norm(detached)) if detached else []
-            )
+            grad_norms = param_norms = None
+            if self.policy.grad_norms:
+                grads = [p.grad.detach() for p in params if p.grad is not None and p.grad.layout == torch.strided]
+                present = [p.grad is not None and p.grad.layout == torch.strided for p in params]
+                grad_norms = StackedNorms(present, list(torch._foreach_norm(grads)) if grads else [])
+            if self.policy.param_norms:
+                param_norms = StackedNorms(
+                    [True] * len(params), list(torch._foreach_norm(detached)) if detached else []
+                )
             update_norms = None
             if before is not None and len(before) == len(detached):
                 if detached:
@@ -654,7 +708,7 @@ class Recorder:
             "param_groups": groups,
             "tensor_ids": tensor_ids,
             "grad_norm": grad_norms,
-            "nonfinite_grads": NonFiniteCount(grad_norms),
+            "nonfinite_grads": None if grad_norms is None else NonFiniteCount(grad_norms, self.flag_nonfinite),
             "update_norm": update_norms,
             "param_norm": param_norms,
         }
@@ -666,7 +720,7 @@ class Recorder:
             self.seal(None, "run_end")
         roots = self.live_roots()
         self.check(roots, "run_end")
-        if self.options.snapshot_final and roots:
+        if self.policy.snapshot_final and roots:
             self.snapshot(roots, "run_end")
         self._finished = True
         for finalizer in self._finalizers:

@@ -1,0 +1,200 @@
+"""Capture policy: presets record what they promise; sampling, globs and policy files."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.modules import module as nn_module
+
+import auditlog
+from auditlog.errors import UsageError
+from auditlog.policy import Policy, make_policy
+from helpers import invoke, run_auditlog
+
+
+def build() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+MODULE_CALLS = 4  # the Sequential and its three children
+
+
+def train(
+    steps: int, hooks_seen: dict[int, int] | None = None, poison_at: int | None = None, flush: bool = False
+) -> nn.Module:
+    torch.manual_seed(0)
+    model = build()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(steps):
+        if hooks_seen is not None:
+            hooks_seen[step] = len(nn_module._global_forward_hooks)
+        x = torch.randn(4, 6)
+        if poison_at is not None and step == poison_at:
+            x[0, 0] = float("nan")
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if flush:  # let the writer catch up, as it does on any real step time
+            recording = auditlog.current()
+            assert recording is not None
+            recording.flush()
+    return model
+
+
+def per_step(store: Path) -> tuple[dict[int, Counter[str]], list[dict]]:
+    with auditlog.open(store) as s:
+        events = list(s.run().events())
+    counts: dict[int, Counter[str]] = {}
+    for e in events:
+        counts.setdefault(e["step"], Counter())[e["kind"]] += 1
+    return counts, events
+
+
+def test_debug_records_every_module_every_step(store: Path) -> None:
+    with auditlog.record(store, policy="debug"):
+        train(5)
+    counts, events = per_step(store)
+    for step in range(5):
+        assert counts[step]["forward"] == MODULE_CALLS
+        assert counts[step]["backward"] == MODULE_CALLS
+    steps = [e for e in events if e["kind"] == "optimizer_step"]
+    assert len(steps) == 5 and all(e["payload"]["update_norm"] for e in steps)
+
+
+def test_audit_samples_activity_and_records_every_step(store: Path) -> None:
+    hooks: dict[int, int] = {}
+    before = len(nn_module._global_forward_hooks)
+    with auditlog.record(store):  # the default preset
+        train(21, hooks_seen=hooks)
+    counts, events = per_step(store)
+    sampled = {0, 10, 20}
+    for step in range(21):
+        expected = MODULE_CALLS if step in sampled else 0
+        assert counts[step]["forward"] == expected, step
+        assert counts[step]["backward"] == expected, step
+        # per-call hooks are absent on unsampled steps: PyTorch's fast path
+        assert hooks[step] - before == (1 if step in sampled else 0), step
+    steps = [e["payload"] for e in events if e["kind"] == "optimizer_step"]
+    assert len(steps) == 21
+    assert all(len(p["grad_norm"]) == 4 and len(p["update_norm"]) == 4 for p in steps)
+    assert all(p["param_groups"][0]["lr"] == 0.01 for p in steps)
+
+
+def test_minimal_records_construction_and_steps_only(store: Path) -> None:
+    with auditlog.record(store, policy="minimal"):
+        model = train(3)
+    counts, events = per_step(store)
+    kinds = Counter(e["kind"] for e in events)
+    assert kinds["forward"] == kinds["backward"] == 0
+    assert kinds["optimizer_step"] == 3 and kinds["parameter_registered"] == 4
+    step = next(e["payload"] for e in events if e["kind"] == "optimizer_step")
+    assert step["update_norm"] is None and step["param_norm"] is None and len(step["grad_norm"]) == 4
+    sealed = next(e["payload"] for e in events if e["kind"] == "construction_sealed")
+    assert sealed["trigger"] == "first_forward" and len(sealed["tensors"]) == 4
+    assert model is not None
+
+
+def test_nonfinite_gradients_switch_sampling_on(store: Path) -> None:
+    with auditlog.record(store, activity_every=1000):
+        train(8, poison_at=2, flush=True)
+    counts, events = per_step(store)
+    assert counts[1]["forward"] == 0
+    nonfinite = [e["step"] for e in events if e["kind"] == "optimizer_step" and e["payload"]["nonfinite_grads"]]
+    assert nonfinite and nonfinite[0] == 3  # the poisoned batch was step index 2 -> optimizer step 3
+    # sampled from the step after the writer saw the non-finite gradient norms
+    assert all(counts[step]["forward"] == MODULE_CALLS for step in range(4, 8))
+
+
+def test_include_and_exclude_globs(store: Path, tmp_path: Path) -> None:
+    with auditlog.record(store, policy="debug", include=["0", "2"]):
+        train(2)
+    with auditlog.open(store) as s:
+        run = s.run()
+        names = run.model_state().module_names()
+        fwd = [names[e["module_id"]][0] for e in run.events(kinds=["forward"])]
+    assert sorted(set(fwd)) == ["0", "2"]
+    other = tmp_path / "other"
+    with auditlog.record(other, policy="debug", exclude=["ReLU", "Sequential"]):
+        train(2)
+    with auditlog.open(other) as s:
+        run = s.run()
+        state = run.model_state()
+        classes = {state.modules[e["module_id"]].cls for e in run.events(kinds=["forward", "backward"])}
+    assert classes == {"torch.nn.modules.linear.Linear"}
+
+
+def test_norm_only_statistics(store: Path) -> None:
+    with auditlog.record(store, policy="debug", stats="norm"):
+        train(1)
+    with auditlog.open(store) as s:
+        out = next(s.run().events(kinds=["forward"]))["payload"]["outputs"][0]
+    assert set(out) == {"shape", "dtype", "numel", "norm", "nan", "inf"}
+
+
+def test_policy_files_and_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert make_policy().preset == "audit"
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n[tool.auditlog]\npreset = "debug"\nsnapshot_every = 5\n')
+    found = make_policy()
+    assert (found.preset, found.activity_every, found.snapshot_every) == ("debug", 1, 5)
+    assert "pyproject.toml" in found.source
+    (tmp_path / "auditlog.toml").write_text('preset = "minimal"\ninclude = ["encoder.*"]\n')
+    own = make_policy()
+    assert own.preset == "minimal" and own.activity is False and own.include == ("encoder.*",)
+    assert make_policy(activity_every=3).activity_every == 3  # keyword overrides the file
+    assert make_policy("debug").activity_every == 1  # an explicit preset ignores files
+    assert isinstance(make_policy(Policy(activity_every=7)), Policy)
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("activty_every = 3\n", "unknown policy key 'activty_every'"),
+        ("activity_every = 0\n", "'activity_every'"),
+        ("activity_every = 'often'\n", "'activity_every'"),
+        ('backward = "sideways"\n', "'backward'"),
+        ('preset = "paranoid"\n', "unknown policy preset 'paranoid'"),
+        ("include = [1, 2]\n", "'include'"),
+        ("snapshot_final = 'yes'\n", "'snapshot_final'"),
+        ("this is not toml\n", "not valid TOML"),
+    ],
+)
+def test_bad_policy_files_are_refused_naming_the_key(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "policy.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=message):
+        make_policy(path)
+    store = tmp_path / "store"
+    result = invoke("run", "--store", str(store), "--policy", str(path), str(tmp_path / "nothing.py"))
+    assert result.exit_code == 2
+    assert result.stderr.startswith("Error: ") and len(result.stderr.strip().splitlines()) == 1
+    assert message.strip("'") in result.stderr or message in result.stderr
+    assert not store.exists()
+
+
+def test_unknown_keyword_and_preset_are_refused(store: Path) -> None:
+    with pytest.raises(UsageError, match="unknown policy key 'activity_evry'"):
+        auditlog.record(store, activity_evry=2)
+    with pytest.raises(UsageError, match="neither a preset"):
+        auditlog.record(store, policy="debgu")
+    assert not store.exists()
+
+
+@pytest.mark.slow
+def test_run_with_policy_flag(tmp_path: Path, store: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nfrom torch import nn\nm = nn.Linear(3, 1)\no = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n    m(torch.randn(2, 3)).sum().backward(); o.step()\n"
+    )
+    done = run_auditlog("run", "--store", str(store), "--policy", "minimal", str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    with auditlog.open(store) as s:
+        run = s.run()
+        started = next(run.events(kinds=["run_started"]))["payload"]
+        kinds = Counter(e["kind"] for e in run.events())
+    assert started["policy"]["preset"] == "minimal" and kinds["forward"] == 0 and kinds["optimizer_step"] == 3
