@@ -52,6 +52,12 @@ class IntegrityError(AuditlogError):
     exit_code = 4
 
 
+class RecordingFailedError(AuditlogError):
+    """The store failed during a run recorded with ``on_error=fail``. Exit code 5."""
+
+    exit_code = 5
+
+
 class RecordingActiveError(AuditlogError):
     """A second ``record()`` while one is active: hooks would be doubled, so it is refused."""
 
@@ -62,5 +68,12 @@ EXIT_CODES: dict[str, int] = {
     "usage (bad option or argument)": 2,
     "store refused (missing, foreign, corrupt, other schema)": 3,
     "integrity check failed (verify)": 4,
+    "recording failed and on_error=fail stopped the program": 5,
     "interrupted (Ctrl-C)": 130,
 }
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of a driver error's own message (SQLAlchemy wraps and appends)."""
+    text = str(getattr(exc, "orig", None) or exc)
+    return text.splitlines()[0] if text.strip() else type(exc).__name__

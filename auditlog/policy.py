@@ -22,6 +22,8 @@ from auditlog.errors import UsageError
 
 BACKWARD_MECHANISMS = ("grad", "full", "legacy", "none")
 STATS = ("full", "norm")
+DURABILITY = ("fast", "step", "strict")
+ON_ERROR = ("continue", "fail")
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,9 @@ class Policy:
     snapshot_initial: bool = True
     snapshot_every: int = 0
     snapshot_final: bool = True
+    # storage: how much may be lost on a crash, and what a failing store does to training
+    durability: str = "fast"
+    on_error: str = "continue"
     source: str = field(default="preset", compare=False)
 
     def __post_init__(self) -> None:
@@ -116,6 +121,12 @@ def _check(key: str, value: Any, source: str) -> None:
     elif key == "stats":
         if value not in STATS:
             fail(" | ".join(STATS))
+    elif key == "durability":
+        if value not in DURABILITY:
+            fail(" | ".join(DURABILITY))
+    elif key == "on_error":
+        if value not in ON_ERROR:
+            fail(" | ".join(ON_ERROR))
     elif key in ("include", "exclude"):
         if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) and p for p in value):
             fail("a list of non-empty glob strings")

@@ -27,7 +27,14 @@ import torch
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.recorder import Recorder
 from auditlog.policy import Policy, make_policy
-from auditlog.errors import AuditlogError, RecordingActiveError
+from auditlog.errors import (
+    AuditlogError,
+    NotAStoreError,
+    RecordingActiveError,
+    SchemaTooNewError,
+    SchemaTooOldError,
+    StoreError,
+)
 from auditlog.metadata import (
     RunStartedPayload,
     process_start_ticks,
@@ -56,6 +63,15 @@ def current() -> Recording | None:
     return _active
 
 
+class _NullRecorder:
+    """Stands in for the recorder when recording was disabled by a store failure."""
+
+    step = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
 class Recording(contextlib.ContextDecorator):
     """A recording session; see ``auditlog.record``."""
 
@@ -81,6 +97,7 @@ class Recording(contextlib.ContextDecorator):
         self.run_id: str | None = None
         self.stream = 0
         self.store: EventStore | None = None
+        self.disabled: str | None = None
         self.recorder: Recorder | None = None
         self.writer: Writer | None = None
         self._previous_sigterm: Any = None
@@ -109,15 +126,33 @@ class Recording(contextlib.ContextDecorator):
                     "nested or concurrent record() calls are refused because global hooks "
                     "would record every event twice"
                 )
-            store = EventStore.open(self.store_spec, create=True)
             rank, _world = rank_and_world()
             run_id = self.requested_run_id or os.environ.get("AUDITLOG_RUN_ID") or uuid.uuid4().hex
             static = static_metadata(self.name, self.code_path, self._policy(), self.argv)
-            close_crashed_runs(store, detected_by=run_id)
-            store.create_run(run_id, self.name, static["host"], static["pid"], process_start_ticks(os.getpid()))
+            try:
+                store = EventStore.open(
+                    self.store_spec, create=True, synchronous=SYNCHRONOUS[self.policy.durability]
+                )
+                close_crashed_runs(store, detected_by=run_id)
+                store.create_run(
+                    run_id, self.name, static["host"], static["pid"], process_start_ticks(os.getpid())
+                )
+            except REFUSALS:
+                raise  # bad input: a foreign, corrupt or other-schema store is never recorded into
+            except StoreError as exc:
+                if self.policy.on_error == "fail":
+                    raise
+                # The store is unusable (read-only, disk full, ...): the program runs
+                # unrecorded rather than failing because of its recorder.
+                self.disabled = str(exc)
+                _warn_once(f"auditlog: cannot record: {exc}; running without recording (on_error=continue)")
+                return self
             buffer = RecordBuffer()
-            writer = Writer(store, run_id, rank, buffer)
+            writer = Writer(store, run_id, rank, buffer, on_error=self.policy.on_error)
             recorder = Recorder(buffer, self.policy)
+            if self.policy.durability != "fast":
+                recorder.step_barrier = writer.flush  # the step's events are committed before training goes on
+            recorder.failure = lambda: writer.failure
             code_path = self.code_path or Path(os.getcwd())
             recorder.emit(
                 "run_started",
@@ -207,7 +242,8 @@ class Recording(contextlib.ContextDecorator):
     def flush(self, timeout: float | None = 60.0) -> bool:
         """Wait until everything recorded so far is in the store."""
         self._require()
-        assert self.writer is not None
+        if self.writer is None:
+            return False
         return self.writer.flush(timeout)
 
     @property
@@ -216,12 +252,25 @@ class Recording(contextlib.ContextDecorator):
         return self._require().step
 
     def _require(self) -> Recorder:
+        if self.disabled is not None:
+            return _NullRecorder()  # type: ignore[return-value]
         if self.recorder is None or self._ended:
             raise AuditlogError("this recording is not active")
         return self.recorder
 
     def _policy(self) -> dict[str, Any]:
         return {**self.policy.as_dict(), "source": self.policy.source}
+
+
+REFUSALS = (NotAStoreError, SchemaTooNewError, SchemaTooOldError)
+SYNCHRONOUS = {"fast": "NORMAL", "step": "NORMAL", "strict": "FULL"}
+
+
+def _warn_once(message: str) -> None:
+    try:
+        print(message, file=sys.stderr)
+    except Exception:
+        pass
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:

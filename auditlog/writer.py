@@ -22,6 +22,7 @@ import torch
 
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.encoding import canonical_payload, chain_hash, genesis_hash
+from auditlog.errors import one_line
 from auditlog.snapshots import SnapshotStore
 from auditlog.store.eventstore import EventStore
 
@@ -59,6 +60,7 @@ class Writer:
         *,
         batch_size: int = 5000,
         interval: float = 0.1,
+        on_error: str = "continue",
     ) -> None:
         self.store = store
         self.run_id = run_id
@@ -66,6 +68,7 @@ class Writer:
         self.buffer = buffer
         self.batch_size = batch_size
         self.interval = interval
+        self.on_error = on_error
         head = store.chain_head(run_id, stream)
         self.seq, self.head = head if head is not None else (0, genesis_hash(run_id, stream))
         self.written = 0
@@ -78,6 +81,7 @@ class Writer:
         self._thread = threading.Thread(target=self._loop, name="auditlog-writer", daemon=True)
 
     def start(self) -> None:
+        self.buffer.consumer_alive = self._thread.is_alive
         self._thread.start()
 
     # ------------------------------------------------------------------ control
@@ -101,7 +105,11 @@ class Writer:
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
         while True:
-            worked = self._drain_once()
+            try:
+                worked = self._drain_once()
+            except Exception as exc:  # a bug of ours must not leave producers blocked
+                self._fail(exc, 0)
+                worked = True
             if self._stop and not len(self.buffer):
                 return
             if not worked:
@@ -172,6 +180,12 @@ class Writer:
         return row
 
     def _write(self, rows: list[dict[str, Any]]) -> None:
+        database = self.store.location.database
+        if database is not None and not database.exists():
+            # SQLite keeps writing into an unlinked file without complaint: every
+            # event would vanish at close. Say so instead.
+            self._fail(OSError(f"store file {str(database)!r} was deleted"), len(rows))
+            return
         delay = 0.05
         for attempt in range(5):
             try:
@@ -191,13 +205,16 @@ class Writer:
                 delay *= 2
 
     def _fail(self, exc: BaseException, lost: int) -> None:
+        if self.failure is not None:
+            self.dropped += lost
+            return
         self.failure = exc
         self.dropped += lost
-        cause = str(getattr(exc, "orig", None) or exc).splitlines()[0] if str(exc) else type(exc).__name__
+        cause = one_line(exc)
         try:
             print(
                 f"auditlog: cannot write to store {self.store.location.display()!r} ({cause}); "
-                "recording stopped, training continues",
+                + ("recording stopped" if self.on_error == "fail" else "recording stopped, training continues"),
                 file=sys.stderr,
             )
         except Exception:

@@ -10,7 +10,8 @@ import traceback
 import click
 from auditlog.cli.options import store_option
 
-from auditlog.policy import BACKWARD_MECHANISMS, make_policy
+from auditlog.errors import RecordingFailedError
+from auditlog.policy import BACKWARD_MECHANISMS, DURABILITY, ON_ERROR, make_policy
 from auditlog.execfile import run_target, script_path
 from auditlog.session import Recording, Terminated
 
@@ -47,6 +48,20 @@ from auditlog.session import Recording, Terminated
     default=None,
     help="Store every parameter and buffer every N optimizer steps (0: only initial and final).",
 )
+@click.option(
+    "--durability",
+    type=click.Choice(DURABILITY),
+    default=None,
+    help="fast: batched commits (a crash loses the last ~0.1 s); step: every optimizer step "
+    "is committed before training continues; strict: step + fsync per commit [default: fast].",
+)
+@click.option(
+    "--on-error",
+    type=click.Choice(ON_ERROR),
+    default=None,
+    help="If the store fails: continue training unrecorded, or fail (stop with exit 5) "
+    "[default: continue].",
+)
 @click.argument("target", metavar="SCRIPT|MODULE")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -59,6 +74,8 @@ def run(
     backward: str | None,
     activity_every: int | None,
     snapshot_every: int | None,
+    durability: str | None,
+    on_error: str | None,
     target: str,
     args: tuple[str, ...],
 ) -> None:
@@ -68,7 +85,12 @@ def run(
     Python would print it.
     """
     chosen = make_policy(
-        policy, backward=backward, activity_every=activity_every, snapshot_every=snapshot_every
+        policy,
+        backward=backward,
+        activity_every=activity_every,
+        snapshot_every=snapshot_every,
+        durability=durability,
+        on_error=on_error,
     )  # a bad policy is refused before anything else happens
     code_path = script_path(target, as_module)
     recording = Recording(
@@ -79,11 +101,15 @@ def run(
         argv=[target, *args],
     )
     recording.start()
-    shown = recording.store.location.display() if recording.store else store
-    click.echo(f"auditlog: recording run {recording.run_id} into {shown}", err=True)
+    if recording.disabled is None:
+        shown = recording.store.location.display() if recording.store else store
+        click.echo(f"auditlog: recording run {recording.run_id} into {shown}", err=True)
     exit_code = 0
     try:
         run_target(target, list(args), as_module)
+    except RecordingFailedError as exc:
+        recording.stop(exc)
+        raise
     except Terminated as exc:
         recording.stop(exc)
         _die_by_sigterm()

@@ -29,6 +29,7 @@ from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.identity import ObjectIds
 from auditlog.capture.source import Location, construction_location, user_location
 from auditlog.capture.structure import check_structure
+from auditlog.errors import RecordingFailedError, one_line
 from auditlog.policy import Policy
 from auditlog.replay import STATE_KINDS, ModelState, apply
 from auditlog.capture.lazy import NonFiniteCount, SealItems, SnapshotItems, StackedNorms
@@ -102,6 +103,10 @@ class Recorder:
         self._selected_at = -1
         self._nonfinite = False
         self.hooked_steps = 0
+        # Set by the session: durability step/strict waits for the writer after each
+        # step; on_error=fail stops training when the writer has failed.
+        self.step_barrier: Callable[[], Any] | None = None
+        self.failure: Callable[[], BaseException | None] = lambda: None
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
@@ -667,8 +672,18 @@ class Recorder:
                 self._install_call_hooks()
             else:
                 self._remove_call_hooks()
+            if self.step_barrier is not None:
+                self.step_barrier()
         except Exception as exc:
             self._fault("optimizer_step_post_hook", exc)
+        if self.policy.on_error == "fail":
+            failure = self.failure()
+            if failure is not None:
+                # The one place a hook raises: the user asked for training to stop
+                # rather than run unrecorded (compliance runs).
+                raise RecordingFailedError(
+                    f"recording failed ({one_line(failure)}); training stopped because on_error=fail"
+                )
 
     def _step_payload(
         self,

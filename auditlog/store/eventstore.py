@@ -94,18 +94,25 @@ def check_revision(revision: str, shown: str, allow_old: bool = False) -> None:
         )
 
 
-def _on_sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
-    cursor = dbapi_conn.cursor()
-    cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.close()
+def make_engine(location: StoreLocation, synchronous: str = "NORMAL") -> Engine:
+    """A SQLAlchemy engine with the SQLite pragmas (the only dialect-specific SQL).
 
-
-def make_engine(location: StoreLocation) -> Engine:
-    """A SQLAlchemy engine with the SQLite pragmas (the only dialect-specific SQL)."""
+    WAL with ``synchronous=NORMAL`` survives a process crash (committed
+    transactions are in the WAL) but may lose the last commits on power loss;
+    ``FULL`` syncs the WAL on every commit.
+    """
+    if synchronous not in ("NORMAL", "FULL"):
+        raise ValueError(synchronous)
     engine = create_engine(location.url)
     if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", _on_sqlite_connect)
+
+        def on_connect(dbapi_conn: Any, _record: Any) -> None:
+            cursor = dbapi_conn.cursor()
+            cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            cursor.execute(f"PRAGMA synchronous={synchronous}")
+            cursor.close()
+
+        event.listen(engine, "connect", on_connect)
     return engine
 
 
@@ -125,6 +132,7 @@ class EventStore:
         *,
         create: bool = False,
         allow_old: bool = False,
+        synchronous: str = "NORMAL",
     ) -> EventStore:
         """Open a store; with ``create`` make a new one where nothing exists yet.
 
@@ -140,7 +148,7 @@ class EventStore:
             create_store(location)
             revision = schema.HEAD_REVISION
         check_revision(revision, shown, allow_old=allow_old)
-        return cls(location, make_engine(location), revision)
+        return cls(location, make_engine(location, synchronous), revision)
 
     @staticmethod
     def _existing_revision(location: StoreLocation, shown: str, create: bool) -> str | None:
