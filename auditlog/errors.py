@@ -34,6 +34,14 @@ class NotAStoreError(StoreError):
     """The location holds something that is not an auditlog store; it is left untouched."""
 
 
+class StoreUnavailableError(StoreError):
+    """The store is fine but cannot be written now (read-only, disk full, no permission).
+
+    Unlike a refusal, this is the environment's fault: with ``on_error=continue``
+    the program runs unrecorded instead of failing because of its recorder.
+    """
+
+
 class SchemaTooOldError(StoreError):
     """The store was written by an older auditlog; ``auditlog db upgrade`` brings it forward."""
 

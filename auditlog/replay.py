@@ -265,9 +265,13 @@ def apply(state: ModelState, event: dict[str, Any]) -> None:
             if info is not None:
                 _snapshotted(info, item.get("sha256"), event)
     elif kind == "structure_changed":
-        module = state.modules.get(int(event["module_id"])) if event.get("module_id") is not None else None
-        if data.get("change") == "removed" and module is not None:
-            members = {"module": module.children, "parameter": module.parameters, "buffer": module.buffers}
+        owner = state.modules.get(int(event["module_id"])) if event.get("module_id") is not None else None
+        if data.get("change") == "removed" and owner is not None:
+            members: dict[str, dict[str, int | None]] = {
+                "module": owner.children,
+                "parameter": owner.parameters,
+                "buffer": owner.buffers,
+            }
             members[data["member"]].pop(data["name"], None)
         elif data.get("change") == "tensor_changed" and event.get("tensor_id") is not None:
             info = state.tensors.get(int(event["tensor_id"]))

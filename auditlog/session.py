@@ -27,14 +27,7 @@ import torch
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.recorder import Recorder
 from auditlog.policy import Policy, make_policy
-from auditlog.errors import (
-    AuditlogError,
-    NotAStoreError,
-    RecordingActiveError,
-    SchemaTooNewError,
-    SchemaTooOldError,
-    StoreError,
-)
+from auditlog.errors import AuditlogError, RecordingActiveError, StoreUnavailableError
 from auditlog.metadata import (
     RunStartedPayload,
     process_start_ticks,
@@ -137,9 +130,7 @@ class Recording(contextlib.ContextDecorator):
                 store.create_run(
                     run_id, self.name, static["host"], static["pid"], process_start_ticks(os.getpid())
                 )
-            except REFUSALS:
-                raise  # bad input: a foreign, corrupt or other-schema store is never recorded into
-            except StoreError as exc:
+            except StoreUnavailableError as exc:
                 if self.policy.on_error == "fail":
                     raise
                 # The store is unusable (read-only, disk full, ...): the program runs
@@ -262,7 +253,6 @@ class Recording(contextlib.ContextDecorator):
         return {**self.policy.as_dict(), "source": self.policy.source}
 
 
-REFUSALS = (NotAStoreError, SchemaTooNewError, SchemaTooOldError)
 SYNCHRONOUS = {"fast": "NORMAL", "step": "NORMAL", "strict": "FULL"}
 
 

@@ -499,7 +499,7 @@ class Recorder:
             return None
         try:
             if type(module).__name__ == "OptimizedModule":  # torch.compile wrapper: count once
-                module = module._orig_mod
+                module = module._orig_mod  # type: ignore[assignment]
             stack = self._stack()
             if not stack and self._scanned.get(module) != self._registrations:
                 self.seal(module, "first_forward")  # also remembers it as a root
@@ -512,7 +512,7 @@ class Recorder:
             return None
         try:
             if type(module).__name__ == "OptimizedModule":
-                module = module._orig_mod
+                module = module._orig_mod  # type: ignore[assignment]
             stack = self._stack()
             if stack and stack[-1] is module:
                 stack.pop()

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event, func, inspect, select, text
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
 from auditlog.errors import (
     NotAStoreError,
@@ -31,6 +31,7 @@ from auditlog.errors import (
     SchemaTooOldError,
     StoreError,
     StoreMissingError,
+    StoreUnavailableError,
 )
 from auditlog.store import schema
 from auditlog.store.location import SNAPSHOTS_DIR, StoreLocation, resolve_store
@@ -348,7 +349,9 @@ class EventStore:
             yield
         except SQLAlchemyError as exc:
             cause = str(getattr(exc, "orig", None) or exc).splitlines()[0]
-            raise StoreError(f"store {self.location.display()!r}: error while {doing}: {cause}") from exc
+            # OperationalError: read-only file, disk full, I/O error, lock timeout.
+            kind = StoreUnavailableError if isinstance(exc, OperationalError) else StoreError
+            raise kind(f"store {self.location.display()!r}: error while {doing}: {cause}") from exc
 
     def close(self) -> None:
         self.engine.dispose()

@@ -17,7 +17,7 @@ from sqlalchemy import insert
 from sqlalchemy.exc import SQLAlchemyError
 
 import auditlog
-from auditlog.errors import StoreError, StoreMissingError
+from auditlog.errors import StoreMissingError, StoreUnavailableError
 from auditlog.store import schema
 from auditlog.store.eventstore import EventStore, make_engine, new_store_id
 from auditlog.store.location import StoreLocation
@@ -59,7 +59,7 @@ def _upgrade(location: StoreLocation, new: bool) -> None:
                 )
     except SQLAlchemyError as exc:
         cause = str(getattr(exc, "orig", None) or exc).splitlines()[0]
-        raise StoreError(f"cannot write store {location.display()!r}: {cause}") from exc
+        raise StoreUnavailableError(f"cannot write store {location.display()!r}: {cause}") from exc
     finally:
         engine.dispose()
 
@@ -70,7 +70,7 @@ def create_store(location: StoreLocation) -> None:
         try:
             location.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StoreError(
+            raise StoreUnavailableError(
                 f"cannot create store directory {str(location.directory)!r}: {exc.strerror or exc}"
             ) from exc
     _upgrade(location, new=True)
