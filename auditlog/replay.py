@@ -267,12 +267,12 @@ def apply(state: ModelState, event: dict[str, Any]) -> None:
     elif kind == "structure_changed":
         owner = state.modules.get(int(event["module_id"])) if event.get("module_id") is not None else None
         if data.get("change") == "removed" and owner is not None:
-            members: dict[str, dict[str, int | None]] = {
+            by_member: dict[str, dict[str, int | None]] = {
                 "module": owner.children,
                 "parameter": owner.parameters,
                 "buffer": owner.buffers,
             }
-            members[data["member"]].pop(data["name"], None)
+            by_member[data["member"]].pop(data["name"], None)
         elif data.get("change") == "tensor_changed" and event.get("tensor_id") is not None:
             info = state.tensors.get(int(event["tensor_id"]))
             if info is not None:
