@@ -25,6 +25,38 @@ class BlobSink(Protocol):
         ...
 
 
+class HostCopy:
+    """A host copy of a tensor's value now, without stalling the training thread.
+
+    A CPU tensor is cloned. A CUDA tensor is copied into pinned host memory with a
+    non-blocking copy queued on its current stream, and an event recorded after it:
+    the training thread goes on at once, and the writer waits on the event (not the
+    whole device) before it reads the bytes.
+    """
+
+    __slots__ = ("event", "tensor")
+
+    def __init__(self, source: torch.Tensor) -> None:
+        with torch.no_grad():
+            source = source.detach()
+            self.event: Any = None
+            if source.device.type == "cuda":
+                host = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
+                host.copy_(source, non_blocking=True)
+                self.event = torch.cuda.Event()
+                self.event.record(torch.cuda.current_stream(source.device))
+                self.tensor = host
+            else:
+                self.tensor = source.to("cpu", copy=True)
+
+    def ready(self) -> torch.Tensor:
+        """The copy, once the device has written it (writer thread)."""
+        if self.event is not None:
+            self.event.synchronize()
+            self.event = None
+        return self.tensor
+
+
 class SealItems:
     """Host copies of tensors at construction end: ``[(tensor_id, copy)]``.
 
@@ -33,13 +65,14 @@ class SealItems:
 
     __slots__ = ("items", "store")
 
-    def __init__(self, items: list[tuple[int, torch.Tensor]], store: bool) -> None:
+    def __init__(self, items: list[tuple[int, HostCopy]], store: bool) -> None:
         self.items = items
         self.store = store
 
     def resolve_in(self, sink: BlobSink) -> list[dict[str, Any]]:
         out = []
-        for tensor_id, copy in self.items:
+        for tensor_id, pending in self.items:
+            copy = pending.ready()
             digest = tensor_hash(copy)
             if self.store:
                 sink.store_blob(copy, digest)
@@ -53,13 +86,14 @@ class SnapshotItems:
 
     __slots__ = ("items",)
 
-    def __init__(self, items: list[tuple[int, torch.Tensor]]) -> None:
+    def __init__(self, items: list[tuple[int, HostCopy]]) -> None:
         self.items = items
 
     def resolve_in(self, sink: BlobSink) -> dict[str, Any]:
         tensors = []
         new_bytes = logical = 0
-        for tensor_id, copy in self.items:
+        for tensor_id, pending in self.items:
+            copy = pending.ready()
             digest = tensor_hash(copy)
             new_bytes += sink.store_blob(copy, digest)
             logical += copy.numel() * copy.element_size()

@@ -32,7 +32,7 @@ from auditlog.capture.structure import check_structure
 from auditlog.errors import RecordingFailedError, one_line
 from auditlog.policy import Policy
 from auditlog.replay import STATE_KINDS, ModelState, apply
-from auditlog.capture.lazy import NonFiniteCount, SealItems, SnapshotItems, StackedNorms
+from auditlog.capture.lazy import HostCopy, NonFiniteCount, SealItems, SnapshotItems, StackedNorms
 from auditlog.tensors import StatsRecord, device_stats
 
 _is_compiling = torch.compiler.is_compiling
@@ -362,7 +362,7 @@ class Recorder:
     # ------------------------------------------------------------------ sealing
     def seal(self, root: torch.nn.Module | None, trigger: str, tensors: Any = None) -> None:
         """Emit ``construction_sealed`` for every not-yet-sealed tensor reachable here."""
-        items: list[tuple[int, torch.Tensor]] = []
+        items: list[tuple[int, HostCopy]] = []
         candidates: Iterator[torch.Tensor]
         if root is not None:
             if self.modules.lookup(root) is None:
@@ -380,7 +380,7 @@ class Recorder:
             seen.add(tensor_id)
             del self._unsealed[tensor_id]
             with torch.no_grad():
-                items.append((tensor_id, tensor.detach().to("cpu", copy=True)))
+                items.append((tensor_id, HostCopy(tensor)))
         if root is not None:
             self._scanned[root] = self._registrations
             self._track_root(root)
@@ -470,9 +470,9 @@ class Recorder:
         except Exception as exc:
             self._fault("root_released_snapshot", exc)
 
-    def _snapshot_items(self, tensors: Iterator[torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
+    def _snapshot_items(self, tensors: Iterator[torch.Tensor]) -> list[tuple[int, HostCopy]]:
         """Host copies of ``tensors``, each tensor once."""
-        items: list[tuple[int, torch.Tensor]] = []
+        items: list[tuple[int, HostCopy]] = []
         seen: set[int] = set()
         with torch.no_grad():
             for tensor in tensors:
@@ -480,7 +480,7 @@ class Recorder:
                 if tensor_id in seen:
                     continue
                 seen.add(tensor_id)
-                items.append((tensor_id, tensor.detach().to("cpu", copy=True)))
+                items.append((tensor_id, HostCopy(tensor)))
         return items
 
     def check(self, roots: list[torch.nn.Module] | None, where: str) -> None:
@@ -695,7 +695,7 @@ class Recorder:
         groups: list[dict[str, Any]] = []
         for group in optimizer.param_groups:
             hyper = {
-                key: (value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else value)
+                key: (value.detach().clone() if isinstance(value, torch.Tensor) else value)
                 for key, value in group.items()
                 if key != "params"
             }
