@@ -43,7 +43,7 @@ class HostCopy:
             if source.device.type == "cuda":
                 host = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
                 host.copy_(source, non_blocking=True)
-                self.event = torch.cuda.Event()
+                self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 self.event.record(torch.cuda.current_stream(source.device))
                 self.tensor = host
             else:
