@@ -5,19 +5,35 @@ single edited event is reported as exactly that event and the rest of the chain
 still verifies. When an event's hash does not match, nearby positions are tried
 to tell a moved (reordered) event from an edited one. What a bare chain cannot
 see (the newest events cut off, a whole chain rewritten with fresh hashes) needs
-signed checkpoints held outside the store.
+signed checkpoints, below.
+
+Signed checkpoints are checked here too: each stored checkpoint's signature
+against the trusted public keys (a checkpoint by an unknown key is reported,
+never silently accepted) and its ``(seq, head_hash)`` against the chain, and so
+is any exported head statement the caller holds (``verify --against``): the
+chain must still have exactly that hash at that seq, which a cut-off tail or a
+rewritten chain cannot fake without the private key.
+
+Before any of that, a SQLite store file gets SQLite's own structural check: a
+byte garbled inside the file can make the table and its index disagree, and
+then what a query returns depends on the access path, so the chain could verify
+through the index while other readers see different values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from auditlog.encoding import chain_hash, genesis_hash
+from auditlog.errors import StoreError
+from auditlog.keys import default_public_key_path, trusted_public_keys
+from auditlog.signing import Checkpoint, HeadStatement, KeyRing, Verdict
 from auditlog.store import schema
+from auditlog.store.checkpoints import checkpoint_rows
 from auditlog.store.eventstore import EventStore
 
 WINDOW = 32
@@ -25,7 +41,12 @@ WINDOW = 32
 
 @dataclass(frozen=True)
 class Problem:
-    """One integrity failure, pinned to an event."""
+    """One integrity failure, pinned to an event or to the checkpoint that caught it.
+
+    ``altered`` is True when the problem proves the record was changed, False when
+    something could not be verified (a signature by a key nobody trusted, an
+    exported statement that does not verify); both fail ``verify``.
+    """
 
     run_id: str
     stream: int
@@ -33,11 +54,15 @@ class Problem:
     event_id: int | None
     kind: str | None
     what: str
+    checkpoint_id: int | None = None
+    altered: bool = True
 
     def describe(self) -> str:
         at = f"run {self.run_id[:12]} stream {self.stream} seq {self.seq}"
         if self.event_id is not None:
             at += f" (event id {self.event_id}, {self.kind})"
+        if self.checkpoint_id is not None:
+            at += f" (checkpoint {self.checkpoint_id})"
         return f"{at}: {self.what}"
 
 
@@ -49,14 +74,58 @@ class VerifyReport:
     events: int = 0
     streams: dict[int, int] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
+    checkpoints: int = 0
+    statements: int = 0
 
     @property
     def ok(self) -> bool:
         return not self.problems and self.events > 0
 
+    def first_problem(self) -> Problem | None:
+        """The problem to name first: the first proven alteration, else the first doubt."""
+        for problem in self.problems:
+            if problem.altered:
+                return problem
+        return self.problems[0] if self.problems else None
+
+
+# A statement read from a file, with the name to report it by (the file path).
+SourcedStatement = tuple[str, HeadStatement]
+
 
 def _stream_rows(store: EventStore, run_id: str, stream: int) -> Iterator[dict[str, Any]]:
     return store.iter_events(run_id, stream=stream)
+
+
+# Column -> allowed Python types of a stored event. Anyone with file access can
+# store any SQLite value in any column; such a row is reported, never crashed on.
+_EVENT_TYPES: dict[str, tuple[type, ...]] = {
+    "run_id": (str,),
+    "stream": (int,),
+    "seq": (int,),
+    "ts_ns": (int,),
+    "kind": (str,),
+    "step": (int, type(None)),
+    "module_id": (int, type(None)),
+    "tensor_id": (int, type(None)),
+    "snapshot": (str, type(None)),
+    "payload": (str,),
+    "hash": (str,),
+}
+
+
+def _garbled_column(row: dict[str, Any]) -> str | None:
+    """The first column of ``row`` holding a value the writer can never have stored."""
+    for column, types in _EVENT_TYPES.items():
+        value = row.get(column)
+        if not isinstance(value, types) or isinstance(value, bool):
+            return f"column {column} holds {type(value).__name__} {_short(value)}"
+    return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _window(store: EventStore, run_id: str, stream: int, low: int, high: int) -> dict[int, str]:
@@ -116,6 +185,18 @@ def verify_stream(
     mismatched: list[dict[str, Any]] = []
     for row in _stream_rows(store, run_id, stream):
         count += 1
+        garbled = _garbled_column(row)
+        if garbled is not None:
+            seq_value = row.get("seq")
+            at = seq_value if isinstance(seq_value, int) and not isinstance(seq_value, bool) else expected
+            kind = row.get("kind") if isinstance(row.get("kind"), str) else None
+            report.problems.append(
+                Problem(run_id, stream, at, row.get("id"), kind, f"event is garbled: {garbled}")
+            )
+            if isinstance(row.get("hash"), str):
+                prev = recomputed = row["hash"]
+            expected = max(expected, at + 1)
+            continue
         seq = int(row["seq"])
         if seq > expected:
             missing = f"seq {expected}" if seq == expected + 1 else f"seqs {expected}..{seq - 1}"
@@ -157,14 +238,203 @@ def verify_stream(
     report.events += count
 
 
-def verify_run(
-    store: EventStore, run_id: str, progress: Callable[[int], None] | None = None
-) -> VerifyReport:
-    """Verify every stream of a run; problems are sorted so the first bad event is first."""
-    report = VerifyReport(run_id)
-    for stream in store.streams(run_id):
-        verify_stream(store, run_id, stream, report, progress)
+def _streams(store: EventStore, run_id: str, report: VerifyReport) -> list[int]:
+    """The run's stream numbers; events whose stream column is not a number are reported."""
+    ev = schema.events
+    with store.guard("listing streams"), store.engine.connect() as conn:
+        rows = conn.execute(
+            select(ev.c.stream, func.count()).where(ev.c.run_id == run_id).group_by(ev.c.stream)
+        ).all()
+    streams: list[int] = []
+    for value, count in rows:
+        if isinstance(value, int) and not isinstance(value, bool):
+            streams.append(value)
+        else:
+            report.problems.append(
+                Problem(run_id, 0, 0, None, None,
+                        f"{count} event(s) have stream {_short(value)}, not a number (garbled)")
+            )
+            report.events += int(count)
+    return sorted(streams)
+
+
+def _indexed(store: EventStore, run_id: str) -> bool:
+    """Does the runs index have this run's row? (The library never deletes one.)"""
+    runs = schema.runs
+    with store.guard("reading the runs index"), store.engine.connect() as conn:
+        return conn.execute(select(runs.c.run_id).where(runs.c.run_id == run_id)).first() is not None
+
+
+def _last_seq(store: EventStore, run_id: str, stream: int) -> int | None:
+    ev = schema.events
+    with store.guard("reading the chain head"), store.engine.connect() as conn:
+        value = conn.execute(
+            select(func.max(ev.c.seq)).where(ev.c.run_id == run_id, ev.c.stream == stream)
+        ).scalar()
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _off_chain(
+    store: EventStore, run_id: str, stream: int, seq: int, head_hash: str, subject: str
+) -> str | None:
+    """Why the signed ``(seq, head_hash)`` named ``subject`` is not on the stored chain; None if it is."""
+    stored = _window(store, run_id, stream, seq, seq).get(seq)
+    if stored == head_hash:
+        return None
+    if stored is not None:
+        return (
+            f"{subject} does not match the chain: event seq {seq} has hash {stored[:16]}, "
+            f"the signed head is {head_hash[:16]} (the chain was rewritten)"
+        )
+    last = _last_seq(store, run_id, stream)
+    if last is None:
+        return f"{subject} is at seq {seq}, but the stream has no events (deleted)"
+    if last < seq:
+        return f"{subject} is at seq {seq}, but the stream ends at seq {last}: newer events were cut off"
+    return f"{subject} is at seq {seq}, but that event is missing (deleted)"
+
+
+def _no_key_hint(keys: KeyRing) -> str:
+    if keys:
+        return "pass its public key with --key"
+    return f"no public key given: pass --key PUBLIC or keep it at {str(default_public_key_path())!r}"
+
+
+def verify_checkpoints(
+    store: EventStore,
+    run_id: str,
+    report: VerifyReport,
+    keys: KeyRing,
+    store_id: str,
+    rows: list[dict[str, Any]] | None = None,
+) -> None:
+    """Check every stored checkpoint of a run: its signature, and that it is on the chain."""
+    for row in checkpoint_rows(store, run_id) if rows is None else rows:
+        report.checkpoints += 1
+        row_id = row.get("id")
+        try:
+            checkpoint = Checkpoint.from_row(row)
+        except ValueError as exc:
+            stream, seq = row.get("stream"), row.get("seq")
+            report.problems.append(
+                Problem(run_id, stream if isinstance(stream, int) else 0, seq if isinstance(seq, int) else 0,
+                        None, None, f"checkpoint row is garbled: {exc}", checkpoint_id=row_id)
+            )
+            continue
+        verdict = keys.check(checkpoint.key_fingerprint, checkpoint.statement(store_id), checkpoint.signature)
+
+        def problem(what: str, altered: bool, cp: Checkpoint = checkpoint) -> Problem:
+            return Problem(run_id, cp.stream, cp.seq, None, None, what, checkpoint_id=cp.id, altered=altered)
+
+        if verdict is Verdict.INVALID:
+            report.problems.append(problem(
+                f"checkpoint signature by key {checkpoint.key_fingerprint[:16]} does not verify "
+                "(the checkpoint was edited, or copied from another store)", True))
+            continue
+        if verdict is Verdict.UNKNOWN_KEY:
+            report.problems.append(problem(
+                f"checkpoint is signed by key {checkpoint.key_fingerprint[:16]}, which is not trusted "
+                f"({_no_key_hint(keys)})", False))
+        why = _off_chain(
+            store, run_id, checkpoint.stream, checkpoint.seq, checkpoint.head_hash, "signed head"
+        )
+        if why is not None:
+            report.problems.append(problem(why, verdict is Verdict.VALID))
+
+
+def verify_statement(
+    store: EventStore, report: VerifyReport, source: str, statement: HeadStatement, keys: KeyRing
+) -> None:
+    """Check an exported head statement: its signature, and that the chain still extends it."""
+    report.statements += 1
+    run_id = statement.run_id
+    first = statement.heads[0]
+    verdict = keys.check(statement.key_fingerprint, statement.message(), statement.signature)
+    if verdict is Verdict.INVALID:
+        report.problems.append(Problem(
+            run_id, first.stream, first.seq, None, None,
+            f"exported head {source!r}: signature by key {statement.key_fingerprint[:16]} does not "
+            "verify (the statement was edited)", altered=False))
+        return
+    if verdict is Verdict.UNKNOWN_KEY:
+        report.problems.append(Problem(
+            run_id, first.stream, first.seq, None, None,
+            f"exported head {source!r} is signed by key {statement.key_fingerprint[:16]}, which is "
+            f"not trusted ({_no_key_hint(keys)})", altered=False))
+    proven = verdict is Verdict.VALID
     if report.events == 0:
-        report.problems.append(Problem(run_id, 0, 1, None, None, "run has no events (all deleted)"))
+        report.problems.append(Problem(
+            run_id, first.stream, first.seq, None, None,
+            f"exported head {source!r}: the run has no events in this store (deleted, or this is "
+            f"not the store it was exported from: store id {statement.store_id})", altered=proven))
+        return
+    for head in statement.heads:
+        why = _off_chain(
+            store, run_id, head.stream, head.seq, head.head_hash, f"exported head {source!r}"
+        )
+        if why is not None:
+            report.problems.append(Problem(run_id, head.stream, head.seq, None, None, why, altered=proven))
+
+
+def verify_run(
+    store: EventStore,
+    run_id: str,
+    progress: Callable[[int], None] | None = None,
+    *,
+    keys: KeyRing | None = None,
+    statements: Sequence[SourcedStatement] = (),
+) -> VerifyReport:
+    """Verify every stream of a run, its checkpoints and the given exported heads.
+
+    ``keys``: the public keys whose signatures are trusted; None means the
+    default public key (see ``auditlog.keys``), if there is one, read only when
+    there is a signature to check. Problems are sorted so the first bad event
+    is first.
+    """
+    report = VerifyReport(run_id)
+    for stream in _streams(store, run_id, report):
+        verify_stream(store, run_id, stream, report, progress)
+    mine = [(source, st) for source, st in statements if st.run_id == run_id]
+    if report.events == 0:
+        # A run known only from a statement: the statement's problem says it better.
+        if not mine or _indexed(store, run_id):
+            report.problems.append(Problem(run_id, 0, 1, None, None, "run has no events (all deleted)"))
+    elif not _indexed(store, run_id):
+        report.problems.append(Problem(
+            run_id, 0, 1, None, None, "run has events but its row in the runs index was deleted"))
+    rows = checkpoint_rows(store, run_id)
+    if keys is None:
+        # Read the default key only when there is a signature to check: a broken
+        # key file must not fail verification of stores that never used signing.
+        keys = KeyRing(trusted_public_keys()) if rows or mine else KeyRing()
+    verify_checkpoints(store, run_id, report, keys, store.meta().get("store_id", ""), rows)
+    for source, statement in mine:
+        verify_statement(store, report, source, statement, keys)
     report.problems.sort(key=lambda p: (p.stream, p.seq))
     return report
+
+
+def check_database_file(store: EventStore) -> None:
+    """Raise ``StoreError`` when SQLite finds the store file damaged (other dialects: nothing to do).
+
+    ``PRAGMA integrity_check`` reads every page and checks that each index
+    matches its table; it changes nothing. It costs less than hashing every
+    event, which ``verify`` does anyway.
+    """
+    if store.engine.dialect.name != "sqlite":
+        return
+    with store.guard("checking the database file"), store.engine.connect() as conn:
+        messages = [str(r[0]) for r in conn.exec_driver_sql("PRAGMA integrity_check(10)")]
+    if messages != ["ok"]:
+        raise StoreError(
+            f"store {store.location.display()!r} is corrupt (SQLite integrity_check: "
+            f"{messages[0] if messages else 'no answer'}); its events cannot be trusted"
+        )
+
+
+def recorded_run_ids(store: EventStore) -> list[str]:
+    """Every run id with events, whether or not the runs index still lists it."""
+    ev = schema.events
+    with store.guard("listing runs"), store.engine.connect() as conn:
+        rows = conn.execute(select(ev.c.run_id).distinct())
+        return sorted(str(r[0]) for r in rows if isinstance(r[0], str))

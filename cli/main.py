@@ -14,6 +14,8 @@ import click
 from auditlog.cli import (
     db_cmd,
     events_cmd,
+    heads_cmd,
+    keys_cmd,
     restore_cmd,
     run_cmd,
     runs_cmd,
@@ -78,6 +80,9 @@ cli.add_command(runs_cmd.runs)
 cli.add_command(events_cmd.events)
 cli.add_command(verify_cmd.verify)
 cli.add_command(db_cmd.db)
+cli.add_command(keys_cmd.keygen)
+cli.add_command(heads_cmd.checkpoint)
+cli.add_command(heads_cmd.export_head)
 cli.add_command(tree_cmd.tree)
 cli.add_command(snapshots_cmd.snapshots)
 cli.add_command(restore_cmd.restore)

@@ -1,43 +1,81 @@
-"""``auditlog verify``: check the hash chains of one run or of every run."""
+"""``auditlog verify``: check hash chains, signed checkpoints and exported heads."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 from auditlog.cli.options import format_option, store_option
 from auditlog.cli.output import emit_rows
 from rich.progress import Progress
 
-from auditlog.errors import IntegrityError
-from auditlog.integrity import VerifyReport, verify_run
+from auditlog.errors import IntegrityError, UsageError
+from auditlog.integrity import (
+    SourcedStatement,
+    VerifyReport,
+    check_database_file,
+    recorded_run_ids,
+    verify_run,
+)
+from auditlog.keys import trusted_public_keys
 from auditlog.runs import select_run
+from auditlog.signing import HeadStatement, KeyRing, StatementError
+from auditlog.store.checkpoints import checkpointed_run_ids
 from auditlog.store.eventstore import EventStore
 
 
 @click.command()
 @store_option
 @format_option
-@click.argument("run", default="latest", metavar="RUN|all")
-def verify(store: str | None, fmt: str, run: str) -> None:
+@click.option(
+    "--key",
+    "key_paths",
+    multiple=True,
+    metavar="PUBLIC",
+    help="Trust signatures by this public key (repeatable) "
+    "[default: $AUDITLOG_KEY.pub or ~/.config/auditlog/signing_key.pub].",
+)
+@click.option(
+    "--against",
+    "against",
+    multiple=True,
+    metavar="FILE",
+    help="Also prove the record still extends this head statement from `auditlog export-head` "
+    "('-' reads stdin; repeatable). RUN defaults to the statement's run.",
+)
+@click.argument("run", required=False, default=None, metavar="RUN|all")
+def verify(
+    store: str | None, fmt: str, key_paths: tuple[str, ...], against: tuple[str, ...], run: str | None
+) -> None:
     """Verify that RUN's record (default: latest; 'all' for every run) was not edited.
 
-    Exit 0 when intact; exit 4 naming the first bad event otherwise.
+    Checks every event's hash link and sequence number, every stored signed
+    checkpoint (its signature by a trusted key, and that its head is on the
+    chain), and with --against an exported head statement, which also catches
+    the newest events cut off or the whole chain rewritten.
+
+    Exit 0 when intact; exit 4 naming the first problem otherwise.
     """
+    # Given keys must load now; the default key is read only if a signature needs it.
+    keys = KeyRing(trusted_public_keys(tuple(Path(p) for p in key_paths))) if key_paths else None
+    statements = [_read_statement(source) for source in against]
     event_store = EventStore.open(store)
     try:
-        if run == "all":
-            run_ids = [r["run_id"] for r in event_store.run_rows()]
-        else:
-            run_ids = [select_run(event_store, run)]
-        reports = [_verify(event_store, run_id) for run_id in run_ids]
+        check_database_file(event_store)
+        run_ids = _selected_runs(event_store, run, statements)
+        reports = [_verify(event_store, run_id, keys, statements) for run_id in run_ids]
     finally:
         event_store.close()
-    problems = [p for r in reports for p in r.problems]
     if fmt == "table":
         for report in reports:
             state = "intact" if report.ok else "FAILED"
-            click.echo(f"run {report.run_id[:12]}: {report.events} events in {len(report.streams)} stream(s): {state}")
+            counted = f"{report.events} events in {len(report.streams)} stream(s)"
+            if report.checkpoints:
+                counted += f", {report.checkpoints} signed checkpoint(s)"
+            if report.statements:
+                counted += f", {report.statements} exported head(s)"
+            click.echo(f"run {report.run_id[:12]}: {counted}: {state}")
             for problem in report.problems[:20]:
                 click.echo(f"  {problem.describe()}")
     else:
@@ -47,20 +85,69 @@ def verify(store: str | None, fmt: str, run: str) -> None:
                     "run_id": r.run_id,
                     "ok": r.ok,
                     "events": r.events,
+                    "checkpoints": r.checkpoints,
+                    "exported_heads": r.statements,
                     "problems": [p.__dict__ for p in r.problems],
                 }
                 for r in reports
             ),
-            ["run_id", "ok", "events", "problems"],
+            ["run_id", "ok", "events", "checkpoints", "exported_heads", "problems"],
             fmt,
         )
-    if problems:
-        raise IntegrityError(f"record altered: {problems[0].describe()}")
+    failed = [r for r in reports if not r.ok]
+    if failed:
+        firsts = [p for p in (r.first_problem() for r in failed) if p is not None]
+        first = next((p for p in firsts if p.altered), firsts[0])
+        verdict = "record altered" if first.altered else "record not verified"
+        raise IntegrityError(f"{verdict}: {first.describe()}")
 
 
-def _verify(store: EventStore, run_id: str) -> VerifyReport:
+def _read_statement(source: str) -> SourcedStatement:
+    """Read and parse one ``--against`` file; a bad file is one error line naming it."""
+    try:
+        if source == "-":
+            text = sys.stdin.read()
+        else:
+            path = Path(source)
+            if path.is_dir():
+                raise StatementError(f"{source!r} is a directory, not a head statement")
+            if path.stat().st_size > 16 * 1024 * 1024:
+                raise StatementError(f"{source!r} is too large to be a head statement")
+            text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise StatementError(f"no head statement at {source!r}") from None
+    except UnicodeDecodeError:
+        raise StatementError(f"{source!r} is not an auditlog head statement (not UTF-8 text)") from None
+    except OSError as exc:
+        raise StatementError(f"cannot read head statement {source!r}: {exc.strerror or exc}") from exc
+    return source, HeadStatement.parse(text, source)
+
+
+def _selected_runs(store: EventStore, run: str | None, statements: list[SourcedStatement]) -> list[str]:
+    stated = list(dict.fromkeys(s.run_id for _, s in statements))
+    if run == "all":
+        indexed = [str(r["run_id"]) for r in store.run_rows()]
+        others = set(recorded_run_ids(store)) | set(checkpointed_run_ids(store)) | set(stated)
+        return indexed + sorted(others - set(indexed))
+    if run is None:
+        return stated or [select_run(store, "latest")]
+    run_id = select_run(store, run)
+    for source, statement in statements:
+        if statement.run_id != run_id:
+            raise UsageError(
+                f"--against {source!r} is about run {statement.run_id[:12]}, not run {run_id[:12]}; "
+                "leave out RUN to verify the statement's run"
+            )
+    return [run_id]
+
+
+def _verify(
+    store: EventStore, run_id: str, keys: KeyRing | None, statements: list[SourcedStatement]
+) -> VerifyReport:
     if not sys.stderr.isatty():
-        return verify_run(store, run_id)
+        return verify_run(store, run_id, keys=keys, statements=statements)
     with Progress(transient=True) as progress:
         task = progress.add_task(f"verifying {run_id[:12]}", total=None)
-        return verify_run(store, run_id, progress=lambda n: progress.advance(task, n))
+        return verify_run(
+            store, run_id, lambda n: progress.advance(task, n), keys=keys, statements=statements
+        )

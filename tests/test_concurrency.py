@@ -1,0 +1,168 @@
+"""Four processes recording into one SQLite store at the same moment.
+
+Each worker is a real Python process that trains a tiny model under
+``auditlog.record(store=...)`` and then signs its chain head with
+``auditlog.heads.checkpoint_head``; all of them wait for one start signal so
+that their writes really overlap. Afterwards every run must be present and
+completed, every stream gap-free, and ``verify all`` (with the signing key)
+must pass. A ``database is locked`` failure would show as a worker's stderr
+line (the writer reports and stops), a missing run, or a sequence gap.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import REPO, invoke
+from integrity_support import isolate_keys
+
+from auditlog.keys import generate_key_pair
+
+WORKERS = 4
+
+WORKER = r"""
+import os, sys, time
+from pathlib import Path
+
+store, go, key_path, index = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+import torch
+from torch import nn
+
+import auditlog
+from auditlog.heads import checkpoint_head
+from auditlog.keys import load_private_key
+from auditlog.store.eventstore import EventStore
+
+key = load_private_key(Path(key_path))
+Path(f"{go}.ready{index}").touch()
+deadline = time.time() + 60
+while not go.exists():
+    if time.time() > deadline:
+        sys.exit("no start signal")
+    time.sleep(0.002)
+with auditlog.record(store=store, name=f"worker-{index}") as run:
+    torch.manual_seed(index)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        run.flush()  # one committed batch per step: more interleaved transactions
+if run.run_id is None:
+    sys.exit("not recorded")
+event_store = EventStore.open(store)
+try:
+    made = checkpoint_head(event_store, key, run.run_id, run.stream)
+finally:
+    event_store.close()
+print(run.run_id, made.seq)
+"""
+
+
+def start_workers(store: Path, key: Path, tmp_path: Path) -> list[tuple[str, int]]:
+    """Start the workers, release them together, and return (run id, signed seq) of each."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    go = tmp_path / "go"
+    env = {k: v for k, v in os.environ.items() if k not in ("AUDITLOG_STORE", "AUDITLOG_RUN_ID", "RANK")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(store), str(go), str(key), str(i)],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(WORKERS)
+    ]
+    deadline = time.time() + 60
+    while not all((tmp_path / f"go.ready{i}").exists() for i in range(WORKERS)):
+        assert time.time() < deadline, "workers did not start"
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        time.sleep(0.01)
+    go.touch()
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert "database is locked" not in err, err
+        assert "cannot write to store" not in err, err
+        assert "cannot record" not in err, err
+        run_id, seq = out.split()
+        results.append((run_id, int(seq)))
+    return results
+
+
+RACE = pytest.mark.xfail(
+    strict=False,  # a race: the first process may occasionally finish creating before the others look
+    reason="store creation is not atomic: processes that find no store all run the Alembic "
+    "migrations; the losers fail with 'table alembic_version already exists', 'table "
+    "auditlog_meta already exists' or 'UNIQUE constraint failed: auditlog_meta.key', and "
+    "with on_error=continue they then run unrecorded (reported)",
+)
+
+
+@pytest.mark.parametrize(
+    "created",
+    [pytest.param(True, id="existing-store"), pytest.param(False, id="store-created-by-the-race", marks=RACE)],
+)
+def test_four_processes_record_into_one_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, created: bool
+) -> None:
+    isolate_keys(monkeypatch, tmp_path)
+    key = generate_key_pair(tmp_path / "team.key").private_path
+    store = tmp_path / "store"
+    if created:
+        assert invoke("db", "upgrade", "--store", str(store)).exit_code == 0
+
+    workers = start_workers(store, key, tmp_path)
+    run_ids = {run_id for run_id, _ in workers}
+    assert len(run_ids) == WORKERS
+
+    listed = invoke("runs", "--store", str(store), "--format", "json")
+    assert listed.exit_code == 0, listed.stderr
+    runs = {r["run_id"]: r for r in json.loads(listed.stdout)}
+    assert set(runs) == run_ids
+    assert {r["status"] for r in runs.values()} == {"completed"}
+    assert {r["steps"] for r in runs.values()} == {3}
+
+    conn = sqlite3.connect(f"file:{store / 'events.db'}?mode=ro", uri=True)
+    try:
+        for run_id, signed_seq in workers:
+            streams = conn.execute(
+                "select distinct stream from events where run_id=?", (run_id,)
+            ).fetchall()
+            assert streams == [(0,)]
+            seqs = [s for (s,) in conn.execute(
+                "select seq from events where run_id=? and stream=0 order by seq", (run_id,)
+            )]
+            assert seqs == list(range(1, len(seqs) + 1)), f"gap in run {run_id}"
+            assert signed_seq == seqs[-1]
+            kinds = [k for (k,) in conn.execute(
+                "select kind from events where run_id=? and stream=0 order by seq", (run_id,)
+            )]
+            assert kinds[0] == "run_started" and kinds[-1] == "run_ended"
+        (checkpoints,) = conn.execute("select count(*) from checkpoints").fetchone()
+        assert checkpoints == WORKERS
+        # the batches of different runs really interleaved in the table
+        order = [r for (r,) in conn.execute("select run_id from events order by id")]
+        switches = sum(1 for a, b in itertools.pairwise(order) if a != b)
+        assert switches >= WORKERS - 1
+    finally:
+        conn.close()
+
+    result = invoke("verify", "all", "--store", str(store), "--key", str(key) + ".pub")
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    assert result.stdout.count("1 signed checkpoint(s): intact") == WORKERS
