@@ -34,6 +34,10 @@ class NotAStoreError(StoreError):
     """The location holds something that is not an auditlog store; it is left untouched."""
 
 
+class CorruptRecordError(StoreError):
+    """A stored event is malformed (edited by hand, damaged): readers refuse it by name."""
+
+
 class StoreUnavailableError(StoreError):
     """The store is fine but cannot be written now (read-only, disk full, no permission).
 

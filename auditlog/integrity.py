@@ -32,6 +32,7 @@ from auditlog.encoding import chain_hash, genesis_hash
 from auditlog.errors import StoreError
 from auditlog.keys import default_public_key_path, trusted_public_keys
 from auditlog.signing import Checkpoint, HeadStatement, KeyRing, Verdict
+from auditlog.snapshot_check import verify_snapshots
 from auditlog.store import schema
 from auditlog.store.checkpoints import checkpoint_rows
 from auditlog.store.eventstore import EventStore
@@ -76,6 +77,7 @@ class VerifyReport:
     problems: list[Problem] = field(default_factory=list)
     checkpoints: int = 0
     statements: int = 0
+    snapshots: int = 0
 
     @property
     def ok(self) -> bool:
@@ -410,8 +412,30 @@ def verify_run(
     verify_checkpoints(store, run_id, report, keys, store.meta().get("store_id", ""), rows)
     for source, statement in mine:
         verify_statement(store, report, source, statement, keys)
+    if report.events:
+        _verify_snapshot_files(store, run_id, report)
     report.problems.sort(key=lambda p: (p.stream, p.seq))
     return report
+
+
+def _verify_snapshot_files(store: EventStore, run_id: str, report: VerifyReport) -> None:
+    """Every snapshot the run references must still hold the content its hash names."""
+    try:
+        report.snapshots, found = verify_snapshots(store, run_id)
+    except StoreError:
+        return  # a malformed event: already reported by the chain check above
+    for problem in found:
+        report.problems.append(
+            Problem(
+                run_id,
+                0,
+                problem.seq,
+                problem.event_id,
+                "snapshot",
+                f"snapshot of {problem.tensor} "
+                f"({'file snapshots/' + problem.file if problem.file else 'no catalog entry'}): {problem.what}",
+            )
+        )
 
 
 def check_database_file(store: EventStore) -> None:

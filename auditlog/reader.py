@@ -6,7 +6,6 @@ notebooks and the CLI ask the same questions the same way.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -14,13 +13,14 @@ from typing import Any
 import torch
 from sqlalchemy import func, select
 
-from auditlog.errors import AuditlogError, UsageError
+from auditlog.errors import AuditlogError, CorruptRecordError, UsageError
 from auditlog.integrity import VerifyReport, verify_run
 from auditlog.replay import CONSTRUCTION_KINDS, ModelState, replay
 from auditlog.runs import RunInfo, list_runs, select_run
 from auditlog.snapshots import SnapshotError, SnapshotStore, blob_from_row
 from auditlog.store import schema
 from auditlog.store.eventstore import EventStore
+from auditlog.store.rows import decode_event
 from auditlog.store.location import StoreLocation
 
 
@@ -38,13 +38,20 @@ class Run:
         stream: int | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Events in (stream, seq) order with the payload decoded."""
+        shown = self.store.location.display()
         for row in self.store.iter_events(self.run_id, kinds=kinds, step_range=step_range, stream=stream):
-            row["payload"] = json.loads(row["payload"])
-            yield row
+            yield decode_event(row, shown)
 
     def model_state(self, upto_seq: int | None = None, stream: int = 0) -> ModelState:
         """The module forest as of ``upto_seq`` (default: the end of the run)."""
-        return replay(self.events(kinds=CONSTRUCTION_KINDS, stream=stream), upto_seq=upto_seq)
+        events = self.events(kinds=CONSTRUCTION_KINDS, stream=stream)
+        try:
+            return replay(events, upto_seq=upto_seq)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CorruptRecordError(
+                f"store {self.store.location.display()!r}: run {self.run_id[:12]} has a construction "
+                f"event that cannot be replayed ({type(exc).__name__}: {exc}); run `auditlog verify`"
+            ) from exc
 
     def boundary(self, step: int | None = None, seq: int | None = None, stream: int = 0) -> int | None:
         """The last seq of "the state right after the N-th optimizer.step() returned".

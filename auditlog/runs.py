@@ -8,7 +8,6 @@ heartbeat for ``STALE_AFTER_S``). A run is never shown as running forever.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -19,6 +18,7 @@ from auditlog.encoding import canonical_payload, chain_hash
 from auditlog.errors import RunNotFoundError
 from auditlog.metadata import process_start_ticks
 from auditlog.store.eventstore import EventStore
+from auditlog.store.rows import payload_object
 
 STALE_AFTER_S = 300
 
@@ -100,14 +100,17 @@ def derive_status(row: dict[str, Any], ended: dict[str, Any] | None, now_ns: int
 def list_runs(store: EventStore) -> list[RunInfo]:
     """All runs, oldest first, with derived status."""
     counts = store.run_event_counts()
-    started = {e["run_id"]: json.loads(e["payload"]) for e in store.events_of_kind("run_started") if e["stream"] == 0}
-    ended_events = {e["run_id"]: e for e in store.events_of_kind("run_ended") if e["stream"] == 0}
+    # Summaries tolerate damaged rows (verify names them); nothing here may crash.
+    started = {e["run_id"]: payload_object(e["payload"]) for e in store.events_of_kind("run_started") if e["stream"] == 0}
+    ended_events = {
+        e["run_id"]: e for e in store.events_of_kind("run_ended") if e["stream"] == 0 and isinstance(e["ts_ns"], int)
+    }
     out: list[RunInfo] = []
     for row in store.run_rows():
         run_id = row["run_id"]
         meta = started.get(run_id, {})
         end_event = ended_events.get(run_id)
-        ended = json.loads(end_event["payload"]) if end_event else None
+        ended = payload_object(end_event["payload"]) if end_event else None
         git = meta.get("git") or {}
         n_events, max_step = counts.get(run_id, (0, None))
         out.append(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -26,8 +27,9 @@ import torch
 
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.recorder import Recorder
-from auditlog.policy import Policy, make_policy
 from auditlog.errors import AuditlogError, RecordingActiveError, StoreUnavailableError
+from auditlog.heads import checkpoint_head
+from auditlog.keys import configured_private_key
 from auditlog.metadata import (
     RunStartedPayload,
     process_start_ticks,
@@ -35,6 +37,7 @@ from auditlog.metadata import (
     seeds,
     static_metadata,
 )
+from auditlog.policy import Policy, make_policy
 from auditlog.runs import close_crashed_runs
 from auditlog.store.eventstore import EventStore
 from auditlog.store.location import StoreLocation
@@ -138,8 +141,12 @@ class Recording(contextlib.ContextDecorator):
                 self.disabled = str(exc)
                 _warn_once(f"auditlog: cannot record: {exc}; running without recording (on_error=continue)")
                 return self
+            key = configured_private_key()  # $AUDITLOG_KEY or the keygen default; None: no signing
+            sign = None
+            if key is not None:
+                sign = functools.partial(_sign_head, store, key, run_id, rank)
             buffer = RecordBuffer()
-            writer = Writer(store, run_id, rank, buffer, on_error=self.policy.on_error)
+            writer = Writer(store, run_id, rank, buffer, on_error=self.policy.on_error, sign=sign)
             recorder = Recorder(buffer, self.policy)
             if self.policy.durability != "fast":
                 recorder.step_barrier = writer.flush  # the step's events are committed before training goes on
@@ -176,6 +183,7 @@ class Recording(contextlib.ContextDecorator):
             ending.update(steps=recorder.step, seeds=seeds(), dropped=writer.dropped)
             recorder.emit("run_ended", payload=ending)
             writer.close()
+            writer.sign_final()
             if writer.dropped:
                 ending["dropped"] = writer.dropped
         finally:
@@ -254,6 +262,10 @@ class Recording(contextlib.ContextDecorator):
 
 
 SYNCHRONOUS = {"fast": "NORMAL", "step": "NORMAL", "strict": "FULL"}
+
+
+def _sign_head(store: EventStore, key: Any, run_id: str, stream: int, seq: int, head: str) -> None:
+    checkpoint_head(store, key, run_id, stream, head=(seq, head))
 
 
 def _warn_once(message: str) -> None:

@@ -8,17 +8,17 @@ is reported as missing, a damaged one as damaged; neither crashes ``verify``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import select
 
+from auditlog.errors import StoreError
 from auditlog.replay import CONSTRUCTION_KINDS, replay
 from auditlog.snapshots import SnapshotStore, blob_from_row
 from auditlog.store import schema
 from auditlog.store.eventstore import EventStore
+from auditlog.store.rows import decode_event, payload_object
 
 
 @dataclass(frozen=True)
@@ -48,15 +48,19 @@ def _referenced(store: EventStore, run_id: str) -> Iterator[tuple[int, int, int,
     with store.guard("reading snapshot events"), store.engine.connect() as conn:
         rows = conn.execute(query).all()
     for seq, event_id, kind, text in rows:
-        payload: dict[str, Any] = json.loads(text)
-        if kind == "snapshot_taken":
-            items = (payload.get("snapshot") or {}).get("tensors", [])
-        elif payload.get("stored"):
-            items = payload.get("tensors", [])
-        else:
+        # A malformed event is the chain check's to report; here it is skipped.
+        try:
+            payload = payload_object(text)
+            if kind == "snapshot_taken":
+                items = (payload.get("snapshot") or {}).get("tensors", [])
+            elif payload.get("stored"):
+                items = payload.get("tensors", [])
+            else:
+                continue
+            found = [(int(seq), int(event_id), int(i["tensor_id"]), str(i["sha256"])) for i in items]
+        except (KeyError, TypeError, ValueError, AttributeError):
             continue
-        for item in items:
-            yield int(seq), int(event_id), int(item["tensor_id"]), str(item["sha256"])
+        yield from found
 
 
 def verify_snapshots(store: EventStore, run_id: str) -> tuple[int, list[SnapshotProblem]]:
@@ -65,10 +69,13 @@ def verify_snapshots(store: EventStore, run_id: str) -> tuple[int, list[Snapshot
     if not references:
         return 0, []
     catalog = store.blob_rows(sorted({sha for *_, sha in references}))
-    state = replay(
-        (dict(r, payload=json.loads(r["payload"])) for r in store.iter_events(run_id, kinds=CONSTRUCTION_KINDS)),
-    )
-    names = state.tensor_names()
+    try:
+        state = replay(
+            decode_event(r) for r in store.iter_events(run_id, kinds=CONSTRUCTION_KINDS)
+        )
+        names = state.tensor_names()
+    except (StoreError, KeyError, TypeError, ValueError, AttributeError):
+        names = {}  # names are a courtesy; a malformed event is reported by the chain check
     files = SnapshotStore(store.location.snapshots)
     verdict: dict[str, str | None] = {}
     problems: list[SnapshotProblem] = []

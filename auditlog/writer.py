@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -61,6 +62,9 @@ class Writer:
         batch_size: int = 5000,
         interval: float = 0.1,
         on_error: str = "continue",
+        sign: Callable[[int, str], None] | None = None,
+        sign_every_events: int = 10_000,
+        sign_every_seconds: float = 60.0,
     ) -> None:
         self.store = store
         self.run_id = run_id
@@ -69,6 +73,13 @@ class Writer:
         self.batch_size = batch_size
         self.interval = interval
         self.on_error = on_error
+        # Signed checkpoints of the chain head (when a key is configured): after a
+        # committed batch, every N events or T seconds, and at run end.
+        self.sign = sign
+        self.sign_every_events = sign_every_events
+        self.sign_every_seconds = sign_every_seconds
+        self._signed_seq = 0
+        self._signed_at = time.monotonic()
         head = store.chain_head(run_id, stream)
         self.seq, self.head = head if head is not None else (0, genesis_hash(run_id, stream))
         self.written = 0
@@ -196,6 +207,7 @@ class Writer:
                     self._new_blobs = []
                 self.store.append(rows, self.run_id)
                 self.written += len(rows)
+                self._maybe_sign()
                 return
             except Exception as exc:
                 if attempt == 4:
@@ -203,6 +215,29 @@ class Writer:
                     return
                 time.sleep(delay)
                 delay *= 2
+
+    def _maybe_sign(self, force: bool = False) -> None:
+        if self.sign is None or self.seq == self._signed_seq:
+            return
+        due = (
+            force
+            or self.seq - self._signed_seq >= self.sign_every_events
+            or time.monotonic() - self._signed_at >= self.sign_every_seconds
+        )
+        if not due:
+            return
+        try:
+            self.sign(self.seq, self.head)  # the head of what was just committed
+            self._signed_seq, self._signed_at = self.seq, time.monotonic()
+        except Exception as exc:  # a signing fault must not stop recording; say it once
+            if not getattr(self, "_sign_warned", False):
+                self._sign_warned = True
+                print(f"auditlog: cannot sign the chain head: {one_line(exc)}", file=sys.stderr)
+
+    def sign_final(self) -> None:
+        """Sign the last committed head (run end), unless writing failed."""
+        if self.failure is None:
+            self._maybe_sign(force=True)
 
     def _fail(self, exc: BaseException, lost: int) -> None:
         if self.failure is not None:

@@ -75,6 +75,7 @@ def verify(
                 counted += f", {report.checkpoints} signed checkpoint(s)"
             if report.statements:
                 counted += f", {report.statements} exported head(s)"
+
             click.echo(f"run {report.run_id[:12]}: {counted}: {state}")
             for problem in report.problems[:20]:
                 click.echo(f"  {problem.describe()}")

@@ -12,6 +12,8 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test runs in its own cwd with no AUDITLOG_STORE leaking in."""
     monkeypatch.delenv("AUDITLOG_STORE", raising=False)
     monkeypatch.delenv("AUDITLOG_RUN_ID", raising=False)
+    monkeypatch.delenv("AUDITLOG_KEY", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / ".config"))  # no user's signing key leaks in
     monkeypatch.chdir(tmp_path)
 
 

@@ -235,10 +235,8 @@ def test_option_soup(pristine: tuple[Path, str], command: tuple[str, ...], soup:
 
 
 # --------------------------------------------------------------------------- malformed store files
-# Every store property runs twice: once for the integrity commands this file's
-# author owns plus `db current` (strict), once for `runs` and `events`, which
-# crash on some garbled rows (reported; pinned by the strict xfails further
-# down). That group does not shrink, so a known crash costs little time.
+# Every store property runs twice: once for the integrity commands plus
+# `db current`, once for `runs` and `events`.
 STRICT = (("verify",), ("verify", "all"), ("db", "current"))
 OTHERS = (("runs",), ("events",), ("events", "--format", "json"))
 NO_SHRINK = settings(FUZZ, max_examples=25, phases=[Phase.explicit, Phase.generate])
@@ -250,11 +248,7 @@ def groups(test: Any) -> Any:
         "commands",
         [
             pytest.param(STRICT, id="verify-db"),
-            pytest.param(
-                OTHERS,
-                id="runs-events",
-                marks=pytest.mark.xfail(strict=False, reason="`runs`/`events` crash on garbled rows (reported)"),
-            ),
+            pytest.param(OTHERS, id="runs-events"),
         ],
     )(test)
 
@@ -313,8 +307,8 @@ def test_garbled_bytes_in_events_db(pristine: tuple[Path, str], commands: tuple[
         with copy_of(pristine[0]) as store:
             db = store / "events.db"
             data = bytearray(db.read_bytes())
-            # Page 1 (the header and sqlite_master) is left alone here: garbling its
-            # text crashes store opening (test_garbled_schema_page_is_refused, xfail).
+            # Page 1 (the header and sqlite_master) is left alone here; it has its own
+            # test (test_garbled_schema_page_is_refused).
             page = int.from_bytes(data[16:18], "big")
             for where, value in edits:
                 data[page + int(where * (len(data) - page))] = value
@@ -416,11 +410,6 @@ def test_deleted_and_garbled_rows(pristine: tuple[Path, str], commands: tuple[tu
     check()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="EventStore._sqlite_revision catches sqlite3.DatabaseError only; invalid UTF-8 "
-    "in sqlite_master escapes as UnicodeDecodeError (reported)",
-)
 @pytest.mark.parametrize("command", READING, ids=" ".join)
 def test_garbled_schema_page_is_refused(pristine: tuple[Path, str], command: tuple[str, ...]) -> None:
     """A byte of a table name in sqlite_master made invalid UTF-8: refused as corrupt (3), no crash."""
@@ -436,9 +425,8 @@ def test_garbled_schema_page_is_refused(pristine: tuple[Path, str], command: tup
         assert result.exit_code == 3, result.stderr
 
 
-# Crashes the properties above found in commands this file's author does not own.
-# Each is pinned here so that fixing it turns the xfail into a (strict) failure:
-# then remove it from this list.
+# Rows the properties above once found crashing `runs`/`events` (now refused or
+# tolerated with a one-line error); kept as fixed regression cases.
 GARBLED_CRASHES = [
     ("runs", "run_started", "payload", "[]"),  # runs.list_runs: meta.get on a non-object payload
     ("runs", "run_started", "payload", "abc"),  # runs.list_runs: json.loads on non-JSON payload
@@ -450,7 +438,6 @@ GARBLED_CRASHES = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="reading commands crash on a garbled event row (reported)")
 @pytest.mark.parametrize("command, kind, column, value", GARBLED_CRASHES, ids=lambda v: str(v))
 def test_reading_commands_survive_a_garbled_row(
     pristine: tuple[Path, str], command: str, kind: str, column: str, value: str

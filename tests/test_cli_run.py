@@ -638,4 +638,5 @@ def test_recorded_training_is_bitwise_identical(
         assert steps and all(s % 3 == 0 for s in steps), steps
         assert len(steps) >= 2
     else:
-        assert {e["step"] for e in forwards} >= set(range(8))
+        # the default (audit) policy samples step 0 and every 10th: 8 steps -> step 0 only
+        assert {e["step"] for e in forwards} == {0}

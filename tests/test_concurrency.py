@@ -105,18 +105,9 @@ def start_workers(store: Path, key: Path, tmp_path: Path) -> list[tuple[str, int
     return results
 
 
-RACE = pytest.mark.xfail(
-    strict=False,  # a race: the first process may occasionally finish creating before the others look
-    reason="store creation is not atomic: processes that find no store all run the Alembic "
-    "migrations; the losers fail with 'table alembic_version already exists', 'table "
-    "auditlog_meta already exists' or 'UNIQUE constraint failed: auditlog_meta.key', and "
-    "with on_error=continue they then run unrecorded (reported)",
-)
-
-
 @pytest.mark.parametrize(
     "created",
-    [pytest.param(True, id="existing-store"), pytest.param(False, id="store-created-by-the-race", marks=RACE)],
+    [pytest.param(True, id="existing-store"), pytest.param(False, id="store-created-by-the-race")],
 )
 def test_four_processes_record_into_one_store(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, created: bool

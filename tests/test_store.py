@@ -33,8 +33,12 @@ ALL_COMMANDS = (*READING_COMMANDS, ("db", "current"), ("db", "upgrade"))
 
 # --------------------------------------------------------------------------- helpers
 def record_run(store_path: Path | str | None, steps: int = 2, name: str | None = None) -> str:
-    """Record a tiny model training for ``steps`` optimizer steps; return the run id."""
-    with auditlog.record(store=store_path, name=name) as run:
+    """Record a tiny model training for ``steps`` optimizer steps; return the run id.
+
+    Without snapshots, so that the store is also a faithful revision-0001 store
+    once the newer tables are dropped (the older-schema test does that).
+    """
+    with auditlog.record(store=store_path, name=name, snapshot_initial=False, snapshot_final=False) as run:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -87,7 +91,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         mp.chdir(path.parent)
         run_id = record_run(path)
     checkpoint(path / "events.db")
-    assert sorted(os.listdir(path)) == ["events.db", "snapshots"]
+    assert sorted(os.listdir(path)) == ["events.db"]
     return path, run_id
 
 
@@ -146,7 +150,7 @@ def make_newer(directory: Path, pristine: Path) -> None:
     conn.commit()
     conn.close()
     checkpoint(directory / "events.db")
-    assert sorted(os.listdir(directory)) == ["events.db", "snapshots"]
+    assert sorted(os.listdir(directory)) == ["events.db"]
 
 
 # --------------------------------------------------------------------------- creation and revisions

@@ -74,7 +74,7 @@ def _sqlite_revision(path: Path, shown: str) -> str:
             row = conn.execute("select version_num from alembic_version").fetchone()
         finally:
             conn.close()
-    except sqlite3.DatabaseError as exc:
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
         raise StoreError(f"store {shown!r} is corrupt or unreadable: {exc}") from exc
     if row is None:
         raise StoreError(f"store {shown!r} has no schema revision (alembic_version is empty)")
@@ -277,7 +277,7 @@ class EventStore:
             rows = conn.execute(
                 select(ev.c.run_id, func.count(), func.max(ev.c.step)).group_by(ev.c.run_id)
             )
-            return {r[0]: (int(r[1]), None if r[2] is None else int(r[2])) for r in rows}
+            return {r[0]: (int(r[1]), r[2] if isinstance(r[2], int) else None) for r in rows}
 
     def events_of_kind(self, kind: str) -> list[dict[str, Any]]:
         """Every event of one kind across runs (run_started/run_ended summaries)."""

@@ -6,8 +6,11 @@ plain ``pip install`` can create and upgrade stores without the source tree.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import os
 import time
+import uuid
 from pathlib import Path
 
 from alembic import command
@@ -65,7 +68,13 @@ def _upgrade(location: StoreLocation, new: bool) -> None:
 
 
 def create_store(location: StoreLocation) -> None:
-    """Make a new, empty store at the current schema revision."""
+    """Make a new, empty store at the current schema revision.
+
+    A SQLite store is built under a private temporary name and then hard-linked
+    into place: several processes (DDP ranks, parallel jobs) that find no store
+    race only on the link, the losers discard their copy and use the winner's, and
+    nobody ever opens a half-created file.
+    """
     if location.directory is not None:
         try:
             location.directory.mkdir(parents=True, exist_ok=True)
@@ -73,7 +82,22 @@ def create_store(location: StoreLocation) -> None:
             raise StoreUnavailableError(
                 f"cannot create store directory {str(location.directory)!r}: {exc.strerror or exc}"
             ) from exc
-    _upgrade(location, new=True)
+    if location.database is None:
+        _upgrade(location, new=True)
+        return
+    target = location.database
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        _upgrade(dataclasses.replace(location, url=f"sqlite:///{tmp}", database=tmp), new=True)
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            pass  # another process created the store first: use theirs
+        except OSError as exc:
+            raise StoreUnavailableError(f"cannot create store {str(target)!r}: {exc.strerror or exc}") from exc
+    finally:
+        for leftover in (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm")):
+            leftover.unlink(missing_ok=True)
 
 
 def upgrade_store(store: str | StoreLocation | None) -> tuple[str | None, str]:

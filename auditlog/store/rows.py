@@ -1,0 +1,59 @@
+"""Decode stored event rows, refusing malformed ones with a clear error.
+
+The store is a file someone may have edited. Every reader goes through
+``decode_event`` so that a garbled row (text where a number belongs, a payload
+that is not a JSON object) becomes one ``CorruptRecordError`` naming the event,
+never a crash deep in replay or formatting. ``auditlog verify`` then says what
+exactly was altered.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from auditlog.errors import CorruptRecordError
+
+_INT_COLUMNS = ("stream", "seq", "ts_ns")
+_OPTIONAL_INT_COLUMNS = ("step", "module_id", "tensor_id")
+
+
+def decode_event(row: dict[str, Any], shown: str = "") -> dict[str, Any]:
+    """A copy of ``row`` with the payload parsed; raises ``CorruptRecordError`` if malformed."""
+    where = f"store {shown!r}: " if shown else ""
+
+    def bad(what: str) -> CorruptRecordError:
+        return CorruptRecordError(
+            f"{where}event id {row.get('id')} (seq {row.get('seq')!r}) is malformed: {what}; "
+            "run `auditlog verify` to see what was altered"
+        )
+
+    event = dict(row)
+    for column in _INT_COLUMNS:
+        if not isinstance(event.get(column), int) or isinstance(event.get(column), bool):
+            raise bad(f"{column} is {event.get(column)!r}, not an integer")
+    for column in _OPTIONAL_INT_COLUMNS:
+        value = event.get(column)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise bad(f"{column} is {value!r}, not an integer")
+    if not isinstance(event.get("kind"), str) or not isinstance(event.get("run_id"), str):
+        raise bad("kind or run_id is not text")
+    payload = event.get("payload")
+    if isinstance(payload, str):
+        try:
+            payload = json.loads(payload)
+        except ValueError:
+            raise bad("payload is not JSON") from None
+    if not isinstance(payload, dict):
+        raise bad("payload is not a JSON object")
+    event["payload"] = payload
+    return event
+
+
+def payload_object(text: Any) -> dict[str, Any]:
+    """A payload as a dict, or {} when it is not a JSON object (summaries that tolerate damage)."""
+    try:
+        value = json.loads(text) if isinstance(text, str) else text
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
