@@ -44,6 +44,9 @@ class AuditlogGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            # One line, like every other error (Click's own adds "Usage:" and "Try" lines).
+            raise CliError(exc.format_message(), exc.exit_code) from exc
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except AuditlogError as exc:
