@@ -20,8 +20,8 @@ from auditlog.runs import RunInfo, list_runs, select_run
 from auditlog.snapshots import SnapshotError, SnapshotStore, blob_from_row
 from auditlog.store import schema
 from auditlog.store.eventstore import EventStore
-from auditlog.store.rows import decode_event
 from auditlog.store.location import StoreLocation
+from auditlog.store.rows import decode_event
 
 
 class Run:

@@ -13,9 +13,11 @@ from typing import Any
 import click
 from auditlog.cli import (
     db_cmd,
+    diff_cmd,
     events_cmd,
     heads_cmd,
     keys_cmd,
+    query_cmd,
     restore_cmd,
     run_cmd,
     runs_cmd,
@@ -89,6 +91,9 @@ cli.add_command(heads_cmd.export_head)
 cli.add_command(tree_cmd.tree)
 cli.add_command(snapshots_cmd.snapshots)
 cli.add_command(restore_cmd.restore)
+cli.add_command(query_cmd.query)
+cli.add_command(query_cmd.schema)
+cli.add_command(diff_cmd.diff)
 
 
 def main() -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import click
 import torch
-
 from auditlog.cli.options import run_argument, store_option
 from auditlog.cli.tree_cmd import step_options
+
 from auditlog.errors import AuditlogError
 from auditlog.reader import Run
 from auditlog.runs import select_run

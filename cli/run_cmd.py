@@ -11,8 +11,8 @@ import click
 from auditlog.cli.options import store_option
 
 from auditlog.errors import RecordingFailedError
-from auditlog.policy import BACKWARD_MECHANISMS, DURABILITY, ON_ERROR, make_policy
 from auditlog.execfile import run_target, script_path
+from auditlog.policy import BACKWARD_MECHANISMS, DURABILITY, ON_ERROR, make_policy
 from auditlog.session import Recording, Terminated
 
 

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import click
-
 from auditlog.cli.options import format_option, run_argument, store_option
 from auditlog.cli.output import emit_rows
+
 from auditlog.reader import Run
 from auditlog.runs import select_run
 from auditlog.store.eventstore import EventStore

@@ -6,10 +6,10 @@ import os
 from typing import Any
 
 import click
-from rich.tree import Tree
-
 from auditlog.cli.options import format_option, run_argument, store_option
 from auditlog.cli.output import console, emit_json
+from rich.tree import Tree
+
 from auditlog.errors import AuditlogError, UsageError
 from auditlog.reader import Run
 from auditlog.replay import ModelState

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import invoke, run_auditlog
 from torch import nn
 from torch.nn.modules import module as nn_module
 
 import auditlog
 from auditlog.errors import UsageError
 from auditlog.policy import Policy, make_policy
-from helpers import invoke, run_auditlog
 
 
 def build() -> nn.Module:
@@ -87,7 +87,7 @@ def test_audit_samples_activity_and_records_every_step(store: Path) -> None:
 def test_minimal_records_construction_and_steps_only(store: Path) -> None:
     with auditlog.record(store, policy="minimal"):
         model = train(3)
-    counts, events = per_step(store)
+    _counts, events = per_step(store)
     kinds = Counter(e["kind"] for e in events)
     assert kinds["forward"] == kinds["backward"] == 0
     assert kinds["optimizer_step"] == 3 and kinds["parameter_registered"] == 4

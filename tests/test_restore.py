@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import invoke, load_example
 from torch import nn
 
 import auditlog
-from helpers import invoke, load_example
 
 
 def copy_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import invoke
 from torch import nn
 
 import auditlog
-from helpers import invoke
 
 
 def test_recording_signs_heads_and_truncation_is_caught(

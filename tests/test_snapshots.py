@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -123,7 +124,7 @@ def test_frozen_layers_do_not_grow_the_snapshot_directory(store: Path) -> None:
         hashes = {sha for _, _, sha in state.tensors[tensor_id].history}
         assert len(hashes) == 1  # one content, however often snapshotted
     head_bytes = 64 * 2 * 4 + 2 * 4
-    growth = [b - a for a, b in zip(sizes, sizes[1:])]
+    growth = [b - a for a, b in itertools.pairwise(sizes)]
     # each step adds the new head values only (plus Parquet overhead), never the backbone
     backbone_bytes = 2 * (64 * 64 + 64) * 4
     assert all(0 < g < backbone_bytes / 4 for g in growth), (growth, head_bytes)

@@ -20,11 +20,11 @@ from helpers import CliResult, file_digest, invoke, tree_digest
 from torch import nn
 
 import auditlog
-from auditlog.store.schema import HEAD_REVISION as HEAD
 from auditlog.errors import NotAStoreError, SchemaTooNewError, StoreError, StoreMissingError
 from auditlog.store import schema
 from auditlog.store.eventstore import EventStore
 from auditlog.store.migrate import alembic_head, upgrade_store
+from auditlog.store.schema import HEAD_REVISION as HEAD
 
 REPO = Path(__file__).resolve().parents[1]
 READING_COMMANDS = (("runs",), ("events",), ("verify",))

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from helpers import invoke
 from torch import nn
 
 import auditlog
-from helpers import invoke
 
 
 def record(store: Path) -> None:

@@ -27,12 +27,12 @@ from torch.utils.hooks import RemovableHandle
 
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.identity import ObjectIds
+from auditlog.capture.lazy import HostCopy, NonFiniteCount, SealItems, SnapshotItems, StackedNorms
 from auditlog.capture.source import Location, construction_location, user_location
 from auditlog.capture.structure import check_structure
 from auditlog.errors import RecordingFailedError, one_line
 from auditlog.policy import Policy
 from auditlog.replay import STATE_KINDS, ModelState, apply
-from auditlog.capture.lazy import HostCopy, NonFiniteCount, SealItems, SnapshotItems, StackedNorms
 from auditlog.tensors import StatsRecord, device_stats
 
 _is_compiling = torch.compiler.is_compiling

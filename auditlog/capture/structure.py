@@ -101,7 +101,7 @@ def _check_tensors(
         emitted += 1
     for name, tensor in live.items():
         tensor_id = None if tensor is None else recorder.tensors.lookup(tensor)
-        if tensor is not None and tensor_id is None or known.get(name, _MISSING) != tensor_id:
+        if (tensor is not None and tensor_id is None) or known.get(name, _MISSING) != tensor_id:
             recorder.register_tensor(module, name, tensor, member, detected_at=where)
             emitted += 1
             continue

@@ -46,13 +46,15 @@ def _sqlite_revision(path: Path, shown: str) -> str:
         raise NotAStoreError(f"{shown!r} is not a regular file, not an auditlog store")
     try:
         with path.open("rb") as handle:
-            header = handle.read(len(SQLITE_HEADER))
+            header = handle.read(100)
+        size = path.stat().st_size
     except OSError as exc:
         raise StoreError(f"cannot read store {shown!r}: {exc.strerror or exc}") from exc
     if len(header) == 0:
         raise NotAStoreError(f"{shown!r} is an empty file, not an auditlog store")
-    if header != SQLITE_HEADER:
+    if header[: len(SQLITE_HEADER)] != SQLITE_HEADER:
         raise NotAStoreError(f"{shown!r} is not an auditlog store (not an SQLite database)")
+    _check_not_truncated(path, header, size, shown)
     # A read-only connection to a WAL database creates -wal/-shm files beside it.
     # When none exist the file is self-contained, so read it as immutable (no
     # locks, no sidecar files): a refused store is left exactly as found. When
@@ -79,6 +81,23 @@ def _sqlite_revision(path: Path, shown: str) -> str:
     if row is None:
         raise StoreError(f"store {shown!r} has no schema revision (alembic_version is empty)")
     return str(row[0])
+
+
+def _check_not_truncated(path: Path, header: bytes, size: int, shown: str) -> None:
+    """A cut-off file is refused up front: SQLite only notices when it reads the lost pages."""
+    if len(header) < 100:
+        raise StoreError(f"store {shown!r} is corrupt or unreadable: file is truncated ({size} bytes)")
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    if page_size < 512 or size % page_size:
+        raise StoreError(f"store {shown!r} is corrupt or unreadable: size {size} is not a whole number of pages")
+    wal = path.with_name(path.name + "-wal")
+    header_valid = header[24:28] == header[92:96]  # the in-header page count is current
+    pages = int.from_bytes(header[28:32], "big")
+    if header_valid and not wal.exists() and size < pages * page_size:
+        raise StoreError(
+            f"store {shown!r} is corrupt or unreadable: file is truncated ({size} of {pages * page_size} bytes)"
+        )
 
 
 def check_revision(revision: str, shown: str, allow_old: bool = False) -> None:

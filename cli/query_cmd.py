@@ -1,0 +1,135 @@
+"""``auditlog query`` and ``auditlog schema``: DuckDB SQL over the record's documented views."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import click
+from auditlog.cli.options import format_option, store_option
+from auditlog.cli.output import emit_rows
+from auditlog.cli.progress import progress_bar
+
+from auditlog.errors import UsageError
+from auditlog.query import QuerySession
+from auditlog.readmodel import ReadModel
+from auditlog.runs import select_run
+from auditlog.store.eventstore import EventStore
+from auditlog.views import VIEWS, VIEWS_BY_NAME
+
+
+@click.command()
+@store_option
+@format_option
+@click.option(
+    "--run",
+    default=None,
+    metavar="RUN",
+    help="Restrict every view to one run (id, prefix, name, latest, latest~N).",
+)
+@click.argument("sql", metavar="SQL")
+def query(store: str | None, fmt: str, run: str | None, sql: str) -> None:
+    """Answer SQL over the record with DuckDB (read-only; '-' reads SQL from stdin).
+
+    The views and their columns: `auditlog schema`. New events are copied into
+    the read model (a DuckDB file beside the store) before the query runs.
+
+    \b
+    auditlog query "select kind, count(*) from events group by 1"
+    auditlog query --run latest "select module, max(grad_norm) from backward_stats group by 1"
+    """
+    if sql == "-":
+        sql = sys.stdin.read()
+    event_store = EventStore.open(store)
+    try:
+        run_id = select_run(event_store, run) if run is not None else None
+        readmodel = ReadModel(event_store)
+        with progress_bar("updating read model") as progress:
+            session, _report = QuerySession.open(readmodel, run_id, progress)
+        with session:
+            result = session.execute(sql)
+            columns = _unique(result.columns)
+            json_columns = {c for c, t in zip(columns, result.types, strict=True) if t == "JSON"}
+
+            def rows() -> Iterator[dict[str, Any]]:
+                for row in result.rows:
+                    record = dict(zip(columns, row, strict=True))
+                    yield record if fmt == "table" else _machine(record, json_columns, fmt)
+
+            emit_rows(rows(), columns, fmt)
+    finally:
+        event_store.close()
+
+
+@click.command()
+@format_option
+@click.argument("view", required=False, metavar="[VIEW]")
+def schema(fmt: str, view: str | None) -> None:
+    """The views `auditlog query` answers from: their columns, types and meaning."""
+    if view is not None and view not in VIEWS_BY_NAME:
+        raise UsageError(f"unknown view {view!r}; views: {', '.join(VIEWS_BY_NAME)}")
+    chosen = [VIEWS_BY_NAME[view]] if view is not None else list(VIEWS)
+    if fmt == "json":
+        document = [
+            {
+                "view": v.name,
+                "doc": v.doc,
+                "columns": [{"name": c.name, "type": c.type, "doc": c.doc} for c in v.columns],
+            }
+            for v in chosen
+        ]
+        sys.stdout.write(json.dumps(document, ensure_ascii=False, indent=2) + "\n")
+        return
+    if fmt == "csv":
+        rows = ({"view": v.name, "column": c.name, "type": c.type, "meaning": c.doc} for v in chosen for c in v.columns)
+        emit_rows(rows, ("view", "column", "type", "meaning"), "csv")
+        return
+    for v in chosen:
+        emit_rows(
+            ({"column": c.name, "type": c.type, "meaning": c.doc} for c in v.columns),
+            ("column", "type", "meaning"),
+            "table",
+            title=f"{v.name}: {v.doc}",
+        )
+
+
+def _unique(columns: list[str]) -> list[str]:
+    """Column names made unique (``select a, a`` gives ``a`` and ``a_2``)."""
+    seen: dict[str, int] = {}
+    out = []
+    for name in columns:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return out
+
+
+def _machine(record: dict[str, Any], json_columns: set[str], fmt: str) -> dict[str, Any]:
+    """Values for JSON/CSV: JSON columns decoded (JSON output), non-finite floats as the
+    store writes them ('NaN', 'Infinity', '-Infinity'), times in ISO 8601, bytes in hex."""
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        if key in json_columns and isinstance(value, str) and fmt == "json":
+            try:
+                value = json.loads(value)
+            except ValueError:
+                pass
+        out[key] = _plain(value)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
