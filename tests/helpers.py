@@ -5,14 +5,22 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
+import torch
 from auditlog.cli.main import cli
 from click.testing import CliRunner
+from torch import nn
+
+import auditlog
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -65,3 +73,33 @@ def file_digest(path: Path) -> str:
 def tree_digest(root: Path) -> dict[str, str]:
     """Digest of every file under ``root`` (relative path -> sha256)."""
     return {str(p.relative_to(root)): file_digest(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def record_run(store_path: Path | str | None, steps: int = 2, name: str | None = None, **options: Any) -> str:
+    """Record a tiny model training for ``steps`` optimizer steps; return the run id.
+
+    ``options`` go to ``auditlog.record`` (``run_id=``, policy keys).
+    """
+    with auditlog.record(store=store_path, name=name, **options) as run:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(steps):
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert run.run_id is not None
+    return run.run_id
+
+
+@contextmanager
+def tamper(store: Path) -> Iterator[sqlite3.Connection]:
+    """A plain read-write sqlite3 connection to the store; commits and folds the WAL back."""
+    conn = sqlite3.connect(store / "events.db")
+    try:
+        yield conn
+        conn.commit()
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()

@@ -9,15 +9,11 @@ without a signature made before the rewrite.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import torch
-from torch import nn
+from helpers import record_run, tamper  # noqa: F401  (re-exported for the integrity tests)
 
-import auditlog
 from auditlog.encoding import chain_hash, genesis_hash
 
 CHAINED = ("run_id", "stream", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id", "snapshot", "payload")
@@ -31,31 +27,6 @@ def isolate_keys(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return config
 
 
-def record_run(store_path: Path | str, steps: int = 2, name: str | None = None) -> str:
-    """Record a tiny model training for ``steps`` optimizer steps; return the run id."""
-    with auditlog.record(store=store_path, name=name) as run:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(steps):
-            loss = model(torch.randn(8, 4)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    assert run.run_id is not None
-    return run.run_id
-
-
-@contextmanager
-def tamper(store: Path) -> Iterator[sqlite3.Connection]:
-    """A plain read-write sqlite3 connection to the store; commits and folds the WAL back."""
-    conn = sqlite3.connect(store / "events.db")
-    try:
-        yield conn
-        conn.commit()
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    finally:
-        conn.close()
 
 
 def last_seq(store: Path, run_id: str, stream: int = 0) -> int:

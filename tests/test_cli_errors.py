@@ -11,12 +11,9 @@ from pathlib import Path
 
 import click
 import pytest
-import torch
 from auditlog.cli.main import cli
-from helpers import CliResult, invoke
-from torch import nn
+from helpers import CliResult, invoke, record_run
 
-import auditlog
 from auditlog.kinds import KINDS
 
 # Two runs whose ids share the prefix "abc" (crafted: random uuids share a
@@ -24,22 +21,6 @@ from auditlog.kinds import KINDS
 FIRST_ID = "abc1" + "0" * 28
 SECOND_ID = "abc2" + "f" * 28
 
-
-def record_run(
-    store_path: Path, steps: int = 2, name: str | None = None, run_id: str | None = None
-) -> str:
-    """Record a tiny model training for ``steps`` optimizer steps; return the run id."""
-    with auditlog.record(store=store_path, name=name, run_id=run_id) as run:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(steps):
-            loss = model(torch.randn(8, 4)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    assert run.run_id is not None
-    return run.run_id
 
 
 def assert_one_line_error(result: CliResult, code: int, *words: str) -> str:

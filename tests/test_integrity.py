@@ -12,46 +12,21 @@ import json
 import re
 import shutil
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import torch
-from helpers import CliResult, invoke
-from torch import nn
+from helpers import CliResult, invoke, tamper
+from helpers import record_run as record_tiny_run
 
-import auditlog
 from auditlog.integrity import Problem, verify_run
 from auditlog.store.eventstore import EventStore
 
 
 # --------------------------------------------------------------------------- helpers
 def record_run(store_path: Path, steps: int = 3, name: str | None = None) -> str:
-    """Record a tiny model training for ``steps`` optimizer steps; return the run id."""
-    with auditlog.record(store=store_path, name=name) as run:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(steps):
-            loss = model(torch.randn(8, 4)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    assert run.run_id is not None
-    return run.run_id
+    return record_tiny_run(store_path, steps, name)
 
 
-@contextmanager
-def tamper(store: Path) -> Iterator[sqlite3.Connection]:
-    """A plain read-write sqlite3 connection to the store; commits and closes (WAL folded back)."""
-    conn = sqlite3.connect(store / "events.db")
-    try:
-        yield conn
-        conn.commit()
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    finally:
-        conn.close()
 
 
 def max_seq(store: Path, run_id: str) -> int:

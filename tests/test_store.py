@@ -15,9 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 from helpers import CliResult, file_digest, invoke, tree_digest
-from torch import nn
+from helpers import record_run as record_tiny_run
 
 import auditlog
 from auditlog.errors import NotAStoreError, SchemaTooNewError, StoreError, StoreMissingError
@@ -33,22 +32,9 @@ ALL_COMMANDS = (*READING_COMMANDS, ("db", "current"), ("db", "upgrade"))
 
 # --------------------------------------------------------------------------- helpers
 def record_run(store_path: Path | str | None, steps: int = 2, name: str | None = None) -> str:
-    """Record a tiny model training for ``steps`` optimizer steps; return the run id.
-
-    Without snapshots, so that the store is also a faithful revision-0001 store
-    once the newer tables are dropped (the older-schema test does that).
-    """
-    with auditlog.record(store=store_path, name=name, snapshot_initial=False, snapshot_final=False) as run:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(steps):
-            loss = model(torch.randn(8, 4)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    assert run.run_id is not None
-    return run.run_id
+    """A tiny run without snapshots, so the store is also a faithful revision-0001
+    store once the newer tables are dropped (the older-schema test does that)."""
+    return record_tiny_run(store_path, steps, name, snapshot_initial=False, snapshot_final=False)
 
 
 def cli(*args: str, store: Path | str) -> CliResult:
