@@ -182,3 +182,53 @@ def _sqlalchemy_batches(store: EventStore, after_id: int, upto_id: int) -> Itera
 def _store_error(store: EventStore, exc: BaseException) -> StoreError:
     cause = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return StoreError(f"store {store.location.display()!r}: error while copying events to the read model: {cause}")
+
+
+# --------------------------------------------------------------------------- snapshot catalog
+CATALOG_BATCH = 500
+
+CATALOG_SCHEMA = pa.schema(
+    [
+        ("sha256", pa.string()),
+        ("file", pa.string()),
+        ("dtype", pa.string()),
+        ("shape", pa.string()),
+        ("numel", pa.int64()),
+        ("nbytes", pa.int64()),
+        ("layout", pa.string()),
+        ("row_groups", pa.int64()),
+        ("file_sha256", pa.string()),
+        ("created_ns", pa.int64()),
+    ]
+)
+
+
+def catalog_hashes(store: EventStore) -> set[str]:
+    """Every content hash in the store's snapshot catalog.
+
+    The catalog is keyed by hash with no insertion counter, so the projection
+    learns what is new by difference; the hashes alone are small (64 bytes a row).
+    """
+    blobs = schema.snapshot_blobs
+    with store.guard("reading the snapshot catalog"), store.engine.connect() as conn:
+        return {str(h) for h in conn.execute(select(blobs.c.sha256)).scalars()}
+
+
+def catalog_count(store: EventStore) -> int:
+    """Rows in the store's snapshot catalog."""
+    blobs = schema.snapshot_blobs
+    with store.guard("counting the snapshot catalog"), store.engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(blobs)).scalar() or 0)
+
+
+def catalog_batches(store: EventStore, hashes: list[str]) -> Iterator[pa.RecordBatch]:
+    """The catalog rows of ``hashes`` as batches of ``CATALOG_SCHEMA``."""
+    blobs = schema.snapshot_blobs
+    for start in range(0, len(hashes), CATALOG_BATCH):
+        wanted = hashes[start : start + CATALOG_BATCH]
+        with store.guard("copying the snapshot catalog"), store.engine.connect() as conn:
+            rows = [dict(r) for r in conn.execute(select(blobs).where(blobs.c.sha256.in_(wanted))).mappings()]
+        if rows:
+            yield pa.RecordBatch.from_pylist(
+                [{name: row.get(name) for name in CATALOG_SCHEMA.names} for row in rows], schema=CATALOG_SCHEMA
+            )

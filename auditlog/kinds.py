@@ -215,7 +215,8 @@ def kinds_markdown() -> str:
         out.append(f"#### `{kind.name}`\n\n{kind.doc}\n")
         out.append("| field | meaning |\n|---|---|")
         for field, meaning in kind.fields.items():
-            out.append(f"| `{field}` | {meaning} |")
+            escaped = meaning.replace("|", "\\|")  # a literal | would end the table cell
+            out.append(f"| `{field}` | {escaped} |")
         out.append("")
     return "\n".join(out)
 

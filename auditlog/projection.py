@@ -30,18 +30,22 @@ read model rewrites the rows of that one label (``RELABEL``).
 rebuilt from the store, never migrated (it is a cache of the record, never part
 of it).
 
-SNAPSHOTS: when tensor snapshots land, add (1) a ``snapshots`` table derived
-from ``snapshot_taken`` events (one row per event and tensor, see
-``SNAPSHOT_SLOT`` below) and (2) a ``snapshot_catalog`` table copied from the
-event store's catalog table, then bump ``FORMAT`` so existing projections
-rebuild.
+Snapshots: ``snapshots`` holds one row per (event, tensor) of every
+``snapshot_taken`` event and of every ``construction_sealed`` event whose values
+were stored (``stored: true``; trigger ``'sealed'``), so "which content did this
+tensor have at step N" is one indexed lookup. ``snapshot_catalog`` is a copy of
+the event store's ``snapshot_blobs`` catalog. That table has no autoincrement id
+(its key is the content hash), so it is copied by difference: rows whose sha256
+the projection lacks (``ReadModel._copy_catalog``). Catalog rows are written
+before the events that name them, so copying them after a refresh's events
+never leaves a snapshot row without its catalog row.
 """
 
 from __future__ import annotations
 
 from auditlog.replay import CONSTRUCTION_KINDS
 
-FORMAT = "1"
+FORMAT = "2"
 
 SCHEMA = "projection"
 
@@ -101,6 +105,15 @@ TABLES: tuple[str, ...] = (
         init_sha256 VARCHAR, init_norm DOUBLE, init_mean DOUBLE, init_std DOUBLE,
         init_min DOUBLE, init_max DOUBLE, init_nan BIGINT, init_inf BIGINT,
         PRIMARY KEY (run_id, stream, tensor_id))""",
+    f"""CREATE TABLE {SCHEMA}.snapshots (
+        run_id VARCHAR NOT NULL, stream INTEGER NOT NULL, seq BIGINT NOT NULL, step BIGINT,
+        ts_ns BIGINT NOT NULL, trigger VARCHAR, tag VARCHAR, position INTEGER NOT NULL,
+        tensor_id BIGINT, sha256 VARCHAR, tensor VARCHAR)""",
+    f"""CREATE TABLE {SCHEMA}.snapshot_catalog (
+        sha256 VARCHAR PRIMARY KEY, file VARCHAR NOT NULL, dtype VARCHAR NOT NULL,
+        shape BIGINT[] NOT NULL, numel BIGINT NOT NULL, nbytes BIGINT NOT NULL,
+        layout VARCHAR NOT NULL, row_groups INTEGER NOT NULL, file_sha256 VARCHAR NOT NULL,
+        created_ns BIGINT NOT NULL)""",
 )
 
 # SQL run once per chunk over ``new_events`` (the chunk's Arrow table), in order.
@@ -197,14 +210,30 @@ DERIVATIONS: tuple[str, ...] = (
         LEFT JOIN {SCHEMA}.tensors t
             ON t.run_id = p.run_id AND t.stream = p.stream AND t.tensor_id = p.tid
         WHERE p.tid IS NOT NULL""",
-    # SNAPSHOT_SLOT: the ``snapshots`` table goes here, e.g.
-    #   INSERT INTO projection.snapshots
-    #   SELECT e.run_id, e.stream, e.seq, e.step, e.ts_ns, e.p.trigger, e.p.tag,
-    #          t.x.tensor_id, t.x.sha256
-    #   FROM (SELECT *, from_json(payload, '{"trigger":"VARCHAR","tag":"VARCHAR",
-    #            "tensors":[{"tensor_id":"BIGINT","sha256":"VARCHAR"}]}') AS p
-    #         FROM new_events WHERE kind = 'snapshot_taken') e,
-    #        unnest(e.p.tensors) AS t(x)
+    # One row per (event, tensor) of snapshot_taken and of stored construction_sealed
+    # events; ``position`` keeps the payload's order (the order the recorder listed).
+    f"""INSERT INTO {SCHEMA}.snapshots
+        WITH e AS MATERIALIZED (
+            SELECT run_id, stream, seq, step, ts_ns, 'sealed' AS trigger, NULL::VARCHAR AS tag,
+                   from_json(payload, '{{"tensors":[{{"tensor_id":"BIGINT","sha256":"VARCHAR"}}]}}').tensors
+                       AS items
+            FROM new_events
+            WHERE kind = 'construction_sealed' AND TRY_CAST(payload::JSON ->> 'stored' AS BOOLEAN)
+            UNION ALL
+            SELECT run_id, stream, seq, step, ts_ns, p.trigger, p.tag, p.snapshot.tensors
+            FROM (SELECT *, from_json(payload, '{{"trigger":"VARCHAR","tag":"VARCHAR",
+                      "snapshot":{{"tensors":[{{"tensor_id":"BIGINT","sha256":"VARCHAR"}}]}}}}') AS p
+                  FROM new_events WHERE kind = 'snapshot_taken')),
+        x AS (
+            SELECT run_id, stream, seq, step, ts_ns, trigger, tag, unnest(items) AS item,
+                   generate_subscripts(items, 1) AS i
+            FROM e)
+        SELECT x.run_id, x.stream, x.seq, x.step, x.ts_ns, x.trigger, x.tag, x.i - 1,
+               x.item.tensor_id, x.item.sha256, t.name
+        FROM x
+        LEFT JOIN {SCHEMA}.tensors t
+            ON t.run_id = x.run_id AND t.stream = x.stream AND t.tensor_id = x.item.tensor_id
+        WHERE x.item IS NOT NULL""",
 )
 
 # After a replay: rewrite stored labels that changed. ``changed_modules`` and
@@ -220,7 +249,17 @@ RELABEL: tuple[str, ...] = (
         WHERE e.run_id = c.run_id AND e.stream = c.stream AND e.tensor_id = c.tensor_id""",
     f"""UPDATE {SCHEMA}.steps e SET parameter = c.name, module = c.module FROM changed_tensors c
         WHERE e.run_id = c.run_id AND e.stream = c.stream AND e.tensor_id = c.tensor_id""",
+    f"""UPDATE {SCHEMA}.snapshots e SET tensor = c.name FROM changed_tensors c
+        WHERE e.run_id = c.run_id AND e.stream = c.stream AND e.tensor_id = c.tensor_id""",
 )
+
+# Catalog rows from the event store (``snapshot_blobs``), staged as ``new_blobs``;
+# ``shape`` arrives as the store's JSON text.
+COPY_CATALOG = f"""INSERT INTO {SCHEMA}.snapshot_catalog
+    SELECT sha256, file, dtype, from_json(shape, '["BIGINT"]'), numel, nbytes, layout, row_groups,
+           file_sha256, created_ns
+    FROM new_blobs
+    ON CONFLICT (sha256) DO NOTHING"""
 
 # Streams whose construction changed in this refresh, to be replayed for names.
 CONSTRUCTION_TOUCHED = (

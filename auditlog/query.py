@@ -14,18 +14,24 @@ one is not a hole:
 2. **The projection is opened read-only**, so even a statement that slipped
    through could not write it.
 3. **DuckDB is locked down** after the views are set up:
-   ``enable_external_access=false`` (no file, URL or database outside the
-   projection; ``read_csv('/etc/passwd')`` fails), extension auto-install and
-   auto-load off, then ``lock_configuration=true`` so the statement cannot undo
-   any of it.
+   ``allowed_directories`` is the store's ``snapshots/`` directory and nothing
+   else, then ``enable_external_access=false`` (no file, URL or database outside
+   the projection and that directory; ``read_csv('/etc/passwd')`` fails),
+   extension auto-install and auto-load off, then ``lock_configuration=true`` so
+   the statement cannot undo any of it.
 
 The documented views (``auditlog.views``) are created as temporary views on
 each session, over all runs or over the one run given, so ``--run`` scopes every
 view and every join the same way.
 
-SNAPSHOTS: the ``tensor_values`` view reads Parquet files under the store's
-``snapshots/`` directory; ``allowed_directories`` below must then return that
-directory, which DuckDB keeps readable while external access is otherwise off.
+The ``tensor_values`` view reads Parquet files under the store's ``snapshots/``
+directory with DuckDB's bundled parquet reader. DuckDB (2.0) checks
+``allowed_directories`` before refusing a path because external access is off,
+so that one directory stays readable, and only for reading (``COPY`` and every
+other writing statement is refused by layer 1; the projection is read-only).
+Checked: ``read_parquet`` through the view works and ``/etc/passwd`` is still
+refused (tests/test_snapshot_views.py). Nothing weaker (external access left on)
+is needed.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from auditlog.errors import AuditlogError, UsageError
 from auditlog.readmodel import Progress, ReadModel, RefreshReport, connect
 from auditlog.runs import derive_status
 from auditlog.store.location import StoreLocation
-from auditlog.views import RUNS_LIVE, VIEWS, view_sql
+from auditlog.views import RUNS_LIVE, VIEWS, scoped_catalog, snapshot_values_sql, view_sql
 
 
 class QueryRefusedError(UsageError):
@@ -63,9 +69,12 @@ _RUN_ID = re.compile(r"^[0-9A-Za-z_-]{1,64}$")
 
 
 def allowed_directories(location: StoreLocation) -> list[str]:
-    """Directories DuckDB may read while external access is off (none until snapshots land)."""
-    del location  # SNAPSHOTS: return [str(location.snapshots) + "/"]
-    return []
+    """Directories DuckDB may read while external access is off: the store's snapshots.
+
+    The trailing slash matters: DuckDB matches by prefix, and ``/store/snapshots``
+    would also admit ``/store/snapshots-other``.
+    """
+    return [str(location.snapshots).rstrip("/") + "/"]
 
 
 def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> str:
@@ -147,13 +156,24 @@ class QuerySession:
     # ------------------------------------------------------------------ setup
     def _set_up(self) -> None:
         self._load_liveness()
+        values = self._snapshot_values()
         for view in VIEWS:
-            self.con.execute(f'CREATE TEMP VIEW "{view.name}" AS {view_sql(view, self.run_id)}')
+            self.con.execute(f'CREATE TEMP VIEW "{view.name}" AS {view_sql(view, self.run_id, values)}')
         directories = allowed_directories(self.readmodel.store.location)
         if directories:
             self.con.execute("SET allowed_directories = ?", [directories])
         self.con.execute("SET enable_external_access = false")
         self.con.execute("SET lock_configuration = true")
+
+    def _snapshot_values(self) -> str:
+        """The relation ``tensor_values`` reads: the session's native snapshot files, by dtype."""
+        rows = self.con.execute(
+            f"SELECT dtype, file FROM {scoped_catalog(self.run_id)} WHERE layout = 'native' ORDER BY dtype, file"
+        ).fetchall()
+        files: dict[str, list[str]] = {}
+        for dtype, file in rows:
+            files.setdefault(str(dtype), []).append(str(file))
+        return snapshot_values_sql(str(self.readmodel.store.location.snapshots), files)
 
     def _load_liveness(self) -> None:
         """The run index with status derived now (it needs the process table, not just SQL)."""

@@ -200,12 +200,17 @@ class ReadModel:
                 return False
             try:
                 meta = self._read_meta(con)
+                catalogued = _catalog_count(con)
             finally:
                 con.close()
         if self._stale_reason(meta) is not None:
             return False
         assert meta is not None
-        return int(meta["last_id"]) >= eventcopy.max_event_id(self.store)
+        if int(meta["last_id"]) < eventcopy.max_event_id(self.store):
+            return False
+        # A refresh interrupted between the events and the catalog copy leaves
+        # the catalog behind; the counts tell (the catalog only grows).
+        return catalogued == eventcopy.catalog_count(self.store)
 
     # ------------------------------------------------------------------ refresh
     def refresh(self, progress: Progress | None = None, *, use_adbc: bool | None = None) -> RefreshReport:
@@ -307,6 +312,7 @@ class ReadModel:
             if pending:
                 added, replayed = self._apply_chunk(con, pending, lower)
                 copied, streams_replayed = copied + added, streams_replayed + replayed
+        self._copy_catalog(con)
         if progress is not None:
             progress(total, total)
         final = self._read_meta(con) or {}
@@ -359,6 +365,32 @@ class ReadModel:
                 con.rollback()
             raise StoreError(f"cannot refresh read model {str(self.path)!r}: {_one_line(exc)}") from exc
         return table.num_rows, len(touched)
+
+    def _copy_catalog(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Copy the snapshot catalog rows the projection lacks (by content hash).
+
+        Runs after the events: the recorder commits catalog rows before the
+        events naming them, so every snapshot row copied so far finds its
+        catalog row. Rows are immutable (a hash names one content), so a row
+        once copied never needs re-reading.
+        """
+        known = {str(r[0]) for r in con.execute(f"SELECT sha256 FROM {projection.SCHEMA}.snapshot_catalog").fetchall()}
+        missing = sorted(eventcopy.catalog_hashes(self.store) - known)
+        if not missing:
+            return
+        try:
+            con.begin()
+            for batch in eventcopy.catalog_batches(self.store, missing):
+                con.register("new_blobs", pa.Table.from_batches([batch]))
+                try:
+                    con.execute(projection.COPY_CATALOG)
+                finally:
+                    con.unregister("new_blobs")
+            con.commit()
+        except duckdb.Error as exc:
+            with contextlib.suppress(duckdb.Error):
+                con.rollback()
+            raise StoreError(f"cannot refresh read model {str(self.path)!r}: {_one_line(exc)}") from exc
 
     @staticmethod
     def _drop_known(con: duckdb.DuckDBPyConnection, table: pa.Table, lower: int) -> pa.Table:
@@ -452,6 +484,15 @@ class ReadModel:
                 con.execute(sql)
         for temp in ("old_modules", "old_tensors", "changed_modules", "changed_tensors"):
             con.execute(f"DROP TABLE {temp}")
+
+
+def _catalog_count(con: duckdb.DuckDBPyConnection) -> int:
+    """Catalog rows in the projection (-1 when the table is not there)."""
+    try:
+        row = con.execute(f"SELECT count(*) FROM {projection.SCHEMA}.snapshot_catalog").fetchone()
+    except duckdb.Error:
+        return -1
+    return int(row[0]) if row is not None else -1
 
 
 MODULE_SCHEMA = pa.schema(

@@ -11,8 +11,15 @@ Each view's SQL names the stored tables as ``{events}``, ``{modules}`` ...;
 (``auditlog query --run``), so every view, and every join inside one, is scoped
 the same way.
 
-SNAPSHOTS: the ``snapshots`` and ``tensor_values`` views go at ``SNAPSHOT_SLOT``
-below; ``{snapshots}`` and ``{snapshot_catalog}`` join ``BASE_TABLES``.
+Snapshots: ``snapshots`` lists snapshot events per tensor with the catalog's
+facts; ``tensor_values`` reads the Parquet files themselves. Its source,
+``{snapshot_values}``, is built per session by ``snapshot_values_sql`` from the
+catalog: one ``read_parquet`` over an explicit file list per dtype, because a
+single glob over files of mixed value types needs ``union_by_name``, which opens
+every file's footer on every query, and breaks on a stray temporary file. With
+explicit lists DuckDB prunes files by the ``sha256`` filter before opening them
+(``where sha256 = ?`` reads one file). ``snapshot_catalog`` has no ``run_id``:
+under ``--run`` it is restricted to the hashes that run snapshotted.
 """
 
 from __future__ import annotations
@@ -33,8 +40,15 @@ BASE_TABLES: tuple[str, ...] = (
     "steps",
     "modules",
     "tensors",
+    "snapshots",
+    "snapshot_catalog",
 )
 RUNS_LIVE = "_runs_live"
+
+# The relation (sha256, index, value) that tensor_values reads, when no native
+# snapshot file exists (or the session has no snapshots directory).
+NO_VALUES = '(SELECT NULL::VARCHAR AS sha256, NULL::BIGINT AS "index", NULL::DOUBLE AS value WHERE false)'
+
 
 
 @dataclass(frozen=True)
@@ -384,16 +398,53 @@ VIEWS: tuple[View, ...] = (
         FROM {events} e WHERE e.kind = 'annotation'
         """,
     ),
-    # SNAPSHOT_SLOT: add here
-    #   View("snapshots", "One row per snapshot_taken event and tensor ...",
-    #        (run_id, stream, seq, step, time, trigger, tag, tensor_id, tensor, sha256,
-    #         dtype, shape, numel, nbytes, file), sql over {snapshots} joined with
-    #        {snapshot_catalog} on sha256 and {tensors} for the name),
-    #   View("tensor_values", "One row per element of a snapshotted tensor ...",
-    #        (sha256, index, value ...), sql reading
-    #        read_parquet('<snapshots dir>/**/*.parquet', filename = true) joined with
-    #        {snapshot_catalog} on the file path; the query session allows DuckDB to
-    #        read exactly that directory, see auditlog.query.allowed_directories).
+    View(
+        "snapshots",
+        "One row per stored tensor value: every tensor of each snapshot_taken event, and the "
+        "initial values of construction_sealed events that stored them (trigger 'sealed').",
+        (
+            _RUN,
+            _STREAM,
+            _SEQ,
+            _STEP,
+            _TIME,
+            _c("trigger", "VARCHAR", "sealed | step (every N steps) | explicit (run.snapshot) | run_end"),
+            _c("tag", "VARCHAR", "user label of an explicit snapshot"),
+            _c("tensor_id", "BIGINT", "tensor identity within the run's stream"),
+            _c("tensor", "VARCHAR", "qualified parameter or buffer name from replay"),
+            _c("sha256", "VARCHAR", "content hash (auditlog.tensor_hash); key of tensor_values"),
+            _c("dtype", "VARCHAR", "dtype of the stored value"),
+            _c("shape", "BIGINT[]", "shape of the stored value"),
+            _c("numel", "BIGINT", "number of elements"),
+            _c("nbytes", "BIGINT", "size of the tensor's data in bytes"),
+            _c("file", "VARCHAR", "Parquet file, relative to the store's snapshots/ directory"),
+        ),
+        """
+        SELECT s.run_id, s.stream, s.seq, s.step, make_timestamp(s.ts_ns // 1000) AS time,
+               s.trigger, s.tag, s.tensor_id, s.tensor, s.sha256, c.dtype, c.shape, c.numel,
+               c.nbytes, c.file
+        FROM {snapshots} s
+        LEFT JOIN {snapshot_catalog} c ON c.sha256 = s.sha256
+        """,
+    ),
+    View(
+        "tensor_values",
+        "One row per element of a stored tensor, read from its Parquet file "
+        "(filter on sha256: only that file is opened).",
+        (
+            _c("sha256", "VARCHAR", "content hash, as in snapshots.sha256"),
+            _c("index", "BIGINT", "element index in C (row-major) order"),
+            _c("value", "DOUBLE", "the element as DOUBLE (bool as 0/1); null for dtypes stored as "
+               "raw bytes (bfloat16, float8, complex)"),
+        ),
+        """
+        SELECT v.sha256, v."index", v.value FROM {snapshot_values} v
+        UNION ALL
+        SELECT c.sha256, r.i AS "index", NULL::DOUBLE AS value
+        FROM {snapshot_catalog} c, LATERAL generate_series(0, c.numel - 1) r(i)
+        WHERE c.layout = 'raw'
+        """,
+    ),
 )
 
 VIEWS_BY_NAME: dict[str, View] = {v.name: v for v in VIEWS}
@@ -404,14 +455,54 @@ def quote_literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def view_sql(view: View, run_id: str | None) -> str:
-    """The view's SELECT, over all runs or restricted to ``run_id``."""
+def view_sql(view: View, run_id: str | None, snapshot_values: str = NO_VALUES) -> str:
+    """The view's SELECT, over all runs or restricted to ``run_id``.
+
+    ``snapshot_values`` is the relation ``tensor_values`` reads (see
+    ``snapshot_values_sql``); it is built from the already scoped catalog.
+    """
     sources = {base: f"{SCHEMA}.{base}" for base in BASE_TABLES}
     sources["runs_live"] = RUNS_LIVE
     if run_id is not None:
         scope = quote_literal(run_id)
         sources = {k: f"(SELECT * FROM {v} WHERE run_id = {scope})" for k, v in sources.items()}
+        sources["snapshot_catalog"] = scoped_catalog(run_id)
+    sources["snapshot_values"] = snapshot_values
     return view.sql.format(**sources)
+
+
+def scoped_catalog(run_id: str | None) -> str:
+    """The catalog relation, restricted to the contents ``run_id`` snapshotted (when given)."""
+    if run_id is None:
+        return f"{SCHEMA}.snapshot_catalog"
+    return (
+        f"(SELECT * FROM {SCHEMA}.snapshot_catalog WHERE sha256 IN "
+        f"(SELECT sha256 FROM {SCHEMA}.snapshots WHERE run_id = {quote_literal(run_id)}))"
+    )
+
+
+def snapshot_values_sql(directory: str, files_by_dtype: dict[str, list[str]]) -> str:
+    """The (sha256, index, value) relation over native-layout snapshot files.
+
+    ``files_by_dtype`` maps a dtype to catalog ``file`` paths (relative to
+    ``directory``). Files of one dtype share one Parquet schema, so each dtype is
+    one ``read_parquet`` over an explicit list; the hash is taken from the file
+    name so that a ``sha256`` filter prunes files before they are opened.
+    """
+    parts = []
+    for dtype in sorted(files_by_dtype):
+        files = files_by_dtype[dtype]
+        if not files:
+            continue
+        listed = ", ".join(quote_literal(directory.rstrip("/") + "/" + f) for f in files)
+        parts.append(
+            "SELECT regexp_extract(filename, '([0-9a-f]{64})\\.parquet$', 1) AS sha256, "
+            'file_row_number AS "index", value::DOUBLE AS value '
+            f"FROM read_parquet([{listed}], filename = true, file_row_number = true)"
+        )
+    if not parts:
+        return NO_VALUES
+    return "(" + " UNION ALL ".join(parts) + ")"
 
 
 def views_markdown() -> str:
@@ -421,7 +512,8 @@ def views_markdown() -> str:
         out.append(f"#### `{view.name}`\n\n{view.doc}\n")
         out.append("| column | type | meaning |\n|---|---|---|")
         for column in view.columns:
-            out.append(f"| `{column.name}` | {column.type} | {column.doc} |")
+            meaning = column.doc.replace("|", "\\|")  # a literal | would end the table cell
+            out.append(f"| `{column.name}` | {column.type} | {meaning} |")
         out.append("")
     return "\n".join(out)
 

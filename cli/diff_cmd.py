@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -12,7 +13,7 @@ from auditlog.cli.output import console
 from auditlog.cli.progress import progress_bar
 from rich.markup import escape
 
-from auditlog.diff import Change, RunDiff, RunSide, diff_runs
+from auditlog.diff import Change, RunDiff, RunSide, ValuesDiff, diff_runs, first_divergence
 from auditlog.errors import UsageError
 from auditlog.naming import short_class
 from auditlog.runs import select_run
@@ -37,32 +38,63 @@ TITLES = {
 @click.command()
 @store_option
 @format_option
+@click.option(
+    "--values",
+    "values",
+    is_flag=True,
+    help="Also find the first step and tensor whose snapshotted values differ.",
+)
+@click.option("--atol", type=float, default=None, help="With --values: absolute tolerance (torch.allclose).")
+@click.option("--rtol", type=float, default=None, help="With --values: relative tolerance (torch.allclose).")
 @click.argument("run_a", default="latest~1", metavar="RUN_A")
 @click.argument("run_b", default="latest", metavar="RUN_B")
-def diff(store: str | None, fmt: str, run_a: str, run_b: str) -> None:
+def diff(
+    store: str | None,
+    fmt: str,
+    values: bool,
+    atol: float | None,
+    rtol: float | None,
+    run_a: str,
+    run_b: str,
+) -> None:
     """How RUN_B differs from RUN_A (default: the last two runs).
 
     Construction (modules, parameters, buffers: added, removed, renamed, changed
     class, shape, dtype, requires_grad, initial values, source line),
     hyperparameters, code version (git commit, dirty) and run metadata.
+    With --values, also the first divergence of the stored tensor values over
+    the steps both runs snapshotted (bitwise, or beyond --atol/--rtol).
     """
     if fmt == "csv":
         raise UsageError("diff has no CSV form; use --format table or json")
+    if (atol is not None or rtol is not None) and not values:
+        raise UsageError("--atol/--rtol compare values; add --values")
+    for option, given in (("--atol", atol), ("--rtol", rtol)):
+        if given is not None and not (given >= 0.0 and math.isfinite(given)):
+            raise UsageError(f"{option} must be a finite number >= 0, got {given}")
     event_store = EventStore.open(store)
+    found: ValuesDiff | None = None
     try:
         id_a, id_b = select_run(event_store, run_a), select_run(event_store, run_b)
         with progress_bar("reading runs") as progress:
             result = diff_runs(event_store, id_a, id_b, progress)
+        if values:
+            with progress_bar("comparing values", unit="tensors") as progress:
+                found = first_divergence(event_store, id_a, id_b, atol, rtol, progress)
     finally:
         event_store.close()
     if fmt == "json":
-        sys.stdout.write(json.dumps(result.as_dict(), ensure_ascii=False, indent=2, default=str) + "\n")
+        document = result.as_dict()
+        if found is not None:
+            document["values"] = found.as_dict()
+            document["identical"] = result.identical and found.identical
+        sys.stdout.write(json.dumps(document, ensure_ascii=False, indent=2, default=str) + "\n")
         return
-    render(result)
+    render(result, found)
 
 
 # --------------------------------------------------------------------------- rendering
-def render(result: RunDiff) -> None:
+def render(result: RunDiff, values: ValuesDiff | None = None) -> None:
     """The human summary: both runs, then each section's differences, then a total."""
     out = console()
     for letter, side in (("A", result.a), ("B", result.b)):
@@ -88,8 +120,69 @@ def render(result: RunDiff) -> None:
             f"{escape(shown)}{f' and {more} more' if more > 0 else ''}",
             highlight=False,
         )
+    if values is not None:
+        _render_values(out, values)
     out.print()
-    out.print("[bold]no differences[/bold]" if result.identical else f"[bold]{escape(_summary(result))}[/bold]")
+    summary = _summary(result)
+    if values is not None and values.first is not None:
+        first = values.first
+        summary = "; ".join(p for p in (summary, f"values diverge at step {first.step} ({first.tensor})") if p)
+    out.print(f"[bold]{escape(summary)}[/bold]" if summary else "[bold]no differences[/bold]")
+
+
+def _steps(steps: list[int]) -> str:
+    """``0, 1, 2, 3, 7`` as ``0-3, 7``."""
+    if not steps:
+        return "none"
+    runs: list[tuple[int, int]] = []
+    for step in steps:
+        if runs and step == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], step)
+        else:
+            runs.append((step, step))
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _render_values(out: Any, values: ValuesDiff) -> None:
+    """The Values section: which steps were compared, and the first divergence."""
+    how = "bitwise" if values.mode == "bitwise" else f"atol {values.atol:g}, rtol {values.rtol:g}"
+    out.print(
+        f"[bold]Values[/bold]  ({how}) compared steps {escape(_steps(values.steps_compared))}: "
+        f"{values.compared} tensor values, {values.equal_hashes} equal by hash",
+        highlight=False,
+    )
+    if values.steps_only_a or values.steps_only_b:
+        out.print(
+            f"  [dim]not compared: steps only in run A {escape(_steps(values.steps_only_a))}; "
+            f"only in run B {escape(_steps(values.steps_only_b))}[/dim]",
+            highlight=False,
+        )
+    if values.tensors_only_a or values.tensors_only_b:
+        out.print(
+            f"  [dim]tensors only in run A: {escape(', '.join(values.tensors_only_a) or 'none')}; "
+            f"only in run B: {escape(', '.join(values.tensors_only_b) or 'none')}[/dim]",
+            highlight=False,
+        )
+    first = values.first
+    if first is None:
+        verdict = "no value differences" if values.steps_compared else "no step was snapshotted by both runs"
+        out.print(f"  [dim]{verdict}[/dim]", highlight=False)
+        return
+    named = first.tensor if first.a.name == first.b.name else f"{first.a.name} → {first.b.name}"
+    out.print(f"  [yellow]~ first divergence: step {first.step}, {escape(named)}[/yellow]", highlight=False)
+    if first.reason != "values":
+        out.print(
+            f"    {first.reason} {escape(_short(getattr(first.a, first.reason)))} → "
+            f"{escape(_short(getattr(first.b, first.reason)))}",
+            highlight=False,
+        )
+    for letter, side in (("A", first.a), ("B", first.b)):
+        out.print(
+            f"    run {letter}: norm {_short(side.norm)}  mean {_short(side.mean)}  sha256 {side.sha256[:12]}",
+            highlight=False,
+        )
+    if first.max_abs_diff is not None:
+        out.print(f"    max |a-b| {_short(first.max_abs_diff)}", highlight=False)
 
 
 def _side(side: RunSide) -> str:

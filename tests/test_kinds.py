@@ -40,3 +40,11 @@ def test_every_emitted_kind_and_field_is_documented(store: Path) -> None:
         extra = set(event["payload"]) - documented
         assert not extra, f"{event['kind']} has undocumented fields {extra}"
 
+
+
+def test_readme_embeds_the_generated_view_reference() -> None:
+    from auditlog.views import views_markdown
+
+    readme = (REPO / "README.md").read_text()
+    embedded = readme.split("<!-- views:begin -->", 1)[1].split("<!-- views:end -->", 1)[0].strip()
+    assert embedded == views_markdown().strip(), "regenerate with: python -m auditlog.views"
