@@ -35,7 +35,11 @@ typecheck: venv
 	$(BIN)/mypy auditlog
 
 bench: venv
+	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/ingest.py
+	$(BIN)/python benchmarks/memory.py
+	$(BIN)/python benchmarks/snapshots.py
 
 clean:
 	rm -rf $(VENV) $(STORE) build *.egg-info

@@ -380,7 +380,7 @@ class Recorder:
             seen.add(tensor_id)
             del self._unsealed[tensor_id]
             with torch.no_grad():
-                items.append((tensor_id, HostCopy(tensor)))
+                items.append((tensor_id, HostCopy(tensor, with_stats=True)))
         if root is not None:
             self._scanned[root] = self._registrations
             self._track_root(root)
