@@ -27,7 +27,13 @@ import torch
 
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.recorder import Recorder
-from auditlog.errors import AuditlogError, RecordingActiveError, StoreUnavailableError
+from auditlog.errors import (
+    AuditlogError,
+    RecordingActiveError,
+    RecordingFailedError,
+    StoreUnavailableError,
+    one_line,
+)
 from auditlog.heads import checkpoint_head
 from auditlog.keys import configured_private_key
 from auditlog.metadata import (
@@ -194,6 +200,10 @@ class Recording(contextlib.ContextDecorator):
             with _active_lock:
                 if _active is self:
                     _active = None
+        if self.policy.on_error == "fail" and writer.failure is not None and exc is None:
+            # The store failed after the last step (say, while flushing at the end):
+            # a compliance run must still not end as if it had been recorded.
+            raise RecordingFailedError(f"recording failed ({one_line(writer.failure)}); on_error=fail")
 
     def _at_exit(self) -> None:
         """Interpreter exit with the recording still open: close it with what we know."""

@@ -70,7 +70,7 @@ def test_disk_full_training_continues_and_is_reported_once(tmp_path: Path) -> No
 @pytest.mark.slow
 def test_disk_full_with_on_error_fail_stops_training(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    train = script(tmp_path, steps=200, prelude=DISK_FULL)
+    train = script(tmp_path, steps=5000, prelude=DISK_FULL)
     done = run(
         auditlog_cmd("run", "--store", str(store), "--policy", "debug", "--on-error", "fail", str(train)),
         tmp_path,
@@ -169,3 +169,15 @@ def test_kill9_with_step_durability_keeps_every_acknowledged_step(tmp_path: Path
     assert report.ok, [p.describe() for p in report.problems]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= seen
 
+
+
+def test_failure_found_at_close_still_fails_a_compliance_run(tmp_path: Path) -> None:
+    """on_error=fail: a store that fails only at the final flush still fails the run."""
+    store = tmp_path / "store"
+    recording = auditlog.record(store, on_error="fail")
+    recording.start()
+    assert recording.writer is not None
+    recording.writer.failure = OSError("disk full")  # what the writer sets when a write fails
+    with pytest.raises(auditlog.AuditlogError, match="recording failed .*disk full"):
+        recording.stop()
+    assert auditlog.current() is None
