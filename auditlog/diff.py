@@ -51,13 +51,13 @@ import torch
 from sqlalchemy import func, select
 
 from auditlog.naming import Labels, attached_ids, label_state, short_class
-from auditlog.reader import Run
-from auditlog.reader import _pick as pick_snapshot
+from auditlog.reader import Run, pick_snapshot
 from auditlog.replay import CONSTRUCTION_KINDS, ModelState, replay
 from auditlog.runs import iso
 from auditlog.snapshots import BlobInfo, SnapshotError, SnapshotStore, blob_from_row
 from auditlog.store import schema
 from auditlog.store.eventstore import EventStore
+from auditlog.tensors import stat_float
 
 Progress = Callable[[int, int], None]
 
@@ -305,14 +305,6 @@ def _init_summary(sha256: str | None, stats: dict[str, Any] | None) -> dict[str,
     }
 
 
-def _num(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
 
 def distribution_changed(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two initial values come from different distributions, judging by their statistics.
@@ -322,11 +314,11 @@ def distribution_changed(a: dict[str, Any], b: dict[str, Any]) -> bool:
     deviation about ``std / sqrt(2n)``.
     """
     for key in ("nan", "inf"):
-        if bool(_num(a.get(key)) or 0) != bool(_num(b.get(key)) or 0):
+        if bool(stat_float(a.get(key)) or 0) != bool(stat_float(b.get(key)) or 0):
             return True
-    n = _num(a.get("numel")) or _num(b.get("numel")) or 0.0
-    mean_a, mean_b = _num(a.get("mean")), _num(b.get("mean"))
-    std_a, std_b = _num(a.get("std")), _num(b.get("std"))
+    n = stat_float(a.get("numel")) or stat_float(b.get("numel")) or 0.0
+    mean_a, mean_b = stat_float(a.get("mean")), stat_float(b.get("mean"))
+    std_a, std_b = stat_float(a.get("std")), stat_float(b.get("std"))
     if None in (mean_a, mean_b, std_a, std_b) or n < 1:
         return False
     assert mean_a is not None and mean_b is not None and std_a is not None and std_b is not None
@@ -698,7 +690,7 @@ def _values(store: EventStore, run_id: str, facts: _RunFacts) -> _Values:
 
     A step counts as recorded when every tensor of the model's state_dict has a
     snapshot for it, picked by the same rule as ``auditlog restore --step``
-    (``reader._pick``), so "step N" means the same here as there.
+    (``reader.pick_snapshot``), so "step N" means the same here as there.
     """
     state = facts.state
     try:

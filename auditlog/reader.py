@@ -140,7 +140,7 @@ class Run:
         plan: list[tuple[str, str | None]] = []
         for key, tensor_id in state.state_dict_keys(root_id):
             history = full.tensors[tensor_id].history if tensor_id in full.tensors else []
-            plan.append((key, _pick(history, step, end, limit)))
+            plan.append((key, pick_snapshot(history, step, end, limit)))
         return plan
 
     def _next_step_seq(self, step: int) -> int | None:
@@ -163,7 +163,7 @@ class Run:
         raise KeyError(self.run_id)
 
 
-def _pick(history: list[tuple[int, int, str]], step: int | None, end: int, limit: int | None) -> str | None:
+def pick_snapshot(history: list[tuple[int, int, str]], step: int | None, end: int, limit: int | None) -> str | None:
     """The snapshot hash that holds a tensor's value at the boundary ``end``."""
     if step is None:  # by seq or at the end: the latest snapshot at or before it
         before = [h for h in history if h[1] <= end]

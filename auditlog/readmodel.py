@@ -48,6 +48,7 @@ from auditlog.naming import Labels, attached_ids, label_state
 from auditlog.replay import CONSTRUCTION_KINDS, ModelState, apply
 from auditlog.store.eventstore import EventStore
 from auditlog.store.location import EVENTS_FILE
+from auditlog.tensors import stat_float
 
 PROJECTION_FILE = "readmodel.duckdb"
 CHUNK_ROWS = 1_000_000
@@ -558,15 +559,6 @@ def _source_fields(source: dict[str, Any] | None) -> dict[str, Any]:
         "source_function": source.get("function"),
     }
 
-
-def stat_float(value: Any) -> float | None:
-    """A statistic as a float; the stored strings 'NaN'/'Infinity'/'-Infinity' included."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def _stat_int(value: Any) -> int | None:

@@ -35,6 +35,16 @@ def finite_or_text(value: float) -> float | str:
     return value
 
 
+def stat_float(value: object) -> float | None:
+    """A stored statistic back as a float (the inverse of ``finite_or_text``); None if absent."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
 class StatsRecord:
     """Statistics of one tensor as launched on the hot path, resolved on the writer.
 

@@ -178,6 +178,6 @@ def test_failure_found_at_close_still_fails_a_compliance_run(tmp_path: Path) -> 
     recording.start()
     assert recording.writer is not None
     recording.writer.failure = OSError("disk full")  # what the writer sets when a write fails
-    with pytest.raises(auditlog.AuditlogError, match="recording failed .*disk full"):
+    with pytest.raises(auditlog.AuditlogError, match=r"recording failed .*disk full"):
         recording.stop()
     assert auditlog.current() is None
