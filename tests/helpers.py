@@ -103,3 +103,32 @@ def tamper(store: Path) -> Iterator[sqlite3.Connection]:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         conn.close()
+
+
+def assert_one_line_error(result: CliResult, code: int, *words: str) -> str:
+    """Exit ``code``, exactly one ``Error: ...`` line on stderr containing ``words``, no traceback."""
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    assert "Traceback" not in result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error: "), lines[0]
+    assert "internal error" not in lines[0]
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+@contextmanager
+def query_session(store_path: Path) -> Iterator[Any]:
+    """A refreshed, locked-down DuckDB query session over a store (closed afterwards)."""
+    from auditlog.query import QuerySession
+    from auditlog.readmodel import ReadModel
+    from auditlog.store.eventstore import EventStore
+
+    event_store = EventStore.open(store_path)
+    opened, _ = QuerySession.open(ReadModel(event_store))
+    try:
+        yield opened
+    finally:
+        opened.close()
+        event_store.close()

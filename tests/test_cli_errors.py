@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 import pytest
 from auditlog.cli.main import cli
-from helpers import CliResult, invoke, record_run
+from helpers import CliResult, assert_one_line_error, invoke, record_run
 
 from auditlog.kinds import KINDS
 
@@ -23,15 +23,6 @@ SECOND_ID = "abc2" + "f" * 28
 
 
 
-def assert_one_line_error(result: CliResult, code: int, *words: str) -> str:
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("Error: "), lines[0]
-    for word in words:
-        assert word in lines[0], lines[0]
-    return lines[0]
 
 
 def event_run_ids(result: CliResult) -> set[str]:

@@ -15,7 +15,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from helpers import CliResult, file_digest, invoke
+from helpers import assert_one_line_error, file_digest, invoke
 from integrity_support import isolate_keys
 
 from auditlog.keys import (
@@ -33,16 +33,6 @@ def config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return isolate_keys(monkeypatch, tmp_path)
 
 
-def assert_one_line_error(result: CliResult, code: int, *words: str) -> str:
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    assert "Traceback" not in result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("Error: "), lines[0]
-    assert "internal error" not in lines[0]
-    for word in words:
-        assert word in lines[0], lines[0]
-    return lines[0]
 
 
 def mode(path: Path) -> int:

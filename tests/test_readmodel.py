@@ -17,7 +17,7 @@ from typing import Any
 import duckdb
 import pytest
 import torch
-from helpers import load_example
+from helpers import load_example, query_session
 from torch import nn
 
 import auditlog
@@ -62,13 +62,8 @@ def rec(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
 
 @pytest.fixture
 def session(rec: Recorded) -> Iterator[QuerySession]:
-    event_store = EventStore.open(rec.store)
-    opened, _ = QuerySession.open(ReadModel(event_store))
-    try:
+    with query_session(rec.store) as opened:
         yield opened
-    finally:
-        opened.close()
-        event_store.close()
 
 
 def rows(session: QuerySession, sql: str) -> list[tuple[Any, ...]]:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import invoke, tree_digest
+from helpers import invoke, query_session, tree_digest
 from torch import nn
 
 import auditlog
@@ -55,13 +55,8 @@ def rec(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
 
 @pytest.fixture
 def session(rec: Recorded) -> Iterator[QuerySession]:
-    event_store = EventStore.open(rec.path)
-    opened, _ = QuerySession.open(ReadModel(event_store))
-    try:
+    with query_session(rec.path) as opened:
         yield opened
-    finally:
-        opened.close()
-        event_store.close()
 
 
 def rows(session: QuerySession, sql: str) -> list[tuple[Any, ...]]:

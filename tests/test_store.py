@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import CliResult, file_digest, invoke, tree_digest
+from helpers import CliResult, assert_one_line_error, file_digest, invoke, tree_digest
 from helpers import record_run as record_tiny_run
 
 import auditlog
@@ -41,15 +41,6 @@ def cli(*args: str, store: Path | str) -> CliResult:
     return invoke(*args, "--store", str(store))
 
 
-def assert_one_line_error(result: CliResult, code: int, *words: str) -> str:
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("Error: "), lines[0]
-    for word in words:
-        assert word in lines[0], lines[0]
-    return lines[0]
 
 
 def checkpoint(db: Path) -> None:
