@@ -13,9 +13,30 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
+import orjson
+
 CHAIN_VERSION = "auditlog-chain-v1"
+
+
+class Clean(dict[str, Any]):
+    """A dict whose values are JSON-ready already: str keys, finite floats (or
+    their text, ``finite_or_text``), ints, str, None and lists/dicts of those.
+
+    The writer hands it to the encoder without walking it (activity statistics
+    built on CPU are made this way; walking ~200 of them per step cost more than
+    encoding them).
+    """
+
+    __slots__ = ()
+
+
+class CleanList(list[Any]):
+    """A list of JSON-ready values (as for ``Clean``): not walked by the writer."""
+
+    __slots__ = ()
 
 
 def genesis_hash(run_id: str, stream: int) -> str:
@@ -23,8 +44,39 @@ def genesis_hash(run_id: str, stream: int) -> str:
     return hashlib.sha256(f"{CHAIN_VERSION}:{run_id}:{stream}".encode()).hexdigest()
 
 
+def _int_or_null(value: int | None) -> str:
+    return "null" if value is None else str(int(value))
+
+
 def canonical_row(row: dict[str, Any]) -> bytes:
-    """The bytes that are hashed for one stored event."""
+    """The bytes that are hashed for one stored event.
+
+    Byte-for-byte the compact, ASCII-escaped JSON array described above (what
+    ``json.dumps(..., separators=(",", ":"), ensure_ascii=True)`` gives, which
+    ``canonical_row_reference`` keeps as the definition), assembled directly: the
+    same C escaping function for the strings, ``str`` for the integers. That is
+    ~3x faster, and it is paid once per event.
+    """
+    snapshot = row["snapshot"]
+    return (
+        f"[{encode_basestring_ascii(row['run_id'])},{int(row['stream'])},{int(row['seq'])},"
+        f"{int(row['ts_ns'])},{encode_basestring_ascii(row['kind'])},{_int_or_null(row['step'])},"
+        f"{_int_or_null(row['module_id'])},{_int_or_null(row['tensor_id'])},"
+        f"{'null' if snapshot is None else encode_basestring_ascii(snapshot)},"
+        f"{_escaped(row['payload'])}]"
+    ).encode("ascii")
+
+
+def _escaped(text: str) -> str:
+    """``encode_basestring_ascii(text)``; for ASCII text without DEL (what payloads
+    almost always are) orjson writes the same escapes ~3x faster."""
+    if text.isascii() and "\x7f" not in text:
+        return orjson.dumps(text).decode("ascii")
+    return str(encode_basestring_ascii(text))
+
+
+def canonical_row_reference(row: dict[str, Any]) -> bytes:
+    """The definition of ``canonical_row`` (slower; tests check they agree)."""
     return json.dumps(
         [
             row["run_id"],
@@ -72,3 +124,20 @@ def canonical_payload(payload: Any) -> str:
     return json.dumps(
         _clean(payload), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     )
+
+
+def encode_clean(payload: Any) -> str:
+    """JSON text of a payload that is clean already (see ``Clean``; the writer's
+    ``materialize`` makes every payload so): sorted keys, no whitespace.
+
+    orjson is ~7-10x faster than the standard library here. It writes NaN as
+    ``null`` without complaint, which is why only clean payloads come here;
+    anything orjson refuses (a non-JSON type, an integer beyond 64 bits) goes
+    through ``canonical_payload``. Exponents are written ``1e-7`` rather than
+    Python's ``1e-07``: the same number, and the chain covers the stored text
+    verbatim, so the encoder's choice is free.
+    """
+    try:
+        return orjson.dumps(payload, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:
+        return canonical_payload(payload)

@@ -153,25 +153,24 @@ _KINDS = [
             "old_id": "for removed: the id that was there",
             "before": "for tensor_changed: the old values of the changed fields",
             "after": "for tensor_changed: the new values",
-            "detected_at": "optimizer_step | snapshot | run_end",
+            "detected_at": "first_forward | optimizer_step | snapshot | run_end",
         },
     ),
     Kind(
-        "forward",
-        "A module (module_id) finished a forward call on a sampled step.",
+        "activity",
+        "Module activity of one sampled step: every recorded forward and backward call, in "
+        "call order, with statistics of its tensors (views forward_stats, backward_stats). "
+        "Emitted when the step's optimizer step returns, before its optimizer_step event (or "
+        "at run end, or every 4096 calls when no optimizer steps). step is the step the calls "
+        "belong to. A tensor's statistics: shape, dtype, numel, norm, mean, std (population), "
+        "min, max, nan and inf counts; NaN/Infinity values are stored as the strings "
+        "\"NaN\"/\"Infinity\"/\"-Infinity\".",
         {
-            "outputs": "list of tensor statistics of the output tensors (first 4)",
-            "n_outputs": "number of tensors in the output",
-            "error": "true when forward raised (always_call hook), else absent",
-        },
-    ),
-    Kind(
-        "backward",
-        "Gradients flowed back through a module (module_id) on a sampled step.",
-        {
-            "mechanism": "grad (tensor hooks on outputs, default) | full | legacy",
-            "grad_outputs": "statistics of gradients w.r.t. the module outputs",
-            "grad_inputs": "statistics of gradients w.r.t. the inputs (full/legacy only)",
+            "forward": "list of {module_id, n_outputs, outputs: statistics of the first 4 output "
+            "tensors, error: true when forward raised (always_call hook)}",
+            "backward": "list of {module_id, mechanism: grad (tensor hooks on outputs, default) | "
+            "full | legacy, grad_outputs: statistics of gradients w.r.t. the outputs, grad_inputs: "
+            "w.r.t. the inputs (full/legacy only)}",
         },
     ),
     Kind(
@@ -184,8 +183,9 @@ _KINDS = [
             "param_groups": "list of {hyperparameters..., params: [tensor ids]}",
             "tensor_ids": "ids of the parameters, aligned with the norms below",
             "grad_norm": "L2 norm of each parameter's gradient (null if it had none)",
-            "update_norm": "L2 norm of each parameter's change made by this step",
-            "param_norm": "L2 norm of each parameter after the step",
+            "update_norm": "L2 norm of each parameter's change made by this step (null on steps "
+            "the policy's norms_every skips)",
+            "param_norm": "L2 norm of each parameter after the step (null on skipped steps)",
             "nonfinite_grads": "number of parameters whose gradient norm was not finite",
         },
     ),

@@ -44,6 +44,9 @@ class Policy:
     grad_norms: bool = True
     update_norms: bool = True
     param_norms: bool = True
+    norms_every: int = 10
+    # structural checks (changes no hook reports: del, .half(), requires_grad_)
+    check_every: int = 10
     # snapshots of parameter and buffer values
     snapshot_initial: bool = True
     snapshot_every: int = 0
@@ -62,6 +65,10 @@ class Policy:
         if not self.activity:
             return False
         return step < self.activity_first or step % self.activity_every == 0
+
+    def norms_due(self, step: int) -> bool:
+        """Are update and parameter norms taken during step ``step`` (0-based)?"""
+        return step % self.norms_every == 0
 
     def module_selected(self, names: list[str], cls: str) -> bool:
         """Include/exclude globs against every qualified name and the class (short and full)."""
@@ -85,11 +92,12 @@ class Policy:
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # construction, sealed initial values, every optimizer step with per-parameter
-    # gradient and update norms, module activity sampled every 10th step
+    # construction, sealed initial values, every optimizer step with hyperparameters
+    # and per-parameter gradient norms; update and parameter norms and module
+    # activity on every 10th step
     "audit": {},
     # everything, every step: forward and backward statistics of every module call
-    "debug": {"activity_every": 1, "activity_first": 0},
+    "debug": {"activity_every": 1, "activity_first": 0, "norms_every": 1},
     # construction and optimizer steps (hyperparameters, gradient norms); no activity
     "minimal": {"activity": False, "update_norms": False, "param_norms": False},
 }
@@ -109,7 +117,7 @@ def _check(key: str, value: Any, source: str) -> None:
     if key == "preset":
         if value not in PRESETS:
             raise bad(f"unknown policy preset {value!r}{where}; presets: {', '.join(PRESETS)}")
-    elif key in ("activity_every",):
+    elif key in ("activity_every", "norms_every", "check_every"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             fail("an integer >= 1")
     elif key in ("activity_first", "snapshot_every"):

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from auditlog.replay import CONSTRUCTION_KINDS
 
-FORMAT = "2"
+FORMAT = "3"
 
 SCHEMA = "projection"
 
@@ -73,12 +73,12 @@ TABLES: tuple[str, ...] = (
         ts_ns BIGINT NOT NULL, payload JSON NOT NULL)""",
     f"""CREATE TABLE {SCHEMA}.forward_stats (
         run_id VARCHAR NOT NULL, stream INTEGER NOT NULL, seq BIGINT NOT NULL, step BIGINT,
-        ts_ns BIGINT NOT NULL, module_id BIGINT, output INTEGER NOT NULL, n_outputs BIGINT,
+        ts_ns BIGINT NOT NULL, call INTEGER NOT NULL, module_id BIGINT, output INTEGER NOT NULL, n_outputs BIGINT,
         shape BIGINT[], dtype VARCHAR, numel BIGINT, norm DOUBLE, mean DOUBLE, std DOUBLE,
         min DOUBLE, max DOUBLE, nan BIGINT, inf BIGINT, module VARCHAR)""",
     f"""CREATE TABLE {SCHEMA}.backward_stats (
         run_id VARCHAR NOT NULL, stream INTEGER NOT NULL, seq BIGINT NOT NULL, step BIGINT,
-        ts_ns BIGINT NOT NULL, module_id BIGINT, mechanism VARCHAR, direction VARCHAR NOT NULL,
+        ts_ns BIGINT NOT NULL, call INTEGER NOT NULL, module_id BIGINT, mechanism VARCHAR, direction VARCHAR NOT NULL,
         "index" INTEGER NOT NULL, shape BIGINT[], dtype VARCHAR, numel BIGINT,
         grad_norm DOUBLE, grad_mean DOUBLE, grad_std DOUBLE, grad_min DOUBLE, grad_max DOUBLE,
         grad_nan BIGINT, grad_inf BIGINT, module VARCHAR)""",
@@ -138,33 +138,44 @@ DERIVATIONS: tuple[str, ...] = (
     f"""INSERT INTO {SCHEMA}.run_ended
         SELECT run_id, stream, seq, ts_ns, payload::JSON FROM new_events WHERE kind = 'run_ended'""",
     # Lists are expanded with unnest() next to generate_subscripts() (they zip):
-    # on DuckDB 2.0 that is ~70x faster than UNNEST ... WITH ORDINALITY.
+    # on DuckDB 2.0 that is ~70x faster than UNNEST ... WITH ORDINALITY. An
+    # ``activity`` event holds one step's module calls (call order), each with
+    # its tensors' statistics: two levels of lists.
     f"""INSERT INTO {SCHEMA}.forward_stats
-        SELECT x.run_id, x.stream, seq, step, ts_ns, x.module_id, i - 1, n_outputs, s.shape,
+        WITH calls AS MATERIALIZED (
+            SELECT run_id, stream, seq, step, ts_ns, unnest(p.forward) AS c,
+                   generate_subscripts(p.forward, 1) AS call
+            FROM (SELECT *, from_json(payload, '{{"forward":[{{"module_id":"BIGINT","n_outputs":"BIGINT",
+                                                  "outputs":[{STATS_TYPE}]}}]}}') AS p
+                  FROM new_events WHERE kind = 'activity')),
+        x AS (
+            SELECT run_id, stream, seq, step, ts_ns, call, c.module_id AS module_id,
+                   c.n_outputs AS n_outputs, unnest(c.outputs) AS s, generate_subscripts(c.outputs, 1) AS i
+            FROM calls)
+        SELECT x.run_id, x.stream, seq, step, ts_ns, call - 1, x.module_id, i - 1, n_outputs, s.shape,
                s.dtype, s.numel, s.norm, s.mean, s.std, s.min, s.max, s.nan, s.inf, m.module
-        FROM (SELECT run_id, stream, seq, step, ts_ns, module_id, p.n_outputs AS n_outputs,
-                     unnest(p.outputs) AS s, generate_subscripts(p.outputs, 1) AS i
-              FROM (SELECT *, from_json(payload, '{{"n_outputs":"BIGINT","outputs":[{STATS_TYPE}]}}') AS p
-                    FROM new_events WHERE kind = 'forward')) x
+        FROM x
         LEFT JOIN {SCHEMA}.modules m
             ON m.run_id = x.run_id AND m.stream = x.stream AND m.module_id = x.module_id
         WHERE s IS NOT NULL""",
     f"""INSERT INTO {SCHEMA}.backward_stats
         WITH b AS MATERIALIZED (
-            SELECT run_id, stream, seq, step, ts_ns, module_id,
-                   from_json(payload, '{{"mechanism":"VARCHAR","grad_outputs":[{STATS_TYPE}],
-                                         "grad_inputs":[{STATS_TYPE}]}}') AS p
-            FROM new_events WHERE kind = 'backward'),
+            SELECT run_id, stream, seq, step, ts_ns, unnest(p.backward) AS c,
+                   generate_subscripts(p.backward, 1) AS call
+            FROM (SELECT *, from_json(payload, '{{"backward":[{{"module_id":"BIGINT","mechanism":"VARCHAR",
+                                                  "grad_outputs":[{STATS_TYPE}],
+                                                  "grad_inputs":[{STATS_TYPE}]}}]}}') AS p
+                  FROM new_events WHERE kind = 'activity')),
         g AS (
-            SELECT run_id, stream, seq, step, ts_ns, module_id, p.mechanism AS mechanism,
-                   'output' AS direction, unnest(p.grad_outputs) AS s,
-                   generate_subscripts(p.grad_outputs, 1) AS i
+            SELECT run_id, stream, seq, step, ts_ns, call, c.module_id AS module_id,
+                   c.mechanism AS mechanism, 'output' AS direction, unnest(c.grad_outputs) AS s,
+                   generate_subscripts(c.grad_outputs, 1) AS i
             FROM b
             UNION ALL
-            SELECT run_id, stream, seq, step, ts_ns, module_id, p.mechanism, 'input',
-                   unnest(p.grad_inputs), generate_subscripts(p.grad_inputs, 1)
+            SELECT run_id, stream, seq, step, ts_ns, call, c.module_id, c.mechanism, 'input',
+                   unnest(c.grad_inputs), generate_subscripts(c.grad_inputs, 1)
             FROM b)
-        SELECT g.run_id, g.stream, seq, step, ts_ns, g.module_id, mechanism, direction, i - 1,
+        SELECT g.run_id, g.stream, seq, step, ts_ns, call - 1, g.module_id, mechanism, direction, i - 1,
                s.shape, s.dtype, s.numel, s.norm, s.mean, s.std, s.min, s.max, s.nan, s.inf,
                m.module
         FROM g

@@ -42,6 +42,35 @@ class Run:
         for row in self.store.iter_events(self.run_id, kinds=kinds, step_range=step_range, stream=stream):
             yield decode_event(row, shown)
 
+    def module_calls(
+        self,
+        direction: str | None = None,
+        step_range: tuple[int | None, int | None] | None = None,
+        stream: int | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Recorded module calls, one dict per call, from the ``activity`` events.
+
+        Each: ``kind`` ("forward" | "backward"), ``seq`` and ``stream`` of the
+        activity event, ``step``, ``call`` (position in the event), ``module_id``
+        and ``payload`` (the call's entry: outputs / grad_outputs / ... ).
+        ``direction`` keeps one of the two.
+        """
+        for event in self.events(kinds=["activity"], step_range=step_range, stream=stream):
+            payload = event["payload"]
+            for kind in ("forward", "backward"):
+                if direction is not None and kind != direction:
+                    continue
+                for call, entry in enumerate(payload.get(kind) or []):
+                    yield {
+                        "kind": kind,
+                        "seq": event["seq"],
+                        "stream": event["stream"],
+                        "step": event["step"],
+                        "call": call,
+                        "module_id": entry.get("module_id"),
+                        "payload": {k: v for k, v in entry.items() if k != "module_id"},
+                    }
+
     def model_state(self, upto_seq: int | None = None, stream: int = 0) -> ModelState:
         """The module forest as of ``upto_seq`` (default: the end of the run)."""
         events = self.events(kinds=CONSTRUCTION_KINDS, stream=stream)
@@ -52,6 +81,10 @@ class Run:
                 f"store {self.store.location.display()!r}: run {self.run_id[:12]} has a construction "
                 f"event that cannot be replayed ({type(exc).__name__}: {exc}); run `auditlog verify`"
             ) from exc
+        finally:
+            # Close the half-read cursor now: an open one keeps its connection checked
+            # out, and SQLite then leaves -wal/-shm files beside a store we only read.
+            events.close()  # type: ignore[attr-defined]
 
     def boundary(self, step: int | None = None, seq: int | None = None, stream: int = 0) -> int | None:
         """The last seq of "the state right after the N-th optimizer.step() returned".

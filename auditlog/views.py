@@ -78,6 +78,7 @@ _STREAM = _c("stream", "INTEGER", "stream (distributed rank) the event was recor
 _SEQ = _c("seq", "BIGINT", "sequence number of the event in its stream")
 _STEP = _c("step", "BIGINT", "optimizer steps completed when the event happened")
 _MODULE_ID = _c("module_id", "BIGINT", "module identity within the run's stream")
+_CALL = _c("call", "INTEGER", "position of the module call in its step's activity event (call order, 0-based)")
 _MODULE = _c("module", "VARCHAR", "qualified module name from replay (roots: (Class))")
 
 
@@ -335,13 +336,14 @@ VIEWS: tuple[View, ...] = (
     ),
     View(
         "forward_stats",
-        "One row per forward event and output tensor (the first 4 outputs of each call).",
+        "One row per recorded forward call and output tensor (the first 4 outputs of each call), from the step's `activity` event.",
         (
             _RUN,
             _STREAM,
             _SEQ,
             _STEP,
             _TIME,
+            _CALL,
             _MODULE_ID,
             _MODULE,
             _c("output", "INTEGER", "index of the output tensor (0-based)"),
@@ -350,21 +352,22 @@ VIEWS: tuple[View, ...] = (
         ),
         """
         SELECT f.run_id, f.stream, f.seq, f.step, make_timestamp(f.ts_ns // 1000) AS time,
-               f.module_id, f.module, f.output, f.n_outputs, f.shape, f.dtype, f.numel, f.norm,
+               f.call, f.module_id, f.module, f.output, f.n_outputs, f.shape, f.dtype, f.numel, f.norm,
                f.mean, f.std, f.min, f.max, f.nan, f.inf
         FROM {forward_stats} f
         """,
     ),
     View(
         "backward_stats",
-        "One row per backward event and gradient tensor: gradients w.r.t. the module's outputs "
-        "(and inputs, for the full/legacy mechanisms).",
+        "One row per recorded backward call and gradient tensor: gradients w.r.t. the module's "
+        "outputs (and inputs, for the full/legacy mechanisms), from the step's `activity` event.",
         (
             _RUN,
             _STREAM,
             _SEQ,
             _STEP,
             _TIME,
+            _CALL,
             _MODULE_ID,
             _MODULE,
             _c("mechanism", "VARCHAR", "grad | full | legacy (see `auditlog run --backward`)"),
@@ -374,7 +377,7 @@ VIEWS: tuple[View, ...] = (
         ),
         """
         SELECT b.run_id, b.stream, b.seq, b.step, make_timestamp(b.ts_ns // 1000) AS time,
-               b.module_id, b.module, b.mechanism, b.direction, b."index", b.shape, b.dtype,
+               b.call, b.module_id, b.module, b.mechanism, b.direction, b."index", b.shape, b.dtype,
                b.numel, b.grad_norm, b.grad_mean, b.grad_std, b.grad_min, b.grad_max,
                b.grad_nan, b.grad_inf
         FROM {backward_stats} b

@@ -22,16 +22,34 @@ from typing import Any
 import torch
 
 from auditlog.capture.buffer import RecordBuffer
-from auditlog.encoding import canonical_payload, chain_hash, genesis_hash
+from auditlog.encoding import (
+    Clean,
+    CleanList,
+    canonical_payload,
+    chain_hash,
+    encode_clean,
+    genesis_hash,
+)
 from auditlog.errors import one_line
 from auditlog.snapshots import SnapshotStore
 from auditlog.store.eventstore import EventStore
+from auditlog.tensors import finite_or_text
 
 FLUSH = "__flush__"
 
 
 def materialize(value: Any, writer: Writer | None = None) -> Any:
-    """Turn a payload with lazy parts (``resolve`` / ``resolve_in``) into plain data."""
+    """Turn a payload with lazy parts (``resolve`` / ``resolve_in``) into clean data.
+
+    Clean means what ``encode_clean`` may take: str keys, non-finite floats as
+    their text, tensors as lists. ``Clean`` dicts are clean by construction and
+    are not walked.
+    """
+    kind = type(value)
+    if kind is Clean or kind is CleanList or kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is float:
+        return value if value - value == 0.0 else finite_or_text(value)
     resolve_in = getattr(value, "resolve_in", None)
     if resolve_in is not None and writer is not None:
         return materialize(resolve_in(writer), writer)
@@ -43,7 +61,9 @@ def materialize(value: Any, writer: Writer | None = None) -> Any:
     if isinstance(value, (list, tuple)):
         return [materialize(v, writer) for v in value]
     if isinstance(value, torch.Tensor):
-        return value.tolist()
+        return materialize(value.tolist())
+    if isinstance(value, float):  # float subclasses (numpy.float64)
+        return finite_or_text(float(value))
     if isinstance(value, (torch.dtype, torch.device)):
         return str(value).removeprefix("torch.")
     return value
@@ -168,7 +188,7 @@ class Writer:
     def _encode(self, record: tuple[Any, ...]) -> dict[str, Any]:
         kind, ts_ns, step, module_id, tensor_id, payload = record
         try:
-            text = canonical_payload(materialize(payload, self))
+            text = encode_clean(materialize(payload, self))
         except Exception as exc:  # a payload that cannot be read becomes the recorder's fault
             kind = "recorder_error"
             text = canonical_payload(

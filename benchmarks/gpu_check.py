@@ -7,7 +7,9 @@
    the writer thread does the reading).
 2. A CNN with BatchNorm trained on CUDA with a snapshot every step: the restored
    state_dict at several steps is bitwise equal to copies taken in the loop.
-3. Step time of bare / minimal / audit / debug on a GPU MLP, as ratios.
+3. Recorded (debug, snapshots) vs unrecorded training: parameters bitwise equal.
+4. Gradient and update norms recorded on CUDA equal norms computed from copies.
+5. Step time of bare / minimal / audit / debug on a GPU MLP, as ratios.
 
     python benchmarks/gpu_check.py --out DIR
 """
@@ -87,6 +89,49 @@ def count_syncs(ctx: Any, steps: int) -> Counter[str]:
     return seen
 
 
+def check_bitwise(tmp: Path, steps: int) -> dict[str, Any]:
+    """Recorded (debug, snapshots every step) vs unrecorded training: parameters bitwise equal?"""
+    finals = []
+    for ctx in (nullcontext(), auditlog.record(tmp / "bitwise", policy="debug", snapshot_every=2)):
+        torch.manual_seed(0)
+        x = torch.randn(256, 1024, device=DEV)
+        y = torch.randint(0, 10, (256,), device=DEV)
+        with ctx:
+            model = mlp()
+            train(model, steps, x, y)
+            torch.cuda.synchronize()
+            finals.append([p.detach().cpu().clone() for p in model.parameters()])
+    same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(*finals, strict=True))
+    return {"parameters_bitwise_equal": same, "tensors": len(finals[0])}
+
+
+def check_update_norms(tmp: Path) -> dict[str, Any]:
+    """update_norm/grad_norm recorded on CUDA vs computed here from copies around opt.step()."""
+    torch.manual_seed(0)
+    expected_update: list[list[float]] = []
+    expected_grad: list[list[float]] = []
+    with auditlog.record(tmp / "norms", policy="debug"):
+        model = mlp(width=256, depth=4)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        x = torch.randn(64, 256, device=DEV)
+        y = torch.randint(0, 10, (64,), device=DEV)
+        for _ in range(3):
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            before = [p.detach().clone() for p in model.parameters()]
+            expected_grad.append([float(p.grad.norm()) for p in model.parameters()])
+            opt.step()
+            expected_update.append([float((p.detach() - b).norm()) for p, b in zip(model.parameters(), before, strict=True)])
+    with auditlog.open(tmp / "norms") as s:
+        steps = [e["payload"] for e in s.run().events(kinds=["optimizer_step"])]
+    worst = 0.0
+    for payload, upd, grad in zip(steps, expected_update, expected_grad, strict=True):
+        for got, want in zip(payload["update_norm"] + payload["grad_norm"], upd + grad, strict=True):
+            worst = max(worst, abs(got - want) / max(abs(want), 1e-12))
+    return {"steps": len(steps), "worst_relative_error": worst, "ok": worst < 1e-4}
+
+
 def check_restore(store: Path) -> dict[str, Any]:
     torch.manual_seed(0)
     gen = torch.Generator(device=DEV).manual_seed(1)
@@ -144,8 +189,9 @@ def timing(tmp: Path, steps: int, rounds: int) -> dict[str, float]:
                     torch.cuda.synchronize()
                     if i >= 5:
                         samples[name].append(time.perf_counter() - start)
-    bare = statistics.median(samples["bare"])
-    return {"bare_ms": bare * 1e3, **{k: statistics.median(v) / bare for k, v in samples.items()}}
+    # Means, not medians: a median of single steps would hide the sampled ones.
+    bare = statistics.fmean(samples["bare"])
+    return {"bare_ms": bare * 1e3, **{k: statistics.fmean(v) / bare for k, v in samples.items()}}
 
 
 def main() -> None:
@@ -159,15 +205,24 @@ def main() -> None:
     steps = args.steps
     out["syncs_bare"] = dict(count_syncs(nullcontext(), steps))
     out["syncs_debug"] = dict(count_syncs(auditlog.record(tmp / "sync-debug", policy="debug"), steps))
+    out["syncs_audit"] = dict(count_syncs(auditlog.record(tmp / "sync-audit"), steps))
     out["syncs_audit_snapshots"] = dict(
-        count_syncs(auditlog.record(tmp / "sync-audit", snapshot_every=5), steps)
+        count_syncs(auditlog.record(tmp / "sync-audit-snap", snapshot_every=5), steps)
     )
     print(json.dumps(out, indent=1), flush=True)
-    out["restore"] = check_restore(tmp / "restore")
-    print(json.dumps(out["restore"], indent=1), flush=True)
-    out["timing"] = timing(tmp, steps=40, rounds=3)
-    print(json.dumps(out["timing"], indent=1), flush=True)
-    Path(args.out, "gpu_check.json").write_text(json.dumps(out, indent=1))
+    checks = (
+        ("restore", lambda: check_restore(tmp / "restore")),
+        ("bitwise", lambda: check_bitwise(tmp, steps)),
+        ("update_norms", lambda: check_update_norms(tmp)),
+        ("timing", lambda: timing(tmp, steps=100, rounds=3)),
+    )
+    for name, check in checks:
+        try:
+            out[name] = check()
+        except Exception as exc:  # report and go on: one device call must bring back every answer
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(name, json.dumps(out[name], indent=1), flush=True)
+        Path(args.out, "gpu_check.json").write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -6,20 +6,31 @@ another's RSS:
 1. ``long``: a tiny model (Linear(16, 32), ReLU, Linear(32, 1); SGD) trains
    ``--steps`` optimizer steps (default 100k) bare and under the ``minimal`` and
    ``audit`` presets; RSS is printed at the start and at 1k, 10k, 50k and 100k
-   steps (scaled with ``--steps``), with the writer's queue length. After the
+   steps (scaled with ``--steps``), with the writer's queued weight. After the
    first 10% (one-off allocations: store, sealing, caches) RSS should stay flat:
    nothing per step may accumulate in the training process.
-2. ``per-record``: bytes each queued record costs, measured by filling a
-   ``RecordBuffer`` that nothing drains with records of one kind (MLP forward
-   records, MLP optimizer_step records) and dividing the RSS growth by their
-   number. Times ``RecordBuffer.maxsize`` (200,000) this is the bound on what the
-   queue can hold.
-3. ``flood``: a producer faster than the writer: a tight loop of forward calls of
-   a model of 16 modules that return four zero-element tensors, under no_grad,
-   with activity recorded on every call (17 records per call, almost free to
-   produce, more work for the writer). The queue fills to ``maxsize``,
-   ``RecordBuffer.put`` blocks (back-pressure), and RSS plateaus; the flood
-   stops once the producer has been blocked ``--flood-hold`` seconds.
+2. ``per-record``: bytes each queued unit of weight costs, measured by filling a
+   ``RecordBuffer`` that nothing drains and dividing the RSS growth by the
+   queued weight. The queue bounds weight, not records (``record_weight``): an
+   ``activity`` record weighs the module calls it holds, any other record 1. So
+   module activity is measured per module call: forward calls of the MLP under
+   no_grad with activity sampled and no optimizer step, so the recorder emits an
+   ``activity`` record every ``ACTIVITY_FLUSH`` (4096) calls, until queued plus
+   held calls reach ``--per-record``; and per MLP optimizer_step record. Times
+   ``RecordBuffer.maxsize`` (200,000) this is the bound on what the queue can
+   hold.
+3. ``flood``: a producer as fast as recording allows: a tight loop of forward
+   calls of a model of 16 modules that return four zero-element tensors, under
+   no_grad, with activity recorded on every call (17 module calls per forward,
+   almost free to produce; with no optimizer step they leave as one
+   ``activity`` record of 4096 calls at a time). On CPU the statistics are
+   computed in the hooks and the writer only encodes ready activity records, so
+   it keeps up with this producer and the queue stays near empty.
+   ``--flood-writer-delay S`` makes the writer sleep S seconds per event (a slow
+   store) so that it falls behind: the queued weight fills to ``maxsize``,
+   ``RecordBuffer.put`` blocks (back-pressure), and RSS plateaus. The flood
+   stops once the producer has been blocked ``--flood-hold`` seconds in all (or
+   after ``--flood-seconds``).
 
 RSS is the resident set size from /proc; "C heap" is glibc's bytes in use
 (``mallinfo2``: tensors and large Python objects, not pymalloc's small objects),
@@ -30,6 +41,7 @@ on it and tiny steps run 3x faster without OpenMP.
     python benchmarks/memory.py                 # ~4 minutes on 2 cores
     python benchmarks/memory.py --steps 20000 --only long,per-record   # quick look
     python benchmarks/memory.py --only flood
+    python benchmarks/memory.py --only flood --flood-writer-delay 0.5   # writer behind: blocks
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -87,11 +100,12 @@ def heap_bytes() -> int | None:
     return int(info.uordblks + info.hblkhd)
 
 
-def queue_length() -> int | None:
+def queued_weight() -> int | None:
+    """The writer's queued weight (what ``RecordBuffer.maxsize`` bounds), or None unrecorded."""
     recording = auditlog.session.current()
     if recording is None or recording.writer is None:
         return None
-    return len(recording.writer.buffer)
+    return recording.writer.buffer.weight
 
 
 # ---------------------------------------------------------------------- children
@@ -112,7 +126,7 @@ def child_long(preset: str, steps: int) -> dict[str, Any]:
         for i in range(steps + 1):
             if i in marks:
                 points.append(
-                    {"step": i, "rss": rss_bytes(), "queued": queue_length(), "seconds": time.perf_counter() - began}
+                    {"step": i, "rss": rss_bytes(), "queued": queued_weight(), "seconds": time.perf_counter() - began}
                 )
             if i == steps:
                 break
@@ -127,20 +141,28 @@ def child_long(preset: str, steps: int) -> dict[str, Any]:
             blocked = recording.writer.buffer.blocked_seconds
             recording.stop()
     db = Path(scratch) / "store" / "events.db"
+    db_bytes = db.stat().st_size if db.exists() else 0
+    shutil.rmtree(scratch, ignore_errors=True)
     return {
         "preset": preset,
         "points": points,
         "peak": peak_rss_bytes(),
         "blocked": blocked,
-        "db_bytes": db.stat().st_size if db.exists() else 0,
+        "db_bytes": db_bytes,
         "us_per_step": (points[-1]["seconds"] - points[0]["seconds"]) / steps * 1e6,
     }
 
 
 def child_per_record(kind: str, count: int) -> dict[str, Any]:
-    """RSS growth per queued record of one kind (nothing drains the buffer)."""
+    """RSS growth per queued unit of weight of one kind (nothing drains the buffer).
+
+    ``activity``: per module call, forward calls under no_grad with no optimizer
+    step (the recorder emits an ``activity`` record every ``ACTIVITY_FLUSH``
+    calls), counting the calls queued plus those the recorder still holds.
+    ``optimizer_step``: per record (weight 1).
+    """
     workload = WORKLOADS["mlp"]
-    preset = "debug" if kind == "forward" else "audit"
+    preset = "debug" if kind == "activity" else "audit"
     options = capture_settings(preset)
     buffer = RecordBuffer(maxsize=10**9)
     recorder = Recorder(buffer, options)
@@ -161,32 +183,43 @@ def child_per_record(kind: str, count: int) -> dict[str, Any]:
             loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()
             optimizer.zero_grad()
-        buffer.drain(len(buffer))
+        buffer.drain(buffer.weight)
+        assert buffer.weight == 0 and not recorder._activity
         before, heap_before = rss_bytes(), heap_bytes()
-        if kind == "forward":
+        if kind == "activity":
             recorder.sampling = True
             with torch.no_grad():
-                while len(buffer) < count:
+                while buffer.weight + len(recorder._activity) < count:
                     model(x)
         else:
-            while len(buffer) < count:
+            while buffer.weight < count:
                 loss = workload.loss(model(x), y)
                 loss.backward()  # type: ignore[no-untyped-call]
                 optimizer.step()
                 optimizer.zero_grad()
                 recorder.sampling = False  # optimizer_step records only
         after, heap_after = rss_bytes(), heap_bytes()
-        queued = len(buffer)
-        kinds = sorted({r[0] for r in buffer.drain(len(buffer))})
+        held = len(recorder._activity)
+        units = buffer.weight + held  # module calls (activity) or records (optimizer_step)
+        records = len(buffer)
+        kinds = sorted({r[0] for r in buffer.drain(buffer.weight)})
     finally:
         recorder.remove()
-    heap = None if heap_before is None or heap_after is None else (heap_after - heap_before) / queued
-    return {"kind": kind, "kinds": kinds, "records": queued, "rss_per_record": (after - before) / queued, "heap_per_record": heap}
+    heap = None if heap_before is None or heap_after is None else (heap_after - heap_before) / units
+    return {
+        "kind": kind,
+        "kinds": kinds,
+        "units": units,
+        "records": records,
+        "held": held,
+        "rss_per_unit": (after - before) / units,
+        "heap_per_unit": heap,
+    }
 
 
 class Empty(nn.Module):
-    """Returns four zero-element tensors: a record almost free to produce (statistics of an
-    empty tensor are its shape), with four statistics entries for the writer to encode."""
+    """Returns four zero-element tensors: a module call almost free to record (statistics
+    of an empty tensor are its shape), with four statistics entries for the writer to encode."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -197,8 +230,9 @@ class Empty(nn.Module):
 
 
 class Wide(nn.Module):
-    """16 cheap modules called in a row: 17 forward records per call, produced faster
-    than the writer can encode, hash and insert them."""
+    """16 cheap modules called in a row: 17 module calls per forward (held by the recorder
+    and emitted as an ``activity`` record every 4096), produced faster than the writer can
+    encode, hash and insert them."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -210,13 +244,26 @@ class Wide(nn.Module):
         return x
 
 
-def child_flood(seconds: float, hold: float) -> dict[str, Any]:
-    """Produce until the producer has been blocked ``hold`` seconds in all (or ``seconds`` pass)."""
+def child_flood(seconds: float, hold: float, writer_delay: float = 0.0) -> dict[str, Any]:
+    """Produce until the producer has been blocked ``hold`` seconds in all (or ``seconds`` pass).
+
+    ``writer_delay``: seconds the writer sleeps per event before committing a batch
+    (a slow store), so that it falls behind the producer.
+    """
     scratch = tempfile.mkdtemp(prefix="auditlog-memory-")
     recording = auditlog.record(Path(scratch) / "store", **record_options("debug"))
     recording.start()
-    assert recording.writer is not None
-    buffer = recording.writer.buffer
+    writer = recording.writer
+    assert writer is not None
+    buffer = writer.buffer
+    if writer_delay > 0:
+        write = writer._write
+
+        def slow_write(rows: list[dict[str, Any]]) -> None:
+            time.sleep(writer_delay * len(rows))
+            write(rows)
+
+        writer._write = slow_write  # type: ignore[method-assign]
     trace: list[dict[str, Any]] = []
     produced = 0
     try:
@@ -232,9 +279,10 @@ def child_flood(seconds: float, hold: float) -> dict[str, Any]:
                         {
                             "seconds": now,
                             "rss": rss_bytes(),
-                            "queued": len(buffer),
+                            "queued": buffer.weight,
+                            "records": len(buffer),
                             "blocked": buffer.blocked_seconds,
-                            "written": recording.writer.written,
+                            "written": writer.written,
                             "produced": produced,
                         }
                     )
@@ -244,9 +292,10 @@ def child_flood(seconds: float, hold: float) -> dict[str, Any]:
                         {
                             "seconds": now,
                             "rss": rss_bytes(),
-                            "queued": len(buffer),
+                            "queued": buffer.weight,
+                            "records": len(buffer),
                             "blocked": buffer.blocked_seconds,
-                            "written": recording.writer.written,
+                            "written": writer.written,
                             "produced": produced,
                         }
                     )
@@ -257,7 +306,15 @@ def child_flood(seconds: float, hold: float) -> dict[str, Any]:
         stop_began = time.perf_counter()
         recording.stop()
         drain = time.perf_counter() - stop_began
-    return {"trace": trace, "maxsize": buffer.maxsize, "peak": peak_rss_bytes(), "drain_seconds": drain}
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {
+        "trace": trace,
+        "maxsize": buffer.maxsize,
+        "peak": peak_rss_bytes(),
+        "drain_seconds": drain,
+        "dropped": buffer.dropped,
+        "writer_delay": writer_delay,
+    }
 
 
 def run_child(threads: int, *args: str) -> dict[str, Any]:
@@ -276,10 +333,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=100_000, help="optimizer steps of the long runs")
     parser.add_argument("--presets", default="bare,minimal,audit", help="long runs to make")
-    parser.add_argument("--per-record", type=int, default=100_000, help="records queued per kind")
+    parser.add_argument(
+        "--per-record", type=int, default=100_000, help="module calls queued for the activity measurement"
+    )
     parser.add_argument("--flood-seconds", type=float, default=120.0, help="longest flood")
     parser.add_argument(
         "--flood-hold", type=float, default=10.0, help="stop the flood once the producer was blocked this long"
+    )
+    parser.add_argument(
+        "--flood-writer-delay",
+        type=float,
+        default=0.0,
+        help="seconds the writer sleeps per event written in the flood (a slow store; 0: none)",
     )
     parser.add_argument("--only", default="", help="long, per-record or flood (default: all)")
     parser.add_argument("--threads", type=int, default=1)
@@ -293,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
         elif what == "per-record":
             result = child_per_record(rest[0], int(rest[1]))
         else:
-            result = child_flood(float(rest[0]), float(rest[1]))
+            result = child_flood(float(rest[0]), float(rest[1]), float(rest[2]))
         print(json.dumps(result))
         return
 
@@ -313,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
         print(
             "| configuration | "
             + " | ".join(f"step {m:,}" for m in marks)
-            + f" | growth step {marks[2]:,} to {marks[-1]:,} | peak RSS | us/step | queue at end | store on disk |"
+            + f" | growth step {marks[2]:,} to {marks[-1]:,} | peak RSS | us/step | queued weight at end | store on disk |"
         )
         print("|---|" + "---:|" * (len(marks) + 5))
         for r in results:
@@ -329,38 +394,66 @@ def main(argv: list[str] | None = None) -> None:
 
     per_record: dict[str, dict[str, Any]] = {}
     if "per-record" in wanted:
-        for kind in ("forward", "optimizer_step"):
-            count = args.per_record if kind == "forward" else max(1000, args.per_record // 50)
+        for kind in ("activity", "optimizer_step"):
+            count = args.per_record if kind == "activity" else max(1000, args.per_record // 50)
             per_record[kind] = run_child(args.threads, "per-record", kind, str(count))
-        print("\n### bytes per queued record (growth / records; nothing draining the queue)\n")
-        print("| record | measured on | records | RSS/record | C heap/record | RSS x maxsize 200,000 |")
-        print("|---|---|---:|---:|---:|---:|")
+        print("\n### bytes per unit of queued weight (growth / weight; nothing draining the queue)\n")
+        print(
+            "| record (weight unit) | measured on | weight | records | RSS/unit | C heap/unit | "
+            "RSS x maxsize 200,000 |"
+        )
+        print("|---|---|---:|---:|---:|---:|---:|")
         for kind, r in per_record.items():
-            what = "MLP module output, 1 StatsRecord" if kind == "forward" else "MLP SGD step, 98 parameters, 3 norm vectors"
-            heap = "" if r["heap_per_record"] is None else f"{r['heap_per_record']:,.0f}"
+            if kind == "activity":
+                label = "activity (per module call)"
+                what = "MLP forward call under no_grad, 1 output, CPU statistics dict"
+                records = f"{r['records']:,} + {r['held']:,} calls held"
+            else:
+                label = "optimizer_step (per record)"
+                what = "MLP SGD step, 98 parameters, 3 norm vectors"
+                records = f"{r['records']:,}"
+            heap = "" if r["heap_per_unit"] is None else f"{r['heap_per_unit']:,.0f}"
             print(
-                f"| {kind} | {what} | {r['records']:,} | {r['rss_per_record']:,.0f} | {heap} | "
-                f"{mib(max(0.0, r['rss_per_record']) * 200_000)} |"
+                f"| {label} | {what} | {r['units']:,} | {records} | {r['rss_per_unit']:,.0f} | {heap} | "
+                f"{mib(max(0.0, r['rss_per_unit']) * 200_000)} |"
             )
 
     if "flood" in wanted:
-        r = run_child(args.threads, "flood", str(args.flood_seconds), str(args.flood_hold))
-        print(
-            f"\n### producer faster than the writer (16 modules returning 4 empty tensors, under no_grad, "
-            f"activity every call; RecordBuffer maxsize {r['maxsize']:,})\n"
+        r = run_child(
+            args.threads, "flood", str(args.flood_seconds), str(args.flood_hold), str(args.flood_writer_delay)
         )
-        print("| seconds | RSS | queued records | produced | written | producer blocked |")
-        print("|---:|---:|---:|---:|---:|---:|")
+        print(
+            f"\n### flood: 16 modules returning 4 empty tensors, under no_grad, activity every call; "
+            f"RecordBuffer maxsize {r['maxsize']:,} (weight: module calls)"
+            + (f"; writer slowed by {r['writer_delay']:g}s per event" if r["writer_delay"] > 0 else "")
+            + "\n"
+        )
+        print(
+            "| seconds | RSS | queued weight (module calls) | queued records | produced (module calls) | "
+            "written (events) | producer blocked |"
+        )
+        print("|---:|---:|---:|---:|---:|---:|---:|")
         for p in r["trace"]:
             print(
-                f"| {p['seconds']:.0f} | {mib(p['rss'])} | {p['queued']:,} | {p['produced']:,} | "
+                f"| {p['seconds']:.0f} | {mib(p['rss'])} | {p['queued']:,} | {p['records']:,} | {p['produced']:,} | "
                 f"{p['written']:,} | {p['blocked']:.1f}s |"
             )
         first, full = r["trace"][0], max(r["trace"], key=lambda p: p["queued"])
-        per = (full["rss"] - first["rss"]) / max(1, full["queued"])
+        blocked = r["trace"][-1]["blocked"]
+        if blocked > 0:
+            per = (full["rss"] - first["rss"]) / max(1, full["queued"])
+            filled = (
+                f"the queue filled and the producer was blocked {blocked:.1f}s (back-pressure); "
+                f"{(full['rss'] - first['rss']) / 2**20:+.1f} MiB with {full['queued']:,} module calls queued "
+                f"(~{per:,.0f} bytes/call of this small kind)"
+            )
+        else:
+            filled = (
+                f"the writer kept up: queued weight peaked at {full['queued']:,}, the producer never blocked "
+                "(--flood-writer-delay slows the writer to show back-pressure)"
+            )
         print(
-            f"\npeak RSS {mib(r['peak'])}; {(full['rss'] - first['rss']) / 2**20:+.1f} MiB with "
-            f"{full['queued']:,} records queued (~{per:,.0f} bytes/record of this small kind); "
+            f"\npeak RSS {mib(r['peak'])}; {filled}; {r['dropped']:,} records dropped; "
             f"draining the queue at the end took {r['drain_seconds']:.1f}s"
         )
 

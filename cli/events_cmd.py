@@ -45,19 +45,18 @@ def summarize(kind: str, p: dict[str, Any]) -> str:
         return f"{p.get('name')} {p.get('shape')} {p.get('dtype')}"
     if kind == "construction_sealed":
         return f"{len(p.get('tensors', []))} tensors sealed ({p.get('trigger')})"
-    if kind == "forward":
-        outs = p.get("outputs") or []
-        if p.get("error"):
-            return "forward raised"
-        if outs and "norm" in outs[0]:
-            o = outs[0]
-            return f"out {o['shape']} norm={_num(o['norm'])} nan={o['nan']} inf={o['inf']}"
-        return f"{p.get('n_outputs', 0)} outputs"
-    if kind == "backward":
-        grads = [g for g in p.get("grad_outputs") or [] if g]
-        if grads and "norm" in grads[0]:
-            return f"grad_out norm={_num(grads[0]['norm'])} nan={grads[0]['nan']} ({p.get('mechanism')})"
-        return str(p.get("mechanism"))
+    if kind == "activity":
+        forward = p.get("forward") or []
+        backward = p.get("backward") or []
+        nonfinite = sum(
+            1
+            for call in forward + backward
+            for stats in (call.get("outputs") or []) + (call.get("grad_outputs") or []) + (call.get("grad_inputs") or [])
+            if stats and (stats.get("nan") or stats.get("inf"))
+        )
+        return f"{len(forward)} forward, {len(backward)} backward calls" + (
+            f"; {nonfinite} tensors with NaN/Inf" if nonfinite else ""
+        )
     if kind == "optimizer_step":
         groups = p.get("param_groups") or [{}]
         lr = groups[0].get("lr")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import math
 import threading
 import warnings
 import weakref
@@ -65,6 +66,12 @@ def params_bytes(model: nn.Module) -> dict[str, bytes]:
 def kinds_of(store: Path) -> Counter[str]:
     with auditlog.open(store) as s:
         return Counter(e["kind"] for e in s.run("latest").events())
+
+
+def calls_of(store: Path, direction: str | None = None) -> list[dict[str, Any]]:
+    """The recorded module calls of the latest run (from its ``activity`` events)."""
+    with auditlog.open(store) as s:
+        return list(s.run("latest").module_calls(direction))
 
 
 # ---------------------------------------------------------------------- hooks
@@ -129,7 +136,8 @@ def test_nested_record_is_refused_and_first_keeps_working(store: Path, tmp_path:
     assert auditlog.current() is None
     assert not (tmp_path / "other").exists()
     kinds = kinds_of(store)
-    assert kinds["parameter_registered"] == 2 and kinds["forward"] == 1
+    assert kinds["parameter_registered"] == 2 and kinds["activity"] == 1
+    assert len(calls_of(store, "forward")) == 1
 
 
 def test_decorator_records_one_run_per_call(store: Path) -> None:
@@ -197,9 +205,8 @@ def test_cnn_with_inplace_relu_trains_under_recording(store: Path) -> None:
     assert params_bytes(model) == params_bytes(plain_model)
     kinds = kinds_of(store)
     assert kinds["optimizer_step"] == 4
-    assert kinds["backward"] > 0
-    with auditlog.open(store) as s:
-        backward = [e for e in s.run().events(kinds=["backward"])]
+    backward = calls_of(store, "backward")
+    assert len(backward) > 0
     assert all(e["payload"]["mechanism"] == "grad" for e in backward)
     assert all(e["payload"]["grad_outputs"][0]["nan"] == 0 for e in backward)
 
@@ -215,6 +222,7 @@ def test_training_events_per_step(store: Path) -> None:
     with auditlog.open(store) as s:
         run = s.run()
         events = list(run.events())
+        calls = list(run.module_calls())
         state = run.model_state()
     steps = [e for e in events if e["kind"] == "optimizer_step"]
     assert [e["step"] for e in steps] == [1, 2, 3]
@@ -229,13 +237,19 @@ def test_training_events_per_step(store: Path) -> None:
     assert all(isinstance(v, float) and v > 0 for v in payload["grad_norm"])
     assert all(isinstance(v, float) and v > 0 for v in payload["update_norm"])
     assert payload["nonfinite_grads"] == 0
-    # every step: one forward per module call (Sequential + 3 children), one backward per module
+    # default norms_every=10: update norms on the first step only, gradient norms on all
+    assert [e["payload"]["update_norm"] is None for e in steps] == [False, True, True]
+    assert all(len(e["payload"]["grad_norm"]) == 4 for e in steps)
+    # every step: one activity event holding one forward per module call (Sequential
+    # + 3 children) and one backward per module
     for step in (0, 1, 2):
-        fwd = [e for e in events if e["kind"] == "forward" and e["step"] == step]
-        bwd = [e for e in events if e["kind"] == "backward" and e["step"] == step]
+        activity = [e for e in events if e["kind"] == "activity" and e["step"] == step]
+        assert len(activity) == 1 and activity[0]["module_id"] is None
+        fwd = [c for c in calls if c["kind"] == "forward" and c["step"] == step]
+        bwd = [c for c in calls if c["kind"] == "backward" and c["step"] == step]
         assert len(fwd) == 4
         assert len(bwd) == 4
-    out = [e for e in events if e["kind"] == "forward" and e["module_id"] == root][0]["payload"]["outputs"][0]
+    out = [c for c in calls if c["kind"] == "forward" and c["module_id"] == root][0]["payload"]["outputs"][0]
     assert out["shape"] == [16, 2] and out["dtype"] == "float32"
     assert set(out) >= {"norm", "mean", "std", "min", "max", "nan", "inf"}
 
@@ -274,12 +288,79 @@ def test_nan_is_counted_in_activity_and_gradients(store: Path) -> None:
         run = s.run()
         state = run.model_state()
         bad_id = dict(state.named_modules(state.root_by_class("Sequential")))["1"]
-        fwd = [e for e in run.events(kinds=["forward"]) if e["module_id"] == bad_id][0]
+        fwd = [c for c in run.module_calls("forward") if c["module_id"] == bad_id][0]
         step = next(run.events(kinds=["optimizer_step"]))["payload"]
     stats = fwd["payload"]["outputs"][0]
     assert stats["nan"] > 0 and stats["norm"] == "NaN"
     assert step["nonfinite_grads"] >= 1
     assert "NaN" in step["grad_norm"]
+
+
+class Fixed(nn.Module):
+    """Returns a fixed tensor, whatever the input: the recorded statistics are known."""
+
+    def __init__(self, value: torch.Tensor) -> None:
+        super().__init__()
+        self.value = value
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.value
+
+
+class Outputs(nn.Module):
+    def __init__(self, *values: torch.Tensor) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(Fixed(v) for v in values)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(part(x) for part in self.parts)
+
+
+def assert_stat(recorded: Any, exact: float, rel: float = 1e-5) -> None:
+    """A recorded statistic against torch's value (non-finite ones are stored as text)."""
+    if math.isnan(exact):
+        assert recorded == "NaN"
+    elif math.isinf(exact):
+        assert recorded == ("Infinity" if exact > 0 else "-Infinity")
+    else:
+        assert isinstance(recorded, float) and recorded == pytest.approx(exact, rel=rel)
+
+
+def test_activity_statistics_on_cpu_equal_torch(store: Path) -> None:
+    gen = torch.Generator().manual_seed(0)
+    finite = torch.randn(64, 33, generator=gen) * 3 + 0.5
+    nonfinite = torch.randn(40, generator=gen)
+    nonfinite[[3, 17]] = float("nan")
+    nonfinite[[0, 8, 39]] = float("inf")
+    infinite = torch.randn(5, 6, generator=gen)  # +inf without NaN: the norm alone is not enough
+    infinite[0, [1, 2, 3]] = float("inf")
+    offset = 1000 + 1e-3 * torch.randn(4096, generator=gen)  # large mean, tiny spread
+    values = (finite, nonfinite, infinite, offset)
+    with auditlog.record(store):
+        model = Outputs(*values)
+        model(torch.zeros(1))
+    with auditlog.open(store) as s:
+        run = s.run()
+        state = run.model_state()
+        calls = list(run.module_calls("forward"))
+    modules = dict(state.named_modules(state.root_by_class("Outputs")))
+    by_module = {c["module_id"]: c["payload"] for c in calls}
+    assert len(calls) == 5  # four parts, then the root
+    assert by_module[modules[""]]["n_outputs"] == 4
+    recorded = [by_module[modules[f"parts.{i}"]]["outputs"][0] for i in range(4)]
+    for stats, value in zip(recorded, values, strict=True):
+        exact = value.double()
+        assert stats["shape"] == list(value.shape) and stats["dtype"] == "float32"
+        assert stats["numel"] == value.numel()
+        assert_stat(stats["norm"], float(torch.linalg.vector_norm(exact)))
+        assert_stat(stats["mean"], float(exact.mean()))
+        assert_stat(stats["min"], float(exact.min()), rel=0)
+        assert_stat(stats["max"], float(exact.max()), rel=0)
+    # population std (correction=0); the offset tensor within 1e-3 of the exact value
+    for stats, value, rel in zip(recorded, values, (1e-5, 1e-5, 1e-5, 1e-3), strict=True):
+        assert_stat(stats["std"], float(value.double().std(correction=0)), rel=rel)
+    assert [(st["nan"], st["inf"]) for st in recorded] == [(0, 0), (2, 3), (0, 3), (0, 0)]
+    assert recorded[0]["std"] != pytest.approx(float(finite.double().std()), rel=1e-5)  # not Bessel's
 
 
 def test_multiple_outputs_and_no_grad_forward(store: Path) -> None:
@@ -299,7 +380,7 @@ def test_multiple_outputs_and_no_grad_forward(store: Path) -> None:
         with torch.no_grad():
             model(torch.randn(2, 3))
     with auditlog.open(store) as s:
-        events = list(s.run().events(kinds=["forward", "backward"]))
+        events = list(s.run().module_calls())
     root_fwd = [e for e in events if e["kind"] == "forward" and e["payload"]["n_outputs"] == 3]
     assert len(root_fwd) == 2
     back = [e for e in events if e["kind"] == "backward"]
@@ -322,7 +403,8 @@ def test_forward_that_raises_is_recorded_and_depth_recovers(store: Path) -> None
         later(torch.randn(1, 2))  # a new root after the failure is still sealed
     with auditlog.open(store) as s:
         events = list(s.run().events())
-    errors = [e for e in events if e["kind"] == "forward" and e["payload"].get("error")]
+        calls = list(s.run().module_calls("forward"))
+    errors = [c for c in calls if c["payload"].get("error")]
     assert len(errors) == 2  # Boom and the Sequential around it
     sealed = [e for e in events if e["kind"] == "construction_sealed"]
     assert len(sealed) == 2
@@ -372,8 +454,10 @@ def test_threads_record_concurrently(store: Path) -> None:
     with auditlog.open(store) as s:
         run = s.run()
         events = list(run.events())
+        forwards = list(run.module_calls("forward"))
         assert run.verify().ok
-    assert sum(1 for e in events if e["kind"] == "forward") == 200
+    assert len(forwards) == 200
+    assert sorted(Counter(c["module_id"] for c in forwards).values()) == [50] * 4
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
 
 
@@ -423,6 +507,31 @@ def test_models_built_before_recording_are_adopted(store: Path) -> None:
     assert hashes == {n: auditlog.tensor_hash(p) for n, p in model.named_parameters()}
 
 
+def test_buffers_replaced_by_to_before_the_first_forward_are_sealed(store: Path) -> None:
+    """``.to(float64)`` replaces the buffers without a registration hook: the initial
+    snapshot must still hold exactly the values the first forward saw."""
+    torch.manual_seed(0)
+    with auditlog.record(store):
+        model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)).to(torch.float64)
+        with torch.no_grad():
+            model[1].running_mean.uniform_(-1, 1)  # not the default values
+        initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(4, 3, dtype=torch.float64)).pow(2).sum().backward()  # updates running stats
+        opt.step()
+    with auditlog.open(store) as s:
+        restored = s.run().state_dict(step=0)
+    assert list(restored) == list(initial)
+    for key, value in initial.items():
+        got = restored[key]
+        assert got.dtype == value.dtype and got.shape == value.shape, key
+        assert torch.equal(
+            got.contiguous().reshape(-1).view(torch.uint8), value.contiguous().reshape(-1).view(torch.uint8)
+        ), key
+    assert initial["1.running_mean"].dtype == torch.float64
+    assert not torch.equal(model[1].running_mean, initial["1.running_mean"])  # the forward changed it
+
+
 def test_deepcopied_modules_are_recorded(store: Path) -> None:
     with auditlog.record(store):
         block = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
@@ -459,10 +568,10 @@ def test_torch_compile_is_recorded_once_and_trains_identically(store: Path) -> N
     with auditlog.open(store) as s:
         run_view = s.run()
         state = run_view.model_state()
-        events = list(run_view.events(kinds=["forward", "optimizer_step", "recorder_error"]))
+        events = list(run_view.events(kinds=["optimizer_step", "recorder_error"]))
+        forwards = list(run_view.module_calls("forward"))
     root = state.root_by_class("Sequential")
     assert state.roots() == [root]  # the OptimizedModule wrapper is not part of the structure
     assert [n for n, _ in state.named_parameters(root)] == [n for n, _ in recorded.named_parameters()]
-    forwards = [e for e in events if e["kind"] == "forward"]
     assert len(forwards) == 3 and all(e["module_id"] == root for e in forwards)
     assert not [e for e in events if e["kind"] == "recorder_error"]

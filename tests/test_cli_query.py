@@ -170,14 +170,11 @@ def test_events_module_glob(rec: Recorded) -> None:
         else:
             assert fnmatch.fnmatchcase(r["module"], "body.*"), r
     modules = {r["module"] for r in rows}
-    assert {"body.0", "body.1", "body.2", "body.8"} <= modules
+    # the Linear and LayerNorm children own parameters; the GELUs (body.2/5/8) have
+    # no events of their own (their calls are inside activity events, which name no module)
+    assert modules == {"body", "body.0", "body.1", "body.3", "body.4", "body.6", "body.7"}
     assert "head" not in modules and "dropout" not in modules
-    assert {r["kind"] for r in rows} >= {
-        "parameter_registered",
-        "forward",
-        "backward",
-        "module_registered",
-    }
+    assert {r["kind"] for r in rows} == {"parameter_registered", "module_registered"}
     # body's own forward is not about body.*; only its registrations of body.N are
     assert all(r["kind"] == "module_registered" for r in rows if r["module"] == "body")
     assert sorted(r["payload"]["name"] for r in rows if r["module"] == "body") == [
@@ -193,9 +190,9 @@ def test_events_module_glob(rec: Recorded) -> None:
     assert [r["seq"] for r in rows] == expected
 
     # a glob naming only leaves of body picks exactly their events
-    leaf_rows = rec.json("events", "latest", "--module", "body.0", "--kind", "forward")
+    leaf_rows = rec.json("events", "latest", "--module", "body.0", "--kind", "parameter_registered")
     assert leaf_rows and all(r["module"] == "body.0" for r in leaf_rows)
-    assert len(leaf_rows) == MLP_STEPS
+    assert [r["payload"]["name"] for r in leaf_rows] == ["weight", "bias"]
 
 
 def test_events_single_step(rec: Recorded) -> None:

@@ -92,7 +92,9 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     # record from inside the temp dir: run_started inspects the cwd's git repository
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(path.parent)
-        run_id = record_run(path)
+        # 10 steps: one activity event (step 0, the default sampling) and an
+        # optimizer_step per step give a chain of more than 20 events
+        run_id = record_run(path, steps=10)
     return path, run_id
 
 

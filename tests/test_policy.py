@@ -46,11 +46,16 @@ def train(
 
 
 def per_step(store: Path) -> tuple[dict[int, Counter[str]], list[dict]]:
+    """Per step: events by kind, and module calls by direction ("forward", "backward")."""
     with auditlog.open(store) as s:
-        events = list(s.run().events())
+        run = s.run()
+        events = list(run.events())
+        calls = list(run.module_calls())
     counts: dict[int, Counter[str]] = {}
     for e in events:
         counts.setdefault(e["step"], Counter())[e["kind"]] += 1
+    for c in calls:
+        counts.setdefault(c["step"], Counter())[c["kind"]] += 1
     return counts, events
 
 
@@ -59,13 +64,16 @@ def test_debug_records_every_module_every_step(store: Path) -> None:
         train(5)
     counts, events = per_step(store)
     for step in range(5):
+        # one activity event per step, holding every module call of the step
+        assert counts[step]["activity"] == 1
         assert counts[step]["forward"] == MODULE_CALLS
         assert counts[step]["backward"] == MODULE_CALLS
     steps = [e for e in events if e["kind"] == "optimizer_step"]
     assert len(steps) == 5 and all(e["payload"]["update_norm"] for e in steps)
+    assert all(isinstance(v, float) for e in steps for v in e["payload"]["update_norm"] + e["payload"]["param_norm"])
 
 
-def test_audit_samples_activity_and_records_every_step(store: Path) -> None:
+def test_audit_samples_activity_and_records_every_step(store: Path, tmp_path: Path) -> None:
     hooks: dict[int, int] = {}
     before = len(nn_module._global_forward_hooks)
     with auditlog.record(store):  # the default preset
@@ -74,22 +82,92 @@ def test_audit_samples_activity_and_records_every_step(store: Path) -> None:
     sampled = {0, 10, 20}
     for step in range(21):
         expected = MODULE_CALLS if step in sampled else 0
+        assert counts[step]["activity"] == (1 if step in sampled else 0), step
         assert counts[step]["forward"] == expected, step
         assert counts[step]["backward"] == expected, step
         # per-call hooks are absent on unsampled steps: PyTorch's fast path
         assert hooks[step] - before == (1 if step in sampled else 0), step
-    steps = [e["payload"] for e in events if e["kind"] == "optimizer_step"]
+    steps = [e for e in events if e["kind"] == "optimizer_step"]
     assert len(steps) == 21
-    assert all(len(p["grad_norm"]) == 4 and len(p["update_norm"]) == 4 for p in steps)
-    assert all(p["param_groups"][0]["lr"] == 0.01 for p in steps)
+    assert all(len(e["payload"]["grad_norm"]) == 4 for e in steps)
+    # update and parameter norms every norms_every=10 steps: step indexes 0, 10, 20,
+    # i.e. the optimizer_step events with step 1, 11, 21; None on the others
+    normed = {1, 11, 21}
+    for e in steps:
+        p = e["payload"]
+        if e["step"] in normed:
+            assert len(p["update_norm"]) == 4 and len(p["param_norm"]) == 4, e["step"]
+        else:
+            assert p["update_norm"] is None and p["param_norm"] is None, e["step"]
+    assert all(e["payload"]["param_groups"][0]["lr"] == 0.01 for e in steps)
+    # norms_every=1: update and parameter norms on every step
+    every = tmp_path / "every"
+    with auditlog.record(every, norms_every=1):
+        train(3)
+    _counts, every_events = per_step(every)
+    every_steps = [e["payload"] for e in every_events if e["kind"] == "optimizer_step"]
+    assert len(every_steps) == 3
+    assert all(len(p["update_norm"]) == 4 and len(p["param_norm"]) == 4 for p in every_steps)
+
+
+@pytest.mark.parametrize("check_every", [1, 5])
+def test_structural_checks_run_every_check_every_steps(store: Path, check_every: int) -> None:
+    """A change no hook reports (del) is recorded by the first check after it."""
+    torch.manual_seed(0)
+    with auditlog.record(store, policy="minimal", check_every=check_every):
+        model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 1))
+        model.add_module("extra", nn.Linear(1, 1))
+        opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
+        for step in range(1, 8):
+            model[:3](torch.randn(2, 3)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if step == 2:
+                del model.extra  # no PyTorch hook reports this
+    with auditlog.open(store) as s:
+        removed = [e for e in s.run().events(kinds=["structure_changed"]) if e["payload"]["change"] == "removed"]
+    assert [(e["step"], e["payload"]["name"], e["payload"]["detected_at"]) for e in removed] == [
+        (3 if check_every == 1 else 5, "extra", "optimizer_step")
+    ]
+
+
+def test_norms_every_selects_the_steps_with_update_and_parameter_norms(store: Path) -> None:
+    """norms_every=3 over 7 steps: update/parameter norms on step indexes 0, 3, 6 (the
+    optimizer_step events with step 1, 4, 7) and exact; gradient norms on every step."""
+    updates: dict[int, list[float]] = {}
+    params_after: dict[int, list[float]] = {}
+    with auditlog.record(store, norms_every=3):
+        torch.manual_seed(0)
+        model = build()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        for step in range(7):
+            model(torch.randn(4, 6)).pow(2).sum().backward()
+            before = [p.detach().clone() for p in model.parameters()]
+            opt.step()
+            after = [p.detach().clone() for p in model.parameters()]
+            opt.zero_grad()
+            updates[step + 1] = [float((a - b).norm()) for a, b in zip(after, before, strict=True)]
+            params_after[step + 1] = [float(a.norm()) for a in after]
+    with auditlog.open(store) as s:
+        steps = [e for e in s.run().events(kinds=["optimizer_step"])]
+    assert [e["step"] for e in steps] == list(range(1, 8))
+    for e in steps:
+        p = e["payload"]
+        assert len(p["grad_norm"]) == 4 and all(isinstance(v, float) and v > 0 for v in p["grad_norm"])
+        if e["step"] in (1, 4, 7):
+            assert p["update_norm"] == pytest.approx(updates[e["step"]], rel=1e-5), e["step"]
+            assert p["param_norm"] == pytest.approx(params_after[e["step"]], rel=1e-5), e["step"]
+            assert all(v > 0 for v in p["update_norm"])
+        else:
+            assert p["update_norm"] is None and p["param_norm"] is None, e["step"]
 
 
 def test_minimal_records_construction_and_steps_only(store: Path) -> None:
     with auditlog.record(store, policy="minimal"):
         model = train(3)
-    _counts, events = per_step(store)
+    counts, events = per_step(store)
     kinds = Counter(e["kind"] for e in events)
-    assert kinds["forward"] == kinds["backward"] == 0
+    assert kinds["activity"] == 0 and not any(c["forward"] or c["backward"] for c in counts.values())
     assert kinds["optimizer_step"] == 3 and kinds["parameter_registered"] == 4
     step = next(e["payload"] for e in events if e["kind"] == "optimizer_step")
     assert step["update_norm"] is None and step["param_norm"] is None and len(step["grad_norm"]) == 4
@@ -115,7 +193,7 @@ def test_include_and_exclude_globs(store: Path, tmp_path: Path) -> None:
     with auditlog.open(store) as s:
         run = s.run()
         names = run.model_state().module_names()
-        fwd = [names[e["module_id"]][0] for e in run.events(kinds=["forward"])]
+        fwd = [names[c["module_id"]][0] for c in run.module_calls("forward")]
     assert sorted(set(fwd)) == ["0", "2"]
     other = tmp_path / "other"
     with auditlog.record(other, policy="debug", exclude=["ReLU", "Sequential"]):
@@ -123,7 +201,7 @@ def test_include_and_exclude_globs(store: Path, tmp_path: Path) -> None:
     with auditlog.open(other) as s:
         run = s.run()
         state = run.model_state()
-        classes = {state.modules[e["module_id"]].cls for e in run.events(kinds=["forward", "backward"])}
+        classes = {state.modules[c["module_id"]].cls for c in run.module_calls()}
     assert classes == {"torch.nn.modules.linear.Linear"}
 
 
@@ -131,7 +209,7 @@ def test_norm_only_statistics(store: Path) -> None:
     with auditlog.record(store, policy="debug", stats="norm"):
         train(1)
     with auditlog.open(store) as s:
-        out = next(s.run().events(kinds=["forward"]))["payload"]["outputs"][0]
+        out = next(s.run().module_calls("forward"))["payload"]["outputs"][0]
     assert set(out) == {"shape", "dtype", "numel", "norm", "nan", "inf"}
 
 
@@ -197,4 +275,4 @@ def test_run_with_policy_flag(tmp_path: Path, store: Path) -> None:
         run = s.run()
         started = next(run.events(kinds=["run_started"]))["payload"]
         kinds = Counter(e["kind"] for e in run.events())
-    assert started["policy"]["preset"] == "minimal" and kinds["forward"] == 0 and kinds["optimizer_step"] == 3
+    assert started["policy"]["preset"] == "minimal" and kinds["activity"] == 0 and kinds["optimizer_step"] == 3

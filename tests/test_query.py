@@ -83,13 +83,19 @@ def test_run_option_scopes_every_view(st: Store) -> None:
 
 
 def test_json_output_decodes_json_columns_and_keeps_non_finite_values(st: Store) -> None:
-    rows = st.json("--run", "poisoned", "select seq, norm, max, payload from forward_stats join events using (run_id, stream, seq) where inf > 0 order by seq limit 1")
+    rows = st.json(
+        "--run",
+        "poisoned",
+        "select seq, call, output, kind, norm, max, payload from forward_stats join events using (run_id, stream, seq) "
+        "where inf > 0 order by seq, call, output limit 1",
+    )
     assert rows, "the poisoned run has infinite activations"
     row = rows[0]
+    assert row["kind"] == "activity" and row["call"] == 0  # the first Linear, fed +inf
     assert row["max"] == "Infinity"
     assert row["norm"] in ("Infinity", "NaN")
     assert isinstance(row["payload"], dict)  # JSON column decoded, not a string
-    assert row["payload"]["outputs"][0]["max"] == "Infinity"
+    assert row["payload"]["forward"][row["call"]]["outputs"][row["output"]]["max"] == "Infinity"
 
 
 def test_csv_output(st: Store) -> None:

@@ -90,28 +90,30 @@ def test_event_counts_equal_sqlite(rec: Recorded, session: QuerySession) -> None
 def test_forward_stats_equal_sqlite_json(rec: Recorded, session: QuerySession) -> None:
     got = rows(
         session,
-        "select run_id, seq, output, norm, mean, std, min, max, nan, inf, numel "
-        "from forward_stats order by run_id, seq, output",
+        "select run_id, seq, call, module_id, output, norm, mean, std, min, max, nan, inf, numel "
+        "from forward_stats order by run_id, seq, call, output",
     )
+    # the activity event's forward calls, expanded: one row per call and output tensor
     want = rec.sqlite(
-        "select e.run_id, e.seq, o.key, json_extract(o.value, '$.norm'), json_extract(o.value, '$.mean'), "
+        "select e.run_id, e.seq, c.key, json_extract(c.value, '$.module_id'), o.key, "
+        "json_extract(o.value, '$.norm'), json_extract(o.value, '$.mean'), "
         "json_extract(o.value, '$.std'), json_extract(o.value, '$.min'), json_extract(o.value, '$.max'), "
         "json_extract(o.value, '$.nan'), json_extract(o.value, '$.inf'), json_extract(o.value, '$.numel') "
-        "from events e, json_each(e.payload, '$.outputs') o where e.kind = 'forward' "
-        "order by e.run_id, e.seq, o.key"
+        "from events e, json_each(e.payload, '$.forward') c, json_each(c.value, '$.outputs') o "
+        "where e.kind = 'activity' order by e.run_id, e.seq, c.key, o.key"
     )
     assert len(got) == len(want) > 0
     for g, w in zip(got, want, strict=True):
-        assert g[:3] == w[:3]
-        assert all(same(a, float(b)) for a, b in zip(g[3:8], w[3:8], strict=True)), (g, w)
-        assert g[8:] == w[8:]
+        assert g[:5] == w[:5]
+        assert all(same(a, float(b)) for a, b in zip(g[5:10], w[5:10], strict=True)), (g, w)
+        assert g[10:] == w[10:]
 
 
 def test_non_finite_statistics_become_nan_and_inf(rec: Recorded, session: QuerySession) -> None:
     """Stored as the JSON strings "NaN"/"Infinity"; the views hold real NaN/inf doubles."""
     stored = rec.sqlite(
-        "select count(*) from events e, json_each(e.payload, '$.outputs') o "
-        "where e.run_id = ? and e.kind = 'forward' and json_extract(o.value, '$.norm') = 'NaN'",
+        "select count(*) from events e, json_each(e.payload, '$.forward') c, json_each(c.value, '$.outputs') o "
+        "where e.run_id = ? and e.kind = 'activity' and json_extract(o.value, '$.norm') = 'NaN'",
         rec.nan_id,
     )[0][0]
     assert stored > 0
@@ -131,9 +133,10 @@ def test_backward_stats_equal_sqlite_json(rec: Recorded, session: QuerySession) 
         f"where run_id = '{rec.mlp_id}' and direction = 'output' group by 1 order by 1",
     )
     want = rec.sqlite(
-        "select e.module_id, count(*), max(json_extract(g.value, '$.norm')), "
-        "sum(json_extract(g.value, '$.numel')) from events e, json_each(e.payload, '$.grad_outputs') g "
-        "where e.run_id = ? and e.kind = 'backward' and g.type = 'object' group by 1 order by 1",
+        "select json_extract(c.value, '$.module_id'), count(*), max(json_extract(g.value, '$.norm')), "
+        "sum(json_extract(g.value, '$.numel')) from events e, json_each(e.payload, '$.backward') c, "
+        "json_each(c.value, '$.grad_outputs') g "
+        "where e.run_id = ? and e.kind = 'activity' and g.type = 'object' group by 1 order by 1",
         rec.mlp_id,
     )
     assert len(got) == len(want) > 5
@@ -159,6 +162,8 @@ def test_steps_equal_sqlite_json(rec: Recorded, session: QuerySession) -> None:
         rec.mlp_id,
     )
     assert len(got) == len(want) == 8 * 14  # 8 steps x 14 parameters, one param group
+    # default norms_every=10: update and parameter norms on the first step only
+    assert {g[0] for g in got if g[4] is not None and g[5] is not None} == {1}
     for g, w in zip(got, want, strict=True):
         assert g[:3] == w[:3]
         assert all(same(a, b) for a, b in zip(g[3:], w[3:], strict=True)), (g, w)

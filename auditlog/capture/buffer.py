@@ -17,11 +17,32 @@ from typing import Any
 Record = tuple[Any, ...]
 
 
+def record_weight(record: Record) -> int:
+    """What a record counts against ``maxsize``, in units of ~1 KB of memory: an
+    ``activity`` record one per module call it holds (a step of a big model holds
+    thousands), an ``optimizer_step`` one per 25 parameters (measured ~4.7 KB for
+    98 parameters with three norm vectors, benchmarks/memory.py), others 1."""
+    kind = record[0]
+    if kind == "activity":
+        payload = record[5]
+        return max(1, len(payload.get("forward", ())) + len(payload.get("backward", ())))
+    if kind == "optimizer_step":
+        return 1 + len(record[5].get("tensor_ids") or ()) // 25
+    return 1
+
+
 class RecordBuffer:
-    """Bounded multi-producer, single-consumer buffer of records."""
+    """Bounded multi-producer, single-consumer buffer of records.
+
+    The bound is in weight units (``record_weight``): records, with an
+    ``activity`` record counting each module call in it, so the bound stays one
+    on memory (~1 KB per unit).
+    """
 
     def __init__(self, maxsize: int = 200_000) -> None:
         self.maxsize = maxsize
+        self._weight = 0
+        self._weight_lock = threading.Lock()
         self._items: collections.deque[Record] = collections.deque()
         self._space = threading.Condition(threading.Lock())
         self.wakeup = threading.Event()
@@ -33,19 +54,21 @@ class RecordBuffer:
 
     def put(self, record: Record) -> None:
         """Append a record; blocks while the buffer is full (writer behind)."""
-        items = self._items
-        if len(items) >= self.maxsize and not self._wait_for_space():
+        weight = record_weight(record)
+        if self._weight + weight > self.maxsize and self._items and not self._wait_for_space(weight):
             self.dropped += 1
             return
-        items.append(record)
+        with self._weight_lock:
+            self._weight += weight
+        self._items.append(record)
 
-    def _wait_for_space(self) -> bool:
+    def _wait_for_space(self, weight: int) -> bool:
         """Block until the writer makes room; False if the writer is gone."""
         began = time.perf_counter()
         self.wakeup.set()
         try:
             with self._space:
-                while len(self._items) >= self.maxsize:
+                while self._weight + weight > self.maxsize and self._items:
                     if not self.consumer_alive():
                         return False
                     if not self._space.wait(timeout=1.0):
@@ -55,19 +78,31 @@ class RecordBuffer:
             self.blocked_seconds += time.perf_counter() - began
 
     def drain(self, limit: int) -> list[Record]:
-        """Remove and return up to ``limit`` records, oldest first (writer only)."""
+        """Remove and return records up to ``limit`` weight (at least one), oldest
+        first (writer only). A weight limit, not a count: a batch of big records
+        must not hold as much memory again as the queue itself."""
         items = self._items
         out: list[Record] = []
         pop = items.popleft
+        removed = 0
         try:
-            for _ in range(limit):
-                out.append(pop())
+            while removed < limit:
+                record = pop()
+                out.append(record)
+                removed += record_weight(record)
         except IndexError:
             pass
         if out:
+            with self._weight_lock:
+                self._weight -= removed
             with self._space:
                 self._space.notify_all()
         return out
 
     def __len__(self) -> int:
         return len(self._items)
+
+    @property
+    def weight(self) -> int:
+        """Queued weight (see ``record_weight``), what ``maxsize`` bounds."""
+        return self._weight

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
-from auditlog.tensors import device_stats, finite_or_text, tensor_hash
+from auditlog.tensors import HostValues, device_stats, finite_or_text, tensor_hash
 
 
 class BlobSink(Protocol):
@@ -110,22 +110,28 @@ class SnapshotItems:
 
 
 class StackedNorms:
-    """Per-parameter norms stacked into one tensor on the hot path, read by the writer.
+    """Per-parameter norms as one tensor (``tensors.norms_of``), read by the writer.
 
-    ``present`` marks which parameters had a value (a gradient, say); the stacked
-    tensor holds norms only for those. It stays on the parameters' device: the
-    writer's ``tolist()`` is then the only sync, on the writer thread.
+    ``present`` marks which parameters had a value (a gradient, say); the tensor
+    holds norms only for those. It stays on the parameters' device: the writer's
+    ``tolist()`` is then the only sync, on the writer thread.
     """
 
-    __slots__ = ("norms", "present")
+    __slots__ = ("norms", "present", "values")
 
-    def __init__(self, present: list[bool], norms: list[torch.Tensor]) -> None:
+    def __init__(self, present: list[bool], norms: torch.Tensor | None) -> None:
         self.present = present
-        self.norms: torch.Tensor | None = _stack(norms) if norms else None
+        self.norms = norms
+        # Device norms start their way to the host now (no sync; see HostValues).
+        self.values = None if norms is None or norms.device.type == "cpu" else HostValues(norms)
 
     def resolve(self) -> list[float | str | None]:
         """Norms aligned with ``present``; None where the parameter had no value."""
-        values = iter(self.norms.tolist() if self.norms is not None else [])
+        if self.values is not None:
+            raw = self.values.tolist()
+        else:
+            raw = self.norms.tolist() if self.norms is not None else []
+        values = iter(raw)
         return [finite_or_text(float(next(values))) if has else None for has in self.present]
 
 
@@ -139,16 +145,8 @@ class NonFiniteCount:
         self.on_nonfinite = on_nonfinite
 
     def resolve(self) -> int:
-        values = self.norms.norms
-        count = 0 if values is None else int((~torch.isfinite(values)).sum())
+        # From the values the writer reads anyway: no torch op on the writer thread.
+        count = sum(1 for value in self.norms.resolve() if isinstance(value, str))
         if count and self.on_nonfinite is not None:
             self.on_nonfinite()  # the recorder samples activity from the next step on
         return count
-
-
-def _stack(norms: list[torch.Tensor]) -> torch.Tensor:
-    devices = {n.device for n in norms}
-    if len(devices) == 1:
-        return torch.stack([n.float() for n in norms])
-    # Parameters on several devices (model parallel): a blocking copy each, rare.
-    return torch.stack([n.float().cpu() for n in norms])

@@ -11,6 +11,7 @@ Rules every hook here follows (DESIGN.md):
 
 from __future__ import annotations
 
+import collections
 import sys
 import threading
 import time
@@ -30,13 +31,17 @@ from auditlog.capture.identity import ObjectIds
 from auditlog.capture.lazy import HostCopy, NonFiniteCount, SealItems, SnapshotItems, StackedNorms
 from auditlog.capture.source import Location, construction_location, user_location
 from auditlog.capture.structure import check_structure
+from auditlog.encoding import Clean, CleanList
 from auditlog.errors import RecordingFailedError, one_line
 from auditlog.policy import Policy
 from auditlog.replay import STATE_KINDS, ModelState, apply
-from auditlog.tensors import StatsRecord, device_stats
+from auditlog.tensors import StatsRecord, activity_stats, batch_records, norms_of
 
 _is_compiling = torch.compiler.is_compiling
 MAX_TENSORS = 4
+# Activity entries held before they are emitted anyway (a loop of forward calls
+# without optimizer steps, e.g. evaluation, must not grow memory without bound).
+ACTIVITY_FLUSH = 4096
 
 
 def _class_name(obj: object) -> str:
@@ -88,7 +93,17 @@ class Recorder:
         self._sources: weakref.WeakKeyDictionary[torch.nn.Module, Location | None] = (
             weakref.WeakKeyDictionary()
         )
-        self._pending_steps: dict[int, tuple[list[torch.Tensor], list[torch.Tensor] | None]] = {}
+        self._pending_steps: dict[int, tuple[list[torch.Tensor], list[torch.Tensor] | None, bool]] = {}
+        # Per optimizer: reusable host buffers for the pre-step copy (CPU), and the
+        # ids of its parameters as last seen (the optimizer holds them alive).
+        self._before_buffers: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[torch.Tensor]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._param_ids: dict[int, tuple[tuple[int, ...], CleanList, list[CleanList]]] = {}
+        # Module activity of sampled steps: (step, "forward" | "backward", entry),
+        # emitted as one ``activity`` event per step (deque: appends from autograd's
+        # device threads are safe against the flush).
+        self._activity: collections.deque[tuple[int, str, Any]] = collections.deque()
         self._optimizer_steps: dict[int, int] = {}
         self._warned: set[str] = set()
         self.faults = 0
@@ -290,13 +305,15 @@ class Recorder:
         parent_new = self.modules.lookup(parent) is None
         parent_id = self._module_id(parent)
         child_id = None if child is None else self._module_id(child)
-        payload: dict[str, Any] = {
+        # Clean: names, class names, ids and source locations only (no floats), so
+        # the writer encodes registration payloads without walking them.
+        payload: dict[str, Any] = Clean({
             "name": name,
             "child_id": child_id,
             "child_class": None if child is None else _class_name(child),
             "parent_class": _class_name(parent),
             "source": None if adopted else self._source_of(child),
-        }
+        })
         if parent_new and not adopted:
             payload["parent_source"] = self._source_of(parent)
         if adopted:
@@ -320,7 +337,7 @@ class Recorder:
         self._registrations += 1
         new = self.modules.lookup(module) is None
         module_id = self._module_id(module)
-        payload: dict[str, Any] = {"name": name, "module_class": _class_name(module)}
+        payload: dict[str, Any] = Clean(name=name, module_class=_class_name(module))
         tensor_id = None
         if tensor is None:
             payload.update(shape=None, dtype=None, device=None)
@@ -367,6 +384,10 @@ class Recorder:
         if root is not None:
             if self.modules.lookup(root) is None:
                 self.adopt(root)
+            else:
+                # Tensors swapped in without a hook (``.to()`` replaces buffers) are
+                # registered first, so they are sealed with the rest.
+                check_structure(self, [root], trigger)
             candidates = _module_tensors(root)
         elif tensors is not None:
             candidates = iter(tensors)
@@ -385,6 +406,8 @@ class Recorder:
             self._scanned[root] = self._registrations
             self._track_root(root)
         if items:
+            # Device statistics of the seal go to the host together (no GIL-held sync on the writer).
+            batch_records([copy.stats for _, copy in items if copy.stats is not None])
             module_id = None if root is None else self.modules.lookup(root)
             store = self.policy.snapshot_initial
             self.emit(
@@ -524,17 +547,49 @@ class Recorder:
             if not self._selected_module(module, module_id):
                 return
             if output is None:
-                self.emit("forward", module_id, None, {"outputs": [], "n_outputs": 0, "error": True})
+                self._add_activity(self.step, "forward", {"module_id": module_id, "n_outputs": 0, "outputs": [], "error": True})
                 return
             tensors = _tensors_in(output)
             full = self.policy.stats == "full"
-            stats = [device_stats(t, full) for t in tensors[:MAX_TENSORS]]
-            self.emit("forward", module_id, None, {"outputs": stats, "n_outputs": len(tensors)})
+            stats = [activity_stats(t, full) for t in tensors[:MAX_TENSORS]]
+            self._add_activity(self.step, "forward", {"module_id": module_id, "n_outputs": len(tensors), "outputs": stats})
             if self.policy.backward == "grad" and torch.is_grad_enabled():
                 self._hook_gradients(module_id, tensors)
         except Exception as exc:
             self._fault("forward_hook", exc)
         return
+
+    def _add_activity(self, step: int, direction: str, entry: dict[str, Any]) -> None:
+        """Hold one module call's statistics until the step's ``activity`` event."""
+        activity = self._activity
+        activity.append((step, direction, entry))
+        if len(activity) >= ACTIVITY_FLUSH:
+            self.flush_activity()
+
+    def flush_activity(self) -> None:
+        """Emit the held module activity: one ``activity`` event per step it belongs to."""
+        activity = self._activity
+        by_step: dict[int, dict[str, list[Any]]] = {}
+        for _ in range(len(activity)):
+            step, direction, entry = activity.popleft()
+            calls = by_step.get(step)
+            if calls is None:
+                calls = by_step[step] = {"forward": [], "backward": []}
+            calls[direction].append(entry)
+        for step, calls in by_step.items():
+            lazy = [
+                stats
+                for entries in calls.values()
+                for entry in entries
+                for key in ("outputs", "grad_outputs", "grad_inputs")
+                for stats in entry.get(key, ())
+                if type(stats) is StatsRecord
+            ]
+            if lazy:
+                batch_records(lazy)  # device statistics: one readback per step on the writer
+            else:
+                calls = Clean(calls)  # plain numbers only (CPU): the writer encodes it as it is
+            self.emit("activity", None, None, calls, step=step)
 
     def _hook_gradients(self, module_id: int, tensors: list[torch.Tensor]) -> None:
         needing = [t for t in tensors if t.requires_grad]
@@ -553,13 +608,8 @@ class Recorder:
         if _is_compiling():  # traced by dynamo: record nothing, never break the trace
             return None
         try:
-            self.emit(
-                "backward",
-                module_id,
-                None,
-                {"mechanism": "grad", "grad_outputs": [device_stats(grad, self.policy.stats == "full")]},
-                step=step,
-            )
+            stats = [activity_stats(grad, self.policy.stats == "full")]
+            self._add_activity(step, "backward", {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats})
         except Exception as exc:
             self._fault("gradient_hook", exc)
 
@@ -568,19 +618,17 @@ class Recorder:
             return None
         try:
             full = self.policy.stats == "full"
-            stats = [None if g is None else device_stats(g, full) for g in list(grads)[:MAX_TENSORS]]
-            self.emit(
-                "backward", module_id, None, {"mechanism": "grad", "grad_outputs": stats}, step=step
-            )
+            stats = [None if g is None else activity_stats(g, full) for g in list(grads)[:MAX_TENSORS]]
+            self._add_activity(step, "backward", {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats})
         except Exception as exc:
             self._fault("gradient_hook", exc)
 
     def _on_backward_pre(self, module: torch.nn.Module, grad_output: Any) -> None:
         return None  # installed so the full pair is present; the post hook records
 
-    def _grad_stats(self, grads: Any) -> list[StatsRecord | None]:
+    def _grad_stats(self, grads: Any) -> list[dict[str, Any] | StatsRecord | None]:
         full = self.policy.stats == "full"
-        return [None if g is None else device_stats(g, full) for g in list(grads or ())[:MAX_TENSORS]]
+        return [None if g is None else activity_stats(g, full) for g in list(grads or ())[:MAX_TENSORS]]
 
     def _on_full_backward(self, module: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:
         if _is_compiling():  # traced by dynamo: record nothing, never break the trace
@@ -601,11 +649,11 @@ class Recorder:
             module_id = self._module_id(module)
             if not self._selected_module(module, module_id):
                 return
-            self.emit(
+            self._add_activity(
+                self.step,
                 "backward",
-                module_id,
-                None,
                 {
+                    "module_id": module_id,
                     "mechanism": mechanism,
                     "grad_outputs": self._grad_stats(grad_output),
                     "grad_inputs": self._grad_stats(grad_input),
@@ -628,15 +676,34 @@ class Recorder:
                 if self._unsealed:
                     self.seal(None, "optimizer_step", tensors=params)
                 self._track_owners(params)
-            before = None
-            if self.policy.update_norms:
-                # A plain clone per tensor measured ~9x faster than _foreach_mul(x, 1) on
-                # CPU; the copies live only until the post hook of this same step.
-                with torch.no_grad():
-                    before = [p.detach().clone() for p in params]
-            self._pending_steps[id(optimizer)] = (params, before)
+            policy = self.policy
+            due = (policy.update_norms or policy.param_norms) and policy.norms_due(self.step)
+            before = self._copy_before(optimizer, params) if due and policy.update_norms else None
+            self._pending_steps[id(optimizer)] = (params, before, due)
         except Exception as exc:
             self._fault("optimizer_step_pre_hook", exc)
+
+    def _copy_before(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The parameters' values before the step, for exact update norms.
+
+        CPU: copied into buffers kept per optimizer (a fresh clone of every
+        parameter cost ~7x more, measured on the 98-parameter MLP: each new
+        allocation of a large block faults its pages in). Other devices: clones,
+        so the caching allocator reuses their memory and nothing stays resident
+        between steps.
+        """
+        with torch.no_grad():
+            detached = [p.detach() for p in params]
+            if not detached or any(p.device.type != "cpu" for p in detached):
+                return [p.clone() for p in detached]
+            buffers = self._before_buffers.get(optimizer)
+            if buffers is None or len(buffers) != len(detached) or any(
+                b.shape != p.shape or b.dtype != p.dtype for b, p in zip(buffers, detached, strict=True)
+            ):
+                buffers = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in detached]
+                self._before_buffers[optimizer] = buffers
+            torch._foreach_copy_(buffers, detached)
+            return buffers
 
     def _on_step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if _is_compiling():  # traced by dynamo: record nothing, never break the trace
@@ -646,10 +713,10 @@ class Recorder:
             optimizer_id, _ = self.optimizers.get(optimizer)
             count = self._optimizer_steps.get(optimizer_id, 0) + 1
             self._optimizer_steps[optimizer_id] = count
-            params, before = self._pending_steps.pop(id(optimizer), (None, None))
+            params, before, due = self._pending_steps.pop(id(optimizer), (None, None, False))
             if params is None:
                 params = [p for group in optimizer.param_groups for p in group["params"]]
-            payload = self._step_payload(optimizer, params, before)
+            payload = self._step_payload(optimizer, params, before, due)
             payload.update(
                 optimizer_id=optimizer_id,
                 optimizer_class=_class_name(optimizer),
@@ -657,9 +724,10 @@ class Recorder:
             )
             # Structure check and snapshot come before the optimizer_step event, so
             # "the state after step N" is exactly the events up to that event.
+            self.flush_activity()  # this step's module activity, before its optimizer_step
             every = self.policy.snapshot_every
             snap = every > 0 and self.step % every == 0
-            if self.sampling or snap:
+            if snap or self.step % self.policy.check_every == 0:
                 self.check(None, "optimizer_step")
             if snap:
                 self.snapshot(self.live_roots(), "step")
@@ -690,47 +758,85 @@ class Recorder:
         optimizer: torch.optim.Optimizer,
         params: list[torch.Tensor],
         before: list[torch.Tensor] | None,
+        due: bool,
     ) -> dict[str, Any]:
-        tensor_ids = [self.tensors.get(p)[0] for p in params]
+        """The ``optimizer_step`` payload: hyperparameters and per-parameter norms.
+
+        Gradient norms every step (one fused pass); parameter and update norms on
+        the steps ``norms_every`` selects. On CPU the norms are read at once (no
+        device to wait for; the writer then only encodes), elsewhere they stay on
+        the device until the writer reads them.
+        """
+        tensor_ids, group_ids = self._ids_of(optimizer, params)
         groups: list[dict[str, Any]] = []
-        for group in optimizer.param_groups:
+        for group, members in zip(optimizer.param_groups, group_ids, strict=True):
             hyper = {
                 key: (value.detach().clone() if isinstance(value, torch.Tensor) else value)
                 for key, value in group.items()
                 if key != "params"
             }
-            hyper["params"] = [self.tensors.get(p)[0] for p in group["params"]]
+            hyper["params"] = members
             groups.append(hyper)
+        policy = self.policy
+        strided = torch.strided
         with torch.no_grad():
-            detached = [p.detach() for p in params]
-            grad_norms = param_norms = None
-            if self.policy.grad_norms:
-                grads = [p.grad.detach() for p in params if p.grad is not None and p.grad.layout == torch.strided]
-                present = [p.grad is not None and p.grad.layout == torch.strided for p in params]
-                grad_norms = StackedNorms(present, list(torch._foreach_norm(grads)) if grads else [])
-            if self.policy.param_norms:
-                param_norms = StackedNorms(
-                    [True] * len(params), list(torch._foreach_norm(detached)) if detached else []
-                )
-            update_norms = None
-            if before is not None and len(before) == len(detached):
-                if detached:
-                    torch._foreach_sub_(before, detached)  # before := before - after, in place
-                update_norms = StackedNorms(
-                    [True] * len(params), list(torch._foreach_norm(before)) if before else []
-                )
+            grad_norms: list[Any] | StackedNorms | None = None
+            nonfinite: int | NonFiniteCount | None = None
+            if policy.grad_norms:
+                present: list[bool] = []
+                grads: list[torch.Tensor] = []
+                for p in params:
+                    grad = p.grad
+                    has = grad is not None and grad.layout == strided
+                    present.append(has)
+                    if has:
+                        grads.append(grad)  # type: ignore[arg-type]
+                stacked = StackedNorms(present, norms_of(grads))
+                if _on_cpu(stacked):
+                    grad_norms = CleanList(stacked.resolve())
+                    nonfinite = sum(1 for v in grad_norms if isinstance(v, str))
+                    if nonfinite:
+                        self.flag_nonfinite()
+                else:
+                    grad_norms, nonfinite = stacked, NonFiniteCount(stacked, self.flag_nonfinite)
+            param_norms: list[Any] | StackedNorms | None = None
+            update_norms: list[Any] | StackedNorms | None = None
+            if due:
+                detached = [p.detach() for p in params]
+                if policy.param_norms:
+                    param_norms = _read_if_cpu(StackedNorms([True] * len(params), norms_of(detached)))
+                if before is not None and len(before) == len(detached):
+                    if detached:
+                        torch._foreach_sub_(before, detached)  # before := before - after, in place
+                    update_norms = _read_if_cpu(StackedNorms([True] * len(params), norms_of(before)))
         return {
             "param_groups": groups,
             "tensor_ids": tensor_ids,
             "grad_norm": grad_norms,
-            "nonfinite_grads": None if grad_norms is None else NonFiniteCount(grad_norms, self.flag_nonfinite),
+            "nonfinite_grads": nonfinite,
             "update_norm": update_norms,
             "param_norm": param_norms,
         }
 
+    def _ids_of(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> tuple[CleanList, list[CleanList]]:
+        """Tensor ids of the optimizer's parameters, in order and per group (cached).
+
+        The cache key is the identity of every parameter object: the optimizer
+        holds them alive, so an unchanged key means unchanged objects.
+        """
+        key = tuple(map(id, params)) + tuple(len(g["params"]) for g in optimizer.param_groups)
+        cached = self._param_ids.get(id(optimizer))
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        tensor_ids = CleanList(self.tensors.get(p)[0] for p in params)
+        group_ids = [CleanList(self.tensors.get(p)[0] for p in group["params"]) for group in optimizer.param_groups]
+        self._param_ids[id(optimizer)] = (key, tensor_ids, group_ids)
+        return tensor_ids, group_ids
+
     # ------------------------------------------------------------------ end
     def finish(self) -> None:
         """Run end: seal what was never sealed, check structure, take the final snapshot."""
+        self.flush_activity()
         if self._unsealed:
             self.seal(None, "run_end")
         roots = self.live_roots()
@@ -741,6 +847,15 @@ class Recorder:
         for finalizer in self._finalizers:
             finalizer.detach()  # release the member dicts: recording is over
         self._finalizers.clear()
+
+
+def _on_cpu(norms: StackedNorms) -> bool:
+    return norms.norms is None or norms.norms.device.type == "cpu"
+
+
+def _read_if_cpu(norms: StackedNorms) -> list[Any] | StackedNorms:
+    """CPU norms are read now (nothing to wait for); device norms stay lazy for the writer."""
+    return CleanList(norms.resolve()) if _on_cpu(norms) else norms
 
 
 def _dict_tensors(params: Any, buffers: Any, children: Any) -> Iterator[torch.Tensor]:

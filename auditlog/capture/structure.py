@@ -7,8 +7,9 @@ recorder keeps the state its own events describe (the same ``replay.apply`` the
 read side uses); a check walks the live module tree and emits an explicit event
 for every difference, so replaying the record yields the live structure again.
 
-Checks run at optimizer steps where activity is sampled, before every snapshot
-and at run end; a change is dated by the check that found it.
+Checks run after every ``check_every``-th optimizer step (policy), when a root
+module is sealed (its first forward), before every snapshot and at run end; a
+change is dated by the check that found it.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ hash chain that tells a running process from a crashed one.
 from __future__ import annotations
 
 import contextlib
+import operator
 import sqlite3
 import time
 import uuid
@@ -136,6 +137,12 @@ def make_engine(location: StoreLocation, synchronous: str = "NORMAL") -> Engine:
     return engine
 
 
+EVENT_COLUMNS = (
+    "run_id", "stream", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id", "snapshot", "payload", "hash",
+)
+_EVENT_VALUES = operator.itemgetter(*EVENT_COLUMNS)
+
+
 class EventStore:
     """An open, validated event store."""
 
@@ -230,10 +237,15 @@ class EventStore:
                 )
 
     def append(self, rows: Sequence[dict[str, Any]], run_id: str, heartbeat: bool = True) -> None:
-        """Insert a batch of encoded events and refresh the run's heartbeat, atomically."""
+        """Insert a batch of encoded events and refresh the run's heartbeat, atomically.
+
+        The rows go to the driver's ``executemany`` as tuples (SQLAlchemy's Core
+        insert added ~40% per row to the writer, measured by benchmarks/ingest.py);
+        the statement is built once for the dialect's parameter style.
+        """
         with self.engine.begin() as conn:
             if rows:
-                conn.execute(schema.events.insert(), list(rows))
+                conn.exec_driver_sql(self._insert_sql(), [_EVENT_VALUES(r) for r in rows])
             if not heartbeat:
                 return
             conn.execute(
@@ -241,6 +253,21 @@ class EventStore:
                 .where(schema.runs.c.run_id == run_id)
                 .values(last_seen_ns=time.time_ns())
             )
+
+    def _insert_sql(self) -> str:
+        sql: str | None = getattr(self, "_insert_sql_text", None)
+        if sql is None:
+            style = self.engine.dialect.paramstyle  # positional styles only: rows are tuples
+            count = len(EVENT_COLUMNS)
+            if style == "qmark":
+                marks = ["?"] * count
+            elif style == "numeric":
+                marks = [f":{i + 1}" for i in range(count)]
+            else:  # format / pyformat (psycopg): %s is positional there
+                marks = ["%s"] * count
+            sql = f"INSERT INTO events ({', '.join(EVENT_COLUMNS)}) VALUES ({', '.join(marks)})"
+            self._insert_sql_text = sql
+        return sql
 
     def has_blob(self, sha256: str) -> bool:
         """Is this tensor content in the snapshot catalog?"""
