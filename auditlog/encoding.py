@@ -48,7 +48,12 @@ def _int_or_null(value: int | None) -> str:
     return "null" if value is None else str(int(value))
 
 
-def canonical_row(row: dict[str, Any]) -> bytes:
+def row_prefix(run_id: str, stream: int) -> str:
+    """The start of every canonical row of one stream (computed once per writer)."""
+    return f"[{encode_basestring_ascii(run_id)},{int(stream)},"
+
+
+def canonical_row(row: dict[str, Any], prefix: str | None = None) -> bytes:
     """The bytes that are hashed for one stored event.
 
     Byte-for-byte the compact, ASCII-escaped JSON array described above (what
@@ -58,8 +63,10 @@ def canonical_row(row: dict[str, Any]) -> bytes:
     ~3x faster, and it is paid once per event.
     """
     snapshot = row["snapshot"]
+    if prefix is None:
+        prefix = row_prefix(row["run_id"], row["stream"])
     return (
-        f"[{encode_basestring_ascii(row['run_id'])},{int(row['stream'])},{int(row['seq'])},"
+        f"{prefix}{int(row['seq'])},"
         f"{int(row['ts_ns'])},{encode_basestring_ascii(row['kind'])},{_int_or_null(row['step'])},"
         f"{_int_or_null(row['module_id'])},{_int_or_null(row['tensor_id'])},"
         f"{'null' if snapshot is None else encode_basestring_ascii(snapshot)},"
@@ -95,11 +102,12 @@ def canonical_row_reference(row: dict[str, Any]) -> bytes:
     ).encode()
 
 
-def chain_hash(prev_hash: str, row: dict[str, Any]) -> str:
-    """Hash of one event given the hash of the event before it in its stream."""
+def chain_hash(prev_hash: str, row: dict[str, Any], prefix: str | None = None) -> str:
+    """Hash of one event given the hash of the event before it in its stream
+    (``prefix``: ``row_prefix`` of the row's stream, when the caller has it)."""
     digest = hashlib.sha256(prev_hash.encode())
     digest.update(b"\n")
-    digest.update(canonical_row(row))
+    digest.update(canonical_row(row, prefix))
     return digest.hexdigest()
 
 

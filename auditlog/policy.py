@@ -33,7 +33,7 @@ class Policy:
     preset: str = "audit"
     # activity (forward/backward statistics per module call)
     activity: bool = True
-    activity_every: int = 10
+    activity_every: int = 100
     activity_first: int = 1
     sample_nonfinite: bool = True
     backward: str = "grad"
@@ -93,8 +93,8 @@ class Policy:
 
 PRESETS: dict[str, dict[str, Any]] = {
     # construction, sealed initial values, every optimizer step with hyperparameters
-    # and per-parameter gradient norms; update and parameter norms and module
-    # activity on every 10th step
+    # and per-parameter gradient norms; update and parameter norms every 10th step,
+    # module activity every 100th (and step 0)
     "audit": {},
     # everything, every step: forward and backward statistics of every module call
     "debug": {"activity_every": 1, "activity_first": 0, "norms_every": 1},

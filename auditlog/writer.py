@@ -29,6 +29,7 @@ from auditlog.encoding import (
     chain_hash,
     encode_clean,
     genesis_hash,
+    row_prefix,
 )
 from auditlog.errors import one_line
 from auditlog.snapshots import SnapshotStore
@@ -104,6 +105,7 @@ class Writer:
         self.seq, self.head = head if head is not None else (0, genesis_hash(run_id, stream))
         self.written = 0
         self.dropped = 0
+        self._row_prefix = row_prefix(run_id, stream)  # the constant head of every canonical row
         self.snapshots = SnapshotStore(store.location.snapshots)
         self._catalogued: set[str] = set()
         self._new_blobs: list[dict[str, Any]] = []
@@ -188,7 +190,7 @@ class Writer:
     def _encode(self, record: tuple[Any, ...]) -> dict[str, Any]:
         kind, ts_ns, step, module_id, tensor_id, payload = record
         try:
-            text = encode_clean(materialize(payload, self))
+            text = encode_clean(payload if type(payload) is Clean else materialize(payload, self))
         except Exception as exc:  # a payload that cannot be read becomes the recorder's fault
             kind = "recorder_error"
             text = canonical_payload(
@@ -207,7 +209,7 @@ class Writer:
             "snapshot": None,
             "payload": text,
         }
-        self.head = row["hash"] = chain_hash(self.head, row)
+        self.head = row["hash"] = chain_hash(self.head, row, self._row_prefix)
         return row
 
     def _write(self, rows: list[dict[str, Any]]) -> None:

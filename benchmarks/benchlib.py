@@ -35,10 +35,10 @@ import auditlog
 PRESETS: dict[str, dict[str, Any]] = {
     # construction, sealing, run end, every optimizer step; no update norms, no activity
     "minimal": {"activity_every": 10**9, "update_norms": False},
-    # the default: every optimizer step with grad/update norms, activity every 10th step
-    "audit": {"activity_every": 10},
+    # the default: every optimizer step with grad norms, update norms every 10th, activity every 100th
+    "audit": {"activity_every": 100, "norms_every": 10},
     # full capture: forward and backward statistics of every module on every step
-    "debug": {"activity_every": 1, "backward": "grad"},
+    "debug": {"activity_every": 1, "backward": "grad", "norms_every": 1},
 }
 
 
