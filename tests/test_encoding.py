@@ -8,7 +8,13 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from auditlog.encoding import Clean, canonical_row, canonical_row_reference, encode_clean, row_prefix
+from auditlog.encoding import (
+    Clean,
+    canonical_row,
+    canonical_row_reference,
+    encode_clean,
+    row_prefix,
+)
 from auditlog.writer import materialize
 
 text = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
