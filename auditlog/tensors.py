@@ -257,11 +257,12 @@ def norms_of(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     """
     if not tensors:
         return None
-    device = tensors[0].device
     norms = torch._foreach_norm(tensors)
-    if any(n.device != device or n.dtype != torch.float32 for n in norms):
+    try:
+        return torch.stack(norms).float()  # one device: the common case, no per-norm checks
+    except RuntimeError:  # several devices
+        device = tensors[0].device
         return torch.stack([n.float().to(device) for n in norms])
-    return torch.stack(norms)
 
 
 def host_stats(tensor: torch.Tensor) -> dict[str, Any]:

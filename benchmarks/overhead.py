@@ -57,6 +57,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -507,6 +508,48 @@ def report(
 
 
 # ---------------------------------------------------------------------- profile
+def windowed(
+    workload: Workload,
+    config: Config,
+    warmup: int,
+    steps: int,
+    start: Callable[[], None],
+    stop: Callable[[], None],
+    written: Callable[[], None] = lambda: None,
+) -> float:
+    """Train ``warmup + steps`` steps under ``config`` (a fresh model in a scratch store);
+    ``start`` runs before the last ``steps`` (the window), ``stop`` right after them,
+    ``written`` once the writer has written the window's records. Returns the
+    window's wall time."""
+    with tempfile.TemporaryDirectory(prefix="auditlog-bench-") as scratch:
+        gc.collect()
+        torch.manual_seed(0)
+        x, y = workload.batch()
+        config.begin(Path(scratch))
+        try:
+            model = workload.build()
+            optimizer = workload.optimizer(model.parameters())
+            began = time.perf_counter()
+            for i in range(warmup + steps):
+                if i == warmup:
+                    config.settle()
+                    start()
+                    began = time.perf_counter()
+                loss = workload.loss(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()  # type: ignore[no-untyped-call]
+                optimizer.step()
+                config.after_step(i, model)
+            wall = time.perf_counter() - began
+            stop()
+            config.window_end()
+            config.settle()
+            written()
+            return wall
+        finally:
+            config.end()
+
+
 HOOKS = (
     "_on_forward_pre", "_on_forward", "_on_output_grad", "_on_output_grads", "_on_backward_pre",
     "_on_full_backward", "_on_legacy_backward", "_on_step_pre", "_on_step_post",
@@ -558,29 +601,13 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
         for _ in range(rounds):
             for preset in ["bare", *presets]:
                 config: Config = Config() if preset == "bare" else Auditlog(preset, None)
-                with tempfile.TemporaryDirectory(prefix="auditlog-bench-") as scratch:
-                    gc.collect()
-                    torch.manual_seed(0)
-                    x, y = workload.batch()
-                    config.begin(Path(scratch))
-                    try:
-                        model = workload.build()
-                        optimizer = workload.optimizer(model.parameters())
-                        for i in range(5 + steps):
-                            if i == 5:
-                                config.settle()
-                                spent["hooks"] = spent["writer"] = 0.0
-                                began = time.perf_counter()
-                            loss = workload.loss(model(x), y)
-                            optimizer.zero_grad()
-                            loss.backward()  # type: ignore[no-untyped-call]
-                            optimizer.step()
-                        wall = time.perf_counter() - began
-                        config.window_end()
-                        config.settle()  # the window's records written: their writer time counted
-                        results[preset].append((wall / steps, spent["hooks"] / steps, spent["writer"] / steps))
-                    finally:
-                        config.end()
+
+                window: dict[str, float] = {}
+                wall = windowed(
+                    workload, config, 5, steps, lambda: spent.update(hooks=0.0, writer=0.0), lambda: None,
+                    lambda window=window: window.update(spent),
+                )
+                results[preset].append((wall / steps, window["hooks"] / steps, window["writer"] / steps))
     finally:
         for name, function in originals.items():
             setattr(recorder_module.Recorder, name, function)
@@ -605,30 +632,8 @@ def profile(workload: Workload, presets: list[str], steps: int, top: int) -> Non
     """cProfile the training thread of each preset and print what costs most per step."""
     configs: list[Config] = [Config()] + [Auditlog(p, None) for p in presets]
     for config in configs:
-        with tempfile.TemporaryDirectory(prefix="auditlog-bench-") as scratch:
-            gc.collect()
-            torch.manual_seed(0)
-            x, y = workload.batch()
-            config.begin(Path(scratch))
-            try:
-                model = workload.build()
-                optimizer = workload.optimizer(model.parameters())
-                for i in range(BLOCK + steps):
-                    if i == BLOCK:
-                        config.settle()
-                        profiler = cProfile.Profile()
-                        profiler.enable()
-                        began = time.perf_counter()
-                    loss = workload.loss(model(x), y)
-                    optimizer.zero_grad()
-                    loss.backward()  # type: ignore[no-untyped-call]
-                    optimizer.step()
-                    config.after_step(i, model)
-                profiler.disable()
-                wall = time.perf_counter() - began
-                config.window_end()
-            finally:
-                config.end()
+        profiler = cProfile.Profile()
+        wall = windowed(workload, config, BLOCK, steps, profiler.enable, profiler.disable)
         out = io.StringIO()
         stats = pstats.Stats(profiler, stream=out)
         total = sum(v[2] for v in stats.stats.values())  # type: ignore[attr-defined]

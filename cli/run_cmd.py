@@ -43,6 +43,13 @@ from auditlog.session import Recording, Terminated
     help="Record forward/backward activity every N optimizer steps.",
 )
 @click.option(
+    "--norms-every",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Exact update and parameter norms every N optimizer steps (gradient norms are "
+    "recorded every step).",
+)
+@click.option(
     "--snapshot-every",
     type=click.IntRange(min=0),
     default=None,
@@ -73,6 +80,7 @@ def run(
     policy: str | None,
     backward: str | None,
     activity_every: int | None,
+    norms_every: int | None,
     snapshot_every: int | None,
     durability: str | None,
     on_error: str | None,
@@ -88,6 +96,7 @@ def run(
         policy,
         backward=backward,
         activity_every=activity_every,
+        norms_every=norms_every,
         snapshot_every=snapshot_every,
         durability=durability,
         on_error=on_error,

@@ -276,3 +276,21 @@ def test_run_with_policy_flag(tmp_path: Path, store: Path) -> None:
         started = next(run.events(kinds=["run_started"]))["payload"]
         kinds = Counter(e["kind"] for e in run.events())
     assert started["policy"]["preset"] == "minimal" and kinds["activity"] == 0 and kinds["optimizer_step"] == 3
+
+
+def test_run_norms_every_flag_gives_update_norms_on_every_step(tmp_path: Path, store: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nfrom torch import nn\nm = nn.Linear(3, 1)\no = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n    m(torch.randn(2, 3)).sum().backward(); o.step()\n"
+    )
+    done = run_auditlog("run", "--store", str(store), "--norms-every", "1", str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    with auditlog.open(store) as s:
+        run = s.run()
+        started = next(run.events(kinds=["run_started"]))["payload"]
+        steps = [e["payload"] for e in run.events(kinds=["optimizer_step"])]
+    assert started["policy"]["norms_every"] == 1 and started["policy"]["preset"] == "audit"
+    assert len(steps) == 3 and all(len(p["update_norm"]) == 2 and len(p["param_norm"]) == 2 for p in steps)
+    bad = run_auditlog("run", "--store", str(store), "--norms-every", "0", str(script), cwd=tmp_path)
+    assert bad.returncode == 2 and "--norms-every" in bad.stderr

@@ -132,7 +132,14 @@ class StackedNorms:
         else:
             raw = self.norms.tolist() if self.norms is not None else []
         values = iter(raw)
-        return [finite_or_text(float(next(values))) if has else None for has in self.present]
+        out: list[float | str | None] = []
+        for has in self.present:
+            if has:
+                value = float(next(values))
+                out.append(value if value - value == 0.0 else finite_or_text(value))
+            else:
+                out.append(None)
+        return out
 
 
 class NonFiniteCount:

@@ -107,8 +107,10 @@ class Recorder:
         self._optimizer_steps: dict[int, int] = {}
         self._warned: set[str] = set()
         self.faults = 0
-        # The state our own events describe (replay.apply), for structural checks.
+        # The state our own events describe (replay.apply), for structural checks,
+        # and per tensor id the (shape, dtype, device, requires_grad) last found equal to it.
         self.state = ModelState()
+        self.checked_facts: dict[int, tuple[Any, ...]] = {}
         self._roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self._finalizers: list[weakref.finalize[Any, Any]] = []
         self._finished = False

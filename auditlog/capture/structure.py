@@ -108,11 +108,17 @@ def _check_tensors(
             continue
         if tensor is None or tensor_id is None:
             continue
+        # The raw facts as last found equal to the record: comparing torch's own
+        # objects is ~5x cheaper than building the recorded form of each tensor.
+        raw = (tensor.shape, tensor.dtype, tensor.device, tensor.requires_grad)
+        if recorder.checked_facts.get(tensor_id) == raw:
+            continue
         info = recorder.state.tensors.get(tensor_id)
         if info is None:
             continue
         facts = _tensor_facts(tensor, member == "parameter")
         before = {k: getattr(info, k) for k in facts}
+        recorder.checked_facts[tensor_id] = raw  # true of the record after this check
         if before != facts:
             changed = {k: v for k, v in facts.items() if before[k] != v}
             recorder.emit(
