@@ -144,8 +144,10 @@ def batch_records(records: list[StatsRecord]) -> None:
     """Stack the pending reductions of ``records`` (per device and width) into
     ``StatsBatch`` es: a few stacking kernels on the training thread, no sync."""
     groups: dict[tuple[Any, ...], list[StatsRecord]] = {}
+    seen: set[int] = set()
     for record in records:
-        if record.floats is not None and record.counts is not None and record.batch is None:
+        if record.floats is not None and record.counts is not None and id(record) not in seen:
+            seen.add(id(record))  # one record may stand in two entries (a container's output)
             groups.setdefault((record.floats.device, record.floats.shape[0]), []).append(record)
     for members in groups.values():
         batch = StatsBatch(

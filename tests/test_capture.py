@@ -575,3 +575,35 @@ def test_torch_compile_is_recorded_once_and_trains_identically(store: Path) -> N
     assert [n for n, _ in state.named_parameters(root)] == [n for n, _ in recorded.named_parameters()]
     assert len(forwards) == 3 and all(e["module_id"] == root for e in forwards)
     assert not [e for e in events if e["kind"] == "recorder_error"]
+
+
+class AddOneInPlace(nn.Module):
+    """Returns its input after changing it in place: same tensor object, new version."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.add_(1.0)
+
+
+def test_a_container_returning_its_childs_output_shares_its_statistics(store: Path) -> None:
+    torch.manual_seed(0)
+    with auditlog.record(store, policy="debug"):
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+        tail = AddOneInPlace()
+        out = tail(model(torch.randn(3, 4)))  # tail returns the Sequential's output tensor, changed
+        out.sum().backward()
+    calls = calls_of(store)
+    forward = [c for c in calls if c["kind"] == "forward"]
+    backward = [c for c in calls if c["kind"] == "backward"]
+    # Linear, Linear, Sequential, AddOneInPlace
+    assert [c["payload"]["n_outputs"] for c in forward] == [1, 1, 1, 1]
+    first, second, sequential, added = (c["payload"]["outputs"][0] for c in forward)
+    assert sequential == second  # the same tensor, unchanged: the same statistics
+    assert added != second and abs(added["mean"] - (second["mean"] + 1.0)) < 1e-5  # changed in place: measured again
+    # the second Linear and the Sequential returned one tensor at one version: one hook, an
+    # entry for each; the tail's output was changed in place since: hooked on its own
+    assert len(backward) == 4
+    modules = [c["module_id"] for c in backward]
+    assert len(set(modules)) == 4
+    grads = [c["payload"]["grad_outputs"][0] for c in backward]
+    shared = [g for g in grads if g["mean"] == 1.0 and g["std"] == 0.0]
+    assert len(shared) == 3 and shared[0] == shared[1] == shared[2]
