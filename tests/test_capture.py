@@ -597,6 +597,7 @@ def test_a_container_returning_its_childs_output_shares_its_statistics(store: Pa
     # Linear, Linear, Sequential, AddOneInPlace
     assert [c["payload"]["n_outputs"] for c in forward] == [1, 1, 1, 1]
     first, second, sequential, added = (c["payload"]["outputs"][0] for c in forward)
+    assert first != second
     assert sequential == second  # the same tensor, unchanged: the same statistics
     assert added != second and abs(added["mean"] - (second["mean"] + 1.0)) < 1e-5  # changed in place: measured again
     # the second Linear and the Sequential returned one tensor at one version: one hook, an

@@ -106,7 +106,7 @@ class Recorder:
         self._activity: collections.deque[tuple[int, str, Any]] = collections.deque()
         # Within one step: output tensors already measured, and tensors whose gradient
         # is hooked (weakly held; cleared at every flush).
-        self._outputs_seen: dict[int, tuple[weakref.ref[torch.Tensor], int, Any]] = {}
+        self._outputs_seen: dict[int, tuple[weakref.ref[torch.Tensor], int, dict[str, Any] | StatsRecord]] = {}
         self._grads_hooked: dict[int, tuple[weakref.ref[torch.Tensor], int, list[int]]] = {}
         self._optimizer_steps: dict[int, int] = {}
         self._warned: set[str] = set()
