@@ -23,6 +23,7 @@ demo: venv
 	$(BIN)/auditlog runs
 	$(BIN)/auditlog events latest --kind module_registered --limit 12
 	$(BIN)/auditlog events latest --kind optimizer_step --limit 3
+	$(BIN)/auditlog query --run latest "select step, call, module, shape, round(norm, 3) as norm, nan, inf from forward_stats order by step, call limit 8"
 	$(BIN)/auditlog verify all
 
 test: venv
