@@ -3,9 +3,13 @@
 Not one of issue #5's tables: an engineering aid. Each row is a preset with one
 part switched off or replaced by a candidate fix, patched in from outside (no
 library change), timed side by side with bare exactly like ``overhead.py``
-(interleaved shuffled rounds, blocks of 10 steps, medians). The patches touch
-auditlog internals of the version this was written against (commit 9d373f3);
-a row whose patch target no longer exists prints "n/a" instead of a number.
+(interleaved shuffled rounds, medians). The patches touch auditlog internals of
+the version this was written against (commit 9d373f3); a row whose patch target
+no longer exists prints "n/a" instead of a number. Two of its candidate fixes
+have since landed in the library (the writer runs no ATen op: statistics are
+read on the training thread or copied to pinned memory; update-norm copies go
+into buffers kept per optimizer), so those rows now print "n/a"; for where the
+time goes today see ``overhead.py``'s CPU-time attribution and ``--profile``.
 
 Rows:
 - ``hooks only``: the preset's ``Recorder`` with a buffer that discards every

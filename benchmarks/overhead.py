@@ -482,7 +482,7 @@ def report(
             f"| {config.name} | {value * 1e3:.2f} | {ratio:.2f}x | "
             f"{min(per_round):.2f}-{max(per_round):.2f}x | {target} | {config.reported} |"
         )
-    rows = [c for c in configs if isinstance(c, Auditlog)]
+    rows = [c for c in configs if isinstance(c, Auditlog) and c.name not in skipped]
     if not rows:
         return
     print(
