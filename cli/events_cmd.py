@@ -142,10 +142,18 @@ def events(
 
 
 def _mentions(event: dict[str, Any], wanted: set[int]) -> bool:
-    """An event is about a module if it is the event's module, or the child it registers."""
+    """An event is about a module if it is the event's module, the child it
+    registers, or (``activity``) one of the module calls it holds."""
     if event["module_id"] in wanted:
         return True
-    return event["kind"] == "module_registered" and event["payload"].get("child_id") in wanted
+    kind, payload = event["kind"], event["payload"]
+    if kind == "activity":
+        return any(
+            call.get("module_id") in wanted
+            for direction in ("forward", "backward")
+            for call in payload.get(direction) or []
+        )
+    return kind == "module_registered" and payload.get("child_id") in wanted
 
 
 JSON_COLUMNS = ("run_id", "stream", "seq", "time", "kind", "step", "module_id", "module", "tensor_id", "tensor", "snapshot", "hash", "payload")

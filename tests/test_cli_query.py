@@ -163,18 +163,25 @@ def test_events_module_glob(rec: Recorded) -> None:
     ids = {mid for name, mid in state.named_modules(root) if fnmatch.fnmatchcase(name, "body.*")}
     assert len(ids) == 9  # body.0 .. body.8
 
+    def calls_in(payload: dict[str, Any]) -> set[int]:
+        return {c["module_id"] for d in ("forward", "backward") for c in payload.get(d) or []}
+
     for r in rows:
-        if r["kind"] == "module_registered" and not fnmatch.fnmatchcase(r["module"], "body.*"):
+        if r["kind"] == "activity":
+            assert r["module"] is None and calls_in(r["payload"]) & ids, r  # it holds a call of body.*
+        elif r["kind"] == "module_registered" and not fnmatch.fnmatchcase(r["module"], "body.*"):
             child = r["payload"]["child_id"]
             assert any(fnmatch.fnmatchcase(n, "body.*") for n in names[child]), r
         else:
             assert fnmatch.fnmatchcase(r["module"], "body.*"), r
-    modules = {r["module"] for r in rows}
+    modules = {r["module"] for r in rows if r["kind"] != "activity"}
     # the Linear and LayerNorm children own parameters; the GELUs (body.2/5/8) have
-    # no events of their own (their calls are inside activity events, which name no module)
+    # no events of their own: their calls are inside activity events
     assert modules == {"body", "body.0", "body.1", "body.3", "body.4", "body.6", "body.7"}
     assert "head" not in modules and "dropout" not in modules
-    assert {r["kind"] for r in rows} == {"parameter_registered", "module_registered"}
+    assert {r["kind"] for r in rows} == {"parameter_registered", "module_registered", "activity"}
+    activity = [e for e in rec.api_events() if e["kind"] == "activity"]
+    assert activity and [r["seq"] for r in rows if r["kind"] == "activity"] == [e["seq"] for e in activity]
     # body's own forward is not about body.*; only its registrations of body.N are
     assert all(r["kind"] == "module_registered" for r in rows if r["module"] == "body")
     assert sorted(r["payload"]["name"] for r in rows if r["module"] == "body") == [
@@ -186,8 +193,12 @@ def test_events_module_glob(rec: Recorded) -> None:
         for e in rec.api_events()
         if e["module_id"] in ids
         or (e["kind"] == "module_registered" and e["payload"].get("child_id") in ids)
+        or (e["kind"] == "activity" and calls_in(e["payload"]) & ids)
     ]
     assert [r["seq"] for r in rows] == expected
+    # a module never called matches no activity event
+    never = rec.json("events", "latest", "--module", "nonexistent.*", "--kind", "activity")
+    assert never == []
 
     # a glob naming only leaves of body picks exactly their events
     leaf_rows = rec.json("events", "latest", "--module", "body.0", "--kind", "parameter_registered")
