@@ -70,12 +70,16 @@ class HostValues:
             tensor = host
         self.tensor = tensor
 
+    def ready(self) -> torch.Tensor:
+        """The host tensor, once the device has written it (writer thread)."""
+        if self.event is not None:
+            self.event.synchronize()
+            self.event = None
+        return self.tensor
+
     def tolist(self) -> list[Any]:
         if self._list is None:
-            if self.event is not None:
-                self.event.synchronize()
-                self.event = None
-            self._list = self.tensor.tolist()
+            self._list = self.ready().tolist()
         return self._list
 
 

@@ -28,6 +28,8 @@ import torch
 from torch import nn
 
 import auditlog
+from auditlog.capture.buffer import RecordBuffer
+from auditlog.capture.recorder import Recorder
 
 # ---------------------------------------------------------------------- presets
 # Approximations of issue #5's presets with the options record() has today.
@@ -65,6 +67,13 @@ def capture_settings(preset: str) -> Any:
     recording = auditlog.record(tempfile.gettempdir(), **record_options(preset))
     settings = getattr(recording, "policy", None)
     return settings if settings is not None else getattr(recording, "options")  # noqa: B009
+
+
+def undrained_recorder(preset: str) -> tuple[Recorder, RecordBuffer]:
+    """A ``Recorder`` with ``preset``'s settings on a buffer nothing drains, so the
+    records it emits stay there to be counted, measured or replayed."""
+    buffer = RecordBuffer(maxsize=10**9)
+    return Recorder(buffer, capture_settings(preset)), buffer
 
 
 def preset_note() -> str:

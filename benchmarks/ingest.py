@@ -48,13 +48,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import WORKLOADS, capture_settings, machine_line, preset_note, record_options
+from benchlib import WORKLOADS, machine_line, preset_note, record_options, undrained_recorder
 
 import auditlog
 import auditlog.writer as writer_module
-from auditlog.capture.buffer import RecordBuffer
-from auditlog.capture.recorder import Recorder
-from auditlog.encoding import chain_hash, encode_clean, genesis_hash
+from auditlog.encoding import chain_hash, encode_clean, genesis_hash, row_prefix
 from auditlog.store.eventstore import EventStore
 
 Record = tuple[Any, ...]
@@ -66,9 +64,7 @@ def capture_records(preset: str, steps: int, construction: bool = False) -> list
     """Steady-state records of ``steps`` MLP training steps under ``preset``'s hooks
     (``construction``: instead, the registration records of building the model)."""
     workload = WORKLOADS["mlp"]
-    options = capture_settings(preset)
-    buffer = RecordBuffer(maxsize=10**9)  # never drained here
-    recorder = Recorder(buffer, options)
+    recorder, buffer = undrained_recorder(preset)
     torch.manual_seed(0)
     x, y = workload.batch()
     recorder.install()
@@ -242,6 +238,7 @@ def stages(records: list[Record], scratch: Path) -> dict[str, float]:
 
     run_id = "0" * 32
     head = genesis_hash(run_id, 0)
+    prefix = row_prefix(run_id, 0)  # as the writer does: once per stream
     rows: list[dict[str, Any]] = []
     began = time.perf_counter()
     for seq, (record, text) in enumerate(zip(records, texts, strict=True), start=1):
@@ -258,7 +255,7 @@ def stages(records: list[Record], scratch: Path) -> dict[str, float]:
             "snapshot": None,
             "payload": text,
         }
-        head = row["hash"] = chain_hash(head, row)
+        head = row["hash"] = chain_hash(head, row, prefix)
         rows.append(row)
     t_chain = time.perf_counter() - began
 

@@ -64,18 +64,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import (
     WORKLOADS,
-    capture_settings,
     machine_line,
     mib,
     peak_rss_bytes,
     preset_note,
     record_options,
     rss_bytes,
+    undrained_recorder,
 )
 
 import auditlog
-from auditlog.capture.buffer import RecordBuffer
-from auditlog.capture.recorder import Recorder
 
 
 def tiny() -> nn.Module:
@@ -159,13 +157,11 @@ def child_per_record(kind: str, count: int) -> dict[str, Any]:
     ``activity``: per module call, forward calls under no_grad with no optimizer
     step (the recorder emits an ``activity`` record every ``ACTIVITY_FLUSH``
     calls), counting the calls queued plus those the recorder still holds.
-    ``optimizer_step``: per record (weight 1).
+    ``optimizer_step``: per unit of its weight (1 + parameters // 25: 4 for the MLP).
     """
     workload = WORKLOADS["mlp"]
     preset = "debug" if kind == "activity" else "audit"
-    options = capture_settings(preset)
-    buffer = RecordBuffer(maxsize=10**9)
-    recorder = Recorder(buffer, options)
+    recorder, buffer = undrained_recorder(preset)
     torch.manual_seed(0)
     x, y = workload.batch()
     recorder.install()
@@ -200,7 +196,7 @@ def child_per_record(kind: str, count: int) -> dict[str, Any]:
                 recorder.sampling = False  # optimizer_step records only
         after, heap_after = rss_bytes(), heap_bytes()
         held = len(recorder._activity)
-        units = buffer.weight + held  # module calls (activity) or records (optimizer_step)
+        units = buffer.weight + held  # module calls (activity) or weight units (optimizer_step)
         records = len(buffer)
         kinds = sorted({r[0] for r in buffer.drain(buffer.weight)})
     finally:
@@ -274,7 +270,8 @@ def child_flood(seconds: float, hold: float, writer_delay: float = 0.0) -> dict[
         with torch.no_grad():
             while True:
                 now = time.perf_counter() - began
-                if now >= next_mark:
+                last = now >= seconds or buffer.blocked_seconds >= hold
+                if now >= next_mark or last:
                     trace.append(
                         {
                             "seconds": now,
@@ -287,18 +284,7 @@ def child_flood(seconds: float, hold: float, writer_delay: float = 0.0) -> dict[
                         }
                     )
                     next_mark += 5.0
-                if now >= seconds or buffer.blocked_seconds >= hold:
-                    trace.append(
-                        {
-                            "seconds": now,
-                            "rss": rss_bytes(),
-                            "queued": buffer.weight,
-                            "records": len(buffer),
-                            "blocked": buffer.blocked_seconds,
-                            "written": writer.written,
-                            "produced": produced,
-                        }
-                    )
+                if last:
                     break
                 model(x)
                 produced += 17
@@ -409,7 +395,7 @@ def main(argv: list[str] | None = None) -> None:
                 what = "MLP forward call under no_grad, 1 output, CPU statistics dict"
                 records = f"{r['records']:,} + {r['held']:,} calls held"
             else:
-                label = "optimizer_step (per record)"
+                label = "optimizer_step (per weight unit)"
                 what = "MLP SGD step, 98 parameters, 3 norm vectors"
                 records = f"{r['records']:,}"
             heap = "" if r["heap_per_unit"] is None else f"{r['heap_per_unit']:,.0f}"

@@ -371,8 +371,23 @@ class Samples:
         return chosen or list(range(len(clean)))
 
 
-def train(workload: Workload, config: Config, scratch: Path, warmup: int, steps: int) -> tuple[list[float], dict[str, Any]]:
-    """Build a model under ``config``, train ``warmup + steps`` steps, time the last ``steps``."""
+def train(
+    workload: Workload,
+    config: Config,
+    scratch: Path,
+    warmup: int,
+    steps: int,
+    start: Callable[[], None] = lambda: None,
+    stop: Callable[[], None] = lambda: None,
+    written: Callable[[], None] | None = None,
+) -> tuple[list[float], float, dict[str, Any]]:
+    """Build a model under ``config``, train ``warmup + steps`` steps, time the last ``steps``.
+
+    Returns the per-step means of each block of ``BLOCK`` steps, the window's wall
+    time and the configuration's details. ``start`` runs right before the window,
+    ``stop`` right after it, ``written`` (when given) once the writer has written
+    the window's records.
+    """
     gc.collect()
     torch.manual_seed(0)
     x, y = workload.batch()
@@ -382,11 +397,12 @@ def train(workload: Workload, config: Config, scratch: Path, warmup: int, steps:
         model = workload.build()
         optimizer = workload.optimizer(model.parameters())
         config.attach(model)
-        start = time.perf_counter()
+        began = block_start = time.perf_counter()
         for i in range(warmup + steps):
             if i == warmup:
                 config.settle()
-                start = time.perf_counter()
+                start()
+                began = block_start = time.perf_counter()
             loss = workload.loss(model(x), y)
             optimizer.zero_grad()
             loss.backward()  # type: ignore[no-untyped-call]
@@ -395,12 +411,17 @@ def train(workload: Workload, config: Config, scratch: Path, warmup: int, steps:
             done = i + 1 - warmup
             if done > 0 and done % BLOCK == 0:
                 now = time.perf_counter()
-                blocks.append((now - start) / BLOCK)
-                start = now
+                blocks.append((now - block_start) / BLOCK)
+                block_start = now
+        wall = time.perf_counter() - began
+        stop()
         config.window_end()
+        if written is not None:
+            config.settle()
+            written()
     finally:
         details = config.end()
-    return blocks, details
+    return blocks, wall, details
 
 
 def measure(workload: Workload, configs: list[Config], args: argparse.Namespace) -> tuple[dict[str, Samples], list[bool]]:
@@ -430,7 +451,7 @@ def measure(workload: Workload, configs: list[Config], args: argparse.Namespace)
         for config in order:
             with tempfile.TemporaryDirectory(prefix="auditlog-bench-") as scratch:
                 before = cpu_sample()
-                blocks, details = train(workload, config, Path(scratch), args.warmup, args.steps)
+                blocks, _wall, details = train(workload, config, Path(scratch), args.warmup, args.steps)
                 load = foreign_load(before, cpu_sample())
             worst = max(worst, load)
             s = samples[config.name]
@@ -508,48 +529,6 @@ def report(
 
 
 # ---------------------------------------------------------------------- profile
-def windowed(
-    workload: Workload,
-    config: Config,
-    warmup: int,
-    steps: int,
-    start: Callable[[], None],
-    stop: Callable[[], None],
-    written: Callable[[], None] = lambda: None,
-) -> float:
-    """Train ``warmup + steps`` steps under ``config`` (a fresh model in a scratch store);
-    ``start`` runs before the last ``steps`` (the window), ``stop`` right after them,
-    ``written`` once the writer has written the window's records. Returns the
-    window's wall time."""
-    with tempfile.TemporaryDirectory(prefix="auditlog-bench-") as scratch:
-        gc.collect()
-        torch.manual_seed(0)
-        x, y = workload.batch()
-        config.begin(Path(scratch))
-        try:
-            model = workload.build()
-            optimizer = workload.optimizer(model.parameters())
-            began = time.perf_counter()
-            for i in range(warmup + steps):
-                if i == warmup:
-                    config.settle()
-                    start()
-                    began = time.perf_counter()
-                loss = workload.loss(model(x), y)
-                optimizer.zero_grad()
-                loss.backward()  # type: ignore[no-untyped-call]
-                optimizer.step()
-                config.after_step(i, model)
-            wall = time.perf_counter() - began
-            stop()
-            config.window_end()
-            config.settle()
-            written()
-            return wall
-        finally:
-            config.end()
-
-
 HOOKS = (
     "_on_forward_pre", "_on_forward", "_on_output_grad", "_on_output_grads", "_on_backward_pre",
     "_on_full_backward", "_on_legacy_backward", "_on_step_pre", "_on_step_post",
@@ -603,10 +582,12 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
                 config: Config = Config() if preset == "bare" else Auditlog(preset, None)
 
                 window: dict[str, float] = {}
-                wall = windowed(
-                    workload, config, 5, steps, lambda: spent.update(hooks=0.0, writer=0.0), lambda: None,
-                    lambda window=window: window.update(spent),
-                )
+                with tempfile.TemporaryDirectory(prefix="auditlog-bench-") as scratch:
+                    _blocks, wall, _details = train(
+                        workload, config, Path(scratch), 5, steps,
+                        start=lambda: spent.update(hooks=0.0, writer=0.0),
+                        written=lambda window=window: window.update(spent),
+                    )
                 results[preset].append((wall / steps, window["hooks"] / steps, window["writer"] / steps))
     finally:
         for name, function in originals.items():
@@ -633,7 +614,8 @@ def profile(workload: Workload, presets: list[str], steps: int, top: int) -> Non
     configs: list[Config] = [Config()] + [Auditlog(p, None) for p in presets]
     for config in configs:
         profiler = cProfile.Profile()
-        wall = windowed(workload, config, BLOCK, steps, profiler.enable, profiler.disable)
+        with tempfile.TemporaryDirectory(prefix="auditlog-bench-") as scratch:
+            _blocks, wall, _details = train(workload, config, Path(scratch), BLOCK, steps, profiler.enable, profiler.disable)
         out = io.StringIO()
         stats = pstats.Stats(profiler, stream=out)
         total = sum(v[2] for v in stats.stats.values())  # type: ignore[attr-defined]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import invoke, run_auditlog
+from helpers import assert_one_line_error, invoke, run_auditlog, tree_digest
 from torch import nn
 from torch.nn.modules import module as nn_module
 
@@ -234,6 +234,8 @@ def test_policy_files_and_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyP
         ("activty_every = 3\n", "unknown policy key 'activty_every'"),
         ("activity_every = 0\n", "'activity_every'"),
         ("activity_every = 'often'\n", "'activity_every'"),
+        ("norms_every = 0\n", "'norms_every'"),
+        ("check_every = 'sometimes'\n", "'check_every'"),
         ('backward = "sideways"\n', "'backward'"),
         ('preset = "paranoid"\n', "unknown policy preset 'paranoid'"),
         ("include = [1, 2]\n", "'include'"),
@@ -262,13 +264,19 @@ def test_unknown_keyword_and_preset_are_refused(store: Path) -> None:
     assert not store.exists()
 
 
-@pytest.mark.slow
-def test_run_with_policy_flag(tmp_path: Path, store: Path) -> None:
-    script = tmp_path / "train.py"
+def three_step_script(where: Path) -> Path:
+    """A script that trains nn.Linear(3, 1) for three SGD steps."""
+    script = where / "train.py"
     script.write_text(
         "import torch\nfrom torch import nn\nm = nn.Linear(3, 1)\no = torch.optim.SGD(m.parameters(), lr=0.1)\n"
         "for _ in range(3):\n    m(torch.randn(2, 3)).sum().backward(); o.step()\n"
     )
+    return script
+
+
+@pytest.mark.slow
+def test_run_with_policy_flag(tmp_path: Path, store: Path) -> None:
+    script = three_step_script(tmp_path)
     done = run_auditlog("run", "--store", str(store), "--policy", "minimal", str(script), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     with auditlog.open(store) as s:
@@ -279,11 +287,7 @@ def test_run_with_policy_flag(tmp_path: Path, store: Path) -> None:
 
 
 def test_run_norms_every_flag_gives_update_norms_on_every_step(tmp_path: Path, store: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(
-        "import torch\nfrom torch import nn\nm = nn.Linear(3, 1)\no = torch.optim.SGD(m.parameters(), lr=0.1)\n"
-        "for _ in range(3):\n    m(torch.randn(2, 3)).sum().backward(); o.step()\n"
-    )
+    script = three_step_script(tmp_path)
     done = run_auditlog("run", "--store", str(store), "--norms-every", "1", str(script), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     with auditlog.open(store) as s:
@@ -292,5 +296,6 @@ def test_run_norms_every_flag_gives_update_norms_on_every_step(tmp_path: Path, s
         steps = [e["payload"] for e in run.events(kinds=["optimizer_step"])]
     assert started["policy"]["norms_every"] == 1 and started["policy"]["preset"] == "audit"
     assert len(steps) == 3 and all(len(p["update_norm"]) == 2 and len(p["param_norm"]) == 2 for p in steps)
-    bad = run_auditlog("run", "--store", str(store), "--norms-every", "0", str(script), cwd=tmp_path)
-    assert bad.returncode == 2 and "--norms-every" in bad.stderr
+    before = tree_digest(store)
+    assert_one_line_error(invoke("run", "--store", str(store), "--norms-every", "0", str(script)), 2, "--norms-every")
+    assert tree_digest(store) == before  # refused before anything was opened

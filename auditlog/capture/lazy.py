@@ -28,39 +28,31 @@ class BlobSink(Protocol):
 class HostCopy:
     """A host copy of a tensor's value now, without stalling the training thread.
 
-    A CPU tensor is cloned. A CUDA tensor is copied into pinned host memory with a
-    non-blocking copy queued on its current stream, and an event recorded after it:
-    the training thread goes on at once, and the writer waits on the event (not the
-    whole device) before it reads the bytes.
+    A CPU tensor is cloned. A CUDA tensor goes to pinned host memory through
+    ``HostValues`` (a non-blocking copy and an event): the training thread goes
+    on at once, and the writer waits on the event, not the whole device, before
+    it reads the bytes.
     """
 
-    __slots__ = ("event", "stats", "tensor")
+    __slots__ = ("copy", "stats")
 
     def __init__(self, source: torch.Tensor, with_stats: bool = False) -> None:
         with torch.no_grad():
             source = source.detach()
-            self.event: Any = None
             # Statistics are launched here, on the training thread, like activity
             # statistics: a torch reduction on the writer thread would start a second
             # OpenMP team and make the training thread's workers sleep between ops
             # (measured: 1.5-2x on every step). The writer only reads 7 numbers.
             self.stats = device_stats(source) if with_stats else None
             if source.device.type == "cuda":
-                host = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
-                host.copy_(source, non_blocking=True)
-                self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                self.event.record(torch.cuda.current_stream(source.device))
-                self.tensor = host
+                self.copy = HostValues(source)
             else:
                 # C-contiguous, so hashing and writing on the writer need no torch copy.
-                self.tensor = source.clone(memory_format=torch.contiguous_format)
+                self.copy = HostValues(source.clone(memory_format=torch.contiguous_format))
 
     def ready(self) -> torch.Tensor:
         """The copy, once the device has written it (writer thread)."""
-        if self.event is not None:
-            self.event.synchronize()
-            self.event = None
-        return self.tensor
+        return self.copy.ready()
 
 
 class SealItems:
@@ -113,8 +105,8 @@ class StackedNorms:
     """Per-parameter norms as one tensor (``tensors.norms_of``), read by the writer.
 
     ``present`` marks which parameters had a value (a gradient, say); the tensor
-    holds norms only for those. It stays on the parameters' device: the writer's
-    ``tolist()`` is then the only sync, on the writer thread.
+    holds norms only for those. Device norms start their way to the host at once
+    (``HostValues``: no sync on the training thread); the writer reads them.
     """
 
     __slots__ = ("norms", "present", "values")
@@ -122,15 +114,11 @@ class StackedNorms:
     def __init__(self, present: list[bool], norms: torch.Tensor | None) -> None:
         self.present = present
         self.norms = norms
-        # Device norms start their way to the host now (no sync; see HostValues).
-        self.values = None if norms is None or norms.device.type == "cpu" else HostValues(norms)
+        self.values = None if norms is None else HostValues(norms)
 
     def resolve(self) -> list[float | str | None]:
         """Norms aligned with ``present``; None where the parameter had no value."""
-        if self.values is not None:
-            raw = self.values.tolist()
-        else:
-            raw = self.norms.tolist() if self.norms is not None else []
+        raw = self.values.tolist() if self.values is not None else []
         values = iter(raw)
         out: list[float | str | None] = []
         for has in self.present:
