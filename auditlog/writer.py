@@ -37,6 +37,12 @@ from auditlog.store.eventstore import EventStore
 from auditlog.tensors import finite_or_text
 
 FLUSH = "__flush__"
+# The run's liveness heartbeat (``runs.last_seen_ns``) is refreshed with a batch at
+# most this often, and by an otherwise idle writer this often: the read side calls
+# a run on another host stale after ``runs.STALE_AFTER_S`` (300 s). Refreshing it
+# with every batch (~10 per second) was a third of the writer's time per
+# ``optimizer_step`` event (benchmarks/ingest.py).
+HEARTBEAT_S = 10.0
 
 
 def materialize(value: Any, writer: Writer | None = None) -> Any:
@@ -101,6 +107,7 @@ class Writer:
         self.sign_every_seconds = sign_every_seconds
         self._signed_seq = 0
         self._signed_at = time.monotonic()
+        self._heartbeat_at = float("-inf")  # the first batch refreshes it
         head = store.chain_head(run_id, stream)
         self.seq, self.head = head if head is not None else (0, genesis_hash(run_id, stream))
         self.written = 0
@@ -146,6 +153,8 @@ class Writer:
             if self._stop and not len(self.buffer):
                 return
             if not worked:
+                if self.failure is None and time.monotonic() - self._heartbeat_at >= HEARTBEAT_S:
+                    self._heartbeat()  # a long evaluation, say: the run is still alive
                 self.buffer.wakeup.wait(self.interval)
                 self.buffer.wakeup.clear()
 
@@ -227,7 +236,11 @@ class Writer:
                     # never reference a hash the catalog does not know.
                     self.store.add_blobs(self._new_blobs)
                     self._new_blobs = []
-                self.store.append(rows, self.run_id)
+                now = time.monotonic()
+                beat = now - self._heartbeat_at >= HEARTBEAT_S
+                self.store.append(rows, self.run_id, heartbeat=beat)
+                if beat:
+                    self._heartbeat_at = now
                 self.written += len(rows)
                 self._maybe_sign()
                 return
@@ -237,6 +250,15 @@ class Writer:
                     return
                 time.sleep(delay)
                 delay *= 2
+
+    def _heartbeat(self) -> None:
+        """Refresh the run's heartbeat with no events (best effort: a failure here
+        is not a lost event, and the next batch tries again)."""
+        try:
+            self.store.append([], self.run_id)
+            self._heartbeat_at = time.monotonic()
+        except Exception:
+            self._heartbeat_at = time.monotonic()  # try again in HEARTBEAT_S, not in a tight loop
 
     def _maybe_sign(self, force: bool = False) -> None:
         if self.sign is None or self.seq == self._signed_seq:

@@ -21,7 +21,10 @@ measures their CPU use during every round and only counts clean rounds; it runs
 rounds until ``--rounds`` clean ones are in or ``--budget`` minutes have passed.
 
 Rows: bare; empty global forward pre+post hooks (the floor for any module-hook
-capture); the same plus empty global full backward pre+post hooks; auditlog's
+capture); the same plus empty global full backward pre+post hooks; two floors
+that compute auditlog's numbers with nothing recorded (per-step gradient norms,
+which every preset keeps; ``debug``'s statistics of every module output and
+gradient plus gradient/parameter/update norms every step); auditlog's
 minimal / audit / debug presets (``benchlib.PRESETS``); wandb.watch(log="all")
 offline at log_freq 10 and 1 (each step also calls ``run.log``, which commits
 the histograms as a training loop would; the "wandb.log only" row is that call
@@ -32,7 +35,7 @@ WANDB_MODE=offline, its files in a temporary directory, no console capture, no
 system statistics, no git or code saving: it never reaches the network or
 prompts.
 
-    python benchmarks/overhead.py                     # both models, ~4 minutes on a quiet 2-CPU machine
+    python benchmarks/overhead.py                     # both models, ~6 minutes on a quiet 2-CPU machine
     python benchmarks/overhead.py --rounds 2 --models mlp   # quick look
     python benchmarks/overhead.py --profile           # cProfile of each preset's hot path
 
@@ -59,12 +62,14 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
+from torch.optim import optimizer as optim_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -81,6 +86,7 @@ from benchlib import (
 
 import auditlog
 import auditlog.writer as writer_module
+from auditlog.tensors import activity_stats, norms_of
 
 BLOCK = 100  # steps per timing block: a whole period of every periodic configuration here
 
@@ -149,6 +155,95 @@ class EmptyForwardBackwardHooks(EmptyForwardHooks):
         super().end()
         nn_module._global_is_full_backward_hook = self.flag  # torch never resets it
         return {}
+
+
+class Floor(Config):
+    """A floor configuration: hooks of our own whose time is summed in ``spent``
+    (for the CPU-time attribution table, beside auditlog's hooks)."""
+
+    spent = 0.0
+    handles: list[Any]
+
+    def timed(self, function: Callable[..., None]) -> Callable[..., None]:
+        def wrapper(*args: Any) -> None:
+            began = time.perf_counter()
+            try:
+                function(*args)
+            finally:
+                self.spent += time.perf_counter() - began
+
+        return wrapper
+
+    def end(self) -> dict[str, Any]:
+        for handle in self.handles:
+            handle.remove()
+        return {}
+
+
+class GradientNormsFloor(Floor):
+    """The statistic every preset keeps on every step, computed and read with
+    nothing recorded: one ``torch._foreach_norm`` over the gradients per step
+    (``auditlog.tensors.norms_of``), in an optimizer step hook. No recorder that
+    keeps per-step gradient norms can cost less; ``minimal`` is this plus the
+    event, and ``audit`` adds its sampled work."""
+
+    name = "floor: gradient norms every step, nothing recorded"
+
+    def begin(self, scratch: Path) -> None:
+        def norms(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            values = norms_of(grads)
+            if values is not None:
+                values.tolist()
+
+        self.handles = [optim_module.register_optimizer_step_pre_hook(self.timed(norms))]
+
+
+class DebugStatisticsFloor(Floor):
+    """``debug``'s numbers computed with nothing recorded: the same statistics of
+    every distinct module output (leaf modules; a container returns its last
+    child's tensor) and of its gradient (a tensor hook), and gradient, parameter
+    and exact update norms every step (a pre-step copy), with the library's own
+    ``activity_stats`` / ``norms_of``. What ``debug`` costs above this is the
+    recorder (identity, events, queue, writer); what this costs is the price of
+    the statistics themselves on this model."""
+
+    name = "floor: debug's statistics, nothing recorded"
+
+    def begin(self, scratch: Path) -> None:
+        self.before: list[torch.Tensor] = []
+
+        def on_output(module: nn.Module, args: Any, output: Any) -> None:
+            if module._modules or not isinstance(output, torch.Tensor):
+                return
+            activity_stats(output)
+            if output.requires_grad:
+                output.register_hook(timed_grad_stats)  # type: ignore[no-untyped-call]
+
+        def grad_stats(grad: torch.Tensor) -> None:
+            activity_stats(grad)
+
+        timed_grad_stats = self.timed(grad_stats)
+
+        def pre_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            live = [p for group in optimizer.param_groups for p in group["params"]]
+            params = [p.detach() for p in live]
+            if len(self.before) != len(params):
+                self.before = [torch.empty_like(p) for p in params]
+            torch._foreach_copy_(self.before, params)
+            norms_of([p.grad for p in live if p.grad is not None]).tolist()  # type: ignore[union-attr]
+
+        def post_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            params = [p.detach() for group in optimizer.param_groups for p in group["params"]]
+            norms_of(params).tolist()  # type: ignore[union-attr]
+            torch._foreach_sub_(self.before, params)
+            norms_of(self.before).tolist()  # type: ignore[union-attr]
+
+        self.handles = [
+            nn_module.register_module_forward_hook(self.timed(on_output)),
+            optim_module.register_optimizer_step_pre_hook(self.timed(pre_step)),
+            optim_module.register_optimizer_step_post_hook(self.timed(post_step)),
+        ]
 
 
 class Auditlog(Config):
@@ -342,6 +437,8 @@ def configurations(peers: bool) -> list[Config]:
         Config(),
         EmptyForwardHooks(),
         EmptyForwardBackwardHooks(),
+        GradientNormsFloor(),
+        DebugStatisticsFloor(),
         Auditlog("minimal", None),
         Auditlog("audit", 1.05),
         Auditlog("debug", 1.5),
@@ -547,7 +644,10 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
     step time from the same round: ``1 + (hooks + writer) / bare`` is the
     overhead if the two CPUs were otherwise idle. It can under-count (cache
     pollution, OpenMP workers woken) and the wall-clock ratio over-counts noise;
-    both are printed.
+    both are printed. The two floors (``GradientNormsFloor``,
+    ``DebugStatisticsFloor``: the same statistics with nothing recorded) are timed
+    the same way, inside their own hooks, so each preset's cost can be read
+    against the price of the numbers it keeps.
     """
     from auditlog.capture import recorder as recorder_module
 
@@ -572,23 +672,38 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
         finally:
             spent["writer"] += time.thread_time() - began
 
-    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in ["bare", *presets]}
+    floors: dict[str, Callable[[], Floor]] = {
+        "floor: gradient norms": GradientNormsFloor,
+        "floor: debug's statistics": DebugStatisticsFloor,
+    }
+    names = ["bare", *floors, *presets]
+    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
     for name in originals:
         setattr(recorder_module.Recorder, name, timed(originals[name]))
-    writer_module.Writer._drain_once = timed_drain  # type: ignore[method-assign]
+    writer_module.Writer._drain_once = timed_drain  # type: ignore[method-assign,assignment]
     try:
         for _ in range(rounds):
-            for preset in ["bare", *presets]:
-                config: Config = Config() if preset == "bare" else Auditlog(preset, None)
+            for row in names:
+                config: Config = Config() if row == "bare" else floors[row]() if row in floors else Auditlog(row, None)
+
+                def start(config: Config = config) -> None:
+                    spent.update(hooks=0.0, writer=0.0)
+                    if isinstance(config, Floor):
+                        config.spent = 0.0
+
+                def written(window: dict[str, float], config: Config = config) -> None:
+                    window.update(spent)
+                    if isinstance(config, Floor):
+                        window["hooks"] = config.spent
 
                 window: dict[str, float] = {}
                 with tempfile.TemporaryDirectory(prefix="auditlog-bench-") as scratch:
                     _blocks, wall, _details = train(
                         workload, config, Path(scratch), 5, steps,
-                        start=lambda: spent.update(hooks=0.0, writer=0.0),
-                        written=lambda window=window: window.update(spent),
+                        start=start,
+                        written=partial(written, window),
                     )
-                results[preset].append((wall / steps, window["hooks"] / steps, window["writer"] / steps))
+                results[row].append((wall / steps, window["hooks"] / steps, window["writer"] / steps))
     finally:
         for name, function in originals.items():
             setattr(recorder_module.Recorder, name, function)
@@ -598,7 +713,7 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
     print("| preset | wall ms/step | in hooks ms/step | writer CPU ms/step | 1 + (hooks + writer) / bare | target |")
     print("|---|---:|---:|---:|---:|---|")
     targets = {"audit": 1.05, "debug": 1.5}
-    for preset in presets:
+    for preset in names[1:]:
         rows = results[preset]
         wall = statistics.median(r[0] for r in rows)
         hooks = statistics.median(r[1] for r in rows)
@@ -661,7 +776,7 @@ def main(argv: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="mlp,transformer", help="comma-separated: mlp, transformer")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=BLOCK, help=f"timed steps per round (multiple of {BLOCK})")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
@@ -669,7 +784,7 @@ def main(argv: list[str] | None = None) -> None:
     add_noise_options(parser)
     parser.add_argument("--no-peers", action="store_true", help="skip the wandb and TensorBoard rows")
     parser.add_argument("--only", default="", help="comma-separated substrings of row names to run (bare always runs)")
-    parser.add_argument("--attribute-rounds", type=int, default=3, help="rounds of the CPU-time attribution table (0: skip)")
+    parser.add_argument("--attribute-rounds", type=int, default=2, help="rounds of the CPU-time attribution table (0: skip)")
     parser.add_argument("--profile", action="store_true", help="profile each preset instead of the table")
     parser.add_argument("--profile-presets", default="minimal,audit,debug")
     parser.add_argument("--profile-steps", type=int, default=50)

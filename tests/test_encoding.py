@@ -67,3 +67,42 @@ def test_clean_dicts_are_encoded_as_they_are() -> None:
     payload = Clean(b=1, a=[1.5, "NaN"])
     assert materialize(payload) is payload
     assert encode_clean(payload) == '{"a":[1.5,"NaN"],"b":1}'
+
+
+def test_cpu_optimizer_step_payloads_are_clean_exactly_when_walking_changes_nothing() -> None:
+    """The recorder marks an ``optimizer_step`` payload ``Clean`` (the writer then
+    skips ``materialize``) only when walking it would not change a byte."""
+    import torch
+
+    from auditlog.capture.buffer import RecordBuffer
+    from auditlog.capture.recorder import Recorder
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizers = {
+        "sgd": torch.optim.SGD(model.parameters(), lr=0.1),
+        "adam (tuple betas)": torch.optim.Adam(model.parameters(), lr=0.01),
+        "tensor lr": torch.optim.SGD(model.parameters(), lr=torch.tensor(0.5)),
+        "user object": torch.optim.SGD([{"params": list(model.parameters()), "tag": object()}], lr=0.1),
+        "nan hyperparameter": torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=float("nan")),
+    }
+    buffer = RecordBuffer(maxsize=10**6)
+    recorder = Recorder(buffer)
+    recorder.install()
+    try:
+        for optimizer in optimizers.values():
+            optimizer.zero_grad()
+            model(torch.randn(2, 4)).sum().backward()
+            optimizer.step()
+    finally:
+        recorder.remove()
+    payloads = [r[5] for r in buffer.drain(10**9) if r[0] == "optimizer_step"]
+    assert [type(p) is Clean for p in payloads] == [True, True, False, False, False]
+    for payload in payloads:
+        walked = materialize({key: value for key, value in payload.items()})
+        assert encode_clean(walked) == encode_clean(payload if type(payload) is Clean else walked)
+        if type(payload) is Clean:
+            assert encode_clean(payload) == encode_clean(materialize(json.loads(encode_clean(payload))))
+    adam = json.loads(encode_clean(payloads[1]))["param_groups"][0]
+    assert adam["betas"] == [0.9, 0.999] and adam["lr"] == 0.01
+    assert json.loads(encode_clean(materialize(payloads[4])))["param_groups"][0]["weight_decay"] == "NaN"

@@ -7,6 +7,9 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
+
+import torch
 
 import auditlog
 from auditlog.runs import STALE_AFTER_S, derive_status
@@ -66,3 +69,46 @@ def test_live_run_shows_running(store: Path) -> None:
             assert s.run("live").info().status == "running"
     with auditlog.open(store) as s:
         assert s.run("live").info().status == "completed"
+
+
+def _last_seen(store: Path, run_id: str) -> int:
+    import sqlite3
+
+    conn = sqlite3.connect(store / "events.db")
+    try:
+        return int(conn.execute("select last_seen_ns from runs where run_id = ?", (run_id,)).fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_heartbeat_is_refreshed_while_idle_and_at_most_once_per_period_while_busy(
+    store: Path, monkeypatch: Any
+) -> None:
+    """The writer refreshes ``last_seen_ns`` every ``HEARTBEAT_S`` even with no
+    events (a long evaluation must not look stale), and not with every batch."""
+    from torch import nn
+
+    import auditlog.writer as writer_module
+
+    monkeypatch.setattr(writer_module, "HEARTBEAT_S", 0.3)
+    with auditlog.record(store, name="idle") as rec:
+        rec.flush()
+        first = _last_seen(store, rec.run_id)
+        deadline = time.monotonic() + 10
+        while _last_seen(store, rec.run_id) == first and time.monotonic() < deadline:
+            time.sleep(0.1)  # no events at all: only the idle heartbeat can move it
+        assert _last_seen(store, rec.run_id) > first
+    monkeypatch.setattr(writer_module, "HEARTBEAT_S", 3600.0)
+    with auditlog.record(store, name="busy") as rec:
+        model = nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        rec.flush()
+        beat = _last_seen(store, rec.run_id)
+        assert rec.writer is not None
+        written = rec.writer.written
+        for _ in range(5):
+            model(torch.randn(2, 3)).sum().backward()
+            optimizer.step()
+            rec.flush()  # a committed batch each time
+        assert rec.writer.written >= written + 5
+        assert _last_seen(store, rec.run_id) == beat
