@@ -12,8 +12,12 @@ holds exactly one period of every periodic configuration (auditlog's default
 samples module activity every 100th step, update norms and structural checks
 every 10th; wandb and TensorBoard log every 10th), so the block mean is the
 honest per-step cost (a median of single steps would hide the sampled ones).
-"vs bare" is the median over rounds of (the configuration's median block /
-bare's median block in the same round); "ms/step" is the median block.
+Within a round every configuration runs between two bare runs (bare, c1, bare,
+c2, bare, ...): this machine's speed drifts in phases of seconds, so a
+configuration is compared with the bare training right before and after it.
+"vs bare" is the median over rounds of (the configuration's median block / the
+mean of the two neighbouring bare runs' median blocks); "ms/step" is the median
+block.
 
 Other processes on a 2-CPU machine (a test suite) do not slow all
 configurations alike (OpenMP's spinning workers suffer most), so the benchmark
@@ -35,7 +39,7 @@ WANDB_MODE=offline, its files in a temporary directory, no console capture, no
 system statistics, no git or code saving: it never reaches the network or
 prompts.
 
-    python benchmarks/overhead.py                     # both models, ~6 minutes on a quiet 2-CPU machine
+    python benchmarks/overhead.py                     # both models, ~7 minutes on a quiet 2-CPU machine
     python benchmarks/overhead.py --rounds 2 --models mlp   # quick look
     python benchmarks/overhead.py --profile           # cProfile of each preset's hot path
 
@@ -461,6 +465,7 @@ class Samples:
     blocks: list[list[float]] = field(default_factory=list)
     foreign: list[float] = field(default_factory=list)  # other processes' CPU use, per round
     details: list[dict[str, Any]] = field(default_factory=list)
+    ratios: list[float] = field(default_factory=list)  # per round: vs the bare runs right before and after
 
     def used(self, clean: list[bool]) -> list[int]:
         """Indices of the rounds that count: the clean ones, or all when none was clean."""
@@ -536,25 +541,44 @@ def measure(workload: Workload, configs: list[Config], args: argparse.Namespace)
     """
     samples = {c.name: Samples() for c in configs}
     clean: list[bool] = []
-    order = list(configs)
+    bare_config = next(c for c in configs if c.name == "bare")
+    order = [c for c in configs if c is not bare_config]
     rng = random.Random(args.seed)
     deadline = time.perf_counter() + args.budget * 60
+
+    def run(config: Config) -> tuple[list[float], float]:
+        with tempfile.TemporaryDirectory(prefix="auditlog-bench-") as scratch:
+            before = cpu_sample()
+            blocks, _wall, details = train(workload, config, Path(scratch), args.warmup, args.steps)
+            load = foreign_load(before, cpu_sample())
+        samples[config.name].details.append(details)
+        return blocks, load
+
     while sum(clean) < args.rounds and (len(clean) < args.rounds or time.perf_counter() < deadline):
         rng.shuffle(order)
         if args.wait_quiet > 0:
             wait_for_quiet(args.max_foreign, args.wait_quiet)
         began = time.perf_counter()
-        worst = 0.0
+        # bare, c1, bare, c2, bare, ...: every configuration is compared with the
+        # bare runs right before and after it. This machine's speed drifts in
+        # phases of seconds (measured: 100-step windows of bare training at 9-10 ms
+        # for a while, then at 14-15 ms); a round of every configuration takes a
+        # minute, so one bare run per round was often in another phase.
+        bare_blocks, worst = run(bare_config)
+        round_bare = list(bare_blocks)
         for config in order:
-            with tempfile.TemporaryDirectory(prefix="auditlog-bench-") as scratch:
-                before = cpu_sample()
-                blocks, _wall, details = train(workload, config, Path(scratch), args.warmup, args.steps)
-                load = foreign_load(before, cpu_sample())
-            worst = max(worst, load)
+            blocks, load = run(config)
+            after, bare_load = run(bare_config)
+            worst = max(worst, load, bare_load)
             s = samples[config.name]
             s.blocks.append(blocks)
-            s.details.append(details)
             s.foreign.append(load)
+            reference = (statistics.median(bare_blocks) + statistics.median(after)) / 2
+            s.ratios.append(statistics.median(blocks) / reference)
+            bare_blocks = after
+            round_bare += after
+        samples["bare"].blocks.append(round_bare)
+        samples["bare"].foreign.append(worst)
         clean.append(worst <= args.max_foreign)
         print(
             f"  {workload.name}: round {len(clean)} ({sum(clean)}/{args.rounds} clean) took "
@@ -575,7 +599,6 @@ def report(
     samples, clean = measured
     bare = samples["bare"]
     used = bare.used(clean)
-    bare_rounds = [statistics.median(bare.blocks[i]) for i in used]
     base = statistics.median(x for i in used for x in bare.blocks[i])
     print(f"\n### {workload.name}: {workload.description}\n")
     counted = f"{len(used)} clean rounds" if any(clean) else f"all {len(used)} rounds, NONE clean: ratios unreliable"
@@ -591,7 +614,7 @@ def report(
             continue
         s = samples[config.name]
         value = statistics.median(x for i in used for x in s.blocks[i])
-        per_round = [statistics.median(s.blocks[i]) / b for i, b in zip(used, bare_rounds, strict=True)]
+        per_round = [s.ratios[i] for i in used] if s.ratios else [1.0]
         ratio = statistics.median(per_round)
         target = ""
         if config.target is not None:
@@ -776,7 +799,7 @@ def main(argv: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="mlp,transformer", help="comma-separated: mlp, transformer")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=BLOCK, help=f"timed steps per round (multiple of {BLOCK})")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
