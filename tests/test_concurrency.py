@@ -25,6 +25,7 @@ from helpers import REPO, invoke
 from integrity_support import isolate_keys
 
 from auditlog.keys import generate_key_pair
+from auditlog.store.eventstore import EventStore
 
 WORKERS = 4
 
@@ -157,3 +158,42 @@ def test_four_processes_record_into_one_store(
     result = invoke("verify", "all", "--store", str(store), "--key", str(key) + ".pub")
     assert result.exit_code == 0, (result.stdout, result.stderr)
     assert result.stdout.count("1 signed checkpoint(s): intact") == WORKERS
+
+
+@pytest.mark.parametrize("same", [False, True], ids=["four stores", "one store"])
+def test_threads_of_one_process_create_stores_at_once(tmp_path: Path, same: bool) -> None:
+    """Alembic's migration proxies are process-global: concurrent migrations from
+    threads crashed the interpreter (segfault) before migrations were serialized,
+    and a thread finding another's private build copy refused the directory as
+    not a store. Run in a child process so a crash is a failure, not a dead suite."""
+    script = (
+        "import sys, threading\n"
+        "from auditlog.store.eventstore import EventStore\n"
+        "errors = []\n"
+        "def make(path):\n"
+        "    try:\n"
+        "        EventStore.open(path, create=True).close()\n"
+        "    except Exception as exc:\n"
+        "        errors.append(repr(exc))\n"
+        "for round in range(5):\n"
+        "    paths = [f'{sys.argv[1]}/r{round}/s{0 if sys.argv[2] == \"same\" else i}' for i in range(4)]\n"
+        "    threads = [threading.Thread(target=make, args=(p,)) for p in paths]\n"
+        "    [t.start() for t in threads]\n"
+        "    [t.join() for t in threads]\n"
+        "print(len(errors), errors[:2])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path), "same" if same else "distinct"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.startswith("0 "), done.stdout
+    stores = sorted(p.parent for p in tmp_path.glob("r*/s*/events.db"))
+    assert len(stores) == (5 if same else 20)
+    for store in stores:
+        assert [p.name for p in store.iterdir() if p.name.startswith(".")] == []  # no build copies left
+        opened = EventStore.open(str(store))
+        try:
+            assert opened.revision
+        finally:
+            opened.close()

@@ -143,6 +143,14 @@ EVENT_COLUMNS = (
 _EVENT_VALUES = operator.itemgetter(*EVENT_COLUMNS)
 
 
+def build_prefix(database: Path) -> str:
+    """How the private copies ``create_store`` builds a new store under begin
+    (``.events.db.<pid>.<random>.tmp`` and its ``-wal``/``-shm``): a directory
+    holding only those is still empty to a second creator, who then races for the
+    link instead of refusing the directory."""
+    return f".{database.name}."
+
+
 class EventStore:
     """An open, validated event store."""
 
@@ -193,7 +201,12 @@ class EventStore:
             if not create:
                 raise StoreMissingError(f"no auditlog store at {shown!r} (record a run to create one)")
             if directory.exists():
-                others = [p.name for p in directory.iterdir() if p.name != SNAPSHOTS_DIR]
+                building = build_prefix(location.database)  # another creator's private copy
+                others = [
+                    p.name
+                    for p in directory.iterdir()
+                    if p.name != SNAPSHOTS_DIR and not p.name.startswith(building)
+                ]
                 if others:
                     raise NotAStoreError(
                         f"{shown!r} is a non-empty directory without events.db, not an auditlog "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -22,7 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 import auditlog
 from auditlog.errors import StoreMissingError, StoreUnavailableError
 from auditlog.store import schema
-from auditlog.store.eventstore import EventStore, make_engine, new_store_id
+from auditlog.store.eventstore import EventStore, build_prefix, make_engine, new_store_id
 from auditlog.store.location import StoreLocation
 
 
@@ -41,7 +42,21 @@ def alembic_head() -> str:
     return head
 
 
+# Alembic's ``op`` and ``context`` are module-level proxies to the migration
+# running now: two threads migrating at once (a process creating two stores, or a
+# store and a test fixture) sent one thread's DDL to the other's connection while
+# it was being closed, and SQLite crashed the interpreter (segfault, reproduced
+# with 4 threads). Migrations in one process therefore run one at a time;
+# processes race only on the final hard link (``create_store``).
+_MIGRATION_LOCK = threading.Lock()
+
+
 def _upgrade(location: StoreLocation, new: bool) -> None:
+    with _MIGRATION_LOCK:
+        _upgrade_locked(location, new)
+
+
+def _upgrade_locked(location: StoreLocation, new: bool) -> None:
     engine = make_engine(location)
     try:
         with engine.begin() as conn:
@@ -86,7 +101,7 @@ def create_store(location: StoreLocation) -> None:
         _upgrade(location, new=True)
         return
     target = location.database
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp = target.with_name(f"{build_prefix(target)}{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         _upgrade(dataclasses.replace(location, url=f"sqlite:///{tmp}", database=tmp), new=True)
         try:
