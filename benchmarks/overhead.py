@@ -66,7 +66,6 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -663,8 +662,9 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
     +-20% from round to round, more than a 5% target. So the time spent inside
     auditlog's hooks (every hook method wrapped with perf_counter, ~0.2 us per
     call) and the writer thread's CPU time (``time.thread_time`` around each
-    batch) are measured over the same ``steps``-step window, and divided by bare's
-    step time from the same round: ``1 + (hooks + writer) / bare`` is the
+    batch) are measured over the same ``steps``-step window, and divided by the
+    step time of the bare runs right before and after it (the machine's speed
+    drifts in phases of seconds; see ``measure``): ``1 + (hooks + writer) / bare`` is the
     overhead if the two CPUs were otherwise idle. It can under-count (cache
     pollution, OpenMP workers woken) and the wall-clock ratio over-counts noise;
     both are printed. The two floors (``GradientNormsFloor``,
@@ -700,39 +700,51 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
         "floor: debug's statistics": DebugStatisticsFloor,
     }
     names = ["bare", *floors, *presets]
-    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
+    # per row and round: (wall, hooks, writer) per step, and 1 + (hooks + writer) /
+    # the bare step time of the bare runs right before and after it (as in measure()).
+    results: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in names}
+
+    def one(row: str) -> tuple[float, float, float]:
+        config: Config = Config() if row == "bare" else floors[row]() if row in floors else Auditlog(row, None)
+
+        def start() -> None:
+            spent.update(hooks=0.0, writer=0.0)
+            if isinstance(config, Floor):
+                config.spent = 0.0
+
+        window: dict[str, float] = {}
+
+        def written() -> None:
+            window.update(spent)
+            if isinstance(config, Floor):
+                window["hooks"] = config.spent
+
+        with tempfile.TemporaryDirectory(prefix="auditlog-bench-") as scratch:
+            _blocks, wall, _details = train(workload, config, Path(scratch), 5, steps, start=start, written=written)
+        return wall / steps, window["hooks"] / steps, window["writer"] / steps
+
     for name in originals:
         setattr(recorder_module.Recorder, name, timed(originals[name]))
     writer_module.Writer._drain_once = timed_drain  # type: ignore[method-assign,assignment]
     try:
         for _ in range(rounds):
-            for row in names:
-                config: Config = Config() if row == "bare" else floors[row]() if row in floors else Auditlog(row, None)
-
-                def start(config: Config = config) -> None:
-                    spent.update(hooks=0.0, writer=0.0)
-                    if isinstance(config, Floor):
-                        config.spent = 0.0
-
-                def written(window: dict[str, float], config: Config = config) -> None:
-                    window.update(spent)
-                    if isinstance(config, Floor):
-                        window["hooks"] = config.spent
-
-                window: dict[str, float] = {}
-                with tempfile.TemporaryDirectory(prefix="auditlog-bench-") as scratch:
-                    _blocks, wall, _details = train(
-                        workload, config, Path(scratch), 5, steps,
-                        start=start,
-                        written=partial(written, window),
-                    )
-                results[row].append((wall / steps, window["hooks"] / steps, window["writer"] / steps))
+            before = one("bare")[0]
+            for row in names[1:]:
+                wall, hooks, writer = one(row)
+                after = one("bare")[0]
+                reference = (before + after) / 2
+                results[row].append((wall, hooks, writer, 1 + (hooks + writer) / reference))
+                results["bare"].append((after, 0.0, 0.0, 1.0))
+                before = after
     finally:
         for name, function in originals.items():
             setattr(recorder_module.Recorder, name, function)
         writer_module.Writer._drain_once = original_drain  # type: ignore[method-assign]
     bare = statistics.median(r[0] for r in results["bare"])
-    print(f"\n{workload.name}: CPU time auditlog adds, {rounds} rounds of {steps} steps (medians; bare {bare * 1e3:.2f} ms/step)\n")
+    print(
+        f"\n{workload.name}: CPU time auditlog adds, {rounds} rounds of {steps} steps, each row between two bare "
+        f"runs (medians; bare {bare * 1e3:.2f} ms/step)\n"
+    )
     print("| preset | wall ms/step | in hooks ms/step | writer CPU ms/step | 1 + (hooks + writer) / bare | target |")
     print("|---|---:|---:|---:|---:|---|")
     targets = {"audit": 1.05, "debug": 1.5}
@@ -741,7 +753,7 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
         wall = statistics.median(r[0] for r in rows)
         hooks = statistics.median(r[1] for r in rows)
         writer = statistics.median(r[2] for r in rows)
-        ratio = 1 + (hooks + writer) / bare
+        ratio = statistics.median(r[3] for r in rows)
         target = targets.get(preset)
         verdict = "" if target is None else f"<= {target:.2f}x " + ("(met)" if ratio <= target else "(NOT met)")
         print(f"| {preset} | {wall * 1e3:.2f} | {hooks * 1e3:.3f} | {writer * 1e3:.3f} | {ratio:.3f}x | {verdict} |")
