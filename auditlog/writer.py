@@ -256,9 +256,10 @@ class Writer:
         is not a lost event, and the next batch tries again)."""
         try:
             self.store.append([], self.run_id)
-            self._heartbeat_at = time.monotonic()
         except Exception:
-            self._heartbeat_at = time.monotonic()  # try again in HEARTBEAT_S, not in a tight loop
+            pass  # tried again in HEARTBEAT_S, not in a tight loop
+        finally:
+            self._heartbeat_at = time.monotonic()
 
     def _maybe_sign(self, force: bool = False) -> None:
         if self.sign is None or self.seq == self._signed_seq:

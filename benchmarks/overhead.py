@@ -64,10 +64,10 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -90,6 +90,9 @@ from benchlib import (
 import auditlog
 import auditlog.writer as writer_module
 from auditlog.tensors import activity_stats, norms_of
+
+R = TypeVar("R")
+T = TypeVar("T")
 
 BLOCK = 100  # steps per timing block: a whole period of every periodic configuration here
 
@@ -525,6 +528,22 @@ def train(
     return blocks, wall, details
 
 
+def bracketed(rows: list[R], run: Callable[[R], T], run_bare: Callable[[], T]) -> Iterator[tuple[R, T, T, T]]:
+    """Run bare, row 1, bare, row 2, bare, ...; yield ``(row, result, bare before, bare after)``.
+
+    This machine's speed drifts in phases of seconds (measured: 100-step windows
+    of bare training at 9-10 ms/step for a while, then at 14-15 ms); a round of
+    every configuration takes a minute, so a single bare run per round was often
+    in another phase than the row it was compared with.
+    """
+    before = run_bare()
+    for row in rows:
+        result = run(row)
+        after = run_bare()
+        yield row, result, before, after
+        before = after
+
+
 def measure(workload: Workload, configs: list[Config], args: argparse.Namespace) -> tuple[dict[str, Samples], list[bool]]:
     """Interleaved rounds until ``--rounds`` clean ones are in (or the time budget is spent).
 
@@ -558,24 +577,18 @@ def measure(workload: Workload, configs: list[Config], args: argparse.Namespace)
         if args.wait_quiet > 0:
             wait_for_quiet(args.max_foreign, args.wait_quiet)
         began = time.perf_counter()
-        # bare, c1, bare, c2, bare, ...: every configuration is compared with the
-        # bare runs right before and after it. This machine's speed drifts in
-        # phases of seconds (measured: 100-step windows of bare training at 9-10 ms
-        # for a while, then at 14-15 ms); a round of every configuration takes a
-        # minute, so one bare run per round was often in another phase.
-        bare_blocks, worst = run(bare_config)
-        round_bare = list(bare_blocks)
-        for config in order:
-            blocks, load = run(config)
-            after, bare_load = run(bare_config)
-            worst = max(worst, load, bare_load)
+        round_bare: list[float] = []
+        worst = 0.0
+        for config, (blocks, load), (before, before_load), (after, after_load) in bracketed(
+            order, run, lambda: run(bare_config)
+        ):
+            worst = max(worst, load, before_load, after_load)
             s = samples[config.name]
             s.blocks.append(blocks)
             s.foreign.append(load)
-            reference = (statistics.median(bare_blocks) + statistics.median(after)) / 2
+            reference = (statistics.median(before) + statistics.median(after)) / 2
             s.ratios.append(statistics.median(blocks) / reference)
-            bare_blocks = after
-            round_bare += after
+            round_bare += after if round_bare else before + after
         samples["bare"].blocks.append(round_bare)
         samples["bare"].foreign.append(worst)
         clean.append(worst <= args.max_foreign)
@@ -728,14 +741,10 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
     writer_module.Writer._drain_once = timed_drain  # type: ignore[method-assign,assignment]
     try:
         for _ in range(rounds):
-            before = one("bare")[0]
-            for row in names[1:]:
-                wall, hooks, writer = one(row)
-                after = one("bare")[0]
-                reference = (before + after) / 2
+            for row, (wall, hooks, writer), before, after in bracketed(names[1:], one, lambda: one("bare")):
+                reference = (before[0] + after[0]) / 2
                 results[row].append((wall, hooks, writer, 1 + (hooks + writer) / reference))
-                results["bare"].append((after, 0.0, 0.0, 1.0))
-                before = after
+                results["bare"].append((after[0], 0.0, 0.0, 1.0))
     finally:
         for name, function in originals.items():
             setattr(recorder_module.Recorder, name, function)

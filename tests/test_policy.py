@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -274,28 +275,30 @@ def three_step_script(where: Path) -> Path:
     return script
 
 
-@pytest.mark.slow
-def test_run_with_policy_flag(tmp_path: Path, store: Path) -> None:
+def run_three_steps(tmp_path: Path, store: Path, *flags: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``auditlog run FLAGS`` on the three-step script: the recorded policy and events."""
     script = three_step_script(tmp_path)
-    done = run_auditlog("run", "--store", str(store), "--policy", "minimal", str(script), cwd=tmp_path)
+    done = run_auditlog("run", "--store", str(store), *flags, str(script), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     with auditlog.open(store) as s:
-        run = s.run()
-        started = next(run.events(kinds=["run_started"]))["payload"]
-        kinds = Counter(e["kind"] for e in run.events())
-    assert started["policy"]["preset"] == "minimal" and kinds["activity"] == 0 and kinds["optimizer_step"] == 3
+        events = list(s.run().events())
+    started = next(e for e in events if e["kind"] == "run_started")["payload"]
+    return started["policy"], events
+
+
+@pytest.mark.slow
+def test_run_with_policy_flag(tmp_path: Path, store: Path) -> None:
+    policy, events = run_three_steps(tmp_path, store, "--policy", "minimal")
+    kinds = Counter(e["kind"] for e in events)
+    assert policy["preset"] == "minimal" and kinds["activity"] == 0 and kinds["optimizer_step"] == 3
 
 
 def test_run_norms_every_flag_gives_update_norms_on_every_step(tmp_path: Path, store: Path) -> None:
-    script = three_step_script(tmp_path)
-    done = run_auditlog("run", "--store", str(store), "--norms-every", "1", str(script), cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    with auditlog.open(store) as s:
-        run = s.run()
-        started = next(run.events(kinds=["run_started"]))["payload"]
-        steps = [e["payload"] for e in run.events(kinds=["optimizer_step"])]
-    assert started["policy"]["norms_every"] == 1 and started["policy"]["preset"] == "audit"
+    policy, events = run_three_steps(tmp_path, store, "--norms-every", "1")
+    steps = [e["payload"] for e in events if e["kind"] == "optimizer_step"]
+    assert policy["norms_every"] == 1 and policy["preset"] == "audit"
     assert len(steps) == 3 and all(len(p["update_norm"]) == 2 and len(p["param_norm"]) == 2 for p in steps)
+    script = three_step_script(tmp_path)
     before = tree_digest(store)
     assert_one_line_error(invoke("run", "--store", str(store), "--norms-every", "0", str(script)), 2, "--norms-every")
     assert tree_digest(store) == before  # refused before anything was opened

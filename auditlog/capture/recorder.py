@@ -753,8 +753,6 @@ class Recorder:
                 optimizer_class=_class_name(optimizer),
                 optimizer_step=count,
             )
-            if _all_plain(payload):
-                payload = Clean(payload)  # CPU, plain hyperparameters: the writer need not walk it
             # Structure check and snapshot come before the optimizer_step event, so
             # "the state after step N" is exactly the events up to that event.
             self.flush_activity()  # this step's module activity, before its optimizer_step
@@ -809,7 +807,7 @@ class Recorder:
                 if key != "params"
             }
             hyper["params"] = members
-            groups.append(hyper if _hyper_plain(hyper) else _Unclean(hyper))
+            groups.append(hyper)
         policy = self.policy
         strided = torch.strided
         with torch.no_grad():
@@ -880,48 +878,6 @@ class Recorder:
         for finalizer in self._finalizers:
             finalizer.detach()  # release the member dicts: recording is over
         self._finalizers.clear()
-
-
-class _Unclean(dict[str, Any]):
-    """A parameter group holding a value the writer must convert (a tensor, a
-    tuple, a non-finite float, an object of the user's): the payload stays a
-    plain dict for ``materialize``."""
-
-    __slots__ = ()
-
-
-_PLAIN = (int, bool, str, type(None), CleanList)
-
-
-def _plain_value(value: Any) -> bool:
-    kind = type(value)
-    if kind is float:
-        return bool(value - value == 0.0)
-    return kind in _PLAIN
-
-
-def _hyper_plain(hyper: dict[str, Any]) -> bool:
-    """Whether every value of a parameter group is JSON-ready (the usual case:
-    floats, ints, bools, None, strings; tuples of those, such as Adam's betas,
-    become lists here, as the writer would make them)."""
-    for key, value in hyper.items():
-        if type(value) is tuple and all(map(_plain_value, value)):
-            hyper[key] = list(value)
-        elif not _plain_value(value):
-            return False
-    return True
-
-
-def _all_plain(payload: dict[str, Any]) -> bool:
-    """Whether an ``optimizer_step`` payload is JSON-ready as it is: norms read on
-    CPU (``CleanList``), plain counts and plain parameter groups."""
-    for key, value in payload.items():
-        if key == "param_groups":
-            if any(type(group) is _Unclean for group in value):
-                return False
-        elif type(value) not in _PLAIN:
-            return False
-    return True
 
 
 def _on_cpu(norms: StackedNorms) -> bool:
