@@ -1,16 +1,43 @@
 """auditlog: an event-sourced, tamper-evident audit log of PyTorch model building and training.
 
-Public API: ``record`` (context manager / decorator), ``open`` (read a store),
-``tensor_hash``, and the exception hierarchy in ``auditlog.errors``.
+Public API: ``record`` (context manager / decorator) and ``current`` (the active
+recording), ``open`` (read a store), ``tensor_hash``, and the exception
+hierarchy in ``auditlog.core.errors`` (``AuditlogError`` and subclasses).
+
+``import auditlog`` is cheap: the names below are imported on first use, so a
+command that only reads a store never imports torch (a recording imports it
+when it starts).
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from auditlog.errors import AuditlogError
-from auditlog.reader import open
-from auditlog.session import Recording, current, record
-from auditlog.tensors import tensor_hash
+from auditlog.core.errors import AuditlogError
+from auditlog.core.version import __version__
+
+if TYPE_CHECKING:
+    from auditlog.core.tensors import tensor_hash
+    from auditlog.read.api import open
+    from auditlog.recording.session import Recording, current, record
+
+_LAZY = {
+    "open": "auditlog.read.api",
+    "record": "auditlog.recording.session",
+    "current": "auditlog.recording.session",
+    "Recording": "auditlog.recording.session",
+    "tensor_hash": "auditlog.core.tensors",
+}
 
 __all__ = ["AuditlogError", "Recording", "__version__", "current", "open", "record", "tensor_hash"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the public API on first use (PEP 562)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'auditlog' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

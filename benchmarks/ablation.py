@@ -56,12 +56,13 @@ from auditlog.capture.recorder import Recorder
 # ---------------------------------------------------------------------- patches
 def numpy_host_stats(tensor: torch.Tensor) -> dict[str, Any]:
     """``host_stats`` with numpy (float64 accumulation): no ATen op on the writer thread."""
-    from auditlog.tensors import dtype_name, finite_or_text
+    from auditlog.core.tensors import dtype_name
+    from auditlog.core.values import finite_or_text
 
     out: dict[str, Any] = {"shape": list(tensor.shape), "dtype": dtype_name(tensor.dtype), "numel": tensor.numel()}
     if tensor.numel() == 0 or tensor.is_complex() or tensor.dtype not in (torch.float32, torch.float64):
         # keep the library's path for the rare dtypes; sealing is what matters here
-        from auditlog.tensors import host_stats
+        from auditlog.core.tensors import host_stats
 
         return host_stats(tensor)
     values = tensor.detach().numpy().reshape(-1)
@@ -81,10 +82,10 @@ def numpy_host_stats(tensor: torch.Tensor) -> dict[str, Any]:
 
 @contextmanager
 def writer_without_aten() -> Iterator[None]:
-    import auditlog.capture.lazy as lazy
+    import auditlog.capture.payloads as lazy
 
     if not hasattr(lazy, "host_stats"):
-        raise LookupError("auditlog.capture.lazy.host_stats")
+        raise LookupError("auditlog.capture.payloads.host_stats")
     original = lazy.host_stats
     lazy.host_stats = numpy_host_stats
     try:

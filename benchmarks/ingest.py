@@ -51,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import WORKLOADS, machine_line, preset_note, record_options, undrained_recorder
 
 import auditlog
-import auditlog.writer as writer_module
-from auditlog.encoding import chain_hash, encode_clean, genesis_hash, row_prefix
+import auditlog.recording.writer as writer_module
+from auditlog.core.chain import chain_hash, encode_clean, genesis_hash, row_prefix
 from auditlog.store.eventstore import EventStore
 
 Record = tuple[Any, ...]

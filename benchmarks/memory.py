@@ -100,7 +100,7 @@ def heap_bytes() -> int | None:
 
 def queued_weight() -> int | None:
     """The writer's queued weight (what ``RecordBuffer.maxsize`` bounds), or None unrecorded."""
-    recording = auditlog.session.current()
+    recording = auditlog.recording.session.current()
     if recording is None or recording.writer is None:
         return None
     return recording.writer.buffer.weight

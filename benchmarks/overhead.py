@@ -88,8 +88,9 @@ from benchlib import (
 )
 
 import auditlog
-import auditlog.writer as writer_module
-from auditlog.tensors import activity_stats, norms_of
+import auditlog.recording.writer as writer_module
+from auditlog.capture.payloads import norms_of
+from auditlog.core.tensors import activity_stats
 
 R = TypeVar("R")
 T = TypeVar("T")
@@ -189,7 +190,7 @@ class Floor(Config):
 class GradientNormsFloor(Floor):
     """The statistic every preset keeps on every step, computed and read with
     nothing recorded: one ``torch._foreach_norm`` over the gradients per step
-    (``auditlog.tensors.norms_of``), in an optimizer step hook. No recorder that
+    (``auditlog.capture.payloads.norms_of``), in an optimizer step hook. No recorder that
     keeps per-step gradient norms can cost less; ``minimal`` is this plus the
     event, and ``audit`` adds its sampled work."""
 

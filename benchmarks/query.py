@@ -44,11 +44,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from auditlog import eventcopy
-from auditlog.encoding import encode_clean
-from auditlog.query import QuerySession
-from auditlog.readmodel import ReadModel
+from auditlog.core.chain import encode_clean
 from auditlog.store.eventstore import EventStore
+from auditlog.store.readmodel import arrowcopy
+from auditlog.store.readmodel.cache import ReadModel
+from auditlog.store.readmodel.session import QuerySession
 
 MODULES = 48
 PARAMS = 64
@@ -256,7 +256,7 @@ def duckdb_answer(store: EventStore, sql: str) -> list[tuple[Any, ...]]:
 
 def copy_rate(store: EventStore, limit: int, use_adbc: bool) -> float:
     start = time.perf_counter()
-    rows: int = sum(b.num_rows for b in eventcopy.event_batches(store, 0, limit, use_adbc=use_adbc))
+    rows: int = sum(b.num_rows for b in arrowcopy.event_batches(store, 0, limit, use_adbc=use_adbc))
     return rows / (time.perf_counter() - start)
 
 
@@ -285,13 +285,13 @@ def main(argv: list[str] | None = None) -> None:
     database = directory / "events.db"
     store = EventStore.open(str(directory))
     try:
-        n_events = eventcopy.max_event_id(store)
+        n_events = arrowcopy.max_event_id(store)
         size = database.stat().st_size / 2**30
         print(f"store: {n_events:,} events, {size:.2f} GiB SQLite")
         if args.copy:
             limit = min(n_events, 1_000_000)
             for use_adbc in (True, False):
-                if use_adbc and not eventcopy.adbc_available():
+                if use_adbc and not arrowcopy.adbc_available():
                     continue
                 rate = copy_rate(store, limit, use_adbc)
                 print(f"copy {'ADBC' if use_adbc else 'SQLAlchemy'}: {rate / 1e6:.2f}M rows/s ({limit:,} rows)")

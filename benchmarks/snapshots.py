@@ -36,7 +36,7 @@ def child(method: str, gib: float, out: Path) -> None:
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     start = time.perf_counter()
     if method == "auditlog":
-        from auditlog.snapshots import SnapshotStore
+        from auditlog.store.blobs import SnapshotStore
 
         store = SnapshotStore(out)
         for tensor in state.values():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 from auditlog.cli.options import store_option
 
-from auditlog.store.eventstore import EventStore
-from auditlog.store.migrate import upgrade_store
+from auditlog.read.api import open_store
+from auditlog.store.eventstore import upgrade_store
 from auditlog.store.schema import HEAD_REVISION
 
 
@@ -19,10 +19,10 @@ def db() -> None:
 @store_option
 def current(store: str | None) -> None:
     """Print the store's schema revision and whether it is current."""
-    event_store = EventStore.open(store, allow_old=True)
-    event_store.close()
-    state = "current" if event_store.revision == HEAD_REVISION else f"old: run `auditlog db upgrade` (head {HEAD_REVISION})"
-    click.echo(f"{event_store.location.display()}: revision {event_store.revision} ({state})")
+    with open_store(store, allow_old=True) as opened:
+        revision, shown = opened.revision, opened.location.display()
+    state = "current" if revision == HEAD_REVISION else f"old: run `auditlog db upgrade` (head {HEAD_REVISION})"
+    click.echo(f"{shown}: revision {revision} ({state})")
 
 
 @db.command()

@@ -13,11 +13,11 @@ from auditlog.cli.output import console
 from auditlog.cli.progress import progress_bar
 from rich.markup import escape
 
-from auditlog.diff import Change, RunDiff, RunSide, ValuesDiff, diff_runs, first_divergence
-from auditlog.errors import UsageError
-from auditlog.naming import short_class
-from auditlog.runs import select_run
-from auditlog.store.eventstore import EventStore
+from auditlog.core.errors import UsageError
+from auditlog.core.naming import short_class
+from auditlog.read.api import open_store
+from auditlog.read.diff import Change, RunDiff, RunSide
+from auditlog.read.diff_values import ValuesDiff
 
 SYMBOLS = {
     "added": ("+", "green"),
@@ -72,17 +72,13 @@ def diff(
     for option, given in (("--atol", atol), ("--rtol", rtol)):
         if given is not None and not (given >= 0.0 and math.isfinite(given)):
             raise UsageError(f"{option} must be a finite number >= 0, got {given}")
-    event_store = EventStore.open(store)
     found: ValuesDiff | None = None
-    try:
-        id_a, id_b = select_run(event_store, run_a), select_run(event_store, run_b)
+    with open_store(store) as opened:
         with progress_bar("reading runs") as progress:
-            result = diff_runs(event_store, id_a, id_b, progress)
+            result = opened.diff(run_a, run_b, progress)
         if values:
             with progress_bar("comparing values", unit="tensors") as progress:
-                found = first_divergence(event_store, id_a, id_b, atol, rtol, progress)
-    finally:
-        event_store.close()
+                found = opened.diff_values(run_a, run_b, atol, rtol, progress)
     if fmt == "json":
         document = result.as_dict()
         if found is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -11,11 +10,10 @@ import click
 from auditlog.cli.options import format_option, run_argument, store_option
 from auditlog.cli.output import emit_rows
 
-from auditlog.errors import UsageError
-from auditlog.kinds import KINDS
-from auditlog.reader import Run
-from auditlog.runs import iso, select_run
-from auditlog.store.eventstore import EventStore
+from auditlog.core.errors import UsageError
+from auditlog.core.kinds import KINDS
+from auditlog.core.values import iso
+from auditlog.read.api import open_store
 
 COLUMNS = ("seq", "step", "kind", "module", "tensor", "summary")
 _RANGE = re.compile(r"^\s*(\d*)\s*(?::\s*(\d*)\s*)?$")
@@ -115,45 +113,21 @@ def events(
     if unknown:
         raise UsageError(f"unknown event kind {unknown[0]!r}; known kinds: {', '.join(KINDS)}")
     step_range = parse_step_range(step_text)
-    event_store = EventStore.open(store)
-    try:
-        view = Run(event_store, select_run(event_store, run))
+    with open_store(store) as opened:
+        view = opened.run(run)
         state = view.model_state()
         module_names = state.module_names()
         tensor_names = state.tensor_names()
-        wanted: set[int] | None = None
-        if module_glob is not None:
-            wanted = {m for m, names in module_names.items() if any(fnmatch.fnmatchcase(n, module_glob) for n in names)}
 
         def rows() -> Iterator[dict[str, Any]]:
-            shown = 0
-            for event in view.events(kinds=list(kinds) or None, step_range=step_range):
-                if wanted is not None and not _mentions(event, wanted):
-                    continue
+            found = view.events(kinds=list(kinds) or None, step_range=step_range, module=module_glob)
+            for shown, event in enumerate(found):
                 if limit is not None and shown >= limit:
                     return
-                shown += 1
                 yield _row(event, fmt, module_names, tensor_names, state)
 
         columns = COLUMNS if fmt == "table" else JSON_COLUMNS
         emit_rows(rows(), columns, fmt)
-    finally:
-        event_store.close()
-
-
-def _mentions(event: dict[str, Any], wanted: set[int]) -> bool:
-    """An event is about a module if it is the event's module, the child it
-    registers, or (``activity``) one of the module calls it holds."""
-    if event["module_id"] in wanted:
-        return True
-    kind, payload = event["kind"], event["payload"]
-    if kind == "activity":
-        return any(
-            call.get("module_id") in wanted
-            for direction in ("forward", "backward")
-            for call in payload.get(direction) or []
-        )
-    return kind == "module_registered" and payload.get("child_id") in wanted
 
 
 JSON_COLUMNS = ("run_id", "stream", "seq", "time", "kind", "step", "module_id", "module", "tensor_id", "tensor", "snapshot", "hash", "payload")

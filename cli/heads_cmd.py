@@ -11,34 +11,12 @@ from pathlib import Path
 
 import click
 from auditlog.cli.options import run_argument, store_option
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from auditlog.errors import AuditlogError, IntegrityError
-from auditlog.heads import checkpoint_head, current_heads, export_heads
-from auditlog.integrity import check_database_file, verify_run
-from auditlog.keys import fingerprint, load_private_key, trusted_public_keys
-from auditlog.runs import select_run
-from auditlog.signing import KeyRing
-from auditlog.store.checkpoints import checkpoints_for
-from auditlog.store.eventstore import EventStore
+from auditlog.core.errors import AuditlogError, IntegrityError
+from auditlog.integrity.keys import fingerprint, load_private_key
+from auditlog.read.api import open_store
 
 KEY_HELP = "Private key [default: $AUDITLOG_KEY or ~/.config/auditlog/signing_key]."
-
-
-def _require_intact(store: EventStore, run_id: str, key: Ed25519PrivateKey) -> None:
-    """Raise ``IntegrityError`` when the run's record is proven altered (doubts do not block)."""
-    keys = KeyRing([key.public_key(), *_default_keys()])
-    report = verify_run(store, run_id, keys=keys)
-    altered = [p for p in report.problems if p.altered]
-    if altered:
-        raise IntegrityError(f"refusing to sign run {run_id[:12]}: record altered: {altered[0].describe()}")
-
-
-def _default_keys() -> list[Ed25519PublicKey]:
-    try:
-        return list(trusted_public_keys())
-    except AuditlogError:  # a broken default public key does not matter when signing
-        return []
 
 
 @click.command()
@@ -52,45 +30,29 @@ def checkpoint(store: str | None, key_path: str | None, run: str) -> None:
     record does not verify is not signed (exit 4).
     """
     key = load_private_key(Path(key_path) if key_path else None)
-    event_store = EventStore.open(store)
-    try:
-        check_database_file(event_store)
-        if run == "all":
-            run_ids = [str(r["run_id"]) for r in event_store.run_rows()]
-        else:
-            run_ids = [select_run(event_store, run)]
-        refused: list[IntegrityError] = []
+    mine = fingerprint(key)[:16]
+    refused: list[IntegrityError] = []
+    with open_store(store) as opened:
+        opened.check_file()
+        run_ids = [info.run_id for info in opened.runs()] if run == "all" else [opened.select(run)]
         for run_id in run_ids:
             try:
-                _require_intact(event_store, run_id, key)
+                signed = opened.run(run_id).checkpoint(key)
             except IntegrityError as exc:
                 refused.append(exc)
                 click.echo(f"run {run_id[:12]}: not signed, record altered")
                 continue
-            _checkpoint_run(event_store, run_id, key)
-    finally:
-        event_store.close()
+            for head in signed:
+                where = f"run {run_id[:12]} stream {head.stream}"
+                if head.already_signed:
+                    click.echo(f"{where}: seq {head.seq} already signed by this key")
+                else:
+                    click.echo(
+                        f"{where}: signed seq {head.seq} (head {head.head_hash[:16]}, "
+                        f"checkpoint {head.checkpoint_id}, key {mine})"
+                    )
     if refused:
         raise refused[0]
-
-
-def _checkpoint_run(store: EventStore, run_id: str, key: Ed25519PrivateKey) -> None:
-    existing = checkpoints_for(store, run_id)
-    mine = fingerprint(key)
-    signed = {(c.stream, c.seq, c.head_hash) for c in existing if c.key_fingerprint == mine}
-    heads = current_heads(store, run_id)
-    if not heads:
-        raise AuditlogError(f"run {run_id[:12]} has no events to checkpoint")
-    for head in heads:
-        where = f"run {run_id[:12]} stream {head.stream}"
-        if (head.stream, head.seq, head.head_hash) in signed:
-            click.echo(f"{where}: seq {head.seq} already signed by this key")
-            continue
-        made = checkpoint_head(store, key, run_id, head.stream, head=(head.seq, head.head_hash))
-        click.echo(
-            f"{where}: signed seq {head.seq} (head {head.head_hash[:16]}, checkpoint {made.id}, "
-            f"key {mine[:16]})"
-        )
 
 
 @click.command("export-head")
@@ -109,14 +71,10 @@ def export_head(store: str | None, key_path: str | None, output: str | None, run
     not signed (exit 4).
     """
     key = load_private_key(Path(key_path) if key_path else None)
-    event_store = EventStore.open(store)
-    try:
-        check_database_file(event_store)
-        run_id = select_run(event_store, run)
-        _require_intact(event_store, run_id, key)
-        statement = export_heads(event_store, key, run_id)
-    finally:
-        event_store.close()
+    with open_store(store) as opened:
+        opened.check_file()
+        run_id = opened.select(run)
+        statement = opened.run(run_id).export_head(key)
     text = statement.to_json()
     if output is None:
         click.echo(text, nl=False)

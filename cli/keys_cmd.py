@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from auditlog.keys import KEY_ENV, default_private_key_path, generate_key_pair
+from auditlog.integrity.keys import KEY_ENV, default_private_key_path, generate_key_pair
 
 
 @click.command()

@@ -1,7 +1,7 @@
 """The ``auditlog`` Click group and the one place errors become exit codes.
 
 Library errors (``AuditlogError``) become ``Error: ...`` on stderr with the exit
-code their class documents (see ``auditlog.errors``); an unexpected exception is
+code their class documents (see ``auditlog.core.errors``); an unexpected exception is
 one line too. Tracebacks only with ``--debug``.
 """
 
@@ -26,8 +26,8 @@ from auditlog.cli import (
     verify_cmd,
 )
 
-import auditlog
-from auditlog.errors import AuditlogError
+from auditlog.core.errors import AuditlogError
+from auditlog.core.version import __version__
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -68,7 +68,7 @@ class AuditlogGroup(click.Group):
 
 
 @click.group(cls=AuditlogGroup, context_settings=CONTEXT)
-@click.version_option(auditlog.__version__, "--version", prog_name="auditlog")
+@click.version_option(__version__, "--version", prog_name="auditlog")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:

@@ -14,12 +14,9 @@ from auditlog.cli.options import format_option, store_option
 from auditlog.cli.output import emit_rows
 from auditlog.cli.progress import progress_bar
 
-from auditlog.errors import UsageError
-from auditlog.query import QuerySession
-from auditlog.readmodel import ReadModel
-from auditlog.runs import select_run
-from auditlog.store.eventstore import EventStore
-from auditlog.views import VIEWS, VIEWS_BY_NAME
+from auditlog.core.errors import UsageError
+from auditlog.read.api import open_store
+from auditlog.store.readmodel.views import VIEWS, VIEWS_BY_NAME
 
 
 @click.command()
@@ -44,12 +41,9 @@ def query(store: str | None, fmt: str, run: str | None, sql: str) -> None:
     """
     if sql == "-":
         sql = sys.stdin.read()
-    event_store = EventStore.open(store)
-    try:
-        run_id = select_run(event_store, run) if run is not None else None
-        readmodel = ReadModel(event_store)
+    with open_store(store) as opened:
         with progress_bar("updating read model") as progress:
-            session, _report = QuerySession.open(readmodel, run_id, progress)
+            session = opened.query_session(run, progress)
         with session:
             result = session.execute(sql)
             columns = _unique(result.columns)
@@ -61,8 +55,6 @@ def query(store: str | None, fmt: str, run: str | None, sql: str) -> None:
                     yield record if fmt == "table" else _machine(record, json_columns, fmt)
 
             emit_rows(rows(), columns, fmt)
-    finally:
-        event_store.close()
 
 
 @click.command()

@@ -11,10 +11,8 @@ import torch
 from auditlog.cli.options import run_argument, store_option
 from auditlog.cli.tree_cmd import step_options
 
-from auditlog.errors import AuditlogError
-from auditlog.reader import Run
-from auditlog.runs import select_run
-from auditlog.store.eventstore import EventStore
+from auditlog.core.errors import AuditlogError
+from auditlog.read.api import open_store
 
 FORMATS = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch"}
 
@@ -45,12 +43,9 @@ def restore(
         raise AuditlogError(f"cannot tell the format of {str(output)!r}: use .safetensors or .pt, or --format")
     if output.exists() and not force:
         raise AuditlogError(f"{str(output)!r} exists; pass --force to overwrite it")
-    event_store = EventStore.open(store)
-    try:
-        view = Run(event_store, select_run(event_store, run))
+    with open_store(store) as opened:
+        view = opened.run(run)
         state = view.state_dict(step=step, seq=seq, root=root, allow_partial=allow_partial)
-    finally:
-        event_store.close()
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="auditlog-restore-", suffix=output.suffix, dir=output.parent)
     os.close(fd)

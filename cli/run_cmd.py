@@ -10,10 +10,10 @@ import traceback
 import click
 from auditlog.cli.options import store_option
 
-from auditlog.errors import RecordingFailedError
-from auditlog.execfile import run_target, script_path
-from auditlog.policy import BACKWARD_MECHANISMS, DURABILITY, ON_ERROR, make_policy
-from auditlog.session import Recording, Terminated
+from auditlog.core.errors import RecordingFailedError
+from auditlog.core.policy import BACKWARD_MECHANISMS, DURABILITY, ON_ERROR, make_policy
+from auditlog.recording.execfile import run_target, script_path
+from auditlog.recording.session import Recording, Terminated
 
 
 @click.command(

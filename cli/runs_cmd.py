@@ -8,8 +8,8 @@ import click
 from auditlog.cli.options import format_option, store_option
 from auditlog.cli.output import emit_rows, fmt_duration
 
-from auditlog.runs import iso, list_runs
-from auditlog.store.eventstore import EventStore
+from auditlog.core.values import iso
+from auditlog.read.api import open_store
 
 COLUMNS = ("run", "name", "started", "duration", "status", "script", "commit", "steps", "events")
 
@@ -20,11 +20,8 @@ COLUMNS = ("run", "name", "started", "duration", "status", "script", "commit", "
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Show only the newest N runs.")
 def runs(store: str | None, fmt: str, limit: int | None) -> None:
     """List recorded runs: id, start, duration, status, script, git commit, steps, events."""
-    event_store = EventStore.open(store)
-    try:
-        infos = list_runs(event_store)
-    finally:
-        event_store.close()
+    with open_store(store) as opened:
+        infos = opened.runs()
     if limit is not None:
         infos = infos[-limit:]
     if fmt != "table":
@@ -49,4 +46,4 @@ def runs(store: str | None, fmt: str, limit: int | None) -> None:
                 "events": info.events,
             }
         )
-    emit_rows(rows, COLUMNS, fmt, title=f"runs in {event_store.location.display()}")
+    emit_rows(rows, COLUMNS, fmt, title=f"runs in {opened.location.display()}")

@@ -9,9 +9,7 @@ import click
 from auditlog.cli.options import format_option, run_argument, store_option
 from auditlog.cli.output import emit_rows
 
-from auditlog.reader import Run
-from auditlog.runs import select_run
-from auditlog.store.eventstore import EventStore
+from auditlog.read.api import open_store
 
 COLUMNS = ("seq", "step", "trigger", "tag", "module", "tensors", "logical_bytes", "new_bytes")
 
@@ -31,42 +29,10 @@ def _human(n: int) -> str:
 @run_argument
 def snapshots(store: str | None, fmt: str, run: str) -> None:
     """List RUN's snapshots: when, what triggered them, bytes stored and deduplication."""
-    event_store = EventStore.open(store)
-    try:
-        view = Run(event_store, select_run(event_store, run))
-        events = list(view.events(kinds=["snapshot_taken", "construction_sealed"]))
-        state = view.model_state()
-        hashes = sorted(
-            {t["sha256"] for e in events for t in _tensors(e)}
-        )
-        catalog = event_store.blob_rows(hashes)
-    finally:
-        event_store.close()
-    names = state.module_names()
-    rows: list[dict[str, Any]] = []
-    stored_total = logical_total = 0
-    for event in events:
-        tensors = _tensors(event)
-        if not tensors:
-            continue
-        logical = sum(int(catalog[t["sha256"]]["nbytes"]) for t in tensors if t["sha256"] in catalog)
-        payload = event["payload"]
-        new = int((payload.get("snapshot") or {}).get("new_bytes", logical if event["kind"] == "construction_sealed" else 0))
-        logical_total += logical
-        module_names = names.get(event["module_id"] or -1) or []
-        rows.append(
-            {
-                "seq": event["seq"],
-                "step": event["step"],
-                "trigger": payload.get("trigger") if event["kind"] == "snapshot_taken" else "sealed",
-                "tag": payload.get("tag"),
-                "module": (module_names[0] or "(root)") if module_names else None,
-                "tensors": len(tensors),
-                "logical_bytes": logical,
-                "new_bytes": new,
-            }
-        )
-    stored_total = sum(int(r["nbytes"]) for r in catalog.values())
+    with open_store(store) as opened:
+        view = opened.run(run)
+        rows, stored_total = view.snapshots()
+    logical_total = sum(r["logical_bytes"] for r in rows)
     if fmt != "table":
         emit_rows(iter(rows), COLUMNS, fmt)
         return
@@ -81,10 +47,3 @@ def snapshots(store: str | None, fmt: str, run: str) -> None:
         f"{len(rows)} snapshots, {_human(logical_total)} of tensor values, "
         f"{_human(stored_total)} distinct content stored (dedup {ratio:.1f}x)"
     )
-
-
-def _tensors(event: dict[str, Any]) -> list[dict[str, Any]]:
-    payload = event["payload"]
-    if event["kind"] == "snapshot_taken":
-        return list((payload.get("snapshot") or {}).get("tensors", []))
-    return list(payload.get("tensors", [])) if payload.get("stored") else []

@@ -10,11 +10,9 @@ from auditlog.cli.options import format_option, run_argument, store_option
 from auditlog.cli.output import console, emit_json
 from rich.tree import Tree
 
-from auditlog.errors import AuditlogError, UsageError
-from auditlog.reader import Run
-from auditlog.replay import ModelState
-from auditlog.runs import select_run
-from auditlog.store.eventstore import EventStore
+from auditlog.core.errors import AuditlogError, UsageError
+from auditlog.core.replay import ModelState
+from auditlog.read.api import open_store
 
 
 def step_options(func: Any) -> Any:
@@ -102,12 +100,9 @@ def _render(data: dict[str, Any], tree: Tree) -> None:
 )
 def tree(store: str | None, fmt: str, run: str, step: int | None, seq: int | None, root: str | None) -> None:
     """Show RUN's module tree: names, classes, shapes, dtypes, where each was built."""
-    event_store = EventStore.open(store)
-    try:
-        view = Run(event_store, select_run(event_store, run))
+    with open_store(store) as opened:
+        view = opened.run(run)
         state = view.state_at(step=step, seq=seq)
-    finally:
-        event_store.close()
     if not state.modules:
         raise AuditlogError(f"run {view.run_id[:12]} recorded no modules")
     if root == "all":

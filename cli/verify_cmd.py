@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -10,19 +12,11 @@ from auditlog.cli.options import format_option, store_option
 from auditlog.cli.output import emit_rows
 from rich.progress import Progress
 
-from auditlog.errors import IntegrityError, UsageError
-from auditlog.integrity import (
-    SourcedStatement,
-    VerifyReport,
-    check_database_file,
-    recorded_run_ids,
-    verify_run,
-)
-from auditlog.keys import trusted_public_keys
-from auditlog.runs import select_run
-from auditlog.signing import HeadStatement, KeyRing, StatementError
-from auditlog.store.checkpoints import checkpointed_run_ids
-from auditlog.store.eventstore import EventStore
+from auditlog.core.errors import IntegrityError
+from auditlog.integrity.keys import trusted_public_keys
+from auditlog.integrity.signing import HeadStatement, KeyRing, StatementError
+from auditlog.integrity.verify import SourcedStatement
+from auditlog.read.api import open_store
 
 
 @click.command()
@@ -60,13 +54,8 @@ def verify(
     # Given keys must load now; the default key is read only if a signature needs it.
     keys = KeyRing(trusted_public_keys(tuple(Path(p) for p in key_paths))) if key_paths else None
     statements = [_read_statement(source) for source in against]
-    event_store = EventStore.open(store)
-    try:
-        check_database_file(event_store)
-        run_ids = _selected_runs(event_store, run, statements)
-        reports = [_verify(event_store, run_id, keys, statements) for run_id in run_ids]
-    finally:
-        event_store.close()
+    with open_store(store) as opened, _progress() as progress:
+        reports = opened.verify(run, keys=keys, statements=statements, progress=progress)
     if fmt == "table":
         for report in reports:
             state = "intact" if report.ok else "FAILED"
@@ -124,31 +113,16 @@ def _read_statement(source: str) -> SourcedStatement:
     return source, HeadStatement.parse(text, source)
 
 
-def _selected_runs(store: EventStore, run: str | None, statements: list[SourcedStatement]) -> list[str]:
-    stated = list(dict.fromkeys(s.run_id for _, s in statements))
-    if run == "all":
-        indexed = [str(r["run_id"]) for r in store.run_rows()]
-        others = set(recorded_run_ids(store)) | set(checkpointed_run_ids(store)) | set(stated)
-        return indexed + sorted(others - set(indexed))
-    if run is None:
-        return stated or [select_run(store, "latest")]
-    run_id = select_run(store, run)
-    for source, statement in statements:
-        if statement.run_id != run_id:
-            raise UsageError(
-                f"--against {source!r} is about run {statement.run_id[:12]}, not run {run_id[:12]}; "
-                "leave out RUN to verify the statement's run"
-            )
-    return [run_id]
-
-
-def _verify(
-    store: EventStore, run_id: str, keys: KeyRing | None, statements: list[SourcedStatement]
-) -> VerifyReport:
+@contextlib.contextmanager
+def _progress() -> Iterator[Callable[[str], Callable[[int], None]] | None]:
+    """A per-run progress bar on a terminal; nothing in pipes."""
     if not sys.stderr.isatty():
-        return verify_run(store, run_id, keys=keys, statements=statements)
-    with Progress(transient=True) as progress:
-        task = progress.add_task(f"verifying {run_id[:12]}", total=None)
-        return verify_run(
-            store, run_id, lambda n: progress.advance(task, n), keys=keys, statements=statements
-        )
+        yield None
+        return
+    with Progress(transient=True) as bar:
+
+        def for_run(run_id: str) -> Callable[[int], None]:
+            task = bar.add_task(f"verifying {run_id[:12]}", total=None)
+            return lambda n: bar.advance(task, n)
+
+        yield for_run

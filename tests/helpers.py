@@ -121,9 +121,9 @@ def assert_one_line_error(result: CliResult, code: int, *words: str) -> str:
 @contextmanager
 def query_session(store_path: Path) -> Iterator[Any]:
     """A refreshed, locked-down DuckDB query session over a store (closed afterwards)."""
-    from auditlog.query import QuerySession
-    from auditlog.readmodel import ReadModel
     from auditlog.store.eventstore import EventStore
+    from auditlog.store.readmodel.cache import ReadModel
+    from auditlog.store.readmodel.session import QuerySession
 
     event_store = EventStore.open(store_path)
     opened, _ = QuerySession.open(ReadModel(event_store))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import record_run, tamper  # noqa: F401  (re-exported for the integrity tests)
 
-from auditlog.encoding import chain_hash, genesis_hash
+from auditlog.core.chain import chain_hash, genesis_hash
 
 CHAINED = ("run_id", "stream", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id", "snapshot", "payload")
 

@@ -20,7 +20,7 @@ from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
 import auditlog
-from auditlog.errors import RecordingActiveError
+from auditlog.core.errors import RecordingActiveError
 
 HOOK_DICTS = {
     "forward_pre": nn_module._global_forward_pre_hooks,

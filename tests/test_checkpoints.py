@@ -19,12 +19,16 @@ from click.testing import CliRunner
 from helpers import CliResult, file_digest, invoke
 from integrity_support import isolate_keys, last_seq, record_run, rewrite_chain, tamper, truncate
 
-from auditlog.encoding import canonical_payload, chain_hash
-from auditlog.heads import checkpoint_head
-from auditlog.integrity import verify_run
-from auditlog.keys import fingerprint, generate_key_pair, load_private_key, load_public_key
-from auditlog.signing import KeyRing, Verdict
-from auditlog.store.checkpoints import checkpoint_rows, checkpointed_run_ids, checkpoints_for
+from auditlog.core.chain import canonical_payload, chain_hash
+from auditlog.integrity.heads import checkpoint_head, checkpoints_for
+from auditlog.integrity.keys import (
+    fingerprint,
+    generate_key_pair,
+    load_private_key,
+    load_public_key,
+)
+from auditlog.integrity.signing import KeyRing, Verdict
+from auditlog.integrity.verify import verify_run
 from auditlog.store.eventstore import EventStore
 
 
@@ -108,7 +112,7 @@ def test_checkpoint_head_signs_and_stores_the_current_head(store: Path, run_id: 
         assert (made.run_id, made.stream, made.seq, made.head_hash) == (run_id, 0, head[0], head[1])
         assert made.key_fingerprint == fingerprint(key)
         assert checkpoints_for(event_store, run_id) == [made]
-        assert checkpointed_run_ids(event_store) == [run_id]
+        assert event_store.checkpointed_run_ids() == [run_id]
         store_id = event_store.meta()["store_id"]
         ring = KeyRing([load_public_key(Path(pub(ours)))])
         assert ring.check(made.key_fingerprint, made.statement(store_id), made.signature) is Verdict.VALID
@@ -139,7 +143,7 @@ def test_checkpoint_rows_are_plain_columns(store: Path, run_id: str, ours: Path)
     event_store = EventStore.open(str(store))
     try:
         checkpoint_head(event_store, load_private_key(ours), run_id, 0)
-        (row,) = checkpoint_rows(event_store, run_id)
+        (row,) = event_store.checkpoint_rows(run_id)
     finally:
         event_store.close()
     assert set(row) == {"id", "run_id", "stream", "seq", "head_hash", "created_ns", "key_fingerprint", "signature"}

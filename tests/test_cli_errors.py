@@ -14,7 +14,7 @@ import pytest
 from auditlog.cli.main import cli
 from helpers import CliResult, assert_one_line_error, invoke, record_run
 
-from auditlog.kinds import KINDS
+from auditlog.core.kinds import KINDS
 
 # Two runs whose ids share the prefix "abc" (crafted: random uuids share a
 # prefix only by chance), recorded in this order with these names.

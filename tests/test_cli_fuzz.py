@@ -28,9 +28,9 @@ from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from integrity_support import isolate_keys, record_run
 
-from auditlog.heads import checkpoint_head
-from auditlog.keys import generate_key_pair, load_private_key
-from auditlog.kinds import KINDS
+from auditlog.core.kinds import KINDS
+from auditlog.integrity.heads import checkpoint_head
+from auditlog.integrity.keys import generate_key_pair, load_private_key
 from auditlog.store.eventstore import EventStore
 
 FUZZ = settings(

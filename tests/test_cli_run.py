@@ -66,7 +66,7 @@ def check(
     return proc
 
 
-def latest_info(store: Path) -> auditlog.runs.RunInfo:
+def latest_info(store: Path) -> auditlog.read.runs.RunInfo:
     with auditlog.open(store) as s:
         return s.run("latest").info()
 

@@ -11,7 +11,7 @@ from helpers import load_example
 from torch import nn
 
 import auditlog
-from auditlog.replay import ModelState
+from auditlog.core.replay import ModelState
 
 
 def replayed(store: Path) -> ModelState:

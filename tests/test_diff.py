@@ -21,7 +21,7 @@ import torch
 from helpers import invoke, run_auditlog
 
 import auditlog
-from auditlog.diff import diff_runs, distribution_changed
+from auditlog.read.diff import diff_runs, distribution_changed
 from auditlog.store.eventstore import EventStore
 
 MODEL_V1 = textwrap.dedent(

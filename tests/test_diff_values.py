@@ -17,7 +17,7 @@ from helpers import invoke
 from torch import nn
 
 import auditlog
-from auditlog.diff import first_divergence
+from auditlog.read.diff_values import first_divergence
 from auditlog.store.eventstore import EventStore
 
 

@@ -8,14 +8,14 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from auditlog.encoding import (
+from auditlog.core.chain import (
     Clean,
     canonical_row,
     canonical_row_reference,
     encode_clean,
     row_prefix,
 )
-from auditlog.writer import materialize
+from auditlog.recording.writer import materialize
 
 text = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
 ints = st.integers(min_value=0, max_value=2**62)

@@ -1,4 +1,4 @@
-"""``auditlog verify`` and ``auditlog.integrity.verify_run`` against real tampering.
+"""``auditlog verify`` and ``auditlog.integrity.verify.verify_run`` against real tampering.
 
 Every test records a real (tiny) training run into a real SQLite store, alters
 ``events.db`` with plain ``sqlite3`` the way an attacker with file access would,
@@ -18,7 +18,7 @@ import pytest
 from helpers import CliResult, invoke, tamper
 from helpers import record_run as record_tiny_run
 
-from auditlog.integrity import Problem, verify_run
+from auditlog.integrity.verify import Problem, verify_run
 from auditlog.store.eventstore import EventStore
 
 

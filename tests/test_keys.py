@@ -1,4 +1,4 @@
-"""``auditlog keygen`` and ``auditlog.keys``: where keys live, permissions, and bad key files.
+"""``auditlog keygen`` and ``auditlog.integrity.keys``: where keys live, permissions, and bad key files.
 
 A key file that is missing, unreadable or malformed must give one ``Error:``
 line naming it (exit 1), never a traceback, whichever command reads it.
@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from helpers import assert_one_line_error, file_digest, invoke
 from integrity_support import isolate_keys
 
-from auditlog.keys import (
+from auditlog.integrity.keys import (
     configured_private_key,
     default_private_key_path,
     default_public_key_path,

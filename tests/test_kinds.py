@@ -1,4 +1,4 @@
-"""The README's event reference is generated from auditlog.kinds and kept in sync."""
+"""The README's event reference is generated from auditlog.core.kinds and kept in sync."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from helpers import REPO
 from torch import nn
 
 import auditlog
-from auditlog.kinds import KINDS, kinds_markdown
+from auditlog.core.kinds import KINDS, kinds_markdown
 
 
 def test_readme_embeds_the_generated_kinds_reference() -> None:
@@ -17,7 +17,7 @@ def test_readme_embeds_the_generated_kinds_reference() -> None:
     begin, end = "<!-- kinds:begin -->", "<!-- kinds:end -->"
     assert begin in readme and end in readme
     embedded = readme.split(begin, 1)[1].split(end, 1)[0].strip()
-    assert embedded == kinds_markdown().strip(), "regenerate with: python -m auditlog.kinds"
+    assert embedded == kinds_markdown().strip(), "regenerate with: python -m auditlog.core.kinds"
 
 
 def test_every_emitted_kind_and_field_is_documented(store: Path) -> None:
@@ -43,8 +43,8 @@ def test_every_emitted_kind_and_field_is_documented(store: Path) -> None:
 
 
 def test_readme_embeds_the_generated_view_reference() -> None:
-    from auditlog.views import views_markdown
+    from auditlog.store.readmodel.views import views_markdown
 
     readme = (REPO / "README.md").read_text()
     embedded = readme.split("<!-- views:begin -->", 1)[1].split("<!-- views:end -->", 1)[0].strip()
-    assert embedded == views_markdown().strip(), "regenerate with: python -m auditlog.views"
+    assert embedded == views_markdown().strip(), "regenerate with: python -m auditlog.store.readmodel.views"

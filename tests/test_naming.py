@@ -1,4 +1,4 @@
-"""Labels of modules and tensors (``auditlog.naming``), checked against PyTorch itself.
+"""Labels of modules and tensors (``auditlog.core.naming``), checked against PyTorch itself.
 
 Each model is built live under ``auditlog.record``; the labels computed from the
 replayed record must equal what ``named_modules()``/``named_parameters()`` say
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import auditlog
-from auditlog.naming import Labels, attached_ids, label_state
+from auditlog.core.naming import Labels, attached_ids, label_state
 
 
 def _labels(store: Path, build: object) -> tuple[Labels, object]:

@@ -13,8 +13,8 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 import auditlog
-from auditlog.errors import UsageError
-from auditlog.policy import Policy, make_policy
+from auditlog.core.errors import UsageError
+from auditlog.core.policy import Policy, make_policy
 
 
 def build() -> nn.Module:

@@ -21,10 +21,10 @@ from helpers import invoke, tree_digest
 from torch import nn
 
 import auditlog
-from auditlog.query import QueryRefusedError, QuerySession
-from auditlog.readmodel import ReadModel
 from auditlog.store.eventstore import EventStore
-from auditlog.views import VIEWS
+from auditlog.store.readmodel.cache import ReadModel
+from auditlog.store.readmodel.session import QueryRefusedError, QuerySession
+from auditlog.store.readmodel.views import VIEWS
 
 
 class Store:

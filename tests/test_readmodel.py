@@ -1,4 +1,4 @@
-"""The DuckDB read model (``auditlog.readmodel``): answers, incremental refresh, rebuilds.
+"""The DuckDB read model (``auditlog.store.readmodel.cache``): answers, incremental refresh, rebuilds.
 
 Runs are recorded in-process into a real store. Every view's answer is checked
 against the same question asked in plain SQL (SQLite's own ``json_each``) of the
@@ -21,12 +21,12 @@ from helpers import load_example, query_session
 from torch import nn
 
 import auditlog
-from auditlog import eventcopy
-from auditlog.query import QuerySession
-from auditlog.readmodel import PROJECTION_FILE, ReadModel
-from auditlog.runs import list_runs
+from auditlog.read.runs import list_runs
 from auditlog.store.eventstore import EventStore
-from auditlog.views import VIEWS
+from auditlog.store.readmodel import arrowcopy
+from auditlog.store.readmodel.cache import PROJECTION_FILE, ReadModel
+from auditlog.store.readmodel.session import QuerySession
+from auditlog.store.readmodel.views import VIEWS
 
 
 class Recorded:
@@ -244,7 +244,7 @@ def test_refresh_copies_only_new_events(store: Path) -> None:
         model = ReadModel(event_store)
         assert model.path == store / PROJECTION_FILE
         built = model.refresh()
-        total = eventcopy.max_event_id(event_store)
+        total = arrowcopy.max_event_id(event_store)
         assert built.rebuilt and built.copied == total > 0
         assert model.refresh().copied == 0
         assert model.is_fresh()
@@ -260,7 +260,7 @@ def test_refresh_copies_only_new_events(store: Path) -> None:
         conn.close()
         second = record_tiny(store, "second", steps=2)
         assert not model.is_fresh()
-        newest = eventcopy.max_event_id(event_store)
+        newest = arrowcopy.max_event_id(event_store)
         again = model.refresh()
         assert not again.rebuilt
         assert again.copied == newest - total
@@ -290,7 +290,7 @@ def test_corrupt_or_foreign_projection_is_rebuilt(store: Path) -> None:
         model.path.write_bytes(b"not a duckdb file at all" * 100)
         report = model.refresh()
         assert report.rebuilt and "unreadable" in (report.reason or "")
-        assert report.copied == eventcopy.max_event_id(event_store)
+        assert report.copied == arrowcopy.max_event_id(event_store)
 
         con = duckdb.connect(str(model.path))
         con.execute("update projection.meta set value = 'other-store' where key = 'store_id'")
@@ -327,7 +327,7 @@ def test_sqlalchemy_copy_equals_adbc_copy(rec: Recorded, tmp_path: Path) -> None
     try:
         paths = {}
         for use_adbc in (True, False):
-            if use_adbc and not eventcopy.adbc_available():
+            if use_adbc and not arrowcopy.adbc_available():
                 continue
             path = tmp_path / f"adbc-{use_adbc}.duckdb"
             report = ReadModel(event_store, path).refresh(use_adbc=use_adbc)
@@ -352,7 +352,7 @@ def test_progress_reports_every_event(store: Path) -> None:
     event_store = EventStore.open(store)
     try:
         ReadModel(event_store).refresh(progress=lambda done, total: calls.append((done, total)))
-        total = eventcopy.max_event_id(event_store)
+        total = arrowcopy.max_event_id(event_store)
     finally:
         event_store.close()
     assert calls[0] == (0, total) and calls[-1] == (total, total)
@@ -386,7 +386,7 @@ def test_chunked_refresh_relabels_rows_copied_before_a_name_changed(
     event_store = EventStore.open(rec.store)
     try:
         ReadModel(event_store, tmp_path / "whole.duckdb").refresh()
-        monkeypatch.setattr("auditlog.readmodel.CHUNK_ROWS", 3)
+        monkeypatch.setattr("auditlog.store.readmodel.cache.CHUNK_ROWS", 3)
         report = ReadModel(event_store, tmp_path / "chunked.duckdb").refresh()
         assert report.streams_replayed > 2
     finally:

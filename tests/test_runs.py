@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 import auditlog
-from auditlog.runs import STALE_AFTER_S, derive_status
+from auditlog.core.liveness import STALE_AFTER_S, derive_status
 
 CRASHER = textwrap.dedent(
     """
@@ -88,7 +88,7 @@ def test_heartbeat_is_refreshed_while_idle_and_at_most_once_per_period_while_bus
     events (a long evaluation must not look stale), and not with every batch."""
     from torch import nn
 
-    import auditlog.writer as writer_module
+    import auditlog.recording.writer as writer_module
 
     monkeypatch.setattr(writer_module, "HEARTBEAT_S", 0.3)
     with auditlog.record(store, name="idle") as rec:

@@ -1,4 +1,4 @@
-"""``auditlog.signing``: what exactly is signed, and that changing any of it breaks the signature.
+"""``auditlog.integrity.signing``: what exactly is signed, and that changing any of it breaks the signature.
 
 The signed bytes are documented (README, module docstring) so that a third
 party can check a statement without auditlog; the first tests pin them.
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from auditlog.keys import fingerprint
-from auditlog.signing import (
+from auditlog.integrity.keys import fingerprint
+from auditlog.integrity.signing import (
     Checkpoint,
     HeadStatement,
     KeyRing,

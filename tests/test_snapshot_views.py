@@ -21,9 +21,9 @@ from helpers import invoke, query_session, tree_digest
 from torch import nn
 
 import auditlog
-from auditlog.query import QueryError, QuerySession
-from auditlog.readmodel import ReadModel
 from auditlog.store.eventstore import EventStore
+from auditlog.store.readmodel.cache import ReadModel
+from auditlog.store.readmodel.session import QueryError, QuerySession
 
 
 class Recorded:

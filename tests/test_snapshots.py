@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import auditlog
-from auditlog.snapshots import SnapshotError, SnapshotStore
-from auditlog.tensors import tensor_hash
+from auditlog.core.tensors import tensor_hash
+from auditlog.store.blobs import SnapshotError, SnapshotStore
 
 FLOAT8 = [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, n)]
 DTYPES = [
@@ -54,7 +54,7 @@ def test_every_dtype_round_trips_bitwise(tmp_path: Path, dtype: torch.dtype) -> 
 
 
 def test_large_tensor_is_written_in_bounded_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import auditlog.snapshots as snapshots_module
+    import auditlog.store.blobs as snapshots_module
 
     monkeypatch.setattr(snapshots_module, "CHUNK_BYTES", 4096)
     store = SnapshotStore(tmp_path)

@@ -19,10 +19,10 @@ from helpers import CliResult, assert_one_line_error, file_digest, invoke, tree_
 from helpers import record_run as record_tiny_run
 
 import auditlog
-from auditlog.errors import NotAStoreError, SchemaTooNewError, StoreError, StoreMissingError
+from auditlog.core.errors import NotAStoreError, SchemaTooNewError, StoreError, StoreMissingError
 from auditlog.store import schema
-from auditlog.store.eventstore import EventStore
-from auditlog.store.migrate import alembic_head, upgrade_store
+from auditlog.store.eventstore import EventStore, upgrade_store
+from auditlog.store.migrate import alembic_head
 from auditlog.store.schema import HEAD_REVISION as HEAD
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,12 +14,11 @@ from typing import Any
 
 import torch
 
-import auditlog
-
+# auditlog's own package directory (two levels up from capture/source.py) and torch's.
 _SKIP_DIRS = tuple(
-    os.path.dirname(os.path.abspath(mod.__file__)) + os.sep
-    for mod in (torch, auditlog)
-    if mod.__file__
+    os.path.dirname(os.path.abspath(path)) + os.sep
+    for path in (torch.__file__, os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/__init__.py")
+    if path
 )
 _skip_cache: dict[CodeType, bool] = {}
 Location = dict[str, Any]

@@ -14,14 +14,13 @@ change is dated by the check that found it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from auditlog.tensors import dtype_name
-
-if TYPE_CHECKING:
-    from auditlog.capture.recorder import Recorder
+from auditlog.capture.base import RecorderBase
+from auditlog.capture.torch_compat import buffers_of, children_of, parameters_of
+from auditlog.core.tensors import dtype_name
 
 _MISSING = object()
 
@@ -37,8 +36,15 @@ def _tensor_facts(tensor: torch.Tensor, parameter: bool) -> dict[str, Any]:
     return facts
 
 
-def check_structure(recorder: Recorder, roots: list[torch.nn.Module], where: str) -> int:
-    """Compare live modules under ``roots`` with the recorded state; return changes emitted."""
+class StructureChecks(RecorderBase):
+    """``check_structure``: the live module tree against the state the record describes."""
+
+    def check_structure(self, roots: list[torch.nn.Module], where: str) -> int:
+        """Compare live modules under ``roots`` with the recorded state; return changes emitted."""
+        return _check_roots(self, roots, where)
+
+
+def _check_roots(recorder: RecorderBase, roots: list[torch.nn.Module], where: str) -> int:
     emitted = 0
     seen: set[int] = set()
     for root in roots:
@@ -58,7 +64,7 @@ def check_structure(recorder: Recorder, roots: list[torch.nn.Module], where: str
     return emitted
 
 
-def _removed(recorder: Recorder, module_id: int, member: str, name: str, old: int | None, where: str) -> None:
+def _removed(recorder: RecorderBase, module_id: int, member: str, name: str, old: int | None, where: str) -> None:
     recorder.emit(
         "structure_changed",
         module_id,
@@ -68,10 +74,10 @@ def _removed(recorder: Recorder, module_id: int, member: str, name: str, old: in
 
 
 def _check_children(
-    recorder: Recorder, module: torch.nn.Module, module_id: int, known: dict[str, int | None], where: str
+    recorder: RecorderBase, module: torch.nn.Module, module_id: int, known: dict[str, int | None], where: str
 ) -> int:
     emitted = 0
-    live = module._modules
+    live = children_of(module)
     for name in [n for n in known if n not in live]:
         _removed(recorder, module_id, "module", name, known[name], where)
         emitted += 1
@@ -88,7 +94,7 @@ def _check_children(
 
 
 def _check_tensors(
-    recorder: Recorder,
+    recorder: RecorderBase,
     module: torch.nn.Module,
     module_id: int,
     known: dict[str, int | None],
@@ -96,7 +102,7 @@ def _check_tensors(
     where: str,
 ) -> int:
     emitted = 0
-    live: dict[str, torch.Tensor | None] = module._parameters if member == "parameter" else module._buffers  # type: ignore[assignment]
+    live: dict[str, torch.Tensor | None] = parameters_of(module) if member == "parameter" else buffers_of(module)
     for name in [n for n in known if n not in live]:
         _removed(recorder, module_id, member, name, known[name], where)
         emitted += 1

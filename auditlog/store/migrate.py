@@ -20,11 +20,11 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import insert
 from sqlalchemy.exc import SQLAlchemyError
 
-import auditlog
-from auditlog.errors import StoreMissingError, StoreUnavailableError
+from auditlog.core.errors import StoreUnavailableError, one_line
+from auditlog.core.version import __version__
 from auditlog.store import schema
-from auditlog.store.eventstore import EventStore, build_prefix, make_engine, new_store_id
 from auditlog.store.location import StoreLocation
+from auditlog.store.opening import build_prefix, make_engine, new_store_id
 
 
 def alembic_config() -> Config:
@@ -72,12 +72,11 @@ def _upgrade_locked(location: StoreLocation, new: bool) -> None:
                         {"key": "format", "value": schema.STORE_FORMAT},
                         {"key": "store_id", "value": new_store_id()},
                         {"key": "created_ns", "value": str(time.time_ns())},
-                        {"key": "created_by", "value": f"auditlog {auditlog.__version__}"},
+                        {"key": "created_by", "value": f"auditlog {__version__}"},
                     ],
                 )
     except SQLAlchemyError as exc:
-        cause = str(getattr(exc, "orig", None) or exc).splitlines()[0]
-        raise StoreUnavailableError(f"cannot write store {location.display()!r}: {cause}") from exc
+        raise StoreUnavailableError(f"cannot write store {location.display()!r}: {one_line(exc)}") from exc
     finally:
         engine.dispose()
 
@@ -115,20 +114,6 @@ def create_store(location: StoreLocation) -> None:
             leftover.unlink(missing_ok=True)
 
 
-def upgrade_store(store: str | StoreLocation | None) -> tuple[str | None, str]:
-    """Bring a store to the head revision (creating it if nothing is there).
-
-    Returns ``(revision before, revision after)``; ``before`` is None for a new store.
-    A foreign, corrupt or newer store is refused untouched.
-    """
-    try:
-        existing = EventStore.open(store, create=False, allow_old=True)
-    except StoreMissingError:
-        created = EventStore.open(store, create=True)
-        created.close()
-        return None, created.revision
-    before = existing.revision
-    existing.close()
-    if before != schema.HEAD_REVISION:
-        _upgrade(existing.location, new=False)
-    return before, schema.HEAD_REVISION
+def migrate_to_head(location: StoreLocation) -> None:
+    """Upgrade an existing store to the head revision (the caller checked it is ours)."""
+    _upgrade(location, new=False)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from auditlog.errors import CorruptRecordError
+from auditlog.core.errors import CorruptRecordError
 
 _INT_COLUMNS = ("stream", "seq", "ts_ns")
 _OPTIONAL_INT_COLUMNS = ("step", "module_id", "tensor_id")

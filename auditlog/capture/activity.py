@@ -1,0 +1,226 @@
+"""Module activity on sampled steps: forward outputs and backward gradients, with statistics.
+
+Every recorded call becomes an entry held until its step ends; the step's
+entries leave as one ``activity`` event (``flush_activity``). Backward is seen,
+by default, through gradient hooks on the forward outputs (``backward="grad"``):
+module full backward hooks make models with in-place ops fail, so they are an
+explicit opt-in (``full``, or the legacy hook).
+"""
+
+from __future__ import annotations
+
+import weakref
+from functools import partial
+from typing import Any
+
+import torch
+
+from auditlog.capture.base import ACTIVITY_FLUSH, MAX_TENSORS, RecorderBase, class_name
+from auditlog.capture.torch_compat import compile_guard, tensor_version, unwrap_compiled
+from auditlog.core.chain import Clean
+from auditlog.core.tensors import StatsRecord, activity_stats, batch_records
+
+
+def tensors_in(value: Any, limit: int = 64) -> list[torch.Tensor]:
+    """Tensors inside a module output (tensor, tuple/list, dict, ModelOutput-like)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    found: list[torch.Tensor] = []
+    stack: list[Any] = [value]
+    while stack and len(found) < limit:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+    return found
+
+
+class ActivityHooks(RecorderBase):
+    """Forward pre/post hooks, gradient hooks and module backward hooks."""
+
+    def _selected_module(self, module: torch.nn.Module, module_id: int) -> bool:
+        """Include/exclude globs, evaluated once per module per structure version."""
+        policy = self.policy
+        if not policy.include and not policy.exclude:
+            return True
+        if self._selected_at != self._registrations:
+            self._selected = {}
+            self._names = self.state.module_names()
+            self._selected_at = self._registrations
+        hit = self._selected.get(module_id)
+        if hit is None:
+            node = self.state.modules.get(module_id)
+            cls = node.cls if node is not None and node.cls else class_name(module)
+            hit = self._selected[module_id] = policy.module_selected(self._names.get(module_id, []), cls)
+        return hit
+
+    # ------------------------------------------------------------------ forward
+    @compile_guard
+    def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
+        try:
+            module = unwrap_compiled(module)  # torch.compile wrapper: count once
+            stack = self.call_stack()
+            if not stack and self._scanned.get(module) != self._registrations:
+                self.seal(module, "first_forward")  # also remembers it as a root
+            stack.append(module)
+        except Exception as exc:
+            self.fault("forward_pre_hook", exc)
+        return None
+
+    @compile_guard
+    def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        try:
+            module = unwrap_compiled(module)
+            stack = self.call_stack()
+            if stack and stack[-1] is module:
+                stack.pop()
+            elif module in stack:
+                del stack[len(stack) - 1 - stack[::-1].index(module) :]
+            if not (self.sampling and self.policy.activity):
+                return None
+            module_id = self.module_id(module)
+            if not self._selected_module(module, module_id):
+                return None
+            if output is None:
+                self._add_activity(self.step, "forward", {"module_id": module_id, "n_outputs": 0, "outputs": [], "error": True})
+                return None
+            tensors = tensors_in(output)
+            full = self.policy.stats == "full"
+            stats = [self._output_stats(t, full) for t in tensors[:MAX_TENSORS]]
+            self._add_activity(self.step, "forward", {"module_id": module_id, "n_outputs": len(tensors), "outputs": stats})
+            if self.policy.backward == "grad" and torch.is_grad_enabled():
+                self._hook_gradients(module_id, tensors)
+        except Exception as exc:
+            self.fault("forward_hook", exc)
+        return None
+
+    def _add_activity(self, step: int, direction: str, entry: dict[str, Any]) -> None:
+        """Hold one module call's statistics until the step's ``activity`` event."""
+        activity = self._activity
+        activity.append((step, direction, entry))
+        if len(activity) >= ACTIVITY_FLUSH:
+            self.flush_activity()
+
+    def flush_activity(self) -> None:
+        """Emit the held module activity: one ``activity`` event per step it belongs to."""
+        self._outputs_seen.clear()
+        self._grads_hooked.clear()
+        activity = self._activity
+        by_step: dict[int, dict[str, list[Any]]] = {}
+        for _ in range(len(activity)):
+            step, direction, entry = activity.popleft()
+            calls = by_step.get(step)
+            if calls is None:
+                calls = by_step[step] = {"forward": [], "backward": []}
+            calls[direction].append(entry)
+        for step, calls in by_step.items():
+            lazy = [
+                stats
+                for entries in calls.values()
+                for entry in entries
+                for key in ("outputs", "grad_outputs", "grad_inputs")
+                for stats in entry.get(key, ())
+                if type(stats) is StatsRecord
+            ]
+            if lazy:
+                batch_records(lazy)  # device statistics: one readback per step on the writer
+            else:
+                calls = Clean(calls)  # plain numbers only (CPU): the writer encodes it as it is
+            self.emit("activity", None, None, calls, step=step)
+
+    def _output_stats(self, tensor: torch.Tensor, full: bool) -> dict[str, Any] | StatsRecord:
+        """Statistics of a module output, computed once per tensor and version.
+
+        A container returns its last child's output tensor itself (every
+        ``nn.Sequential``): the same object, unchanged since (same version
+        counter), has the same statistics, so they are reused (a quarter of the
+        calls of the benchmark MLP).
+        """
+        seen = self._outputs_seen.get(id(tensor))
+        version = tensor_version(tensor)
+        if seen is not None and seen[0]() is tensor and seen[1] == version:
+            return seen[2]
+        stats = activity_stats(tensor, full)
+        self._outputs_seen[id(tensor)] = (weakref.ref(tensor), version, stats)
+        return stats
+
+    def _hook_gradients(self, module_id: int, tensors: list[torch.Tensor]) -> None:
+        needing = [t for t in tensors if t.requires_grad]
+        if not needing:
+            return
+        step = self.step
+        if len(needing) == 1:
+            tensor = needing[0]
+            hooked = self._grads_hooked.get(id(tensor))
+            version = tensor_version(tensor)
+            if hooked is not None and hooked[0]() is tensor and hooked[1] == version:
+                hooked[2].append(module_id)  # one hook, one gradient, an entry per module
+                return
+            modules = [module_id]
+            self._grads_hooked[id(tensor)] = (weakref.ref(tensor), version, modules)
+            tensor.register_hook(partial(self._on_output_grad, modules, step))  # type: ignore[no-untyped-call]
+        else:
+            torch.autograd.graph.register_multi_grad_hook(
+                needing, partial(self._on_output_grads, module_id, step), mode="all"
+            )
+
+    # ------------------------------------------------------------------ backward
+    @compile_guard
+    def _on_output_grad(self, module_ids: list[int], step: int, grad: torch.Tensor) -> None:
+        try:
+            stats = [activity_stats(grad, self.policy.stats == "full")]
+            for module_id in module_ids:  # modules that returned this very tensor: the same gradient
+                self._add_activity(step, "backward", {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats})
+        except Exception as exc:
+            self.fault("gradient_hook", exc)
+        return None
+
+    @compile_guard
+    def _on_output_grads(self, module_id: int, step: int, grads: Any) -> None:
+        try:
+            full = self.policy.stats == "full"
+            stats = [None if g is None else activity_stats(g, full) for g in list(grads)[:MAX_TENSORS]]
+            self._add_activity(step, "backward", {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats})
+        except Exception as exc:
+            self.fault("gradient_hook", exc)
+        return None
+
+    def _on_backward_pre(self, module: torch.nn.Module, grad_output: Any) -> None:
+        return None  # installed so the full pair is present; the post hook records
+
+    def _grad_stats(self, grads: Any) -> list[dict[str, Any] | StatsRecord | None]:
+        full = self.policy.stats == "full"
+        return [None if g is None else activity_stats(g, full) for g in list(grads or ())[:MAX_TENSORS]]
+
+    @compile_guard
+    def _on_full_backward(self, module: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:
+        self._record_backward("full", "full_backward_hook", module, grad_input, grad_output)
+
+    @compile_guard
+    def _on_legacy_backward(self, module: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:
+        self._record_backward("legacy", "legacy_backward_hook", module, grad_input, grad_output)
+
+    def _record_backward(
+        self, mechanism: str, where: str, module: torch.nn.Module, grad_input: Any, grad_output: Any
+    ) -> None:
+        try:
+            if not (self.sampling and self.policy.activity):
+                return
+            module_id = self.module_id(module)
+            if not self._selected_module(module, module_id):
+                return
+            self._add_activity(
+                self.step,
+                "backward",
+                {
+                    "module_id": module_id,
+                    "mechanism": mechanism,
+                    "grad_outputs": self._grad_stats(grad_output),
+                    "grad_inputs": self._grad_stats(grad_input),
+                },
+            )
+        except Exception as exc:
+            self.fault(where, exc)

@@ -1,0 +1,234 @@
+"""The recorder's shared state and the one way records leave the capture layer (``emit``).
+
+``Recorder`` (``recorder.py``) is assembled from one mixin per concern:
+construction (``construction.py``), roots and snapshots (``roots.py``),
+structural checks (``structure.py``), module activity (``activity.py``) and
+optimizer steps (``optimizer.py``). They share the state defined here; the few
+calls that cross concerns are declared here and implemented by their mixin.
+
+Rules every hook follows (DESIGN.md):
+- return ``None``: a non-None return value would replace the tensor or parameter;
+- never raise into user code: faults become ``recorder_error`` records and one
+  warning per place;
+- never change numerics or touch the RNG: statistics run on detached tensors and
+  are only read back on the writer thread;
+- stay cheap: no SQL, JSON, hashing or I/O; a record is a tuple.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from auditlog.capture.buffer import RecordBuffer
+from auditlog.capture.ids import ObjectIds
+from auditlog.capture.source import Location, construction_location
+from auditlog.capture.torch_compat import buffers_of, parameters_of
+from auditlog.core.chain import CleanList
+from auditlog.core.policy import Policy
+from auditlog.core.replay import STATE_KINDS, ModelState, apply
+from auditlog.core.tensors import StatsRecord
+
+MAX_TENSORS = 4
+# Activity entries held before they are emitted anyway (a loop of forward calls
+# without optimizer steps, e.g. evaluation, must not grow memory without bound).
+ACTIVITY_FLUSH = 4096
+
+
+def class_name(obj: object) -> str:
+    """Qualified class name, as events record it (``torch.nn.modules.linear.Linear``)."""
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class RecorderBase:
+    """State shared by the hook mixins, ``emit`` and fault handling.
+
+    ``emit`` puts ``(kind, ts_ns, step, module_id, tensor_id, payload)`` tuples on
+    the buffer; payload values may be lazy objects (``StatsRecord``, ``SealItems``,
+    ``StackedNorms``) that the writer resolves off the training thread.
+    """
+
+    def __init__(self, buffer: RecordBuffer, policy: Policy | None = None) -> None:
+        self.buffer = buffer
+        self.policy = policy or Policy()
+        self.modules = ObjectIds()
+        self.tensors = ObjectIds()
+        self.optimizers = ObjectIds()
+        self.step = 0
+        self.sampling = True
+        self._local = threading.local()
+        # construction: tensors registered and not sealed yet; how many registrations
+        # so far (a structure version), and the version each root was last scanned at
+        self._unsealed: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._registrations = 0
+        self._step_scanned = -1
+        self._scanned: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
+        self._sources: weakref.WeakKeyDictionary[torch.nn.Module, Location | None] = weakref.WeakKeyDictionary()
+        # optimizer steps: what the pre hook found, per optimizer; reusable host
+        # buffers for the pre-step copy (CPU); the ids of its parameters as last seen
+        self._pending_steps: dict[int, tuple[list[torch.Tensor], list[torch.Tensor] | None, bool]] = {}
+        self._before_buffers: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[torch.Tensor]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._param_ids: dict[int, tuple[tuple[int, ...], CleanList, list[CleanList]]] = {}
+        self._optimizer_steps: dict[int, int] = {}
+        # Module activity of sampled steps: (step, "forward" | "backward", entry),
+        # emitted as one ``activity`` event per step (deque: appends from autograd's
+        # device threads are safe against the flush).
+        self._activity: collections.deque[tuple[int, str, Any]] = collections.deque()
+        # Within one step: output tensors already measured, and tensors whose gradient
+        # is hooked (weakly held; cleared at every flush).
+        self._outputs_seen: dict[int, tuple[weakref.ref[torch.Tensor], int, dict[str, Any] | StatsRecord]] = {}
+        self._grads_hooked: dict[int, tuple[weakref.ref[torch.Tensor], int, list[int]]] = {}
+        self._selected: dict[int, bool] = {}
+        self._names: dict[int, list[str]] = {}
+        self._selected_at = -1
+        self._nonfinite = False
+        self._warned: set[str] = set()
+        self.faults = 0
+        # The state our own events describe (replay.apply), for structural checks,
+        # and per tensor id the (shape, dtype, device, requires_grad) last found equal to it.
+        self.state = ModelState()
+        self.checked_facts: dict[int, tuple[Any, ...]] = {}
+        # roots seen, and the finalizers that snapshot a root when it is released
+        self._roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self._finalizers: list[weakref.finalize[Any, Any]] = []
+        self._finished = False
+        # Set by the session: durability step/strict waits for the writer after each
+        # step; on_error=fail stops training when the writer has failed.
+        self.step_barrier: Callable[[], Any] | None = None
+        self.failure: Callable[[], BaseException | None] = lambda: None
+
+    # ------------------------------------------------------------------ emit
+    def emit(
+        self,
+        kind: str,
+        module_id: int | None = None,
+        tensor_id: int | None = None,
+        payload: Any = None,
+        step: int | None = None,
+    ) -> None:
+        """Queue one record (the only way anything leaves the capture layer)."""
+        self.buffer.put(
+            (kind, time.time_ns(), self.step if step is None else step, module_id, tensor_id, payload)
+        )
+        if kind in STATE_KINDS:
+            apply(self.state, {"kind": kind, "module_id": module_id, "tensor_id": tensor_id, "payload": payload})
+
+    def fault(self, where: str, exc: BaseException) -> None:
+        """Record a recorder fault; warn once per place; never raise."""
+        self.faults += 1
+        try:
+            self.emit(
+                "recorder_error",
+                payload={"where": where, "type": type(exc).__name__, "message": str(exc)[:2000]},
+            )
+            if where not in self._warned:
+                self._warned.add(where)
+                warnings.warn(
+                    f"auditlog: recorder fault in {where}: {type(exc).__name__}: {exc} "
+                    "(recorded as recorder_error; training continues)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+        except Exception:  # -W error turns the warning into an exception: swallow it
+            pass
+
+    # ------------------------------------------------------------------ identity
+    def module_id(self, module: torch.nn.Module) -> int:
+        """Id of a module; on first sight, remember where it was constructed."""
+        number, new = self.modules.get(module)
+        if new:
+            self._sources[module] = construction_location(module, depth=2)
+        return number
+
+    def source_of(self, module: torch.nn.Module | None) -> Location | None:
+        """Where ``module`` was constructed, if it was first seen while recording."""
+        if module is None:
+            return None
+        return self._sources.get(module)
+
+    def call_stack(self) -> list[torch.nn.Module]:
+        """The modules whose forward is running on this thread, outermost first."""
+        stack: list[torch.nn.Module] | None = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def flag_nonfinite(self) -> None:
+        """Called by the writer when a step's gradients were not finite."""
+        self._nonfinite = True
+
+    # ------------------------------------------------------------------ across concerns
+    # Implemented by the mixin that owns each concern (see the module docstring).
+    def adopt(self, root: torch.nn.Module) -> None:
+        raise NotImplementedError
+
+    def register_child(
+        self,
+        parent: torch.nn.Module,
+        name: str,
+        child: torch.nn.Module | None,
+        adopted: bool = False,
+        detected_at: str | None = None,
+    ) -> None:
+        raise NotImplementedError
+
+    def register_tensor(
+        self,
+        module: torch.nn.Module,
+        name: str,
+        tensor: torch.Tensor | None,
+        member: str,
+        source: Location | None = None,
+        persistent: bool | None = None,
+        adopted: bool = False,
+        detected_at: str | None = None,
+    ) -> None:
+        raise NotImplementedError
+
+    def seal(self, root: torch.nn.Module | None, trigger: str, tensors: Any = None) -> None:
+        raise NotImplementedError
+
+    def check_structure(self, roots: list[torch.nn.Module], where: str) -> int:
+        raise NotImplementedError
+
+    def check(self, roots: list[torch.nn.Module] | None, where: str) -> None:
+        raise NotImplementedError
+
+    def live_roots(self) -> list[torch.nn.Module]:
+        raise NotImplementedError
+
+    def snapshot(self, roots: list[torch.nn.Module], trigger: str, tag: str | None = None) -> None:
+        raise NotImplementedError
+
+    def track_root(self, root: torch.nn.Module) -> None:
+        raise NotImplementedError
+
+    def track_owners(self, params: list[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def flush_activity(self) -> None:
+        raise NotImplementedError
+
+    def update_call_hooks(self) -> None:
+        raise NotImplementedError
+
+
+def module_tensors(root: torch.nn.Module) -> Iterator[torch.Tensor]:
+    """Every parameter and buffer under ``root`` (shared ones once per owner)."""
+    for module in root.modules():
+        for param in parameters_of(module).values():
+            if param is not None:
+                yield param
+        for buf in buffers_of(module).values():
+            if buf is not None:
+                yield buf

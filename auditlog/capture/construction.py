@@ -1,0 +1,199 @@
+"""Construction: module, parameter and buffer registration, adoption, and sealing.
+
+A parameter registration hook sees the tensor before its initializer runs
+(``nn.Linear`` registers ``torch.empty`` then calls ``reset_parameters``), so
+registration records shape, dtype and device only; the initial values are
+recorded when construction is complete (``seal``: the root's first forward, the
+first optimizer step, an explicit ``run.seal(model)``, or run end).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from auditlog.capture.base import RecorderBase, class_name, module_tensors
+from auditlog.capture.payloads import HostCopy, SealItems
+from auditlog.capture.source import Location, user_location
+from auditlog.capture.torch_compat import (
+    buffers_of,
+    children_of,
+    compile_guard,
+    is_compiled_wrapper,
+    is_persistent_buffer,
+    parameters_of,
+    registering_persistent,
+)
+from auditlog.core.chain import Clean
+from auditlog.core.tensors import batch_records, dtype_name
+
+
+class ConstructionHooks(RecorderBase):
+    """The three registration hooks, adoption of modules built before recording, sealing."""
+
+    # ------------------------------------------------------------------ hooks
+    @compile_guard
+    def _on_module_registered(
+        self, parent: torch.nn.Module, name: str, child: torch.nn.Module | None
+    ) -> None:
+        try:
+            if is_compiled_wrapper(parent):
+                return None  # torch.compile's wrapper is not part of the model's structure
+            if child is not None and self.modules.lookup(child) is None and (
+                children_of(child) or parameters_of(child) or buffers_of(child)
+            ):
+                # A module whose members never passed through our hooks: built
+                # before recording, or a deepcopy (TransformerEncoder clones its
+                # layer that way). Record its subtree as adopted first.
+                self.adopt(child)
+            self.register_child(parent, name, child)
+        except Exception as exc:
+            self.fault("module_registration_hook", exc)
+        return None
+
+    @compile_guard
+    def _on_parameter_registered(
+        self, module: torch.nn.Module, name: str, param: torch.Tensor | None
+    ) -> None:
+        try:
+            self.register_tensor(module, name, param, "parameter", source=user_location(2))
+        except Exception as exc:
+            self.fault("parameter_registration_hook", exc)
+        return None
+
+    @compile_guard
+    def _on_buffer_registered(
+        self, module: torch.nn.Module, name: str, buffer: torch.Tensor | None
+    ) -> None:
+        try:
+            self.register_tensor(
+                module, name, buffer, "buffer", source=user_location(2), persistent=registering_persistent()
+            )
+        except Exception as exc:
+            self.fault("buffer_registration_hook", exc)
+        return None
+
+    # ------------------------------------------------------------------ events
+    def register_child(
+        self,
+        parent: torch.nn.Module,
+        name: str,
+        child: torch.nn.Module | None,
+        adopted: bool = False,
+        detected_at: str | None = None,
+    ) -> None:
+        """Emit ``module_registered`` (from the hook, adoption or a structural check)."""
+        self._registrations += 1
+        parent_new = self.modules.lookup(parent) is None
+        parent_id = self.module_id(parent)
+        child_id = None if child is None else self.module_id(child)
+        # Clean: names, class names, ids and source locations only (no floats), so
+        # the writer encodes registration payloads without walking them.
+        payload: dict[str, Any] = Clean({
+            "name": name,
+            "child_id": child_id,
+            "child_class": None if child is None else class_name(child),
+            "parent_class": class_name(parent),
+            "source": None if adopted else self.source_of(child),
+        })
+        if parent_new and not adopted:
+            payload["parent_source"] = self.source_of(parent)
+        if adopted:
+            payload["adopted"] = True
+        if detected_at is not None:
+            payload["detected_at"] = detected_at
+        self.emit("module_registered", parent_id, None, payload)
+
+    def register_tensor(
+        self,
+        module: torch.nn.Module,
+        name: str,
+        tensor: torch.Tensor | None,
+        member: str,
+        source: Location | None = None,
+        persistent: bool | None = None,
+        adopted: bool = False,
+        detected_at: str | None = None,
+    ) -> None:
+        """Emit ``parameter_registered`` / ``buffer_registered`` for one member."""
+        self._registrations += 1
+        new = self.modules.lookup(module) is None
+        module_id = self.module_id(module)
+        payload: dict[str, Any] = Clean(name=name, module_class=class_name(module))
+        tensor_id = None
+        if tensor is None:
+            payload.update(shape=None, dtype=None, device=None)
+        else:
+            tensor_id, _ = self.tensors.get(tensor)
+            self._unsealed[tensor_id] = weakref.ref(tensor)
+            payload.update(shape=list(tensor.shape), dtype=dtype_name(tensor.dtype), device=str(tensor.device))
+        if member == "parameter":
+            payload["requires_grad"] = None if tensor is None else bool(tensor.requires_grad)
+        else:
+            if persistent is None and (adopted or detected_at is not None):
+                persistent = is_persistent_buffer(module, name)
+            payload["persistent"] = persistent
+        payload["source"] = source
+        if new and not adopted:
+            payload["module_source"] = self.source_of(module)
+        if adopted:
+            payload["adopted"] = True
+        if detected_at is not None:
+            payload["detected_at"] = detected_at
+        self.emit(f"{member}_registered", module_id, tensor_id, payload)
+
+    def adopt(self, root: torch.nn.Module) -> None:
+        """Emit registration events for modules/tensors that existed before recording."""
+        unknown = [m for m in root.modules() if self.modules.lookup(m) is None]
+        for module in unknown:
+            self.module_id(module)
+            for name, child in children_of(module).items():
+                self.register_child(module, name, child, adopted=True)
+            for name, param in parameters_of(module).items():
+                self.register_tensor(module, name, param, "parameter", adopted=True)
+            for name, buf in buffers_of(module).items():
+                self.register_tensor(module, name, buf, "buffer", adopted=True)
+
+    # ------------------------------------------------------------------ sealing
+    def seal(self, root: torch.nn.Module | None, trigger: str, tensors: Any = None) -> None:
+        """Emit ``construction_sealed`` for every not-yet-sealed tensor reachable here."""
+        items: list[tuple[int, HostCopy]] = []
+        candidates: Iterator[torch.Tensor]
+        if root is not None:
+            if self.modules.lookup(root) is None:
+                self.adopt(root)
+            else:
+                # Tensors swapped in without a hook (``.to()`` replaces buffers) are
+                # registered first, so they are sealed with the rest.
+                self.check_structure([root], trigger)
+            candidates = module_tensors(root)
+        elif tensors is not None:
+            candidates = iter(tensors)
+        else:
+            candidates = (t for t in (r() for r in list(self._unsealed.values())) if t is not None)
+        seen: set[int] = set()
+        for tensor in candidates:
+            tensor_id = self.tensors.lookup(tensor)
+            if tensor_id is None or tensor_id in seen or tensor_id not in self._unsealed:
+                continue
+            seen.add(tensor_id)
+            del self._unsealed[tensor_id]
+            with torch.no_grad():
+                items.append((tensor_id, HostCopy(tensor, with_stats=True)))
+        if root is not None:
+            self._scanned[root] = self._registrations
+            self.track_root(root)
+        if items:
+            # Device statistics of the seal go to the host together (no GIL-held sync on the writer).
+            batch_records([copy.stats for _, copy in items if copy.stats is not None])
+            module_id = None if root is None else self.modules.lookup(root)
+            store = self.policy.snapshot_initial
+            self.emit(
+                "construction_sealed",
+                module_id,
+                None,
+                {"trigger": trigger, "stored": store, "tensors": SealItems(items, store)},
+            )

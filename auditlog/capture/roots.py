@@ -1,0 +1,131 @@
+"""Root modules and snapshots: which models exist, and their values when asked.
+
+A root is a module that is nobody's child: the model (and loss modules). Roots
+are remembered weakly when sealed or found through an optimizer's parameters;
+a root released by the user (a local of ``main()``) is snapshotted one last time
+from the member dicts it owned (``weakref.finalize``), since a run-end snapshot
+would find nothing.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from auditlog.capture.base import RecorderBase, module_tensors
+from auditlog.capture.payloads import HostCopy, SnapshotItems
+from auditlog.capture.torch_compat import buffers_of, children_of, parameters_of
+
+
+class RootTracking(RecorderBase):
+    """Live roots, their release, and ``snapshot_taken`` events."""
+
+    def live_roots(self) -> list[torch.nn.Module]:
+        """Root modules seen so far that are still alive and still roots."""
+        roots = list(self._roots)
+        children = {id(c) for r in roots for c in r.modules() if c is not r}
+        return [r for r in roots if id(r) not in children]
+
+    def snapshot(
+        self,
+        roots: list[torch.nn.Module],
+        trigger: str,
+        tag: str | None = None,
+    ) -> None:
+        """Emit ``snapshot_taken`` with every parameter and buffer under ``roots``.
+
+        Every tensor is copied to host and hashed on the writer; content already
+        stored costs no disk. (Version counters cannot prove a tensor unchanged:
+        BatchNorm's running statistics, fused optimizers and ``.data`` writes
+        change bytes without bumping them, measured with torch 2.13.)
+        """
+        for root in roots:
+            if self.modules.lookup(root) is None:
+                self.adopt(root)
+            self.track_root(root)
+            items = self._snapshot_items(module_tensors(root))
+            self.emit(
+                "snapshot_taken",
+                self.modules.lookup(root),
+                None,
+                {"trigger": trigger, "tag": tag, "snapshot": SnapshotItems(items)},
+            )
+
+    def track_owners(self, params: list[torch.Tensor]) -> None:
+        """Track the root modules that own these parameters (per the recorded structure)."""
+        wanted = {self.tensors.lookup(p) for p in params} - {None}
+        if not wanted:
+            return
+        for root_id in self.state.roots():
+            node_ids = [m for _, m in self.state.named_modules(root_id)]
+            owns = any(
+                t in wanted for m in node_ids for t in self.state.modules[m].parameters.values()
+            )
+            root = self.modules.object(root_id) if owns else None
+            if root is not None:
+                self.track_root(root)
+
+    def track_root(self, root: torch.nn.Module) -> None:
+        """Remember a root; when it is garbage-collected, snapshot its last values.
+
+        ``weakref.finalize`` holds the root's member dicts, not the root: the root
+        still dies when the user drops it, and the callback can read the tensors
+        it owned one last time.
+        """
+        if root in self._roots:
+            return
+        self._roots.add(root)
+        module_id = self.modules.lookup(root)
+        finalizer = weakref.finalize(
+            root, self._on_root_released, module_id, parameters_of(root), buffers_of(root), children_of(root)
+        )
+        finalizer.atexit = False  # interpreter exit is handled by the recording's own close
+        self._finalizers.append(finalizer)
+
+    def release_roots(self) -> None:
+        """Recording is over: let go of the member dicts the finalizers hold."""
+        for finalizer in self._finalizers:
+            finalizer.detach()
+        self._finalizers.clear()
+
+    def _on_root_released(self, module_id: int | None, params: Any, buffers: Any, children: Any) -> None:
+        if not self.policy.snapshot_final or self._finished:
+            return
+        try:
+            tensors = _dict_tensors(params, buffers, children)
+            items = self._snapshot_items(tensors)
+            self.emit(
+                "snapshot_taken", module_id, None, {"trigger": "released", "tag": None, "snapshot": SnapshotItems(items)}
+            )
+        except Exception as exc:
+            self.fault("root_released_snapshot", exc)
+
+    def _snapshot_items(self, tensors: Iterator[torch.Tensor]) -> list[tuple[int, HostCopy]]:
+        """Host copies of ``tensors``, each tensor once."""
+        items: list[tuple[int, HostCopy]] = []
+        seen: set[int] = set()
+        with torch.no_grad():
+            for tensor in tensors:
+                tensor_id = self.tensors.get(tensor)[0]
+                if tensor_id in seen:
+                    continue
+                seen.add(tensor_id)
+                items.append((tensor_id, HostCopy(tensor)))
+        return items
+
+    def check(self, roots: list[torch.nn.Module] | None, where: str) -> None:
+        """Run a structural check over ``roots`` (default: every live root)."""
+        self.check_structure(self.live_roots() if roots is None else roots, where)
+
+
+def _dict_tensors(params: Any, buffers: Any, children: Any) -> Iterator[torch.Tensor]:
+    """The tensors of a (dead) root, from the member dicts it owned."""
+    for tensor in list(params.values()) + list(buffers.values()):
+        if tensor is not None:
+            yield tensor
+    for child in list(children.values()):
+        if child is not None:
+            yield from module_tensors(child)

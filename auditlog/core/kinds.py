@@ -1,0 +1,225 @@
+"""The event kinds and the fields of each kind's payload.
+
+This table is the single source of truth for what an event means. The README's
+event reference is generated from it (``python -m auditlog.core.kinds``) and a test
+checks that the two agree and that every kind the recorder emits is listed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One event kind: its name, what it records, and its payload fields."""
+
+    name: str
+    doc: str
+    fields: dict[str, str]
+
+
+STATS_DOC = (
+    "tensor statistics: {shape, dtype, numel, norm, mean, std, min, max, nan, inf}; "
+    "non-finite floats are the strings 'NaN', 'Infinity', '-Infinity'"
+)
+
+_KINDS = [
+    Kind(
+        "run_started",
+        "First event of every stream: who ran what, where, with which code and libraries.",
+        {
+            "name": "user-given run name or null",
+            "argv": "command line of the recorded program (script and its arguments)",
+            "launcher_argv": "how the process was started (e.g. the auditlog run command), or null",
+            "code_path": "file or directory whose git repository identifies the code",
+            "cwd": "working directory",
+            "host": "host name",
+            "user": "login name",
+            "pid": "process id",
+            "rank": "distributed rank (env RANK, default 0); also the stream number",
+            "world_size": "distributed world size (env WORLD_SIZE, default 1)",
+            "python": "Python version",
+            "torch": "torch version",
+            "cuda": "CUDA version torch was built with, or null",
+            "platform": "platform string",
+            "git": "{commit, branch, dirty, diff_sha256, root} of the code being run, or null",
+            "seeds": "{torch_initial_seed} at start",
+            "policy": "capture settings in force (backward mechanism, ...)",
+            "auditlog": "auditlog version",
+        },
+    ),
+    Kind(
+        "run_ended",
+        "Last event of a stream. A stream with no run_ended is reported as crashed or incomplete.",
+        {
+            "status": "completed | failed | interrupted | crashed",
+            "exit_code": "process exit code when known",
+            "exception": "{type, message, traceback} for failed runs, else null",
+            "signal": "signal name for interrupted runs (SIGINT, SIGTERM), else null",
+            "steps": "optimizer steps completed",
+            "seeds": "{torch_initial_seed} at end (reflects torch.manual_seed calls)",
+            "dropped": "records the recorder had to drop (0 unless the store failed)",
+            "detected_by": "for status crashed: the run id that noticed the dead process",
+            "last_seen": "for status crashed: the dead process's last heartbeat (UTC)",
+        },
+    ),
+    Kind(
+        "module_registered",
+        "A child module was attached to a parent (add_module / setattr / register_module). "
+        "child_id null means register_module(name, None). module_id is the parent.",
+        {
+            "name": "attribute name in the parent",
+            "child_id": "module id of the child, or null",
+            "child_class": "qualified class name of the child, or null",
+            "parent_class": "qualified class name of the parent",
+            "source": "{file, line, function} of the user code that constructed the child",
+            "parent_source": "where the parent was constructed; present on the parent's first appearance",
+            "detected_at": "set when no hook reported it and a structural check found it "
+            "(optimizer_step | snapshot | run_end)",
+            "adopted": "true when the module existed before recording and was discovered later",
+        },
+    ),
+    Kind(
+        "parameter_registered",
+        "A parameter was registered on a module (module_id) under a name; tensor_id is the "
+        "Parameter's identity (tied weights: one tensor_id, several registrations). Values "
+        "at registration are uninitialized memory, so none are recorded here (see "
+        "construction_sealed).",
+        {
+            "name": "attribute name in the module",
+            "module_class": "qualified class name of the module",
+            "shape": "list of ints, or null when the parameter is None",
+            "dtype": "torch dtype, e.g. float32",
+            "device": "device string",
+            "requires_grad": "bool",
+            "source": "{file, line, function} of the user code",
+            "module_source": "where the module was constructed; present on its first appearance",
+            "detected_at": "set when found by a structural check rather than a hook",
+            "adopted": "true when discovered after the fact",
+        },
+    ),
+    Kind(
+        "buffer_registered",
+        "A buffer was registered on a module (module_id); tensor_id is the buffer's identity.",
+        {
+            "name": "attribute name in the module",
+            "module_class": "qualified class name of the module",
+            "shape": "list of ints, or null when the buffer is None",
+            "dtype": "torch dtype",
+            "device": "device string",
+            "persistent": "whether it is part of state_dict (null if it could not be read)",
+            "source": "{file, line, function} of the user code",
+            "module_source": "where the module was constructed; present on its first appearance",
+            "detected_at": "set when found by a structural check rather than a hook",
+            "adopted": "true when discovered after the fact",
+        },
+    ),
+    Kind(
+        "construction_sealed",
+        "Construction finished for the tensors listed: their initial values. Emitted at the "
+        "first forward of a root module (module_id), at the first optimizer step, at "
+        "run.seal(model), or at run end, for every parameter/buffer not sealed before.",
+        {
+            "trigger": "first_forward | optimizer_step | explicit | run_end",
+            "stored": "true when the values were also stored as snapshots (the default)",
+            "tensors": "list of {tensor_id, sha256, stats}: sha256 is the content hash "
+            "(see auditlog.tensor_hash) of the value at sealing; " + STATS_DOC,
+        },
+    ),
+    Kind(
+        "snapshot_taken",
+        "The values of every parameter and buffer under a root module (module_id). "
+        "Contents are stored once per distinct hash in snapshots/ (Parquet) and listed "
+        "in the snapshot_blobs catalog, so the hash chain covers them.",
+        {
+            "trigger": "step (every N optimizer steps) | explicit (run.snapshot) | run_end",
+            "tag": "user label for explicit snapshots, else null",
+            "snapshot": "{tensors: [{tensor_id, sha256}], new_bytes: bytes newly stored, "
+            "copied_bytes: bytes copied and hashed (every tensor, every time: unchanged content "
+            "costs no disk, but is still copied and hashed)}",
+        },
+    ),
+    Kind(
+        "structure_changed",
+        "A change no PyTorch hook reports, found by a structural check: a member removed "
+        "(del model.sub) or a tensor's dtype/device/shape/requires_grad changed "
+        "(.half(), .to(), requires_grad_). module_id is the owning module; tensor_id the "
+        "tensor for tensor changes.",
+        {
+            "change": "removed | tensor_changed",
+            "member": "module | parameter | buffer",
+            "name": "the member's name in its module",
+            "old_id": "for removed: the id that was there",
+            "before": "for tensor_changed: the old values of the changed fields",
+            "after": "for tensor_changed: the new values",
+            "detected_at": "first_forward | optimizer_step | snapshot | run_end",
+        },
+    ),
+    Kind(
+        "activity",
+        "Module activity of one sampled step: every recorded forward and backward call, in "
+        "call order, with statistics of its tensors (views forward_stats, backward_stats). "
+        "Emitted when the step's optimizer step returns, before its optimizer_step event (or "
+        "at run end, or every 4096 calls when no optimizer steps). step is the step the calls "
+        "belong to. A tensor's statistics: shape, dtype, numel, norm, mean, std (population), "
+        "min, max, nan and inf counts; NaN/Infinity values are stored as the strings "
+        "\"NaN\"/\"Infinity\"/\"-Infinity\".",
+        {
+            "forward": "list of {module_id, n_outputs, outputs: statistics of the first 4 output "
+            "tensors, error: true when forward raised (always_call hook)}",
+            "backward": "list of {module_id, mechanism: grad (tensor hooks on outputs, default) | "
+            "full | legacy, grad_outputs: statistics of gradients w.r.t. the outputs, grad_inputs: "
+            "w.r.t. the inputs (full/legacy only)}",
+        },
+    ),
+    Kind(
+        "optimizer_step",
+        "optimizer.step() returned. step is the run's step count after it (1-based).",
+        {
+            "optimizer_id": "per-run id of the optimizer object",
+            "optimizer_class": "qualified class name",
+            "optimizer_step": "this optimizer's own step count",
+            "param_groups": "list of {hyperparameters..., params: [tensor ids]}",
+            "tensor_ids": "ids of the parameters, aligned with the norms below",
+            "grad_norm": "L2 norm of each parameter's gradient (null if it had none)",
+            "update_norm": "L2 norm of each parameter's change made by this step (null on steps "
+            "the policy's norms_every skips)",
+            "param_norm": "L2 norm of each parameter after the step (null on skipped steps)",
+            "nonfinite_grads": "number of parameters whose gradient norm was not finite",
+        },
+    ),
+    Kind(
+        "annotation",
+        "A fact the user added with run.annotate(key, **fields).",
+        {"key": "the annotation key", "fields": "the user's fields (JSON-encodable)"},
+    ),
+    Kind(
+        "recorder_error",
+        "The recorder itself failed somewhere; training went on. Part of the record.",
+        {
+            "where": "hook or component that failed",
+            "type": "exception type",
+            "message": "exception message",
+        },
+    ),
+]
+
+KINDS: dict[str, Kind] = {k.name: k for k in _KINDS}
+
+
+def kinds_markdown() -> str:
+    """Render the kinds table as the Markdown that the README embeds."""
+    out: list[str] = []
+    for kind in _KINDS:
+        out.append(f"#### `{kind.name}`\n\n{kind.doc}\n")
+        out.append("| field | meaning |\n|---|---|")
+        for field, meaning in kind.fields.items():
+            escaped = meaning.replace("|", "\\|")  # a literal | would end the table cell
+            out.append(f"| `{field}` | {escaped} |")
+        out.append("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(kinds_markdown())

@@ -1,0 +1,1 @@
+"""Integrity: verifying the hash chains and snapshot files, signing keys, signed heads."""

@@ -1,0 +1,146 @@
+"""Signing a run's current chain heads: checkpoints in the store, statements kept elsewhere.
+
+``checkpoint_head`` is what the recorder calls (at run end, and every N events
+or seconds when a key is configured) and what ``auditlog checkpoint`` calls for
+a finished run. ``export_heads`` makes the statement ``auditlog export-head``
+writes. Both only sign; whether a chain deserves a signature (it verifies) is
+the caller's decision, because the recorder signs the chain it is writing
+itself and must not pay for a full verification every N events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from auditlog.core.errors import AuditlogError, IntegrityError, StoreError
+from auditlog.integrity.keys import fingerprint, trusted_public_keys
+from auditlog.integrity.signing import (
+    Checkpoint,
+    HeadStatement,
+    KeyRing,
+    StreamHead,
+    sign_head,
+    sign_heads,
+)
+from auditlog.store.eventstore import EventStore
+
+
+def store_id(store: EventStore) -> str:
+    """The store's identity from ``auditlog_meta`` (part of every checkpoint's signed bytes)."""
+    return store.meta().get("store_id", "")
+
+
+def checkpoint_head(
+    store: EventStore,
+    private_key: Ed25519PrivateKey,
+    run_id: str,
+    stream: int,
+    *,
+    head: tuple[int, str] | None = None,
+) -> Checkpoint:
+    """Sign a stream's head and store the checkpoint; returns it with its row id.
+
+    ``head``: the ``(seq, hash)`` to sign. The writer passes the head of the
+    batch it has just committed (it knows it without a query, and it signs what
+    it wrote, not whatever the table holds now); by default the stream's last
+    stored event is read with ``EventStore.chain_head``. Raises ``AuditlogError``
+    when the stream has no events, ``StoreError`` when the insert fails.
+    """
+    if head is None:
+        head = store.chain_head(run_id, stream)
+        if head is None:
+            raise AuditlogError(f"run {run_id[:12]} stream {stream} has no events to checkpoint")
+    seq, head_hash = head
+    checkpoint = sign_head(private_key, store_id(store), run_id, stream, seq, head_hash)
+    return replace(checkpoint, id=store.add_checkpoint(checkpoint.as_row()))
+
+
+def checkpoints_for(store: EventStore, run_id: str) -> list[Checkpoint]:
+    """A run's checkpoints, oldest first; a garbled row is a ``StoreError``."""
+    out: list[Checkpoint] = []
+    for row in store.checkpoint_rows(run_id):
+        try:
+            out.append(Checkpoint.from_row(row))
+        except ValueError as exc:
+            raise StoreError(
+                f"store {store.location.display()!r}: checkpoint {row.get('id')} is garbled: {exc}"
+            ) from exc
+    return out
+
+
+def current_heads(store: EventStore, run_id: str) -> list[StreamHead]:
+    """The last ``(seq, hash)`` of every stream of a run."""
+    heads: list[StreamHead] = []
+    for stream in store.streams(run_id):
+        head = store.chain_head(run_id, stream)
+        if head is not None:
+            heads.append(StreamHead(stream, head[0], head[1]))
+    return heads
+
+
+def export_heads(store: EventStore, private_key: Ed25519PrivateKey, run_id: str) -> HeadStatement:
+    """A signed statement of every stream's current head of a run (nothing is written to the store)."""
+    heads = current_heads(store, run_id)
+    if not heads:
+        raise AuditlogError(f"run {run_id[:12]} has no events to export a head of")
+    return sign_heads(private_key, store_id(store), run_id, heads)
+
+
+@dataclass(frozen=True)
+class SignedHead:
+    """What ``checkpoint_run`` did for one stream: signed now (``checkpoint_id``) or already signed."""
+
+    run_id: str
+    stream: int
+    seq: int
+    head_hash: str
+    checkpoint_id: int | None
+    already_signed: bool
+
+
+def require_intact(store: EventStore, run_id: str, key: Ed25519PrivateKey) -> None:
+    """Raise ``IntegrityError`` when the run's record is proven altered (doubts do not block).
+
+    A signature over an edited chain would certify the edit, so nothing is
+    signed before the chain verifies.
+    """
+    from auditlog.integrity.verify import verify_run
+
+    keys = KeyRing([key.public_key(), *_default_keys()])
+    report = verify_run(store, run_id, keys=keys)
+    altered = [p for p in report.problems if p.altered]
+    if altered:
+        raise IntegrityError(f"refusing to sign run {run_id[:12]}: record altered: {altered[0].describe()}")
+
+
+def _default_keys() -> list[Ed25519PublicKey]:
+    try:
+        return list(trusted_public_keys())
+    except AuditlogError:  # a broken default public key does not matter when signing
+        return []
+
+
+def checkpoint_run(store: EventStore, run_id: str, key: Ed25519PrivateKey) -> list[SignedHead]:
+    """Sign every stream head of a run that ``key`` has not signed yet (after ``require_intact``)."""
+    require_intact(store, run_id, key)
+    mine = fingerprint(key)
+    signed = {(c.stream, c.seq, c.head_hash) for c in checkpoints_for(store, run_id) if c.key_fingerprint == mine}
+    heads = current_heads(store, run_id)
+    if not heads:
+        raise AuditlogError(f"run {run_id[:12]} has no events to checkpoint")
+    out: list[SignedHead] = []
+    for head in heads:
+        if (head.stream, head.seq, head.head_hash) in signed:
+            out.append(SignedHead(run_id, head.stream, head.seq, head.head_hash, None, True))
+            continue
+        made = checkpoint_head(store, key, run_id, head.stream, head=(head.seq, head.head_hash))
+        out.append(SignedHead(run_id, head.stream, head.seq, head.head_hash, made.id, False))
+    return out
+
+
+def export_intact_heads(store: EventStore, run_id: str, key: Ed25519PrivateKey) -> HeadStatement:
+    """``export_heads`` of a record that verifies (``require_intact`` first)."""
+    require_intact(store, run_id, key)
+    return export_heads(store, key, run_id)

@@ -1,0 +1,190 @@
+"""The Python read API: ``auditlog.open(store)``, the entry point for notebooks and the CLI.
+
+Every read command of the CLI is one call into this module, so a notebook and
+the command line ask the same questions the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from auditlog.core.errors import UsageError
+from auditlog.integrity.signing import KeyRing
+from auditlog.integrity.verify import SourcedStatement, VerifyReport
+from auditlog.read.run import Run
+from auditlog.read.runs import RunInfo, list_runs, select_run
+from auditlog.store.eventstore import EventStore
+from auditlog.store.location import StoreLocation
+
+if TYPE_CHECKING:
+    from auditlog.read.diff import RunDiff
+    from auditlog.read.diff_values import ValuesDiff
+    from auditlog.store.readmodel.session import QuerySession
+
+Progress = Callable[[int, int], None]
+
+
+class Store:
+    """An open store, for reading: its runs, their events, verification, SQL and diffs.
+
+    Open one with ``auditlog.open`` (a directory, or a database URL; default
+    ``$AUDITLOG_STORE`` or ``./.auditlog``). Use it as a context manager, or
+    call ``close()``: an open store holds a database connection pool.
+
+    Example::
+
+        import auditlog
+
+        with auditlog.open(".auditlog") as store:
+            for info in store.runs():                       # oldest first
+                print(info.run_id[:12], info.status, info.steps)
+            run = store.run("latest")                       # id, unique prefix, name, latest~N
+            print(run.info().argv, run.verify().ok)
+            rows = store.query("select step, max(grad_norm) from steps group by step", run="latest")
+            changes = store.diff("latest~1", "latest")      # what changed between two runs
+
+    Runs are selected by full id, a unique id prefix, a run name (the newest run
+    of that name), ``latest`` or ``latest~N`` (N runs before the latest).
+    """
+
+    def __init__(self, store: EventStore) -> None:
+        self.event_store = store
+
+    @property
+    def location(self) -> StoreLocation:
+        """Where the store lives (``display()`` names it in messages)."""
+        return self.event_store.location
+
+    # ------------------------------------------------------------------ runs
+    def runs(self) -> list[RunInfo]:
+        """Every run, oldest first, with its derived status (completed, failed, crashed, ...)."""
+        return list_runs(self.event_store)
+
+    def select(self, selector: str = "latest") -> str:
+        """The run id a selector names; ``RunNotFoundError`` when none or several match."""
+        return select_run(self.event_store, selector)
+
+    def run(self, selector: str = "latest") -> Run:
+        """One run, by selector (see the class docstring)."""
+        return Run(self.event_store, self.select(selector))
+
+    @property
+    def revision(self) -> str:
+        """The store's schema revision (``auditlog db current``)."""
+        return self.event_store.revision
+
+    # ------------------------------------------------------------------ integrity
+    def check_file(self) -> None:
+        """The database's own structural check (``StoreError`` when the file is damaged)."""
+        self.event_store.check_file(self.location.display())
+
+    def verify(
+        self,
+        selector: str | None = None,
+        *,
+        keys: KeyRing | None = None,
+        statements: Sequence[SourcedStatement] = (),
+        progress: Callable[[str], Callable[[int], None] | None] | None = None,
+    ) -> list[VerifyReport]:
+        """Verify runs: ``selector`` names one run, ``"all"`` every run, None the latest
+        (or the runs the exported head ``statements`` are about).
+
+        The database file gets its own structural check first (``StoreError``
+        when damaged). ``all`` covers the runs index, every run with events and
+        every run with checkpoints or statements, so a run whose index row was
+        deleted is still checked. ``progress(run_id)`` may return a per-event
+        callback.
+        """
+        store = self.event_store
+        self.check_file()
+        reports = []
+        for run_id in self._runs_to_verify(selector, statements):
+            tick = progress(run_id) if progress is not None else None
+            reports.append(Run(store, run_id).verify(keys=keys, statements=statements, progress=tick))
+        return reports
+
+    def _runs_to_verify(self, selector: str | None, statements: Sequence[SourcedStatement]) -> list[str]:
+        store = self.event_store
+        stated = list(dict.fromkeys(s.run_id for _, s in statements))
+        if selector == "all":
+            indexed = [str(r["run_id"]) for r in store.run_rows()]
+            others = set(store.recorded_run_ids()) | set(store.checkpointed_run_ids()) | set(stated)
+            return indexed + sorted(others - set(indexed))
+        if selector is None:
+            return stated or [self.select("latest")]
+        run_id = self.select(selector)
+        for source, statement in statements:
+            if statement.run_id != run_id:
+                raise UsageError(
+                    f"exported head {source!r} is about run {statement.run_id[:12]}, not run {run_id[:12]}; "
+                    "verify the statement's own run"
+                )
+        return [run_id]
+
+    # ------------------------------------------------------------------ questions
+    def query_session(self, run: str | None = None, progress: Progress | None = None) -> QuerySession:
+        """A read-only DuckDB session over the documented views (``auditlog schema``).
+
+        The read model is brought up to date first; ``run`` scopes every view to
+        one run. Close the session (or use ``with``) when done.
+        """
+        from auditlog.store.readmodel.cache import ReadModel
+        from auditlog.store.readmodel.session import QuerySession
+
+        run_id = self.select(run) if run is not None else None
+        session, _report = QuerySession.open(ReadModel(self.event_store), run_id, progress)
+        return session
+
+    def query(self, sql: str, run: str | None = None) -> list[dict[str, Any]]:
+        """Rows of one read-only SQL statement over the views, as dicts."""
+        with self.query_session(run) as session:
+            result = session.execute(sql)
+            return [dict(zip(result.columns, row, strict=True)) for row in result.rows]
+
+    def diff(self, run_a: str = "latest~1", run_b: str = "latest", progress: Progress | None = None) -> RunDiff:
+        """What differs between two runs: construction, hyperparameters, code and environment."""
+        from auditlog.read.diff import diff_runs
+
+        return diff_runs(self.event_store, self.select(run_a), self.select(run_b), progress)
+
+    def diff_values(
+        self,
+        run_a: str = "latest~1",
+        run_b: str = "latest",
+        atol: float | None = None,
+        rtol: float | None = None,
+        progress: Progress | None = None,
+    ) -> ValuesDiff:
+        """The first step and tensor where two runs' snapshotted values differ (needs torch)."""
+        from auditlog.read.diff_values import first_divergence
+
+        return first_divergence(self.event_store, self.select(run_a), self.select(run_b), atol, rtol, progress)
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Release the store's connections."""
+        self.event_store.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_store(
+    store: str | os.PathLike[str] | StoreLocation | None = None, *, allow_old: bool = False
+) -> Store:
+    """Open an existing store for reading (default ``$AUDITLOG_STORE`` or ``./.auditlog``).
+
+    A missing, foreign, corrupt or newer store is refused with a ``StoreError``
+    and left untouched; an older one too, unless ``allow_old`` (for ``auditlog
+    db``), since reading it needs ``auditlog db upgrade`` first.
+    """
+    spec = store if isinstance(store, StoreLocation) or store is None else os.fspath(store)
+    return Store(EventStore.open(spec, create=False, allow_old=allow_old))
+
+
+open = open_store  # ``auditlog.open``: the public name (``open_store`` inside the package, where ``open`` is the builtin)

@@ -1,0 +1,310 @@
+"""One recorded run, as the Python API and every read command see it.
+
+``Run`` answers from the event store through its query methods: the events
+(filtered by kind, step, stream and module name), the module tree at any step
+or event, the ``state_dict`` rebuilt from snapshots, and verification. Names
+come from replay (``auditlog.core.replay``), since events carry identities only.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from auditlog.core.errors import AuditlogError, CorruptRecordError, UsageError
+from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, replay
+from auditlog.integrity.signing import HeadStatement, KeyRing
+from auditlog.integrity.verify import SourcedStatement, VerifyReport, verify_run
+from auditlog.read.runs import RunInfo, list_runs
+from auditlog.store.eventstore import EventStore
+from auditlog.store.rows import decode_event
+
+if TYPE_CHECKING:
+    import torch
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from auditlog.integrity.heads import SignedHead
+
+
+class Run:
+    """One recorded run of a store (``auditlog.open(...).run("latest")``).
+
+    Example::
+
+        with auditlog.open(".auditlog") as store:
+            run = store.run("latest")
+            for event in run.events(kinds=["optimizer_step"], step_range=(1, 5)):
+                print(event["step"], event["payload"]["grad_norm"])
+            tree = run.state_at(step=3)            # the module tree after step 3
+            weights = run.state_dict(step=3)       # needs snapshots at step 3
+            assert run.verify().ok
+    """
+
+    def __init__(self, store: EventStore, run_id: str) -> None:
+        self.store = store
+        self.run_id = run_id
+
+    # ------------------------------------------------------------------ events
+    def events(
+        self,
+        kinds: Sequence[str] | None = None,
+        step_range: tuple[int | None, int | None] | None = None,
+        stream: int | None = None,
+        module: str | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Events in (stream, seq) order with the payload decoded.
+
+        ``module``: a glob over qualified module names (``body.*``); an event is
+        kept when its module matches, when it registers a matching child, or
+        (``activity``) when one of its module calls does. A malformed event is a
+        ``CorruptRecordError`` naming it.
+        """
+        wanted = None if module is None else self.modules_matching(module)
+        shown = self.store.location.display()
+        for row in self.store.iter_events(self.run_id, kinds=kinds, step_range=step_range, stream=stream):
+            event = decode_event(row, shown)
+            if wanted is None or _mentions(event, wanted):
+                yield event
+
+    def modules_matching(self, pattern: str, stream: int = 0) -> set[int]:
+        """Ids of the modules whose qualified name (any of them) matches the glob ``pattern``."""
+        names = self.model_state(stream=stream).module_names()
+        return {m for m, found in names.items() if any(fnmatch.fnmatchcase(n, pattern) for n in found)}
+
+    def module_calls(
+        self,
+        direction: str | None = None,
+        step_range: tuple[int | None, int | None] | None = None,
+        stream: int | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Recorded module calls, one dict per call, from the ``activity`` events.
+
+        Each: ``kind`` ("forward" | "backward"), ``seq`` and ``stream`` of the
+        activity event, ``step``, ``call`` (position in the event), ``module_id``
+        and ``payload`` (the call's entry: outputs / grad_outputs / ... ).
+        ``direction`` keeps one of the two.
+        """
+        for event in self.events(kinds=["activity"], step_range=step_range, stream=stream):
+            payload = event["payload"]
+            for kind in ("forward", "backward"):
+                if direction is not None and kind != direction:
+                    continue
+                for call, entry in enumerate(payload.get(kind) or []):
+                    yield {
+                        "kind": kind,
+                        "seq": event["seq"],
+                        "stream": event["stream"],
+                        "step": event["step"],
+                        "call": call,
+                        "module_id": entry.get("module_id"),
+                        "payload": {k: v for k, v in entry.items() if k != "module_id"},
+                    }
+
+    # ------------------------------------------------------------------ structure
+    def model_state(self, upto_seq: int | None = None, stream: int = 0) -> ModelState:
+        """The module forest as of ``upto_seq`` (default: the end of the run)."""
+        events = self.events(kinds=CONSTRUCTION_KINDS, stream=stream)
+        try:
+            return replay(events, upto_seq=upto_seq)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CorruptRecordError(
+                f"store {self.store.location.display()!r}: run {self.run_id[:12]} has a construction "
+                f"event that cannot be replayed ({type(exc).__name__}: {exc}); run `auditlog verify`"
+            ) from exc
+        finally:
+            # Close the half-read cursor now: an open one keeps its connection checked
+            # out, and SQLite then leaves -wal/-shm files beside a store we only read.
+            events.close()  # type: ignore[attr-defined]
+
+    def boundary(self, step: int | None = None, seq: int | None = None, stream: int = 0) -> int | None:
+        """The last seq of "the state right after the N-th optimizer.step() returned".
+
+        Step 0 is the sealed initial state: every event before the first one of
+        step 1. ``seq`` is taken as given. Neither: None (the end of the run).
+        """
+        if seq is not None:
+            if seq < 1:
+                raise UsageError(f"bad seq {seq}: sequence numbers start at 1")
+            return seq
+        if step is None:
+            return None
+        if step < 0:
+            raise UsageError(f"bad step {step}: steps are >= 0")
+        if step == 0:
+            first = self.store.first_seq_from_step(self.run_id, stream, 1)
+            return first - 1 if first is not None else self.store.last_seq(self.run_id, stream)
+        found = self.store.step_seq(self.run_id, stream, step)
+        if found is None:
+            last = self.store.max_step(self.run_id, stream) or 0
+            raise UsageError(f"run {self.run_id[:12]} has no step {step} (it recorded steps 0..{last})")
+        return found
+
+    def state_at(self, step: int | None = None, seq: int | None = None) -> ModelState:
+        """The module forest as of a step or a seq (see ``boundary``)."""
+        return self.model_state(upto_seq=self.boundary(step, seq))
+
+    # ------------------------------------------------------------------ values
+    def state_dict(
+        self,
+        step: int | None = None,
+        seq: int | None = None,
+        root: str | None = None,
+        allow_partial: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """A ``state_dict`` rebuilt from snapshots, bitwise equal to the live one then.
+
+        Values for step N come from snapshots recorded at step N (taken in that
+        step's post hook, or later before step N+1: explicit and run-end
+        snapshots). A tensor with no such snapshot is an error naming it, unless
+        ``allow_partial`` (then it is left out). Needs torch.
+        """
+        from auditlog.store.blobs import SnapshotError, SnapshotStore, blob_from_row
+
+        plan = self.restore_plan(step, seq, root)
+        missing = [key for key, sha in plan if sha is None]
+        if missing and not allow_partial:
+            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            when = f"step {step}" if step is not None else (f"seq {seq}" if seq is not None else "the end")
+            raise AuditlogError(
+                f"no snapshot of {shown} at {when} (record with snapshot_every, or allow a partial state_dict)"
+            )
+        wanted = {sha for _, sha in plan if sha is not None}
+        rows = self.store.blob_rows(sorted(wanted))
+        snapshots = SnapshotStore(self.store.location.snapshots)
+        loaded: dict[str, torch.Tensor] = {}
+        out: dict[str, torch.Tensor] = {}
+        for key, sha in plan:
+            if sha is None:
+                continue
+            if sha not in rows:
+                raise SnapshotError(f"snapshot {sha[:16]}... of {key} is not in the catalog")
+            if sha not in loaded:
+                loaded[sha] = snapshots.get(blob_from_row(rows[sha]))
+            out[key] = loaded[sha]
+        return out
+
+    def restore_plan(
+        self, step: int | None = None, seq: int | None = None, root: str | None = None
+    ) -> list[tuple[str, str | None]]:
+        """``(state_dict key, snapshot hash or None)`` for the chosen root at a step/seq."""
+        upto = self.boundary(step, seq)
+        full = self.model_state()
+        state = self.model_state(upto_seq=upto)
+        try:
+            root_id = state.root_by_class(root) if root else state.main_root()
+        except KeyError:
+            raise UsageError(f"no root module {root!r} in run {self.run_id[:12]}") from None
+        end = upto if upto is not None else full.last_seq
+        limit = self.store.step_seq(self.run_id, 0, step + 1) if step is not None else None
+        plan: list[tuple[str, str | None]] = []
+        for key, tensor_id in state.state_dict_keys(root_id):
+            history = full.tensors[tensor_id].history if tensor_id in full.tensors else []
+            plan.append((key, pick_snapshot(history, step, end, limit)))
+        return plan
+
+    def snapshots(self) -> tuple[list[dict[str, Any]], int]:
+        """Every snapshot of the run (stored seals included) and the distinct bytes stored.
+
+        Rows: ``seq, step, trigger, tag, module, tensors, logical_bytes,
+        new_bytes``. ``logical_bytes`` counts every tensor's size; the total
+        distinct content stored tells the deduplication.
+        """
+        events = list(self.events(kinds=["snapshot_taken", "construction_sealed"]))
+        names = self.model_state().module_names()
+        catalog = self.store.blob_rows(sorted({t["sha256"] for e in events for t in _snapshot_tensors(e)}))
+        rows: list[dict[str, Any]] = []
+        for event in events:
+            tensors = _snapshot_tensors(event)
+            if not tensors:
+                continue
+            logical = sum(int(catalog[t["sha256"]]["nbytes"]) for t in tensors if t["sha256"] in catalog)
+            payload = event["payload"]
+            sealed = event["kind"] == "construction_sealed"
+            new = int((payload.get("snapshot") or {}).get("new_bytes", logical if sealed else 0))
+            module_names = names.get(event["module_id"] or -1) or []
+            rows.append(
+                {
+                    "seq": event["seq"],
+                    "step": event["step"],
+                    "trigger": "sealed" if sealed else payload.get("trigger"),
+                    "tag": payload.get("tag"),
+                    "module": (module_names[0] or "(root)") if module_names else None,
+                    "tensors": len(tensors),
+                    "logical_bytes": logical,
+                    "new_bytes": new,
+                }
+            )
+        return rows, sum(int(r["nbytes"]) for r in catalog.values())
+
+    # ------------------------------------------------------------------ integrity
+    def verify(
+        self,
+        keys: KeyRing | None = None,
+        statements: Sequence[SourcedStatement] = (),
+        progress: Any = None,
+    ) -> VerifyReport:
+        """Check this run's hash chains, checkpoints, snapshot files and the given exported heads.
+
+        ``keys``: trusted public keys (default: the user's default public key,
+        read only when there is a signature to check). The report's ``ok`` is
+        False when anything was altered or could not be verified.
+        """
+        return verify_run(self.store, self.run_id, progress, keys=keys, statements=statements)
+
+    def checkpoint(self, key: Ed25519PrivateKey) -> list[SignedHead]:
+        """Sign every stream's current head with ``key`` and store the checkpoints.
+
+        Refuses (``IntegrityError``) a record proven altered; heads this key
+        signed already are reported and left alone.
+        """
+        from auditlog.integrity.heads import checkpoint_run
+
+        return checkpoint_run(self.store, self.run_id, key)
+
+    def export_head(self, key: Ed25519PrivateKey) -> HeadStatement:
+        """A signed statement of every stream's current head, to keep outside the store."""
+        from auditlog.integrity.heads import export_intact_heads
+
+        return export_intact_heads(self.store, self.run_id, key)
+
+    def info(self) -> RunInfo:
+        """The run's summary: status, start and end, command line, code version, counts."""
+        for info in list_runs(self.store):
+            if info.run_id == self.run_id:
+                return info
+        raise KeyError(self.run_id)
+
+
+def pick_snapshot(history: list[tuple[int, int, str]], step: int | None, end: int, limit: int | None) -> str | None:
+    """The snapshot hash that holds a tensor's value at the boundary ``end``."""
+    if step is None:  # by seq or at the end: the latest snapshot at or before it
+        before = [h for h in history if h[1] <= end]
+        return before[-1][2] if before else None
+    same = [h for h in history if h[0] == step and (limit is None or h[1] < limit)]
+    at_or_before = [h for h in same if h[1] <= end]
+    if at_or_before:
+        return at_or_before[-1][2]
+    return same[0][2] if same else None
+
+
+def _snapshot_tensors(event: dict[str, Any]) -> list[dict[str, Any]]:
+    payload = event["payload"]
+    if event["kind"] == "snapshot_taken":
+        return list((payload.get("snapshot") or {}).get("tensors", []))
+    return list(payload.get("tensors", [])) if payload.get("stored") else []
+
+
+def _mentions(event: dict[str, Any], wanted: set[int]) -> bool:
+    """An event is about a module if it is the event's module, the child it
+    registers, or (``activity``) one of the module calls it holds."""
+    if event["module_id"] in wanted:
+        return True
+    kind, payload = event["kind"], event["payload"]
+    if kind == "activity":
+        return any(
+            call.get("module_id") in wanted
+            for direction in ("forward", "backward")
+            for call in payload.get(direction) or []
+        )
+    return kind == "module_registered" and payload.get("child_id") in wanted

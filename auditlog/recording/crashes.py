@@ -1,0 +1,69 @@
+"""Crashed runs become part of the record: ``run_ended(status=crashed)``, detected later.
+
+When a new recording starts it closes the streams of this host whose process
+died without closing them, so a crash is written into the record instead of
+being a status only derived at read time.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from auditlog.core.chain import canonical_payload, chain_hash
+from auditlog.core.liveness import process_alive
+from auditlog.core.values import iso
+from auditlog.store.eventstore import EventStore
+
+
+def close_crashed_runs(store: EventStore, detected_by: str) -> list[str]:
+    """Append ``run_ended(status=crashed)`` to streams of this host whose process died.
+
+    Called when a new recording starts, so a crash becomes part of the record
+    ("crashed, detected later") instead of a status only derived at read time.
+    Two recorders racing to close the same stream are arbitrated by the unique
+    (run, stream, seq) constraint: the loser's insert fails and is ignored.
+    """
+    host = socket.gethostname()
+    ended = store.ended_streams()
+    closed: list[str] = []
+    for row in store.run_rows():
+        if row["host"] != host or process_alive(int(row["pid"]), row.get("proc_start")):
+            continue
+        for stream in store.streams(row["run_id"]):
+            if (row["run_id"], stream) in ended:
+                continue
+            head = store.chain_head(row["run_id"], stream)
+            if head is None:
+                continue
+            seq, prev = head
+            last_step = store.max_step(row["run_id"], stream)
+            event = {
+                "run_id": row["run_id"],
+                "stream": stream,
+                "seq": seq + 1,
+                "ts_ns": time.time_ns(),
+                "kind": "run_ended",
+                "step": last_step,
+                "module_id": None,
+                "tensor_id": None,
+                "snapshot": None,
+                "payload": canonical_payload(
+                    {
+                        "status": "crashed",
+                        "exit_code": None,
+                        "exception": None,
+                        "signal": None,
+                        "steps": last_step or 0,
+                        "detected_by": detected_by,
+                        "last_seen": iso(int(row["last_seen_ns"])),
+                    }
+                ),
+            }
+            event["hash"] = chain_hash(prev, event)
+            try:
+                store.append([event], row["run_id"], heartbeat=False)
+            except Exception:
+                continue
+            closed.append(row["run_id"])
+    return closed

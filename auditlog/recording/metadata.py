@@ -1,0 +1,143 @@
+"""Run metadata: who ran what, where, with which code and libraries.
+
+Collected on the writer thread (git runs subprocesses) so that starting a
+recording does not delay the user's program.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from auditlog.core.version import __version__
+
+
+def _git(root: Path, *args: str) -> bytes | None:
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def git_state(path: Path, exclude: Path | None = None) -> dict[str, Any] | None:
+    """Commit, branch, dirty flag and a hash of uncommitted changes of the repo holding ``path``.
+
+    ``diff_sha256`` covers ``git diff HEAD --binary`` plus the names and contents of
+    untracked, non-ignored files, so two dirty runs hash equal only if the code
+    they ran was the same.
+    """
+    start = path if path.is_dir() else path.parent
+    top = _git(start, "rev-parse", "--show-toplevel")
+    if top is None:
+        return None
+    root = Path(top.decode().strip())
+    commit = _git(root, "rev-parse", "HEAD")
+    branch = _git(root, "rev-parse", "--abbrev-ref", "HEAD")
+    # The store often lives inside the repository (./.auditlog): its own files
+    # must not make the code look dirty.
+    spec = ["--", "."]
+    if exclude is not None:
+        try:
+            spec.append(f":(exclude){exclude.resolve().relative_to(root.resolve())}")
+        except ValueError:
+            pass
+    status = _git(root, "status", "--porcelain", "--untracked-files=all", *spec) or b""
+    digest = hashlib.sha256()
+    digest.update(_git(root, "diff", "HEAD", "--binary", *spec) or b"")
+    untracked = sorted(
+        line[3:].decode(errors="replace") for line in status.splitlines() if line.startswith(b"??")
+    )
+    for name in untracked:
+        digest.update(b"\0untracked\0" + name.encode())
+        try:
+            digest.update((root / name).read_bytes())
+        except OSError:
+            pass
+    dirty = bool(status.strip())
+    return {
+        "root": str(root),
+        "commit": commit.decode().strip() if commit else None,
+        "branch": branch.decode().strip() if branch else None,
+        "dirty": dirty,
+        "diff_sha256": digest.hexdigest() if dirty else None,
+        "untracked": len(untracked),
+    }
+
+
+def rank_and_world() -> tuple[int, int]:
+    """Distributed rank and world size from the launcher's environment (torchrun sets them)."""
+    try:
+        rank = int(os.environ.get("RANK", "0"))
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 0, 1
+    return rank, world
+
+
+def seeds() -> dict[str, Any]:
+    """RNG seeds that can be read without consuming randomness or initializing CUDA."""
+    out: dict[str, Any] = {"torch_initial_seed": torch.initial_seed()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        out["cuda_initial_seed"] = torch.cuda.initial_seed()
+    return out
+
+
+def static_metadata(
+    name: str | None,
+    code_path: Path | None,
+    policy: dict[str, Any],
+    argv: list[str] | None = None,
+) -> dict[str, Any]:
+    """Everything cheap and known at start; the writer adds ``git`` (RunStartedPayload).
+
+    ``argv`` is the recorded program's command line (``auditlog run`` passes the
+    script and its arguments); ``launcher_argv`` is how the process was started.
+    """
+    rank, world = rank_and_world()
+    try:
+        user = getpass.getuser()
+    except Exception:  # no passwd entry in some containers
+        user = None
+    return {
+        "name": name,
+        "argv": list(argv) if argv is not None else list(sys.argv),
+        "launcher_argv": list(sys.argv) if argv is not None else None,
+        "cwd": os.getcwd(),
+        "host": socket.gethostname(),
+        "user": user,
+        "pid": os.getpid(),
+        "rank": rank,
+        "world_size": world,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "platform": platform.platform(),
+        "seeds": seeds(),
+        "policy": policy,
+        "auditlog": __version__,
+        "code_path": str(code_path) if code_path else None,
+    }
+
+
+class RunStartedPayload:
+    """Lazy payload of ``run_started``: the writer thread adds the git state."""
+
+    def __init__(self, static: dict[str, Any], code_path: Path, store_dir: Path | None) -> None:
+        self.static = static
+        self.code_path = code_path
+        self.store_dir = store_dir
+
+    def resolve(self) -> dict[str, Any]:
+        return {**self.static, "git": git_state(self.code_path, exclude=self.store_dir)}

@@ -1,0 +1,301 @@
+"""The write side: a background thread that turns records into chained events.
+
+It drains the ``RecordBuffer`` in batches, resolves lazy payload values (device
+statistics, tensor copies to hash) off the training thread, encodes each event
+canonically, extends the stream's hash chain and inserts the batch in one
+transaction. The training thread never waits on the disk unless the buffer is
+full.
+
+If the store stops accepting writes the writer says so once on stderr, stops
+writing (so no gap ever appears inside a stream) and counts what it drops;
+training goes on.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from auditlog.capture.buffer import RecordBuffer
+from auditlog.core.chain import (
+    Clean,
+    CleanList,
+    canonical_payload,
+    chain_hash,
+    encode_clean,
+    genesis_hash,
+    row_prefix,
+)
+from auditlog.core.errors import one_line
+from auditlog.core.values import finite_or_text
+from auditlog.store.blobs import SnapshotStore
+from auditlog.store.eventstore import EventStore
+
+FLUSH = "__flush__"
+# The run's liveness heartbeat (``runs.last_seen_ns``) is refreshed with a batch at
+# most this often, and by an otherwise idle writer this often: the read side calls
+# a run on another host stale after ``runs.STALE_AFTER_S`` (300 s). Refreshing it
+# with every batch (~10 per second) was a third of the writer's time per
+# ``optimizer_step`` event (benchmarks/ingest.py).
+HEARTBEAT_S = 10.0
+
+
+def materialize(value: Any, writer: Writer | None = None) -> Any:
+    """Turn a payload with lazy parts (``resolve`` / ``resolve_in``) into clean data.
+
+    Clean means what ``encode_clean`` may take: str keys, non-finite floats as
+    their text, tensors as lists. ``Clean`` dicts are clean by construction and
+    are not walked.
+    """
+    kind = type(value)
+    if kind is Clean or kind is CleanList or kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is float:
+        return value if value - value == 0.0 else finite_or_text(value)
+    resolve_in = getattr(value, "resolve_in", None)
+    if resolve_in is not None and writer is not None:
+        return materialize(resolve_in(writer), writer)
+    resolve = getattr(value, "resolve", None)
+    if resolve is not None and not isinstance(value, type):
+        return materialize(resolve(), writer)
+    if isinstance(value, dict):
+        return {str(k): materialize(v, writer) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [materialize(v, writer) for v in value]
+    if isinstance(value, torch.Tensor):
+        return materialize(value.tolist())
+    if isinstance(value, float):  # float subclasses (numpy.float64)
+        return finite_or_text(float(value))
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value).removeprefix("torch.")
+    return value
+
+
+class Writer:
+    """Consumes one run-stream's records and appends them to the event store."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        run_id: str,
+        stream: int,
+        buffer: RecordBuffer,
+        *,
+        batch_size: int = 5000,
+        interval: float = 0.1,
+        on_error: str = "continue",
+        sign: Callable[[int, str], None] | None = None,
+        sign_every_events: int = 10_000,
+        sign_every_seconds: float = 60.0,
+    ) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.stream = stream
+        self.buffer = buffer
+        self.batch_size = batch_size
+        self.interval = interval
+        self.on_error = on_error
+        # Signed checkpoints of the chain head (when a key is configured): after a
+        # committed batch, every N events or T seconds, and at run end.
+        self.sign = sign
+        self.sign_every_events = sign_every_events
+        self.sign_every_seconds = sign_every_seconds
+        self._signed_seq = 0
+        self._signed_at = time.monotonic()
+        self._heartbeat_at = float("-inf")  # the first batch refreshes it
+        head = store.chain_head(run_id, stream)
+        self.seq, self.head = head if head is not None else (0, genesis_hash(run_id, stream))
+        self.written = 0
+        self.dropped = 0
+        self._row_prefix = row_prefix(run_id, stream)  # the constant head of every canonical row
+        self.snapshots = SnapshotStore(store.location.snapshots)
+        self._catalogued: set[str] = set()
+        self._new_blobs: list[dict[str, Any]] = []
+        self.failure: BaseException | None = None
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="auditlog-writer", daemon=True)
+
+    def start(self) -> None:
+        self.buffer.consumer_alive = self._thread.is_alive
+        self._thread.start()
+
+    # ------------------------------------------------------------------ control
+    def flush(self, timeout: float | None = 60.0) -> bool:
+        """Block until every record queued before this call is written (or dropped)."""
+        if not self._thread.is_alive():
+            self._drain_all()
+            return True
+        done = threading.Event()
+        self.buffer.put((FLUSH, done))
+        self.buffer.wakeup.set()
+        return done.wait(timeout)
+
+    def close(self, timeout: float | None = 60.0) -> None:
+        """Write everything still queued, then stop the thread."""
+        self.flush(timeout)
+        self._stop = True
+        self.buffer.wakeup.set()
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ loop
+    def _loop(self) -> None:
+        while True:
+            try:
+                worked = self._drain_once()
+            except Exception as exc:  # a bug of ours must not leave producers blocked
+                self._fail(exc, 0)
+                worked = True
+            if self._stop and not len(self.buffer):
+                return
+            if not worked:
+                if self.failure is None and time.monotonic() - self._heartbeat_at >= HEARTBEAT_S:
+                    self._heartbeat()  # a long evaluation, say: the run is still alive
+                self.buffer.wakeup.wait(self.interval)
+                self.buffer.wakeup.clear()
+
+    def _drain_all(self) -> None:
+        while self._drain_once():
+            pass
+
+    def _drain_once(self) -> bool:
+        records = self.buffer.drain(self.batch_size)
+        if not records:
+            return False
+        rows: list[dict[str, Any]] = []
+        waiters: list[threading.Event] = []
+        for record in records:
+            if record[0] == FLUSH:
+                waiters.append(record[1])
+                continue
+            if self.failure is not None:
+                self.dropped += 1
+                continue
+            rows.append(self._encode(record))
+        if rows and self.failure is None:
+            self._write(rows)
+        for waiter in waiters:
+            waiter.set()
+        return True
+
+    # ------------------------------------------------------------------ snapshots
+    def store_blob(self, tensor: torch.Tensor, sha256: str) -> int:
+        """Write a tensor's content unless the store has it; returns bytes newly written."""
+        if sha256 in self._catalogued:
+            return 0
+        if self.store.has_blob(sha256) and self.snapshots.path(sha256).exists():
+            self._catalogued.add(sha256)
+            return 0
+        info = self.snapshots.put(tensor, sha256)
+        self._catalogued.add(sha256)
+        self._new_blobs.append(info.as_row())
+        return info.nbytes
+
+    # ------------------------------------------------------------------ encode
+    def _encode(self, record: tuple[Any, ...]) -> dict[str, Any]:
+        kind, ts_ns, step, module_id, tensor_id, payload = record
+        try:
+            text = encode_clean(payload if type(payload) is Clean else materialize(payload, self))
+        except Exception as exc:  # a payload that cannot be read becomes the recorder's fault
+            kind = "recorder_error"
+            text = canonical_payload(
+                {"where": f"writer ({record[0]})", "type": type(exc).__name__, "message": str(exc)[:2000]}
+            )
+        self.seq += 1
+        row = {
+            "run_id": self.run_id,
+            "stream": self.stream,
+            "seq": self.seq,
+            "ts_ns": ts_ns,
+            "kind": kind,
+            "step": step,
+            "module_id": module_id,
+            "tensor_id": tensor_id,
+            "snapshot": None,
+            "payload": text,
+        }
+        self.head = row["hash"] = chain_hash(self.head, row, self._row_prefix)
+        return row
+
+    def _write(self, rows: list[dict[str, Any]]) -> None:
+        database = self.store.location.database
+        if database is not None and not database.exists():
+            # SQLite keeps writing into an unlinked file without complaint: every
+            # event would vanish at close. Say so instead.
+            self._fail(OSError(f"store file {str(database)!r} was deleted"), len(rows))
+            return
+        delay = 0.05
+        for attempt in range(5):
+            try:
+                if self._new_blobs:
+                    # Catalog rows first, in their own transaction: an event must
+                    # never reference a hash the catalog does not know.
+                    self.store.add_blobs(self._new_blobs)
+                    self._new_blobs = []
+                now = time.monotonic()
+                beat = now - self._heartbeat_at >= HEARTBEAT_S
+                self.store.append(rows, self.run_id, heartbeat=beat)
+                if beat:
+                    self._heartbeat_at = now
+                self.written += len(rows)
+                self._maybe_sign()
+                return
+            except Exception as exc:
+                if attempt == 4:
+                    self._fail(exc, len(rows))
+                    return
+                time.sleep(delay)
+                delay *= 2
+
+    def _heartbeat(self) -> None:
+        """Refresh the run's heartbeat with no events (best effort: a failure here
+        is not a lost event, and the next batch tries again)."""
+        try:
+            self.store.append([], self.run_id)
+        except Exception:
+            pass  # tried again in HEARTBEAT_S, not in a tight loop
+        finally:
+            self._heartbeat_at = time.monotonic()
+
+    def _maybe_sign(self, force: bool = False) -> None:
+        if self.sign is None or self.seq == self._signed_seq:
+            return
+        due = (
+            force
+            or self.seq - self._signed_seq >= self.sign_every_events
+            or time.monotonic() - self._signed_at >= self.sign_every_seconds
+        )
+        if not due:
+            return
+        try:
+            self.sign(self.seq, self.head)  # the head of what was just committed
+            self._signed_seq, self._signed_at = self.seq, time.monotonic()
+        except Exception as exc:  # a signing fault must not stop recording; say it once
+            if not getattr(self, "_sign_warned", False):
+                self._sign_warned = True
+                print(f"auditlog: cannot sign the chain head: {one_line(exc)}", file=sys.stderr)
+
+    def sign_final(self) -> None:
+        """Sign the last committed head (run end), unless writing failed."""
+        if self.failure is None:
+            self._maybe_sign(force=True)
+
+    def _fail(self, exc: BaseException, lost: int) -> None:
+        if self.failure is not None:
+            self.dropped += lost
+            return
+        self.failure = exc
+        self.dropped += lost
+        cause = one_line(exc)
+        try:
+            print(
+                f"auditlog: cannot write to store {self.store.location.display()!r} ({cause}); "
+                + ("recording stopped" if self.on_error == "fail" else "recording stopped, training continues"),
+                file=sys.stderr,
+            )
+        except Exception:
+            pass

@@ -1,0 +1,265 @@
+"""Every question the rest of auditlog asks the event store, each written once.
+
+``EventQueries`` is the reading half of ``EventStore`` (it needs only the
+store's ``engine`` and ``guard``). Readers never write SQL: the integrity check,
+replay, restore and diff all come here. Questions about one stream always filter
+by stream, so the ranks of a run never mix.
+
+Rows come back as plain dicts exactly as stored: the store is a file someone may
+have edited, and deciding what a garbled value means is the caller's job
+(``rows.decode_event`` for readers, ``integrity.verify`` for verification).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from sqlalchemy import Engine, func, select
+
+from auditlog.core.errors import StoreError
+from auditlog.store import schema
+
+_ev = schema.events
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class EventQueries:
+    """Read-only questions over the ``events``, ``runs``, ``checkpoints`` and catalog tables."""
+
+    engine: Engine
+
+    def guard(self, doing: str) -> contextlib.AbstractContextManager[None]:  # provided by EventStore
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ store
+    def meta(self) -> dict[str, str]:
+        """The store's identity and provenance (``auditlog_meta``: format, store_id, created_...)."""
+        with self.guard("reading store metadata"), self.engine.connect() as conn:
+            return {r[0]: r[1] for r in conn.execute(select(schema.auditlog_meta))}
+
+    def check_file(self, shown: str) -> None:
+        """Raise ``StoreError`` when SQLite finds the database file damaged (other dialects: nothing).
+
+        ``PRAGMA integrity_check`` reads every page and checks that each index
+        matches its table; it changes nothing. A byte garbled inside the file can
+        make the table and its index disagree, and then what a query returns
+        depends on the access path: the chain could verify through the index
+        while other readers see different values.
+        """
+        if self.engine.dialect.name != "sqlite":
+            return
+        with self.guard("checking the database file"), self.engine.connect() as conn:
+            messages = [str(r[0]) for r in conn.exec_driver_sql("PRAGMA integrity_check(10)")]
+        if messages != ["ok"]:
+            raise StoreError(
+                f"store {shown!r} is corrupt (SQLite integrity_check: "
+                f"{messages[0] if messages else 'no answer'}); its events cannot be trusted"
+            )
+
+    # ------------------------------------------------------------------ runs
+    def run_rows(self) -> list[dict[str, Any]]:
+        """All rows of the runs index, oldest first."""
+        with self.guard("listing runs"), self.engine.connect() as conn:
+            rows = conn.execute(select(schema.runs).order_by(schema.runs.c.started_ns)).mappings()
+            return [dict(r) for r in rows]
+
+    def has_run_row(self, run_id: str) -> bool:
+        """Does the runs index have this run's row? (The library never deletes one.)"""
+        runs = schema.runs
+        with self.guard("reading the runs index"), self.engine.connect() as conn:
+            return conn.execute(select(runs.c.run_id).where(runs.c.run_id == run_id)).first() is not None
+
+    def recorded_run_ids(self) -> list[str]:
+        """Every run id with events, whether or not the runs index still lists it."""
+        with self.guard("listing runs"), self.engine.connect() as conn:
+            rows = conn.execute(select(_ev.c.run_id).distinct())
+            return sorted(str(r[0]) for r in rows if isinstance(r[0], str))
+
+    def run_event_counts(self) -> dict[str, tuple[int, int | None]]:
+        """``run_id -> (number of events, highest step)``."""
+        with self.guard("counting events"), self.engine.connect() as conn:
+            rows = conn.execute(
+                select(_ev.c.run_id, func.count(), func.max(_ev.c.step)).group_by(_ev.c.run_id)
+            )
+            return {r[0]: (int(r[1]), _int_or_none(r[2])) for r in rows}
+
+    def events_of_kind(self, kind: str) -> list[dict[str, Any]]:
+        """Every event of one kind across runs (run_started/run_ended summaries)."""
+        with self.guard(f"reading {kind} events"), self.engine.connect() as conn:
+            rows = conn.execute(select(_ev).where(_ev.c.kind == kind).order_by(_ev.c.id)).mappings()
+            return [dict(r) for r in rows]
+
+    def ended_streams(self) -> set[tuple[str, int]]:
+        """``(run_id, stream)`` pairs that have a ``run_ended`` event."""
+        with self.guard("reading run ends"), self.engine.connect() as conn:
+            rows = conn.execute(select(_ev.c.run_id, _ev.c.stream).where(_ev.c.kind == "run_ended"))
+            return {(str(r[0]), int(r[1])) for r in rows}
+
+    # ------------------------------------------------------------------ streams
+    def streams(self, run_id: str) -> list[int]:
+        """The stream numbers (ranks) a run has events in."""
+        with self.guard("listing streams"), self.engine.connect() as conn:
+            rows = conn.execute(select(_ev.c.stream).where(_ev.c.run_id == run_id).distinct())
+            return sorted(int(r[0]) for r in rows)
+
+    def stream_event_counts(self, run_id: str) -> list[tuple[Any, int]]:
+        """``(stream value as stored, events)`` per stream: verify reports a garbled stream value."""
+        with self.guard("listing streams"), self.engine.connect() as conn:
+            rows = conn.execute(
+                select(_ev.c.stream, func.count()).where(_ev.c.run_id == run_id).group_by(_ev.c.stream)
+            ).all()
+        return [(r[0], int(r[1])) for r in rows]
+
+    def chain_head(self, run_id: str, stream: int) -> tuple[int, str] | None:
+        """The last ``(seq, hash)`` of a stream, used to append to an existing stream."""
+        with self.guard("reading the chain head"), self.engine.connect() as conn:
+            row = conn.execute(
+                select(_ev.c.seq, _ev.c.hash)
+                .where(_ev.c.run_id == run_id, _ev.c.stream == stream)
+                .order_by(_ev.c.seq.desc())
+                .limit(1)
+            ).first()
+        return None if row is None else (int(row[0]), str(row[1]))
+
+    def last_seq(self, run_id: str, stream: int) -> int | None:
+        """The highest seq stored in a stream (None when empty or garbled)."""
+        with self.guard("reading the chain head"), self.engine.connect() as conn:
+            value = conn.execute(
+                select(func.max(_ev.c.seq)).where(_ev.c.run_id == run_id, _ev.c.stream == stream)
+            ).scalar()
+        return _int_or_none(value)
+
+    def hashes_between(self, run_id: str, stream: int, low: int, high: int) -> dict[int, str]:
+        """``seq -> stored hash`` for ``low <= seq <= high`` of a stream."""
+        with self.guard("verifying"), self.engine.connect() as conn:
+            rows = conn.execute(
+                select(_ev.c.seq, _ev.c.hash).where(
+                    _ev.c.run_id == run_id, _ev.c.stream == stream, _ev.c.seq >= low, _ev.c.seq <= high
+                )
+            )
+            return {int(r[0]): str(r[1]) for r in rows}
+
+    def iter_events(
+        self,
+        run_id: str,
+        *,
+        kinds: Sequence[str] | None = None,
+        stream: int | None = None,
+        step_range: tuple[int | None, int | None] | None = None,
+        batch: int = 5000,
+    ) -> Iterator[dict[str, Any]]:
+        """Events of a run in (stream, seq) order, streamed in batches."""
+        query = select(_ev).where(_ev.c.run_id == run_id)
+        if kinds:
+            query = query.where(_ev.c.kind.in_(list(kinds)))
+        if stream is not None:
+            query = query.where(_ev.c.stream == stream)
+        if step_range is not None:
+            low, high = step_range
+            if low is not None:
+                query = query.where(_ev.c.step >= low)
+            if high is not None:
+                query = query.where(_ev.c.step <= high)
+        query = query.order_by(_ev.c.stream, _ev.c.seq)
+        with self.guard("reading events"), self.engine.connect() as conn:
+            result = conn.execution_options(stream_results=True, yield_per=batch).execute(query)
+            for row in result.mappings():
+                yield dict(row)
+
+    def count_events(self, run_id: str, kinds: Sequence[str], stream: int = 0) -> int:
+        """How many events of these kinds one stream of a run has (uses the (run, kind) index)."""
+        with self.guard("counting events"), self.engine.connect() as conn:
+            value = conn.execute(
+                select(func.count()).where(
+                    _ev.c.run_id == run_id, _ev.c.stream == stream, _ev.c.kind.in_(list(kinds))
+                )
+            ).scalar()
+        return int(value or 0)
+
+    def snapshot_references(self, run_id: str) -> list[tuple[Any, Any, Any, Any]]:
+        """``(seq, event id, kind, payload text)`` of every event that names stored tensor values."""
+        query = (
+            select(_ev.c.seq, _ev.c.id, _ev.c.kind, _ev.c.payload)
+            .where(_ev.c.run_id == run_id, _ev.c.kind.in_(["snapshot_taken", "construction_sealed"]))
+            .order_by(_ev.c.stream, _ev.c.seq)
+        )
+        with self.guard("reading snapshot events"), self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(query).all()]
+
+    # ------------------------------------------------------------------ steps
+    def max_step(self, run_id: str, stream: int) -> int | None:
+        """The highest optimizer step recorded in a stream."""
+        with self.guard("reading steps"), self.engine.connect() as conn:
+            value = conn.execute(
+                select(func.max(_ev.c.step)).where(_ev.c.run_id == run_id, _ev.c.stream == stream)
+            ).scalar()
+        return None if value is None else int(value)
+
+    def step_seq(self, run_id: str, stream: int, step: int) -> int | None:
+        """The seq of the ``optimizer_step`` event that ended step ``step`` in a stream."""
+        with self.guard("finding a step"), self.engine.connect() as conn:
+            found = conn.execute(
+                select(_ev.c.seq).where(
+                    _ev.c.run_id == run_id,
+                    _ev.c.stream == stream,
+                    _ev.c.kind == "optimizer_step",
+                    _ev.c.step == step,
+                )
+            ).scalar()
+        return None if found is None else int(found)
+
+    def step_seqs(self, run_id: str, stream: int) -> dict[int, int]:
+        """``step -> seq`` of every ``optimizer_step`` event of a stream."""
+        with self.guard("finding steps"), self.engine.connect() as conn:
+            rows = conn.execute(
+                select(_ev.c.step, _ev.c.seq).where(
+                    _ev.c.run_id == run_id, _ev.c.stream == stream, _ev.c.kind == "optimizer_step"
+                )
+            ).all()
+        return {int(step): int(seq) for step, seq in rows if step is not None}
+
+    def first_seq_from_step(self, run_id: str, stream: int, step: int) -> int | None:
+        """The first seq of a stream whose event happened at step ``step`` or later."""
+        with self.guard("finding a step"), self.engine.connect() as conn:
+            value = conn.execute(
+                select(func.min(_ev.c.seq)).where(
+                    _ev.c.run_id == run_id, _ev.c.stream == stream, _ev.c.step >= step
+                )
+            ).scalar()
+        return _int_or_none(value)
+
+    # ------------------------------------------------------------------ snapshot catalog
+    def has_blob(self, sha256: str) -> bool:
+        """Is this tensor content in the snapshot catalog?"""
+        blobs = schema.snapshot_blobs
+        with self.guard("reading the snapshot catalog"), self.engine.connect() as conn:
+            return conn.execute(select(blobs.c.sha256).where(blobs.c.sha256 == sha256)).first() is not None
+
+    def blob_rows(self, hashes: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Catalog rows by hash (all of them when ``hashes`` is None)."""
+        blobs = schema.snapshot_blobs
+        query = select(blobs)
+        if hashes is not None:
+            query = query.where(blobs.c.sha256.in_(list(hashes)))
+        with self.guard("reading the snapshot catalog"), self.engine.connect() as conn:
+            return {r["sha256"]: dict(r) for r in conn.execute(query).mappings()}
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_rows(self, run_id: str) -> list[dict[str, Any]]:
+        """The stored rows of a run's signed checkpoints, oldest first, exactly as stored."""
+        cp = schema.checkpoints
+        with self.guard("reading checkpoints"), self.engine.connect() as conn:
+            rows = conn.execute(select(cp).where(cp.c.run_id == run_id).order_by(cp.c.id)).mappings()
+            return [dict(r) for r in rows]
+
+    def checkpointed_run_ids(self) -> list[str]:
+        """Every run id that has checkpoints (``verify all`` also checks runs whose events are gone)."""
+        cp = schema.checkpoints
+        with self.guard("reading checkpoints"), self.engine.connect() as conn:
+            rows = conn.execute(select(cp.c.run_id).distinct())
+            return sorted(str(r[0]) for r in rows)

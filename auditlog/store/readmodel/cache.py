@@ -1,0 +1,635 @@
+"""The read model: a DuckDB projection of the event store, refreshed incrementally.
+
+This is the read side of the CQRS split (DESIGN.md, layer 3). The event store is
+the record; the projection is a disposable cache shaped for questions:
+
+- **Where it lives.** ``<store dir>/readmodel.duckdb``; for a ``sqlite:///`` URL,
+  beside the database file (``<name>.readmodel.duckdb``, or ``readmodel.duckdb``
+  when the file is a store directory's ``events.db``); for any other URL,
+  or when the store's directory is not writable (an archived record), in
+  ``$XDG_CACHE_HOME/auditlog/readmodel/<store id>.duckdb``. ``AUDITLOG_READMODEL``
+  overrides all of these. It is never part of the integrity record: ``verify``
+  does not read it and nothing in it is trusted.
+- **When it is rebuilt.** When it is missing, unreadable or corrupt, of another
+  ``tables.FORMAT``, made from another store (store id), or when the store
+  no longer holds the last event it copied with the hash it copied (the store
+  was replaced or rewound). Rebuilding is just a refresh from id 0.
+- **How it is refreshed.** Events are append-only with a monotonic ``id``, so a
+  refresh copies ``id > last copied`` (see ``auditlog.store.readmodel.arrowcopy``) in chunks;
+  each chunk is one DuckDB transaction that stages the new rows, derives the
+  flattened tables from them (``auditlog.store.readmodel.tables``), replays construction of
+  the streams the chunk touched to name modules and tensors, and moves the mark.
+  An interrupted refresh therefore leaves a consistent projection that the next
+  refresh continues.
+- **Concurrency.** DuckDB allows one writing process or many reading ones per
+  file. A lock file beside the projection (``flock``) makes a refresh wait for
+  readers and readers wait for a refresh, instead of failing on DuckDB's lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from auditlog.core.errors import StoreError, one_line
+from auditlog.core.naming import Labels, attached_ids, label_state
+from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, apply
+from auditlog.core.values import stat_float
+from auditlog.store.eventstore import EventStore
+from auditlog.store.location import EVENTS_FILE
+from auditlog.store.readmodel import arrowcopy, tables
+
+PROJECTION_FILE = "readmodel.duckdb"
+CHUNK_ROWS = 1_000_000
+LOCK_TIMEOUT_S = 600.0
+
+Progress = Callable[[int, int], None]
+"""``progress(done, total)``: events copied so far out of those to copy."""
+
+# DuckDB must never fetch anything: no extension installs or auto-loads (the
+# wheel bundles json and parquet, which is all the projection uses).
+DUCKDB_CONFIG: dict[str, Any] = {
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+}
+
+
+def connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection to the projection, configured the one way auditlog uses it.
+
+    DuckDB's own progress bar is switched off (a per-connection setting): it
+    would print into pipes; auditlog draws its own, on terminals only.
+    """
+    con = duckdb.connect(str(path), read_only=read_only, config=DUCKDB_CONFIG)
+    try:
+        con.execute("SET enable_progress_bar = false")
+    except duckdb.Error:
+        con.close()
+        raise
+    return con
+
+
+@dataclass
+class RefreshReport:
+    """What one refresh did."""
+
+    path: Path
+    copied: int
+    rebuilt: bool
+    reason: str | None
+    streams_replayed: int
+    last_id: int
+    seconds: float
+    method: str
+
+    @property
+    def rate(self) -> float:
+        """Events copied per second."""
+        return self.copied / self.seconds if self.seconds > 0 else 0.0
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "auditlog" / "readmodel"
+
+
+def default_path(store: EventStore) -> Path:
+    """Where the projection of ``store`` lives (see the module docstring)."""
+    override = os.environ.get("AUDITLOG_READMODEL")
+    if override:
+        return Path(override).expanduser().absolute()
+    location = store.location
+    candidate: Path | None = None
+    if location.directory is not None:
+        candidate = location.directory / PROJECTION_FILE
+    elif location.database is not None:
+        # sqlite:////dir/events.db is the same store as the directory form: share its projection.
+        name = PROJECTION_FILE if location.database.name == EVENTS_FILE else location.database.name + "." + PROJECTION_FILE
+        candidate = location.database.with_name(name)
+    if candidate is not None and os.access(candidate.parent, os.W_OK):
+        return candidate
+    store_id = store.meta().get("store_id") or "unknown"
+    return _cache_dir() / f"{store_id}.duckdb"
+
+
+class ReadModel:
+    """The projection of one event store."""
+
+    def __init__(self, store: EventStore, path: Path | None = None) -> None:
+        self.store = store
+        self.path = path if path is not None else default_path(store)
+        self._store_id: str | None = None
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def lock_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".lock")
+
+    @property
+    def store_id(self) -> str:
+        if self._store_id is None:
+            self._store_id = self.store.meta().get("store_id", "")
+        return self._store_id
+
+    # ------------------------------------------------------------------ locking
+    @contextlib.contextmanager
+    def lock(self, exclusive: bool) -> Iterator[None]:
+        """Hold the projection's lock (shared for reading, exclusive for refreshing)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreError(f"cannot use read model {str(self.path)!r}: {exc.strerror or exc}") from exc
+        try:
+            mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+            deadline = time.monotonic() + LOCK_TIMEOUT_S
+            while True:
+                try:
+                    fcntl.flock(handle, mode | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise StoreError(
+                            f"read model {str(self.path)!r} is busy (another auditlog process is "
+                            f"refreshing or reading it for more than {LOCK_TIMEOUT_S:.0f}s)"
+                        ) from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(handle)
+
+    # ------------------------------------------------------------------ state
+    def _read_meta(self, con: duckdb.DuckDBPyConnection) -> dict[str, str] | None:
+        try:
+            rows = con.execute(f"SELECT key, value FROM {tables.SCHEMA}.meta").fetchall()
+        except duckdb.Error:
+            return None
+        return {str(k): str(v) for k, v in rows}
+
+    def _stale_reason(self, meta: dict[str, str] | None) -> str | None:
+        """Why the projection cannot be continued (None: it can)."""
+        if meta is None:
+            return "no projection yet"
+        if meta.get("format") != tables.FORMAT:
+            return f"projection format {meta.get('format')!r}, current is {tables.FORMAT!r}"
+        if meta.get("store_id") != self.store_id:
+            return "projection was made from another store"
+        last_id = int(meta.get("last_id", "0"))
+        if last_id and arrowcopy.event_hash(self.store, last_id) != meta.get("last_hash"):
+            return "the store no longer holds the last event copied"
+        return None
+
+    def is_fresh(self) -> bool:
+        """Whether the projection exists, is usable and holds every event of the store."""
+        if not self.path.exists():
+            return False
+        with self.lock(exclusive=False):
+            try:
+                con = connect(self.path, read_only=True)
+            except duckdb.Error:
+                return False
+            try:
+                meta = self._read_meta(con)
+                catalogued = _catalog_count(con)
+            finally:
+                con.close()
+        if self._stale_reason(meta) is not None:
+            return False
+        assert meta is not None
+        if int(meta["last_id"]) < arrowcopy.max_event_id(self.store):
+            return False
+        # A refresh interrupted between the events and the catalog copy leaves
+        # the catalog behind; the counts tell (the catalog only grows).
+        return catalogued == arrowcopy.catalog_count(self.store)
+
+    # ------------------------------------------------------------------ refresh
+    def refresh(self, progress: Progress | None = None, *, use_adbc: bool | None = None) -> RefreshReport:
+        """Bring the projection up to date with the store; rebuild it when it cannot be continued."""
+        start = time.perf_counter()
+        with self.lock(exclusive=True):
+            con, rebuilt, reason = self._open_for_refresh()
+            try:
+                return self._refresh(con, rebuilt, reason, start, progress, use_adbc)
+            finally:
+                con.close()
+
+    def _open_for_refresh(self) -> tuple[duckdb.DuckDBPyConnection, bool, str | None]:
+        reason: str | None = None
+        con: duckdb.DuckDBPyConnection | None = None
+        if self.path.exists():
+            try:
+                con = connect(self.path, read_only=False)
+            except duckdb.Error as exc:
+                reason = f"projection unreadable ({one_line(exc)})"
+            else:
+                reason = self._stale_reason(self._read_meta(con))
+                if reason is None:
+                    return con, False, None
+                con.close()
+        else:
+            reason = "no projection yet"
+        self._remove_files()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            con = connect(self.path, read_only=False)
+            for ddl in tables.TABLES:
+                con.execute(ddl)
+            self._write_meta(con, {"format": tables.FORMAT, "store_id": self.store_id, "last_id": "0",
+                                   "last_hash": "", "created_ns": str(time.time_ns())})
+        except duckdb.Error as exc:
+            raise StoreError(f"cannot create read model {str(self.path)!r}: {one_line(exc)}") from exc
+        return con, True, reason
+
+    def _remove_files(self) -> None:
+        """Delete a stale projection, but never a file that is not one of ours."""
+        if self.path.exists() and not _is_projection_file(self.path):
+            raise StoreError(
+                f"{str(self.path)!r} exists and is not an auditlog read model (not a DuckDB file); "
+                "refusing to overwrite it (set AUDITLOG_READMODEL to another path)"
+            )
+        for suffix in ("", ".wal"):
+            target = self.path.with_name(self.path.name + suffix)
+            with contextlib.suppress(FileNotFoundError):
+                target.unlink()
+
+    @staticmethod
+    def _write_meta(con: duckdb.DuckDBPyConnection, values: dict[str, str]) -> None:
+        con.executemany(
+            f"INSERT OR REPLACE INTO {tables.SCHEMA}.meta VALUES (?, ?)", list(values.items())
+        )
+
+    def _refresh(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        rebuilt: bool,
+        reason: str | None,
+        start: float,
+        progress: Progress | None,
+        use_adbc: bool | None,
+    ) -> RefreshReport:
+        meta = self._read_meta(con) or {}
+        last_id = int(meta.get("last_id", "0"))
+        upto = arrowcopy.max_event_id(self.store)
+        lower = arrowcopy.copy_lower_bound(self.store, last_id)
+        total = max(0, upto - last_id)
+        if use_adbc is None:
+            use_adbc = (
+                arrowcopy.adbc_available()
+                and self.store.location.database is not None
+                and self.store.engine.dialect.name == "sqlite"
+            )
+        method = "adbc" if use_adbc else "sqlalchemy"
+        copied = 0
+        streams_replayed = 0
+        if progress is not None:
+            progress(0, total)
+        if upto > lower:
+            pending: list[pa.RecordBatch] = []
+            pending_rows = 0
+            for batch in arrowcopy.event_batches(self.store, lower, upto, use_adbc=use_adbc):
+                offset = 0
+                while offset < batch.num_rows:
+                    piece = batch.slice(offset, CHUNK_ROWS - pending_rows)
+                    offset += piece.num_rows
+                    pending.append(piece)
+                    pending_rows += piece.num_rows
+                    if pending_rows >= CHUNK_ROWS:
+                        added, replayed = self._apply_chunk(con, pending, lower)
+                        copied, streams_replayed = copied + added, streams_replayed + replayed
+                        pending, pending_rows = [], 0
+                        if progress is not None:
+                            progress(copied, total)
+            if pending:
+                added, replayed = self._apply_chunk(con, pending, lower)
+                copied, streams_replayed = copied + added, streams_replayed + replayed
+        self._copy_catalog(con)
+        if progress is not None:
+            progress(total, total)
+        final = self._read_meta(con) or {}
+        return RefreshReport(
+            path=self.path,
+            copied=copied,
+            rebuilt=rebuilt,
+            reason=reason,
+            streams_replayed=streams_replayed,
+            last_id=int(final.get("last_id", "0")),
+            seconds=time.perf_counter() - start,
+            method=method,
+        )
+
+    def _apply_chunk(
+        self, con: duckdb.DuckDBPyConnection, batches: list[pa.RecordBatch], lower: int
+    ) -> tuple[int, int]:
+        """Derive, store and name one chunk of events in one transaction; returns (rows, streams).
+
+        The chunk is handed to DuckDB as the Arrow table ``new_events`` (no
+        staging copy); every derivation scans it.
+        """
+        table = pa.Table.from_batches(batches, schema=arrowcopy.EVENT_SCHEMA)
+        try:
+            con.begin()
+            table = self._drop_known(con, table, lower)
+            if table.num_rows == 0:
+                con.rollback()
+                return 0, 0
+            con.register("new_events", table)
+            try:
+                # Names first: the derivations copy them into every row.
+                touched = con.execute(tables.CONSTRUCTION_TOUCHED).fetchall()
+                if touched:
+                    self._replay_names(con, [(str(r), int(s)) for r, s in touched])
+                for sql in tables.DERIVATIONS:
+                    con.execute(sql)
+            finally:
+                con.unregister("new_events")
+            mark = con.execute(
+                f"SELECT id, hash FROM {tables.SCHEMA}.events ORDER BY id DESC LIMIT 1"
+            ).fetchone()
+            assert mark is not None
+            self._write_meta(
+                con, {"last_id": str(mark[0]), "last_hash": str(mark[1]), "refreshed_ns": str(time.time_ns())}
+            )
+            con.commit()
+        except duckdb.Error as exc:
+            with contextlib.suppress(duckdb.Error):
+                con.rollback()
+            raise StoreError(f"cannot refresh read model {str(self.path)!r}: {one_line(exc)}") from exc
+        return table.num_rows, len(touched)
+
+    def _copy_catalog(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Copy the snapshot catalog rows the projection lacks (by content hash).
+
+        Runs after the events: the recorder commits catalog rows before the
+        events naming them, so every snapshot row copied so far finds its
+        catalog row. Rows are immutable (a hash names one content), so a row
+        once copied never needs re-reading.
+        """
+        known = {str(r[0]) for r in con.execute(f"SELECT sha256 FROM {tables.SCHEMA}.snapshot_catalog").fetchall()}
+        missing = sorted(arrowcopy.catalog_hashes(self.store) - known)
+        if not missing:
+            return
+        try:
+            con.begin()
+            for batch in arrowcopy.catalog_batches(self.store, missing):
+                con.register("new_blobs", pa.Table.from_batches([batch]))
+                try:
+                    con.execute(tables.COPY_CATALOG)
+                finally:
+                    con.unregister("new_blobs")
+            con.commit()
+        except duckdb.Error as exc:
+            with contextlib.suppress(duckdb.Error):
+                con.rollback()
+            raise StoreError(f"cannot refresh read model {str(self.path)!r}: {one_line(exc)}") from exc
+
+    @staticmethod
+    def _drop_known(con: duckdb.DuckDBPyConnection, table: pa.Table, lower: int) -> pa.Table:
+        """Rows of a re-read window (non-SQLite stores) that the projection already has."""
+        known = con.execute(
+            f"SELECT id FROM {tables.SCHEMA}.events WHERE id > ? AND id <= ?",
+            [lower, int(pc.max(table.column("id")).as_py() or 0)],
+        ).fetchall()
+        if not known:
+            return table
+        mask = pc.invert(pc.is_in(table.column("id"), value_set=pa.array([r[0] for r in known], pa.int64())))
+        return table.filter(mask)
+
+    # ------------------------------------------------------------------ names
+    def _replay_names(self, con: duckdb.DuckDBPyConnection, streams: list[tuple[str, int]]) -> None:
+        """Replace the module and tensor rows of ``streams`` by a fresh replay of their construction.
+
+        Construction events come from the projection and from the chunk being
+        applied (``new_events``). Labels that changed are rewritten where rows
+        already carry them (``tables.RELABEL``).
+        """
+        keys = pa.table({"run_id": [r for r, _ in streams], "stream": pa.array([s for _, s in streams], pa.int64())})
+        con.register("touched_streams", keys)
+        kinds = ", ".join(f"'{k}'" for k in CONSTRUCTION_KINDS)
+        columns = "e.run_id, e.stream, e.seq, e.kind, e.module_id, e.tensor_id, e.payload"
+        join = f"JOIN touched_streams t ON t.run_id = e.run_id AND t.stream = e.stream WHERE e.kind IN ({kinds})"
+        cursor = con.execute(
+            f"""SELECT {columns} FROM {tables.SCHEMA}.events e {join}
+                UNION ALL
+                SELECT {columns} FROM new_events e {join}
+                ORDER BY 1, 2, 3"""
+        )
+        states: dict[tuple[str, int], ModelState] = {key: ModelState() for key in streams}
+        attached: dict[tuple[str, int], set[int]] = {key: set() for key in streams}
+        while True:
+            rows = cursor.fetchmany(10_000)
+            if not rows:
+                break
+            for run_id, stream, seq, kind, module_id, tensor_id, payload in rows:
+                event = {"seq": seq, "kind": kind, "module_id": module_id, "tensor_id": tensor_id, "payload": payload}
+                apply(states[(run_id, stream)], event)
+                attached[(run_id, stream)] |= attached_ids([event])
+        schema_ = tables.SCHEMA
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE old_modules AS
+                SELECT x.run_id, x.stream, x.module_id, x.module FROM {schema_}.modules x
+                JOIN touched_streams t ON t.run_id = x.run_id AND t.stream = x.stream"""
+        )
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE old_tensors AS
+                SELECT x.run_id, x.stream, x.tensor_id, x.name, x.module FROM {schema_}.tensors x
+                JOIN touched_streams t ON t.run_id = x.run_id AND t.stream = x.stream"""
+        )
+        for table in ("modules", "tensors"):
+            con.execute(
+                f"""DELETE FROM {schema_}.{table} x USING touched_streams t
+                    WHERE x.run_id = t.run_id AND x.stream = t.stream"""
+            )
+        con.unregister("touched_streams")
+        module_rows: list[dict[str, Any]] = []
+        tensor_rows: list[dict[str, Any]] = []
+        for (run_id, stream), state in states.items():
+            labels = label_state(state, attached[(run_id, stream)])
+            module_rows.extend(_module_rows(run_id, stream, state, labels))
+            tensor_rows.extend(_tensor_rows(run_id, stream, labels))
+        if module_rows:
+            con.register("new_modules", pa.Table.from_pylist(module_rows, schema=MODULE_SCHEMA))
+            con.execute(f"INSERT INTO {schema_}.modules SELECT * FROM new_modules")
+            con.unregister("new_modules")
+        if tensor_rows:
+            con.register("new_tensors", pa.Table.from_pylist(tensor_rows, schema=TENSOR_SCHEMA))
+            con.execute(f"INSERT INTO {schema_}.tensors SELECT * FROM new_tensors")
+            con.unregister("new_tensors")
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE changed_modules AS
+                SELECT n.run_id, n.stream, n.module_id, n.module FROM {schema_}.modules n
+                JOIN old_modules o
+                    ON o.run_id = n.run_id AND o.stream = n.stream AND o.module_id = n.module_id
+                WHERE o.module IS DISTINCT FROM n.module"""
+        )
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE changed_tensors AS
+                SELECT n.run_id, n.stream, n.tensor_id, n.name, n.module FROM {schema_}.tensors n
+                JOIN old_tensors o
+                    ON o.run_id = n.run_id AND o.stream = n.stream AND o.tensor_id = n.tensor_id
+                WHERE o.name IS DISTINCT FROM n.name OR o.module IS DISTINCT FROM n.module"""
+        )
+        counts = con.execute("SELECT (SELECT count(*) FROM changed_modules), (SELECT count(*) FROM changed_tensors)").fetchone()
+        if counts is not None and (counts[0] or counts[1]):
+            for sql in tables.RELABEL:
+                con.execute(sql)
+        for temp in ("old_modules", "old_tensors", "changed_modules", "changed_tensors"):
+            con.execute(f"DROP TABLE {temp}")
+
+
+def _catalog_count(con: duckdb.DuckDBPyConnection) -> int:
+    """Catalog rows in the projection (-1 when the table is not there)."""
+    try:
+        row = con.execute(f"SELECT count(*) FROM {tables.SCHEMA}.snapshot_catalog").fetchone()
+    except duckdb.Error:
+        return -1
+    return int(row[0]) if row is not None else -1
+
+
+MODULE_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("stream", pa.int32()),
+        ("module_id", pa.int64()),
+        ("module", pa.string()),
+        ("path", pa.string()),
+        ("root", pa.string()),
+        ("class", pa.string()),
+        ("parent_id", pa.int64()),
+        ("attr", pa.string()),
+        ("depth", pa.int32()),
+        ("aliases", pa.list_(pa.string())),
+        ("n_children", pa.int32()),
+        ("n_parameters", pa.int32()),
+        ("n_buffers", pa.int32()),
+        ("source_file", pa.string()),
+        ("source_line", pa.int32()),
+        ("source_function", pa.string()),
+    ]
+)
+
+TENSOR_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("stream", pa.int32()),
+        ("tensor_id", pa.int64()),
+        ("role", pa.string()),
+        ("name", pa.string()),
+        ("aliases", pa.list_(pa.string())),
+        ("module_id", pa.int64()),
+        ("module", pa.string()),
+        ("attr", pa.string()),
+        ("shape", pa.list_(pa.int64())),
+        ("numel", pa.int64()),
+        ("dtype", pa.string()),
+        ("device", pa.string()),
+        ("requires_grad", pa.bool_()),
+        ("persistent", pa.bool_()),
+        ("source_file", pa.string()),
+        ("source_line", pa.int32()),
+        ("source_function", pa.string()),
+        ("init_sha256", pa.string()),
+        ("init_norm", pa.float64()),
+        ("init_mean", pa.float64()),
+        ("init_std", pa.float64()),
+        ("init_min", pa.float64()),
+        ("init_max", pa.float64()),
+        ("init_nan", pa.int64()),
+        ("init_inf", pa.int64()),
+    ]
+)
+
+
+def _source_fields(source: dict[str, Any] | None) -> dict[str, Any]:
+    source = source or {}
+    line = source.get("line")
+    return {
+        "source_file": source.get("file"),
+        "source_line": int(line) if isinstance(line, int) else None,
+        "source_function": source.get("function"),
+    }
+
+
+
+def _stat_int(value: Any) -> int | None:
+    number = stat_float(value)
+    return None if number is None or not math.isfinite(number) else int(number)
+
+
+def _module_rows(run_id: str, stream: int, state: ModelState, labels: Labels) -> Iterator[dict[str, Any]]:
+    for module_id, label in labels.modules.items():
+        node = state.modules[module_id]
+        yield {
+            "run_id": run_id,
+            "stream": stream,
+            "module_id": module_id,
+            "module": label.label,
+            "path": label.path,
+            "root": label.root,
+            "class": label.cls,
+            "parent_id": label.parent_id,
+            "attr": label.attr,
+            "depth": label.depth,
+            "aliases": label.aliases,
+            "n_children": sum(1 for c in node.children.values() if c is not None),
+            "n_parameters": sum(1 for t in node.parameters.values() if t is not None),
+            "n_buffers": sum(1 for t in node.buffers.values() if t is not None),
+            **_source_fields(node.source),
+        }
+
+
+def _tensor_rows(run_id: str, stream: int, labels: Labels) -> Iterator[dict[str, Any]]:
+    for tensor_id, label in labels.tensors.items():
+        info = label.info
+        stats = info.initial_stats or {}
+        shape = [int(d) for d in info.shape] if info.shape is not None else None
+        yield {
+            "run_id": run_id,
+            "stream": stream,
+            "tensor_id": tensor_id,
+            "role": label.role,
+            "name": label.label,
+            "aliases": label.aliases,
+            "module_id": label.module_id,
+            "module": labels.module_label(label.module_id),
+            "attr": label.attr,
+            "shape": shape,
+            "numel": math.prod(shape) if shape is not None else None,
+            "dtype": info.dtype,
+            "device": info.device,
+            "requires_grad": info.requires_grad,
+            "persistent": info.persistent,
+            **_source_fields(info.source),
+            "init_sha256": info.initial_sha256,
+            "init_norm": stat_float(stats.get("norm")),
+            "init_mean": stat_float(stats.get("mean")),
+            "init_std": stat_float(stats.get("std")),
+            "init_min": stat_float(stats.get("min")),
+            "init_max": stat_float(stats.get("max")),
+            "init_nan": _stat_int(stats.get("nan")),
+            "init_inf": _stat_int(stats.get("inf")),
+        }
+
+
+def _is_projection_file(path: Path) -> bool:
+    """A DuckDB file (magic at offset 8), an empty file, or a file named like ours."""
+    if not path.is_file():
+        return False
+    if path.name.endswith(".duckdb"):
+        return True
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(12)
+    except OSError:
+        return False
+    return len(head) == 0 or head[8:12] == b"DUCK"

@@ -1,0 +1,248 @@
+"""Read-only SQL over the read model: the session behind ``auditlog query``.
+
+A user's SQL must answer questions and nothing else: it must not change the
+projection, the store, or anything else on the machine, and must not read files
+outside the record. Three independent layers make sure of that, so that a gap in
+one is not a hole:
+
+1. **The statement is checked before it runs.** DuckDB's own parser
+   (``extract_statements``) classifies it; exactly one statement of type SELECT
+   (which covers ``FROM``, ``WITH``, ``VALUES``, ``DESCRIBE``, ``SHOW``,
+   ``SUMMARIZE``) or an ``EXPLAIN [ANALYZE]`` of one is accepted; ``INSERT``,
+   ``UPDATE``, ``DELETE``, ``CREATE``, ``ATTACH``, ``COPY``, ``INSTALL``/``LOAD``,
+   ``SET``, ``PRAGMA``, ``CALL``, ``EXPORT`` ... are refused unexecuted.
+2. **The projection is opened read-only**, so even a statement that slipped
+   through could not write it.
+3. **DuckDB is locked down** after the views are set up:
+   ``allowed_directories`` is the store's ``snapshots/`` directory and nothing
+   else, then ``enable_external_access=false`` (no file, URL or database outside
+   the projection and that directory; ``read_csv('/etc/passwd')`` fails),
+   extension auto-install and auto-load off, then ``lock_configuration=true`` so
+   the statement cannot undo any of it.
+
+The documented views (``auditlog.store.readmodel.views``) are created as temporary views on
+each session, over all runs or over the one run given, so ``--run`` scopes every
+view and every join the same way.
+
+The ``tensor_values`` view reads Parquet files under the store's ``snapshots/``
+directory with DuckDB's bundled parquet reader. DuckDB (2.0) checks
+``allowed_directories`` before refusing a path because external access is off,
+so that one directory stays readable, and only for reading (``COPY`` and every
+other writing statement is refused by layer 1; the projection is read-only).
+Checked: ``read_parquet`` through the view works and ``/etc/passwd`` is still
+refused (tests/test_snapshot_views.py). Nothing weaker (external access left on)
+is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from auditlog.core.errors import AuditlogError, UsageError, one_line
+from auditlog.core.liveness import derive_status
+from auditlog.store.location import StoreLocation
+from auditlog.store.readmodel.cache import Progress, ReadModel, RefreshReport, connect
+from auditlog.store.readmodel.views import (
+    RUNS_LIVE,
+    VIEWS,
+    scoped_catalog,
+    snapshot_values_sql,
+    view_sql,
+)
+
+
+class QueryRefusedError(UsageError):
+    """The SQL is not a single read-only statement. Exit code 2."""
+
+
+class QueryError(AuditlogError):
+    """DuckDB could not run the SQL (syntax, unknown column, refused file access). Exit code 1."""
+
+
+# EXPLAIN's statement type hides what it explains; the explained statement is
+# parsed again on its own. A prefix this regex cannot strip (a comment before
+# EXPLAIN, say) stays EXPLAIN and is refused: failing closed.
+_EXPLAIN_PREFIX = re.compile(r"^\s*explain\s+(analyze\s+)?", re.IGNORECASE)
+_RUN_ID = re.compile(r"^[0-9A-Za-z_-]{1,64}$")
+
+
+def allowed_directories(location: StoreLocation) -> list[str]:
+    """Directories DuckDB may read while external access is off: the store's snapshots.
+
+    The trailing slash matters: DuckDB matches by prefix, and ``/store/snapshots``
+    would also admit ``/store/snapshots-other``.
+    """
+    return [str(location.snapshots).rstrip("/") + "/"]
+
+
+def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> str:
+    """The one read-only statement in ``sql``; raises ``QueryRefusedError`` otherwise."""
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise QueryError(one_line(exc)) from exc
+    if not statements:
+        raise QueryRefusedError("no SQL statement given")
+    if len(statements) > 1:
+        raise QueryRefusedError(f"one statement at a time, got {len(statements)}")
+    statement = statements[0]
+    kind = statement.type
+    if kind == duckdb.StatementType.EXPLAIN:
+        inner = _EXPLAIN_PREFIX.sub("", statement.query, count=1)
+        if inner != statement.query:
+            check_read_only(con, inner)
+            return statement.query
+    if kind != duckdb.StatementType.SELECT:
+        name = str(kind).rsplit(".", 1)[-1]
+        raise QueryRefusedError(
+            f"only read-only queries are allowed (SELECT, WITH, FROM, DESCRIBE, SHOW, EXPLAIN); "
+            f"refused a {name} statement"
+        )
+    return str(statement.query)
+
+
+@dataclass
+class QueryResult:
+    """Column names and DuckDB types of a result, and its rows (streamed)."""
+
+    columns: list[str]
+    types: list[str]
+    rows: Iterator[tuple[Any, ...]]
+
+
+class QuerySession:
+    """A read-only, locked-down DuckDB connection to a fresh projection, with the views."""
+
+    def __init__(self, readmodel: ReadModel, run_id: str | None = None) -> None:
+        if run_id is not None and not _RUN_ID.match(run_id):
+            raise UsageError(f"bad run id {run_id!r}")
+        self.readmodel = readmodel
+        self.run_id = run_id
+        self._resources = contextlib.ExitStack()
+        with self._resources as resources:
+            resources.enter_context(readmodel.lock(exclusive=False))
+            try:
+                self.con = connect(readmodel.path, read_only=True)
+            except duckdb.Error as exc:
+                raise QueryError(f"cannot open read model {str(readmodel.path)!r}: {one_line(exc)}") from exc
+            resources.callback(self.con.close)
+            self._set_up()
+            self._resources = resources.pop_all()
+
+    @classmethod
+    def open(
+        cls,
+        readmodel: ReadModel,
+        run_id: str | None = None,
+        progress: Progress | None = None,
+    ) -> tuple[QuerySession, RefreshReport | None]:
+        """Refresh the projection if the store has new events, then open a session on it."""
+        report = None if readmodel.is_fresh() else readmodel.refresh(progress)
+        return cls(readmodel, run_id), report
+
+    # ------------------------------------------------------------------ setup
+    def _set_up(self) -> None:
+        self._load_liveness()
+        values = self._snapshot_values()
+        for view in VIEWS:
+            self.con.execute(f'CREATE TEMP VIEW "{view.name}" AS {view_sql(view, self.run_id, values)}')
+        directories = allowed_directories(self.readmodel.store.location)
+        if directories:
+            self.con.execute("SET allowed_directories = ?", [directories])
+        self.con.execute("SET enable_external_access = false")
+        self.con.execute("SET lock_configuration = true")
+
+    def _snapshot_values(self) -> str:
+        """The relation ``tensor_values`` reads: the session's native snapshot files, by dtype."""
+        rows = self.con.execute(
+            f"SELECT dtype, file FROM {scoped_catalog(self.run_id)} WHERE layout = 'native' ORDER BY dtype, file"
+        ).fetchall()
+        files: dict[str, list[str]] = {}
+        for dtype, file in rows:
+            files.setdefault(str(dtype), []).append(str(file))
+        return snapshot_values_sql(str(self.readmodel.store.location.snapshots), files)
+
+    def _load_liveness(self) -> None:
+        """The run index with status derived now (it needs the process table, not just SQL)."""
+        ended = dict(
+            self.con.execute(
+                "SELECT run_id, payload ->> 'status' FROM projection.run_ended WHERE stream = 0"
+            ).fetchall()
+        )
+        rows = self.readmodel.store.run_rows()
+        table = pa.table(
+            {
+                "run_id": [r["run_id"] for r in rows],
+                "name": [r.get("name") for r in rows],
+                "started_ns": pa.array([int(r["started_ns"]) for r in rows], pa.int64()),
+                "last_seen_ns": pa.array([int(r["last_seen_ns"]) for r in rows], pa.int64()),
+                "host": [r["host"] for r in rows],
+                "pid": pa.array([int(r["pid"]) for r in rows], pa.int32()),
+                "status": [
+                    derive_status(r, {"status": ended[r["run_id"]]} if r["run_id"] in ended else None)
+                    for r in rows
+                ],
+            },
+            schema=pa.schema(
+                [
+                    ("run_id", pa.string()),
+                    ("name", pa.string()),
+                    ("started_ns", pa.int64()),
+                    ("last_seen_ns", pa.int64()),
+                    ("host", pa.string()),
+                    ("pid", pa.int32()),
+                    ("status", pa.string()),
+                ]
+            ),
+        )
+        self.con.register("runs_live_rows", table)
+        self.con.execute(f"CREATE TEMP TABLE {RUNS_LIVE} AS SELECT * FROM runs_live_rows")
+        self.con.unregister("runs_live_rows")
+
+    # ------------------------------------------------------------------ use
+    def execute(self, sql: str) -> QueryResult:
+        """Run one read-only statement; DuckDB errors become one-line ``QueryError``."""
+        statement = check_read_only(self.con, sql)
+        try:
+            cursor = self.con.execute(statement)
+        except duckdb.PermissionException as exc:
+            raise QueryError(f"{one_line(exc)} (queries read the record's views, no other files)") from exc
+        except duckdb.Error as exc:
+            raise QueryError(one_line(exc)) from exc
+        description = cursor.description or []
+        columns = [str(d[0]) for d in description]
+        types = [str(d[1]) for d in description]
+
+        def rows() -> Iterator[tuple[Any, ...]]:
+            while True:
+                try:
+                    batch = cursor.fetchmany(2048)
+                except duckdb.Error as exc:
+                    raise QueryError(one_line(exc)) from exc
+                if not batch:
+                    return
+                yield from batch
+
+        return QueryResult(columns, types, rows())
+
+    def close(self) -> None:
+        self._resources.close()
+
+    def __enter__(self) -> QuerySession:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
