@@ -4,16 +4,20 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STORE ?= .auditlog
 
-.PHONY: venv install demo test lint typecheck bench clean
+.PHONY: venv install demo test test-fast lint lint-imports typecheck bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
 # torch is installed first and pinned: an unpinned torch can pull a multi-GB CUDA build.
-venv: $(BIN)/python
+# The stamp makes `make test` install only when pyproject.toml changed.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
 
 install: venv
 
@@ -29,8 +33,16 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest -q
 
-lint: venv
+lint: venv lint-imports
 	$(BIN)/ruff check auditlog cli migrations tests examples benchmarks
+
+# Import contracts (pyproject [tool.importlinter]) on a copy laid out as installed:
+# cli/ and migrations/ become auditlog.cli and auditlog.migrations.
+lint-imports: venv
+	@stage=$$(mktemp -d) && mkdir "$$stage/auditlog" && cp -r auditlog/. "$$stage/auditlog/" \
+	  && cp -r cli "$$stage/auditlog/cli" && cp -r migrations "$$stage/auditlog/migrations" \
+	  && cp pyproject.toml "$$stage/" && (cd "$$stage" && PYTHONPATH="$$stage" $(CURDIR)/$(BIN)/lint-imports); \
+	  status=$$?; rm -rf "$$stage"; exit $$status
 
 typecheck: venv
 	$(BIN)/mypy auditlog
