@@ -54,11 +54,8 @@ import argparse
 import cProfile
 import gc
 import io
-import os
 import pstats
 import random
-import shutil
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -70,9 +67,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from torch import nn
-from torch.nn.modules import module as nn_module
-from torch.optim import optimizer as optim_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -83,381 +77,26 @@ from benchlib import (
     foreign_load,
     machine_line,
     preset_note,
-    record_options,
     wait_for_quiet,
 )
+from overhead_configs import (
+    Auditlog,
+    Config,
+    DebugStatisticsFloor,
+    Floor,
+    GradientNormsFloor,
+    WandbLogOnly,
+    WandbRun,
+    configurations,
+    quiet_offline_wandb_environment,
+)
 
-import auditlog
 import auditlog.recording.writer as writer_module
-from auditlog.capture.payloads import norms_of
-from auditlog.core.tensors import activity_stats
 
 R = TypeVar("R")
 T = TypeVar("T")
 
 BLOCK = 100  # steps per timing block: a whole period of every periodic configuration here
-
-
-# ---------------------------------------------------------------------- configurations
-class Config:
-    """One way of training: hooks installed around model construction and the steps."""
-
-    name = "bare"
-    target: float | None = None  # issue #5's target ratio, where it sets one
-    reported = ""  # what issue #5 measured on its machine
-
-    def unavailable(self) -> str | None:
-        """Why this configuration cannot run here (a missing package), or None."""
-        return None
-
-    def begin(self, scratch: Path) -> None:
-        """Before the model is built."""
-
-    def attach(self, model: nn.Module) -> None:
-        """After the model and optimizer are built."""
-
-    def after_step(self, step: int, model: nn.Module) -> None:
-        """After each ``optimizer.step()``."""
-
-    def settle(self) -> None:
-        """After the warm-up steps, before timing: let one-off background work finish."""
-
-    def window_end(self) -> None:
-        """Right after the last timed step (before any teardown)."""
-
-    def end(self) -> dict[str, Any]:
-        """Tear down; return details for the report."""
-        return {}
-
-
-class EmptyForwardHooks(Config):
-    name = "empty forward hooks"
-    reported = "1.05x"
-
-    def begin(self, scratch: Path) -> None:
-        self.handles = [
-            nn_module.register_module_forward_pre_hook(lambda m, a: None),
-            nn_module.register_module_forward_hook(lambda m, a, o: None),
-        ]
-
-    def end(self) -> dict[str, Any]:
-        for handle in self.handles:
-            handle.remove()
-        return {}
-
-
-class EmptyForwardBackwardHooks(EmptyForwardHooks):
-    name = "empty forward + full backward hooks"
-    reported = "1.55x"
-
-    def begin(self, scratch: Path) -> None:
-        super().begin(scratch)
-        self.flag = nn_module._global_is_full_backward_hook
-        self.handles += [
-            nn_module.register_module_full_backward_pre_hook(lambda m, g: None),
-            nn_module.register_module_full_backward_hook(lambda m, gi, go: None),
-        ]
-
-    def end(self) -> dict[str, Any]:
-        super().end()
-        nn_module._global_is_full_backward_hook = self.flag  # torch never resets it
-        return {}
-
-
-class Floor(Config):
-    """A floor configuration: hooks of our own whose time is summed in ``spent``
-    (for the CPU-time attribution table, beside auditlog's hooks)."""
-
-    spent = 0.0
-    handles: list[Any]
-
-    def timed(self, function: Callable[..., None]) -> Callable[..., None]:
-        def wrapper(*args: Any) -> None:
-            began = time.perf_counter()
-            try:
-                function(*args)
-            finally:
-                self.spent += time.perf_counter() - began
-
-        return wrapper
-
-    def end(self) -> dict[str, Any]:
-        for handle in self.handles:
-            handle.remove()
-        return {}
-
-
-class GradientNormsFloor(Floor):
-    """The statistic every preset keeps on every step, computed and read with
-    nothing recorded: one ``torch._foreach_norm`` over the gradients per step
-    (``auditlog.capture.payloads.norms_of``), in an optimizer step hook. No recorder that
-    keeps per-step gradient norms can cost less; ``minimal`` is this plus the
-    event, and ``audit`` adds its sampled work."""
-
-    name = "floor: gradient norms every step, nothing recorded"
-
-    def begin(self, scratch: Path) -> None:
-        def norms(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-            values = norms_of(grads)
-            if values is not None:
-                values.tolist()
-
-        self.handles = [optim_module.register_optimizer_step_pre_hook(self.timed(norms))]
-
-
-class DebugStatisticsFloor(Floor):
-    """``debug``'s numbers computed with nothing recorded: the same statistics of
-    every distinct module output (leaf modules; a container returns its last
-    child's tensor) and of its gradient (a tensor hook), and gradient, parameter
-    and exact update norms every step (a pre-step copy), with the library's own
-    ``activity_stats`` / ``norms_of``. What ``debug`` costs above this is the
-    recorder (identity, events, queue, writer); what this costs is the price of
-    the statistics themselves on this model."""
-
-    name = "floor: debug's statistics, nothing recorded"
-
-    def begin(self, scratch: Path) -> None:
-        self.before: list[torch.Tensor] = []
-
-        def on_output(module: nn.Module, args: Any, output: Any) -> None:
-            if module._modules or not isinstance(output, torch.Tensor):
-                return
-            activity_stats(output)
-            if output.requires_grad:
-                output.register_hook(timed_grad_stats)  # type: ignore[no-untyped-call]
-
-        def grad_stats(grad: torch.Tensor) -> None:
-            activity_stats(grad)
-
-        timed_grad_stats = self.timed(grad_stats)
-
-        def pre_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            live = [p for group in optimizer.param_groups for p in group["params"]]
-            params = [p.detach() for p in live]
-            if len(self.before) != len(params):
-                self.before = [torch.empty_like(p) for p in params]
-            torch._foreach_copy_(self.before, params)
-            norms_of([p.grad for p in live if p.grad is not None]).tolist()  # type: ignore[union-attr]
-
-        def post_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            params = [p.detach() for group in optimizer.param_groups for p in group["params"]]
-            norms_of(params).tolist()  # type: ignore[union-attr]
-            torch._foreach_sub_(self.before, params)
-            norms_of(self.before).tolist()  # type: ignore[union-attr]
-
-        self.handles = [
-            nn_module.register_module_forward_hook(self.timed(on_output)),
-            optim_module.register_optimizer_step_pre_hook(self.timed(pre_step)),
-            optim_module.register_optimizer_step_post_hook(self.timed(post_step)),
-        ]
-
-
-class Auditlog(Config):
-    """``auditlog.record`` with one of the presets."""
-
-    def __init__(self, preset: str, target: float | None, overrides: dict[str, Any] | None = None) -> None:
-        self.preset = preset
-        self.name = f"auditlog {preset}"
-        self.target = target
-        self.overrides = overrides or {}
-
-    def begin(self, scratch: Path) -> None:
-        self.store = scratch / f"store-{self.preset}"
-        self.recording = auditlog.record(self.store, **record_options(self.preset), **self.overrides)
-        self.recording.__enter__()
-        self.steps = 0
-
-    def after_step(self, step: int, model: nn.Module) -> None:
-        self.steps = step + 1
-
-    def settle(self) -> None:
-        # The writer hashes and stores the sealed initial values (and the run_started
-        # event) right after the first forward: a one-off burst, reported apart from
-        # the steady-state step time.
-        began = time.perf_counter()
-        self.recording.flush(None)
-        self.startup = time.perf_counter() - began
-
-    def window_end(self) -> None:
-        writer = self.recording.writer
-        assert writer is not None
-        self.backlog = len(writer.buffer)
-        self.blocked = writer.buffer.blocked_seconds
-
-    def end(self) -> dict[str, Any]:
-        began = time.perf_counter()
-        self.recording.__exit__(None, None, None)
-        closing = time.perf_counter() - began
-        run_id = self.recording.run_id
-        conn = sqlite3.connect(self.store / "events.db")
-        try:
-            kinds = dict(
-                conn.execute(
-                    "select kind, count(*) from events where run_id = ? group by kind", (run_id,)
-                ).fetchall()
-            )
-            size = conn.execute(
-                "select coalesce(sum(length(payload)), 0) from events where run_id = ?", (run_id,)
-            ).fetchone()[0]
-        finally:
-            conn.close()
-        shutil.rmtree(self.store, ignore_errors=True)
-        return {
-            "kinds": kinds,
-            "payload_bytes": int(size),
-            "steps": self.steps,
-            "backlog": self.backlog,
-            "blocked": self.blocked,
-            "closing": closing,
-            "startup": self.startup,
-        }
-
-
-class WandbRun:
-    """One offline wandb run shared by every wandb configuration of a benchmark."""
-
-    run: Any = None
-    directory: Path | None = None
-
-    @classmethod
-    def get(cls) -> Any:
-        if cls.run is None:
-            import wandb
-
-            cls.directory = Path(tempfile.mkdtemp(prefix="auditlog-bench-wandb-"))
-            cls.run = wandb.init(
-                project="auditlog-bench",
-                dir=str(cls.directory),
-                mode="offline",
-                settings=wandb.Settings(
-                    silent=True,
-                    console="off",
-                    x_disable_stats=True,
-                    disable_git=True,
-                    save_code=False,
-                ),
-            )
-        return cls.run
-
-    @classmethod
-    def finish(cls) -> None:
-        if cls.run is not None:
-            cls.run.finish()
-            cls.run = None
-        if cls.directory is not None:
-            shutil.rmtree(cls.directory, ignore_errors=True)
-
-
-def quiet_offline_wandb_environment() -> None:
-    """Make any wandb use in this process offline, silent and local (set before import)."""
-    scratch = tempfile.mkdtemp(prefix="auditlog-bench-wandb-env-")
-    os.environ.update(
-        WANDB_MODE="offline",
-        WANDB_SILENT="true",
-        WANDB_CONSOLE="off",
-        WANDB_DISABLE_GIT="true",
-        WANDB_DISABLE_CODE="true",
-        WANDB_DIR=scratch,
-        WANDB_CONFIG_DIR=scratch,
-        WANDB_CACHE_DIR=scratch,
-        WANDB_DATA_DIR=scratch,
-    )
-
-
-def _importable(module: str) -> bool:
-    try:
-        __import__(module)
-    except ImportError:
-        return False
-    return True
-
-
-class WandbLogOnly(Config):
-    """Control: the per-step ``run.log`` call that the wandb rows make, without watch."""
-
-    name = "wandb.log per step (control)"
-
-    def unavailable(self) -> str | None:
-        return None if _importable("wandb") else "not installed"
-
-    def begin(self, scratch: Path) -> None:
-        self.run = WandbRun.get()
-
-    def after_step(self, step: int, model: nn.Module) -> None:
-        self.run.log({"step": step})
-
-
-class WandbWatch(WandbLogOnly):
-    def __init__(self, log_freq: int, reported: str) -> None:
-        self.log_freq = log_freq
-        self.name = f"wandb.watch(log='all', log_freq={log_freq}) offline"
-        self.reported = reported
-
-    def attach(self, model: nn.Module) -> None:
-        import wandb
-
-        self.model = model
-        wandb.watch(model, log="all", log_freq=self.log_freq)
-
-    def end(self) -> dict[str, Any]:
-        import wandb
-
-        wandb.unwatch(self.model)
-        return {}
-
-
-class TensorBoardHistograms(Config):
-    name = "TensorBoard add_histogram, params+grads every 10 steps"
-    reported = "4.4x"
-    every = 10
-
-    def unavailable(self) -> str | None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter  # noqa: F401
-        except ImportError:
-            return "not installed"
-        return None
-
-    def begin(self, scratch: Path) -> None:
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.directory = scratch / "tensorboard"
-        self.writer = SummaryWriter(str(self.directory))
-
-    def after_step(self, step: int, model: nn.Module) -> None:
-        if step % self.every:
-            return
-        for name, param in model.named_parameters():
-            self.writer.add_histogram(name, param, step)
-            if param.grad is not None:
-                self.writer.add_histogram(f"{name}.grad", param.grad, step)
-
-    def end(self) -> dict[str, Any]:
-        self.writer.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
-        return {}
-
-
-def configurations(peers: bool) -> list[Config]:
-    configs: list[Config] = [
-        Config(),
-        EmptyForwardHooks(),
-        EmptyForwardBackwardHooks(),
-        GradientNormsFloor(),
-        DebugStatisticsFloor(),
-        Auditlog("minimal", None),
-        Auditlog("audit", 1.05),
-        Auditlog("debug", 1.5),
-    ]
-    if peers:
-        configs += [
-            WandbLogOnly(),
-            WandbWatch(10, "1.85x"),
-            WandbWatch(1, "~10x"),
-            TensorBoardHistograms(),
-        ]
-    return configs
 
 
 # ---------------------------------------------------------------------- timing

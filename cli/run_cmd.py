@@ -12,7 +12,7 @@ from auditlog.cli.options import store_option
 
 from auditlog.core.errors import RecordingFailedError
 from auditlog.core.policy import BACKWARD_MECHANISMS, DURABILITY, ON_ERROR, make_policy
-from auditlog.recording.execfile import run_target, script_path
+from auditlog.recording.execfile import exit_status, run_target, script_path
 from auditlog.recording.session import Recording, Terminated
 
 
@@ -125,14 +125,9 @@ def run(
         exit_code = 143
     except SystemExit as exc:
         recording.stop(exc)
-        code = exc.code
-        if code is None:
-            exit_code = 0
-        elif isinstance(code, int):
-            exit_code = code
-        else:
-            print(code, file=sys.stderr)
-            exit_code = 1
+        exit_code = exit_status(exc)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)  # what the interpreter prints for sys.exit("message")
     except KeyboardInterrupt as exc:
         recording.stop(exc)
         traceback.print_exc()
@@ -162,8 +157,7 @@ def _is_ours(filename: str) -> bool:
     ours = tuple(
         os.path.dirname(os.path.abspath(mod.__file__ or "")) + os.sep for mod in (auditlog, auditlog.cli)
     )
-    # runpy is frozen on Python 3.11+ ("<frozen runpy>"), a file before that.
-    return filename.startswith(ours) or filename.endswith(("runpy.py", "runpy>", "click/core.py"))
+    return filename.startswith(ours) or filename in ("<frozen runpy>",) or filename.endswith("click/core.py")
 
 
 def _die_by_sigterm() -> None:

@@ -49,3 +49,12 @@ def run_target(target: str, args: list[str], as_module: bool) -> None:
         sys.argv = [target, *args]
         sys.path.insert(0, str(path if path.is_dir() else path.parent))
         runpy.run_path(str(path), run_name="__main__")
+
+
+def exit_status(exc: SystemExit) -> int:
+    """The process exit status ``sys.exit(code)`` gives, as the interpreter computes it:
+    None is 0, an int is itself, anything else is printed by Python and means 1."""
+    code = exc.code
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1

@@ -39,6 +39,7 @@ from auditlog.core.policy import Policy, make_policy
 from auditlog.integrity.heads import checkpoint_head
 from auditlog.integrity.keys import configured_private_key
 from auditlog.recording.crashes import close_crashed_runs
+from auditlog.recording.execfile import exit_status
 from auditlog.recording.metadata import (
     RunStartedPayload,
     rank_and_world,
@@ -190,8 +191,6 @@ class Recording(contextlib.ContextDecorator):
             recorder.emit("run_ended", payload=ending)
             writer.close()
             writer.sign_final()
-            if writer.dropped:
-                ending["dropped"] = writer.dropped
         finally:
             with contextlib.suppress(Exception):
                 atexit.unregister(self._at_exit)
@@ -298,13 +297,13 @@ def _outcome(exc: BaseException | None) -> dict[str, Any]:
     if isinstance(exc, KeyboardInterrupt):
         return {"status": "interrupted", "exit_code": 130, "exception": None, "signal": "SIGINT"}
     if isinstance(exc, SystemExit):
-        code = exc.code
-        if code is None or code == 0:
+        status = exit_status(exc)
+        if status == 0:
             return {"status": "completed", "exit_code": 0, "exception": None, "signal": None}
         return {
             "status": "failed",
-            "exit_code": code if isinstance(code, int) else 1,
-            "exception": {"type": "SystemExit", "message": str(code), "traceback": None},
+            "exit_code": status,
+            "exception": {"type": "SystemExit", "message": str(exc.code), "traceback": None},
             "signal": None,
         }
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

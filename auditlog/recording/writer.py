@@ -32,6 +32,7 @@ from auditlog.core.chain import (
     row_prefix,
 )
 from auditlog.core.errors import one_line
+from auditlog.core.tensors import dtype_name
 from auditlog.core.values import finite_or_text
 from auditlog.store.blobs import SnapshotStore
 from auditlog.store.eventstore import EventStore
@@ -71,8 +72,10 @@ def materialize(value: Any, writer: Writer | None = None) -> Any:
         return materialize(value.tolist())
     if isinstance(value, float):  # float subclasses (numpy.float64)
         return finite_or_text(float(value))
-    if isinstance(value, (torch.dtype, torch.device)):
-        return str(value).removeprefix("torch.")
+    if isinstance(value, torch.dtype):
+        return dtype_name(value)
+    if isinstance(value, torch.device):
+        return str(value)
     return value
 
 
@@ -106,6 +109,7 @@ class Writer:
         self.sign_every_events = sign_every_events
         self.sign_every_seconds = sign_every_seconds
         self._signed_seq = 0
+        self._sign_warned = False  # a signing fault is reported once
         self._signed_at = time.monotonic()
         self._heartbeat_at = float("-inf")  # the first batch refreshes it
         head = store.chain_head(run_id, stream)
@@ -275,7 +279,7 @@ class Writer:
             self.sign(self.seq, self.head)  # the head of what was just committed
             self._signed_seq, self._signed_at = self.seq, time.monotonic()
         except Exception as exc:  # a signing fault must not stop recording; say it once
-            if not getattr(self, "_sign_warned", False):
+            if not self._sign_warned:
                 self._sign_warned = True
                 print(f"auditlog: cannot sign the chain head: {one_line(exc)}", file=sys.stderr)
 

@@ -6,11 +6,12 @@ decide how, and they are kept here, away from the projection's SQL:
 - **Offline and dialect-neutral.** DuckDB's own ``sqlite`` extension is not an
   option: it is downloaded on first use, and it would not read PostgreSQL. The
   rows are moved as Arrow instead, which DuckDB ingests without a copy.
-- **Fast when it can be.** With ``adbc-driver-sqlite`` installed, a SQLite store
-  is read through ADBC straight into Arrow (about 3x the rows per second of
-  Python's ``sqlite3``, measured in ``benchmarks/query.py``). Without it, or for
-  any other database, SQLAlchemy Core reads batches that are turned into Arrow
-  here: slower, but it works for every store the event store can open.
+- **One path per database.** A SQLite store is always read through ADBC
+  (``adbc-driver-sqlite`` is a dependency) straight into Arrow, about 3x the
+  rows per second of Python's ``sqlite3`` (``benchmarks/query.py``). Every
+  other database is read with SQLAlchemy Core in batches turned into Arrow
+  here: slower, but it works for every store the event store can open
+  (``copy_method`` decides, once).
 - **Only what is new.** Events get an autoincrement ``id`` in commit order on
   SQLite (one writer at a time), so ``id > last_copied`` is exactly the new
   rows. PostgreSQL hands out sequence values at insert time, not at commit, so a
@@ -25,7 +26,6 @@ therefore read as ``coalesce(snapshot, '')`` and turned back into NULL here.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
@@ -73,9 +73,11 @@ EVENT_SCHEMA = pa.schema(
 )
 
 
-def adbc_available() -> bool:
-    """Whether the ADBC SQLite driver is installed (the fast path)."""
-    return importlib.util.find_spec("adbc_driver_sqlite") is not None
+def copy_method(store: EventStore) -> str:
+    """How events of ``store`` reach Arrow: ``"adbc"`` for a SQLite file, ``"sqlalchemy"`` otherwise."""
+    if store.location.database is not None and store.engine.dialect.name == "sqlite":
+        return "adbc"
+    return "sqlalchemy"
 
 
 def copy_lower_bound(store: EventStore, last_id: int) -> int:
@@ -101,21 +103,17 @@ def event_hash(store: EventStore, event_id: int) -> str | None:
     return None if value is None else str(value)
 
 
-def event_batches(
-    store: EventStore, after_id: int, upto_id: int, *, use_adbc: bool | None = None
-) -> Iterator[pa.RecordBatch]:
+def event_batches(store: EventStore, after_id: int, upto_id: int) -> Iterator[pa.RecordBatch]:
     """Events with ``after_id < id <= upto_id`` in id order, as batches of ``EVENT_SCHEMA``.
 
     ``upto_id`` pins the copy to what existed when it started, so events that a
     live recording appends meanwhile wait for the next refresh instead of
     racing with the bookkeeping of the last copied id.
     """
-    if use_adbc is None:
-        use_adbc = adbc_available() and store.location.database is not None and store.engine.dialect.name == "sqlite"
-    if use_adbc:
+    if copy_method(store) == "adbc":
         yield from _adbc_sqlite_batches(store, after_id, upto_id)
     else:
-        yield from _sqlalchemy_batches(store, after_id, upto_id)
+        yield from sqlalchemy_batches(store, after_id, upto_id)
 
 
 def _normalize(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -161,7 +159,8 @@ def _adbc_sqlite_batches(store: EventStore, after_id: int, upto_id: int) -> Iter
         conn.close()
 
 
-def _sqlalchemy_batches(store: EventStore, after_id: int, upto_id: int) -> Iterator[pa.RecordBatch]:
+def sqlalchemy_batches(store: EventStore, after_id: int, upto_id: int) -> Iterator[pa.RecordBatch]:
+    """The dialect-neutral path (every database but SQLite), also tested against SQLite."""
     ev = schema.events
     query = (
         select(*(ev.c[name] for name in EVENT_COLUMNS))
