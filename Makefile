@@ -33,6 +33,10 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest -q
 
+# Development loop: everything but the subprocess-heavy tests (marked slow).
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not slow"
+
 lint: venv lint-imports
 	$(BIN)/ruff check auditlog cli migrations tests examples benchmarks
 

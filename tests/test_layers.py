@@ -32,6 +32,7 @@ def _lint(root: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.skipif(not LINT.exists(), reason="import-linter is a dev dependency")
+@pytest.mark.slow
 def test_import_contracts_are_kept(tmp_path: Path) -> None:
     done = _lint(_stage(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -39,6 +40,7 @@ def test_import_contracts_are_kept(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not LINT.exists(), reason="import-linter is a dev dependency")
+@pytest.mark.slow
 def test_a_layer_violation_is_reported(tmp_path: Path) -> None:
     root = _stage(tmp_path)
     core = root / "auditlog" / "core" / "values.py"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,10 +13,18 @@ import pytest
 from helpers import REPO
 
 
+def _source_copy(destination: Path) -> Path:
+    """The source tree as a fresh clone would have it: building there leaves the work tree clean."""
+    skip = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".auditlog", ".*_cache")
+    shutil.copytree(REPO, destination, ignore=skip)
+    return destination
+
+
 @pytest.mark.slow
 def test_non_editable_install_creates_and_upgrades_a_store(tmp_path: Path) -> None:
     target = tmp_path / "site"
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(REPO)]
+    source = _source_copy(tmp_path / "src")
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(source)]
     if importlib.util.find_spec("setuptools") is not None:
         cmd.insert(4, "--no-build-isolation")
     subprocess.run(cmd, check=True, capture_output=True, cwd=tmp_path, timeout=300)
@@ -23,6 +32,9 @@ def test_non_editable_install_creates_and_upgrades_a_store(tmp_path: Path) -> No
     assert (target / "auditlog" / "migrations" / "versions" / "0001_initial.py").is_file()
     assert (target / "auditlog" / "migrations" / "script.py.mako").is_file()
     assert not (target / "cli").exists() and not (target / "migrations").exists()
+    # every subpackage of the library is installed (pyproject lists them by hand)
+    wanted = {p.parent.relative_to(REPO) for p in (REPO / "auditlog").rglob("__init__.py")}
+    assert all((target / package / "__init__.py").is_file() for package in wanted), wanted
     env = {**os.environ, "PYTHONPATH": str(target)}
     env.pop("AUDITLOG_STORE", None)
     script = target / "bin" / "auditlog"

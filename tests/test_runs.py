@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 import auditlog
@@ -29,6 +30,7 @@ CRASHER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_dead_process_shows_crashed_then_is_closed_by_next_run(store: Path, tmp_path: Path) -> None:
     script = tmp_path / "crasher.py"
     script.write_text(CRASHER)

@@ -1,0 +1,72 @@
+"""Every private torch internal auditlog relies on still exists in the installed torch.
+
+A torch upgrade that drops or renames one fails here, naming the attribute and
+the torch version, instead of silently recording less.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from auditlog.capture import torch_compat
+
+
+@pytest.mark.parametrize("name", sorted(torch_compat.REQUIRED))
+def test_private_torch_attribute_exists(name: str) -> None:
+    try:
+        torch_compat.REQUIRED[name]()
+    except (AttributeError, ValueError, TypeError) as exc:
+        pytest.fail(f"torch {torch.__version__} no longer has {name} ({exc}); update auditlog/capture/torch_compat.py")
+
+
+def test_accessors_read_what_torch_holds() -> None:
+    model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    model[1].register_buffer("scratch", torch.zeros(1), persistent=False)
+    assert list(torch_compat.children_of(model)) == ["0", "1"]
+    assert list(torch_compat.parameters_of(model[0])) == ["weight", "bias"]
+    assert "running_mean" in torch_compat.buffers_of(model[1])
+    assert torch_compat.is_persistent_buffer(model[1], "running_mean")
+    assert not torch_compat.is_persistent_buffer(model[1], "scratch")
+    weight = model[0].weight
+    before = torch_compat.tensor_version(weight)
+    with torch.no_grad():
+        weight.add_(1)
+    assert torch_compat.tensor_version(weight) == before + 1
+    norms = torch_compat.foreach_norm([torch.ones(4), torch.zeros(3)])
+    assert [float(n) for n in norms] == [2.0, 0.0]
+
+
+def test_registering_persistent_reads_register_buffer() -> None:
+    seen: list[bool | None] = []
+
+    def hook(module: nn.Module, name: str, buffer: torch.Tensor | None) -> None:
+        seen.append(torch_compat.registering_persistent())
+
+    handle = nn.modules.module.register_module_buffer_registration_hook(hook)
+    try:
+        module = nn.Module()
+        module.register_buffer("a", torch.zeros(1))
+        module.register_buffer("b", torch.zeros(1), persistent=False)
+    finally:
+        handle.remove()
+    assert seen == [True, False]
+
+
+def test_compiled_wrapper_is_unwrapped() -> None:
+    model = nn.Linear(2, 2)
+    compiled = torch.compile(model)
+    assert torch_compat.is_compiled_wrapper(compiled)
+    assert torch_compat.unwrap_compiled(compiled) is model
+    assert torch_compat.unwrap_compiled(model) is model
+
+
+def test_full_backward_flag_is_restored_exactly() -> None:
+    from torch.nn.modules import module as nn_module
+
+    flag = torch_compat.FullBackwardFlag()
+    found = nn_module._global_is_full_backward_hook
+    flag.save_and_clear()
+    flag.restore()
+    assert nn_module._global_is_full_backward_hook is found
