@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STORE ?= .auditlog
 
-.PHONY: venv install demo test test-fast lint lint-imports typecheck bench clean
+.PHONY: venv install demo test test-fast lint lint-imports typecheck docs bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,12 +22,13 @@ venv: $(VENV)/.installed
 install: venv
 
 demo: venv
-	$(BIN)/auditlog run examples/train_mlp.py --epochs 2
+	$(BIN)/auditlog run --snapshot-every 4 examples/train_mlp.py --epochs 2
 	$(BIN)/auditlog run examples/train_cnn.py --epochs 2
 	$(BIN)/auditlog runs
-	$(BIN)/auditlog events latest --kind module_registered --limit 12
-	$(BIN)/auditlog events latest --kind optimizer_step --limit 3
-	$(BIN)/auditlog query --run latest "select step, call, module, shape, round(norm, 3) as norm, nan, inf from forward_stats order by step, call limit 8"
+	$(BIN)/auditlog events latest~1 --kind module_registered --limit 8
+	$(BIN)/auditlog events latest~1 --kind optimizer_step --step 1:3
+	$(BIN)/auditlog tree latest~1 --step 4
+	$(BIN)/auditlog query --run latest~1 "select step, round(sqrt(sum(grad_norm * grad_norm)), 4) as grad_norm from steps group by step order by step limit 5"
 	$(BIN)/auditlog verify all
 
 test: venv
@@ -50,6 +51,9 @@ lint-imports: venv
 
 typecheck: venv
 	$(BIN)/mypy auditlog
+
+docs: venv
+	$(BIN)/python -m auditlog.cli.reference --write docs
 
 bench: venv
 	$(BIN)/pip install -q -e '.[bench]'

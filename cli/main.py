@@ -75,7 +75,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
     """Record how a PyTorch model is built and trained; query and verify the record.
 
     Runs are selected by id, unique id prefix, name, 'latest' or 'latest~N'.
-    Exit codes: 0 ok, 1 error, 2 usage, 3 store refused, 4 verify failed.
+    Exit codes: 0 ok, 1 error, 2 usage, 3 store refused, 4 verify failed,
+    5 recording failed (--on-error fail), 130 interrupted.
     """
     ctx.meta["auditlog.debug"] = debug
 

@@ -68,11 +68,12 @@ def main(argv: list[str] | None = None) -> nn.Module:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--save", default=None, help="write the final state_dict here (torch.save)")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     model = build_model()
-    train(model, epochs=args.epochs)
+    train(model, epochs=args.epochs, lr=args.lr)
     if args.save:
         torch.save(model.state_dict(), args.save)
     return model
