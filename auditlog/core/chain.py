@@ -111,6 +111,40 @@ def chain_hash(prev_hash: str, row: dict[str, Any], prefix: str | None = None) -
     return digest.hexdigest()
 
 
+def chained_row(
+    prev_hash: str,
+    run_id: str,
+    stream: int,
+    seq: int,
+    ts_ns: int,
+    kind: str,
+    step: int | None,
+    module_id: int | None,
+    tensor_id: int | None,
+    payload: str,
+    prefix: str | None = None,
+) -> dict[str, Any]:
+    """A stored event row (every column but the autoincrement ``id``) with its chain hash.
+
+    The one place rows are built: the writer, and the recording that closes a
+    crashed run's stream, both append through it.
+    """
+    row: dict[str, Any] = {
+        "run_id": run_id,
+        "stream": stream,
+        "seq": seq,
+        "ts_ns": ts_ns,
+        "kind": kind,
+        "step": step,
+        "module_id": module_id,
+        "tensor_id": tensor_id,
+        "snapshot": None,
+        "payload": payload,
+    }
+    row["hash"] = chain_hash(prev_hash, row, prefix)
+    return row
+
+
 def _clean(value: Any) -> Any:
     if isinstance(value, float):
         if math.isnan(value):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import time
 
-from auditlog.core.chain import canonical_payload, chain_hash
+from auditlog.core.chain import canonical_payload, chained_row
 from auditlog.core.liveness import process_alive
 from auditlog.core.values import iso
 from auditlog.store.eventstore import EventStore
@@ -38,29 +38,20 @@ def close_crashed_runs(store: EventStore, detected_by: str) -> list[str]:
                 continue
             seq, prev = head
             last_step = store.max_step(row["run_id"], stream)
-            event = {
-                "run_id": row["run_id"],
-                "stream": stream,
-                "seq": seq + 1,
-                "ts_ns": time.time_ns(),
-                "kind": "run_ended",
-                "step": last_step,
-                "module_id": None,
-                "tensor_id": None,
-                "snapshot": None,
-                "payload": canonical_payload(
-                    {
-                        "status": "crashed",
-                        "exit_code": None,
-                        "exception": None,
-                        "signal": None,
-                        "steps": last_step or 0,
-                        "detected_by": detected_by,
-                        "last_seen": iso(int(row["last_seen_ns"])),
-                    }
-                ),
-            }
-            event["hash"] = chain_hash(prev, event)
+            payload = canonical_payload(
+                {
+                    "status": "crashed",
+                    "exit_code": None,
+                    "exception": None,
+                    "signal": None,
+                    "steps": last_step or 0,
+                    "detected_by": detected_by,
+                    "last_seen": iso(int(row["last_seen_ns"])),
+                }
+            )
+            event = chained_row(
+                prev, row["run_id"], stream, seq + 1, time.time_ns(), "run_ended", last_step, None, None, payload
+            )
             try:
                 store.append([event], row["run_id"], heartbeat=False)
             except Exception:

@@ -26,7 +26,7 @@ from auditlog.core.chain import (
     Clean,
     CleanList,
     canonical_payload,
-    chain_hash,
+    chained_row,
     encode_clean,
     genesis_hash,
     row_prefix,
@@ -210,19 +210,11 @@ class Writer:
                 {"where": f"writer ({record[0]})", "type": type(exc).__name__, "message": str(exc)[:2000]}
             )
         self.seq += 1
-        row = {
-            "run_id": self.run_id,
-            "stream": self.stream,
-            "seq": self.seq,
-            "ts_ns": ts_ns,
-            "kind": kind,
-            "step": step,
-            "module_id": module_id,
-            "tensor_id": tensor_id,
-            "snapshot": None,
-            "payload": text,
-        }
-        self.head = row["hash"] = chain_hash(self.head, row, self._row_prefix)
+        row = chained_row(
+            self.head, self.run_id, self.stream, self.seq, ts_ns, kind, step, module_id, tensor_id, text,
+            self._row_prefix,
+        )
+        self.head = row["hash"]
         return row
 
     def _write(self, rows: list[dict[str, Any]]) -> None:
