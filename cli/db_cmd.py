@@ -5,10 +5,6 @@ from __future__ import annotations
 import click
 from auditlog.cli.options import store_option
 
-from auditlog.read.api import open_store
-from auditlog.store.eventstore import upgrade_store
-from auditlog.store.schema import HEAD_REVISION
-
 
 @click.group()
 def db() -> None:
@@ -19,6 +15,9 @@ def db() -> None:
 @store_option
 def current(store: str | None) -> None:
     """Print the store's schema revision and whether it is current."""
+    from auditlog.read.api import open_store
+    from auditlog.store.schema import HEAD_REVISION
+
     with open_store(store, allow_old=True) as opened:
         revision, shown = opened.revision, opened.location.display()
     state = "current" if revision == HEAD_REVISION else f"old: run `auditlog db upgrade` (head {HEAD_REVISION})"
@@ -29,6 +28,8 @@ def current(store: str | None) -> None:
 @store_option
 def upgrade(store: str | None) -> None:
     """Create the store if none exists, or upgrade it to the current schema."""
+    from auditlog.store.eventstore import upgrade_store
+
     before, after = upgrade_store(store)
     if before is None:
         click.echo(f"created store at revision {after}")

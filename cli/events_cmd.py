@@ -13,7 +13,6 @@ from auditlog.cli.output import emit_rows
 from auditlog.core.errors import UsageError
 from auditlog.core.kinds import KINDS
 from auditlog.core.values import iso
-from auditlog.read.api import open_store
 
 COLUMNS = ("seq", "step", "kind", "module", "tensor", "summary")
 _RANGE = re.compile(r"^\s*(\d*)\s*(?::\s*(\d*)\s*)?$")
@@ -109,6 +108,8 @@ def events(
     limit: int | None,
 ) -> None:
     """Show the events of RUN (default: latest)."""
+    from auditlog.read.api import open_store
+
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         raise UsageError(f"unknown event kind {unknown[0]!r}; known kinds: {', '.join(KINDS)}")

@@ -13,8 +13,6 @@ import click
 from auditlog.cli.options import run_argument, store_option
 
 from auditlog.core.errors import AuditlogError, IntegrityError
-from auditlog.integrity.keys import fingerprint, load_private_key
-from auditlog.read.api import open_store
 
 KEY_HELP = "Private key [default: $AUDITLOG_KEY or ~/.config/auditlog/signing_key]."
 
@@ -29,6 +27,9 @@ def checkpoint(store: str | None, key_path: str | None, run: str) -> None:
     Streams whose head this key has already signed are left alone. A run whose
     record does not verify is not signed (exit 4).
     """
+    from auditlog.integrity.keys import fingerprint, load_private_key
+    from auditlog.read.api import open_store
+
     key = load_private_key(Path(key_path) if key_path else None)
     mine = fingerprint(key)[:16]
     refused: list[IntegrityError] = []
@@ -70,6 +71,9 @@ def export_head(store: str | None, key_path: str | None, output: str | None, run
     hashes, which the chain alone cannot. A run whose record does not verify is
     not signed (exit 4).
     """
+    from auditlog.integrity.keys import load_private_key
+    from auditlog.read.api import open_store
+
     key = load_private_key(Path(key_path) if key_path else None)
     with open_store(store) as opened:
         opened.check_file()

@@ -6,8 +6,6 @@ from pathlib import Path
 
 import click
 
-from auditlog.integrity.keys import KEY_ENV, default_private_key_path, generate_key_pair
-
 
 @click.command()
 @click.option(
@@ -26,6 +24,8 @@ def keygen(output: str | None) -> None:
     it can sign a rewritten record. The public key, at the same path plus
     .pub, is what `auditlog verify --key` needs.
     """
+    from auditlog.integrity.keys import KEY_ENV, default_private_key_path, generate_key_pair
+
     path = Path(output) if output else None
     pair = generate_key_pair(path)
     click.echo(f"private key: {pair.private_path} (mode 0600; keep it secret and backed up)")

@@ -1,7 +1,9 @@
 """Render rows as a rich table (terminals), JSON or CSV (machines).
 
-JSON output is a list of objects whose keys are documented in the README; CSV has
-the same columns as the table with nested values JSON-encoded.
+JSON output is a list of objects whose keys are documented in docs/cli.md; CSV
+has the same columns as the table with nested values JSON-encoded. Every value
+is shown literally: a run name or module name such as ``[red]x`` is data, never
+Rich markup. Rich is imported only when a table is drawn (the CLI starts fast).
 """
 
 from __future__ import annotations
@@ -10,10 +12,10 @@ import csv
 import json
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def emit_rows(
@@ -39,11 +41,14 @@ def emit_rows(
             writer.writerow([_cell(row.get(c)) for c in columns])
             count += 1
         return count
-    table = Table(title=title, show_lines=False, header_style="bold")
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=None if title is None else Text(title), show_lines=False, header_style="bold")
     for column in columns:
-        table.add_column(column, overflow="fold")
+        table.add_column(Text(column), overflow="fold")
     for row in rows:
-        table.add_row(*(_cell(row.get(c)) for c in columns))
+        table.add_row(*(Text(_cell(row.get(c))) for c in columns))
         count += 1
     console().print(table)
     return count
@@ -64,6 +69,8 @@ def _cell(value: Any) -> str:
 
 def console() -> Console:
     """A console that colours on a terminal and stays plain in pipes."""
+    from rich.console import Console
+
     return Console(file=sys.stdout, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
 
 

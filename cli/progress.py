@@ -12,16 +12,6 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskProgressColumn,
-    TextColumn,
-    TimeRemainingColumn,
-)
-
 ProgressFn = Callable[[int, int], None]
 
 
@@ -31,6 +21,16 @@ def progress_bar(description: str, unit: str = "events") -> Iterator[ProgressFn 
     if not sys.stderr.isatty():
         yield None
         return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),

@@ -15,8 +15,6 @@ from auditlog.cli.output import emit_rows
 from auditlog.cli.progress import progress_bar
 
 from auditlog.core.errors import UsageError
-from auditlog.read.api import open_store
-from auditlog.store.readmodel.views import VIEWS, VIEWS_BY_NAME
 
 
 @click.command()
@@ -39,6 +37,8 @@ def query(store: str | None, fmt: str, run: str | None, sql: str) -> None:
     auditlog query "select kind, count(*) from events group by 1"
     auditlog query --run latest "select module, max(grad_norm) from backward_stats group by 1"
     """
+    from auditlog.read.api import open_store
+
     if sql == "-":
         sql = sys.stdin.read()
     with open_store(store) as opened:
@@ -62,6 +62,8 @@ def query(store: str | None, fmt: str, run: str | None, sql: str) -> None:
 @click.argument("view", required=False, metavar="[VIEW]")
 def schema(fmt: str, view: str | None) -> None:
     """The views `auditlog query` answers from: their columns, types and meaning."""
+    from auditlog.store.readmodel.views import VIEWS, VIEWS_BY_NAME
+
     if view is not None and view not in VIEWS_BY_NAME:
         raise UsageError(f"unknown view {view!r}; views: {', '.join(VIEWS_BY_NAME)}")
     chosen = [VIEWS_BY_NAME[view]] if view is not None else list(VIEWS)

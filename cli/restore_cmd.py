@@ -7,12 +7,10 @@ import tempfile
 from pathlib import Path
 
 import click
-import torch
 from auditlog.cli.options import run_argument, store_option
 from auditlog.cli.tree_cmd import step_options
 
 from auditlog.core.errors import AuditlogError
-from auditlog.read.api import open_store
 
 FORMATS = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch"}
 
@@ -38,6 +36,10 @@ def restore(
     force: bool,
 ) -> None:
     """Rebuild RUN's state_dict at --step N (or --seq N, default: the end) into a file."""
+    import torch
+
+    from auditlog.read.api import open_store
+
     kind = fmt or FORMATS.get(output.suffix.lower())
     if kind is None:
         raise AuditlogError(f"cannot tell the format of {str(output)!r}: use .safetensors or .pt, or --format")

@@ -11,9 +11,7 @@ import click
 from auditlog.cli.options import store_option
 
 from auditlog.core.errors import RecordingFailedError
-from auditlog.core.policy import BACKWARD_MECHANISMS, DURABILITY, ON_ERROR, make_policy
-from auditlog.recording.execfile import exit_status, run_target, script_path
-from auditlog.recording.session import Recording, Terminated
+from auditlog.core.policy import BACKWARD_MECHANISMS, DURABILITY, ON_ERROR
 
 
 @click.command(
@@ -92,6 +90,10 @@ def run(
     The script's exit code is auditlog's exit code; its traceback is printed as
     Python would print it.
     """
+    from auditlog.core.policy import make_policy
+    from auditlog.recording.execfile import exit_status, run_target, script_path
+    from auditlog.recording.session import Recording, Terminated
+
     chosen = make_policy(
         policy,
         backward=backward,

@@ -9,7 +9,6 @@ from auditlog.cli.options import format_option, store_option
 from auditlog.cli.output import emit_rows, fmt_duration
 
 from auditlog.core.values import iso
-from auditlog.read.api import open_store
 
 COLUMNS = ("run", "name", "started", "duration", "status", "script", "commit", "steps", "events")
 
@@ -20,6 +19,8 @@ COLUMNS = ("run", "name", "started", "duration", "status", "script", "commit", "
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Show only the newest N runs.")
 def runs(store: str | None, fmt: str, limit: int | None) -> None:
     """List recorded runs: id, start, duration, status, script, git commit, steps, events."""
+    from auditlog.read.api import open_store
+
     with open_store(store) as opened:
         infos = opened.runs()
     if limit is not None:

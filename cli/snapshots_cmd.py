@@ -9,8 +9,6 @@ import click
 from auditlog.cli.options import format_option, run_argument, store_option
 from auditlog.cli.output import emit_rows
 
-from auditlog.read.api import open_store
-
 COLUMNS = ("seq", "step", "trigger", "tag", "module", "tensors", "logical_bytes", "new_bytes")
 
 
@@ -29,6 +27,8 @@ def _human(n: int) -> str:
 @run_argument
 def snapshots(store: str | None, fmt: str, run: str) -> None:
     """List RUN's snapshots: when, what triggered them, bytes stored and deduplication."""
+    from auditlog.read.api import open_store
+
     with open_store(store) as opened:
         view = opened.run(run)
         rows, stored_total = view.snapshots()

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from auditlog.cli.options import format_option, run_argument, store_option
 from auditlog.cli.output import console, emit_json
-from rich.tree import Tree
 
 from auditlog.core.errors import AuditlogError, UsageError
-from auditlog.core.replay import ModelState
-from auditlog.read.api import open_store
+
+if TYPE_CHECKING:
+    from rich.tree import Tree
+
+    from auditlog.core.replay import ModelState
 
 
 def step_options(func: Any) -> Any:
@@ -73,6 +75,8 @@ def tree_json(state: ModelState, module_id: int, name: str) -> dict[str, Any]:
 
 
 def _render(data: dict[str, Any], tree: Tree) -> None:
+    from rich.markup import escape  # names are data: "[bold]" in a module name stays text
+
     for kind in ("parameters", "buffers"):
         for t in data[kind]:
             flags = []
@@ -82,11 +86,11 @@ def _render(data: dict[str, Any], tree: Tree) -> None:
                 flags.append("frozen")
             sha = f" [dim]{t['sha256'][:10]}@{t['snapshot_step']}[/dim]" if t["sha256"] else ""
             extra = f" ({', '.join(flags)})" if flags else ""
-            tree.add(f"[cyan]{t['name']}[/cyan] {t['shape']} {t['dtype']}{extra}{sha}")
+            tree.add(f"[cyan]{escape(t['name'])}[/cyan] {t['shape']} {escape(str(t['dtype']))}{extra}{sha}")
     for child in data["children"]:
-        cls = (child["class"] or "?").rsplit(".", 1)[-1]
-        where = f" [dim]{child['source']}[/dim]" if child["source"] else ""
-        _render(child, tree.add(f"[bold]{child['name']}[/bold] ({cls}){where}"))
+        cls = escape((child["class"] or "?").rsplit(".", 1)[-1])
+        where = f" [dim]{escape(child['source'])}[/dim]" if child["source"] else ""
+        _render(child, tree.add(f"[bold]{escape(child['name'])}[/bold] ({cls}){where}"))
 
 
 @click.command()
@@ -100,6 +104,11 @@ def _render(data: dict[str, Any], tree: Tree) -> None:
 )
 def tree(store: str | None, fmt: str, run: str, step: int | None, seq: int | None, root: str | None) -> None:
     """Show RUN's module tree: names, classes, shapes, dtypes, where each was built."""
+    from rich.markup import escape
+    from rich.tree import Tree
+
+    from auditlog.read.api import open_store
+
     with open_store(store) as opened:
         view = opened.run(run)
         state = view.state_at(step=step, seq=seq)
@@ -122,8 +131,8 @@ def tree(store: str | None, fmt: str, run: str, step: int | None, seq: int | Non
         raise click.UsageError("tree has no csv format; use --format json")
     out = console()
     for item in data:
-        cls = item["class"] or "?"
-        where = f" [dim]{item['source']}[/dim]" if item["source"] else ""
+        cls = escape(item["class"] or "?")
+        where = f" [dim]{escape(item['source'])}[/dim]" if item["source"] else ""
         top = Tree(f"[bold]{cls.rsplit('.', 1)[-1]}[/bold] [dim]{cls}[/dim]{where}")
         _render(item, top)
         out.print(top)

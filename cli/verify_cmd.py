@@ -6,17 +6,16 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from auditlog.cli.options import format_option, store_option
 from auditlog.cli.output import emit_rows
-from rich.progress import Progress
 
 from auditlog.core.errors import IntegrityError
-from auditlog.integrity.keys import trusted_public_keys
-from auditlog.integrity.signing import HeadStatement, KeyRing, StatementError
-from auditlog.integrity.verify import SourcedStatement
-from auditlog.read.api import open_store
+
+if TYPE_CHECKING:
+    from auditlog.integrity.verify import SourcedStatement
 
 
 @click.command()
@@ -51,6 +50,10 @@ def verify(
 
     Exit 0 when intact; exit 4 naming the first problem otherwise.
     """
+    from auditlog.integrity.keys import trusted_public_keys
+    from auditlog.integrity.signing import KeyRing
+    from auditlog.read.api import open_store
+
     # Given keys must load now; the default key is read only if a signature needs it.
     keys = KeyRing(trusted_public_keys(tuple(Path(p) for p in key_paths))) if key_paths else None
     statements = [_read_statement(source) for source in against]
@@ -94,6 +97,8 @@ def verify(
 
 def _read_statement(source: str) -> SourcedStatement:
     """Read and parse one ``--against`` file; a bad file is one error line naming it."""
+    from auditlog.integrity.signing import HeadStatement, StatementError
+
     try:
         if source == "-":
             text = sys.stdin.read()
@@ -116,6 +121,8 @@ def _read_statement(source: str) -> SourcedStatement:
 @contextlib.contextmanager
 def _progress() -> Iterator[Callable[[str], Callable[[int], None]] | None]:
     """A per-run progress bar on a terminal; nothing in pipes."""
+    from rich.progress import Progress
+
     if not sys.stderr.isatty():
         yield None
         return

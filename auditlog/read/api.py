@@ -11,14 +11,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from auditlog.core.errors import UsageError
-from auditlog.integrity.signing import KeyRing
-from auditlog.integrity.verify import SourcedStatement, VerifyReport
 from auditlog.read.run import Run
 from auditlog.read.runs import RunInfo, list_runs, select_run
 from auditlog.store.eventstore import EventStore
 from auditlog.store.location import StoreLocation
 
 if TYPE_CHECKING:
+    from auditlog.integrity.signing import KeyRing
+    from auditlog.integrity.verify import SourcedStatement, VerifyReport
     from auditlog.read.diff import RunDiff
     from auditlog.read.diff_values import ValuesDiff
     from auditlog.store.readmodel.session import QuerySession

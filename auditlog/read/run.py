@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from auditlog.core.errors import AuditlogError, CorruptRecordError, UsageError
 from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, replay
-from auditlog.integrity.signing import HeadStatement, KeyRing
-from auditlog.integrity.verify import SourcedStatement, VerifyReport, verify_run
 from auditlog.read.runs import RunInfo, list_runs
 from auditlog.store.eventstore import EventStore
 from auditlog.store.rows import decode_event
@@ -25,6 +23,8 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from auditlog.integrity.heads import SignedHead
+    from auditlog.integrity.signing import HeadStatement, KeyRing
+    from auditlog.integrity.verify import SourcedStatement, VerifyReport
 
 
 class Run:
@@ -250,6 +250,8 @@ class Run:
         read only when there is a signature to check). The report's ``ok`` is
         False when anything was altered or could not be verified.
         """
+        from auditlog.integrity.verify import verify_run
+
         return verify_run(self.store, self.run_id, progress, keys=keys, statements=statements)
 
     def checkpoint(self, key: Ed25519PrivateKey) -> list[SignedHead]:

@@ -23,7 +23,6 @@ from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from auditlog.core.errors import StoreError, StoreMissingError, StoreUnavailableError, one_line
 from auditlog.store import schema
 from auditlog.store.location import StoreLocation, resolve_store
-from auditlog.store.migrate import create_store, migrate_to_head
 from auditlog.store.opening import check_revision, existing_revision, make_engine
 from auditlog.store.queries import EventQueries
 
@@ -61,6 +60,8 @@ class EventStore(EventQueries):
         shown = location.display()
         revision = existing_revision(location, shown, create)
         if revision is None:
+            from auditlog.store.migrate import create_store  # Alembic: only to create
+
             create_store(location)
             revision = schema.HEAD_REVISION
         check_revision(revision, shown, allow_old=allow_old)
@@ -176,5 +177,7 @@ def upgrade_store(store: str | StoreLocation | None) -> tuple[str | None, str]:
     before = existing.revision
     existing.close()
     if before != schema.HEAD_REVISION:
+        from auditlog.store.migrate import migrate_to_head
+
         migrate_to_head(existing.location)
     return before, schema.HEAD_REVISION
