@@ -1,0 +1,64 @@
+"""Read commands start without importing what they do not need (torch above all).
+
+Not a timing test: each command runs in a fresh interpreter, and the test
+checks which heavy modules ended up in ``sys.modules``. ``benchmarks/startup.py``
+measures the seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import record_run
+
+PROBE = """
+import json, sys
+from auditlog.cli.main import main
+sys.argv = ["auditlog", *json.loads(sys.argv[1])]
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+else:
+    code = 0
+heavy = ("torch", "duckdb", "pyarrow", "alembic", "numpy", "rich.table")
+print(json.dumps({"code": code, "loaded": [m for m in heavy if m in sys.modules]}), file=sys.stderr)
+"""
+
+
+def loaded(args: list[str], cwd: Path) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(args)], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+    report = json.loads(done.stderr.strip().splitlines()[-1])
+    assert report["code"] == 0, done.stderr
+    return list(report["loaded"])
+
+
+@pytest.mark.slow
+def test_help_and_version_import_nothing_heavy(tmp_path: Path) -> None:
+    assert loaded(["--help"], tmp_path) == []
+    assert loaded(["--version"], tmp_path) == []
+    assert loaded(["runs", "--help"], tmp_path) == []
+
+
+@pytest.mark.slow
+def test_read_commands_do_not_import_torch_or_duckdb(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    record_run(store, steps=3, snapshot_initial=False, snapshot_final=False)
+    for args in (["runs"], ["events", "--limit", "5"], ["verify"], ["tree"], ["snapshots"]):
+        heavy = loaded([*args, "--store", str(store), "--format", "json"] if args[0] != "verify" else
+                       [*args, "--store", str(store)], tmp_path)
+        assert "torch" not in heavy and "duckdb" not in heavy and "pyarrow" not in heavy, (args, heavy)
+
+
+@pytest.mark.slow
+def test_query_imports_duckdb_but_not_torch(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    record_run(store, steps=2, snapshot_initial=False, snapshot_final=False)
+    heavy = loaded(["query", "--store", str(store), "--format", "json", "select 1 as one"], tmp_path)
+    assert "duckdb" in heavy and "torch" not in heavy
