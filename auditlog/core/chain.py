@@ -105,9 +105,14 @@ def canonical_row_reference(row: dict[str, Any]) -> bytes:
 def chain_hash(prev_hash: str, row: dict[str, Any], prefix: str | None = None) -> str:
     """Hash of one event given the hash of the event before it in its stream
     (``prefix``: ``row_prefix`` of the row's stream, when the caller has it)."""
+    return link_hash(prev_hash, canonical_row(row, prefix))
+
+
+def link_hash(prev_hash: str, row_bytes: bytes) -> str:
+    """``chain_hash`` from the canonical row already encoded (the Merkle leaf uses the same bytes)."""
     digest = hashlib.sha256(prev_hash.encode())
     digest.update(b"\n")
-    digest.update(canonical_row(row, prefix))
+    digest.update(row_bytes)
     return digest.hexdigest()
 
 

@@ -68,6 +68,22 @@ class EventQueries:
             rows = conn.execute(select(schema.runs).order_by(schema.runs.c.started_ns)).mappings()
             return [dict(r) for r in rows]
 
+    def run_row(self, run_id: str) -> dict[str, Any] | None:
+        """One run's row of the runs index (liveness and its copy of chained facts), or None."""
+        runs = schema.runs
+        with self.guard("reading the runs index"), self.engine.connect() as conn:
+            row = conn.execute(select(runs).where(runs.c.run_id == run_id)).mappings().first()
+        return None if row is None else dict(row)
+
+    def run_started_event(self, run_id: str) -> dict[str, Any] | None:
+        """The run's first ``run_started`` event (lowest stream), exactly as stored."""
+        with self.guard("reading run_started"), self.engine.connect() as conn:
+            row = conn.execute(
+                select(_ev).where(_ev.c.run_id == run_id, _ev.c.kind == "run_started")
+                .order_by(_ev.c.stream, _ev.c.seq).limit(1)
+            ).mappings().first()
+        return None if row is None else dict(row)
+
     def has_run_row(self, run_id: str) -> bool:
         """Does the runs index have this run's row? (The library never deletes one.)"""
         runs = schema.runs
@@ -87,6 +103,12 @@ class EventQueries:
                 select(_ev.c.run_id, func.count(), func.max(_ev.c.step)).group_by(_ev.c.run_id)
             )
             return {r[0]: (int(r[1]), _int_or_none(r[2])) for r in rows}
+
+    def run_first_times(self) -> dict[str, int]:
+        """``run_id -> earliest ts_ns`` of its events (runs whose run_started is gone still sort)."""
+        with self.guard("reading runs"), self.engine.connect() as conn:
+            rows = conn.execute(select(_ev.c.run_id, func.min(_ev.c.ts_ns)).group_by(_ev.c.run_id))
+            return {r[0]: int(r[1]) for r in rows if isinstance(r[0], str) and isinstance(r[1], int)}
 
     def events_of_kind(self, kind: str) -> list[dict[str, Any]]:
         """Every event of one kind across runs (run_started/run_ended summaries)."""
