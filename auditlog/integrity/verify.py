@@ -39,7 +39,7 @@ from auditlog.integrity.signed import (
     verify_coverage,
     verify_statement,
 )
-from auditlog.integrity.signing import Checkpoint, KeyRing
+from auditlog.integrity.signing import KeyRing
 from auditlog.integrity.snapshots import verify_snapshots
 from auditlog.store.eventstore import EventStore
 from auditlog.store.rows import payload_object
@@ -331,7 +331,6 @@ def _verify_snapshot_files(store: EventStore, run_id: str, report: VerifyReport)
                 problem.seq,
                 problem.event_id,
                 "snapshot",
-                f"snapshot of {problem.tensor} "
-                f"({'file snapshots/' + problem.file if problem.file else 'no catalog entry'}): {problem.what}",
+                f"snapshot of {problem.tensor} (file snapshots/{problem.file}): {problem.what}",
             )
         )
