@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, select, tuple_
 
 from auditlog.core.errors import StoreError
 from auditlog.store import schema
@@ -147,6 +147,21 @@ class EventQueries:
                 .limit(1)
             ).first()
         return None if row is None else (int(row[0]), str(row[1]))
+
+    def stream_head_hashes(self, heads: Sequence[tuple[str, int, int]]) -> dict[tuple[str, int, int], str]:
+        """``(run_id, stream, seq) -> stored hash`` for each event named (absent when gone)."""
+        out: dict[tuple[str, int, int], str] = {}
+        wanted = list(heads)
+        with self.guard("reading chain heads"), self.engine.connect() as conn:
+            for start in range(0, len(wanted), 300):
+                part = wanted[start : start + 300]
+                rows = conn.execute(
+                    select(_ev.c.run_id, _ev.c.stream, _ev.c.seq, _ev.c.hash).where(
+                        tuple_(_ev.c.run_id, _ev.c.stream, _ev.c.seq).in_(part)
+                    )
+                )
+                out.update({(str(r[0]), int(r[1]), int(r[2])): str(r[3]) for r in rows})
+        return out
 
     def last_seq(self, run_id: str, stream: int) -> int | None:
         """The highest seq stored in a stream (None when empty or garbled)."""

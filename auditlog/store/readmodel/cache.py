@@ -9,11 +9,14 @@ the record; the projection is a disposable cache shaped for questions:
   or when the store's directory is not writable (an archived record), in
   ``$XDG_CACHE_HOME/auditlog/readmodel/<store id>.duckdb``. ``AUDITLOG_READMODEL``
   overrides all of these. It is never part of the integrity record: ``verify``
-  does not read it and nothing in it is trusted.
+  does not read it, and it is not evidence (``verify`` is).
 - **When it is rebuilt.** When it is missing, unreadable or corrupt, of another
-  ``tables.FORMAT``, made from another store (store id), or when the store
+  ``tables.FORMAT``, made from another store (store id), when its seal does not
+  hold (``trust``: the file was edited outside auditlog, or the store no longer
+  holds a chain head it was built from: rewritten or cut off), when the store
   no longer holds the last event it copied with the hash it copied (the store
-  was replaced or rewound). Rebuilding is just a refresh from id 0.
+  was replaced or rewound), or when asked (``query --rebuild``). Rebuilding is
+  just a refresh from id 0.
 - **How it is refreshed.** Events are append-only with a monotonic ``id``, so a
   refresh copies ``id > last copied`` (see ``auditlog.store.readmodel.arrowcopy``) in chunks;
   each chunk is one DuckDB transaction that stages the new rows, derives the
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -43,12 +45,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from auditlog.core.errors import StoreError, one_line
-from auditlog.core.naming import Labels, attached_ids, label_state
+from auditlog.core.naming import attached_ids, label_state
 from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, apply
-from auditlog.core.values import stat_float
 from auditlog.store.eventstore import EventStore
 from auditlog.store.location import EVENTS_FILE
-from auditlog.store.readmodel import arrowcopy, tables
+from auditlog.store.readmodel import arrowcopy, names, tables
+from auditlog.store.readmodel.names import MODULE_SCHEMA, TENSOR_SCHEMA
+from auditlog.store.readmodel.trust import check_blobs, seal_path, seal_problem, write_seal
 
 PROJECTION_FILE = "readmodel.duckdb"
 CHUNK_ROWS = 1_000_000
@@ -188,7 +191,7 @@ class ReadModel:
         last_id = int(meta.get("last_id", "0"))
         if last_id and arrowcopy.event_hash(self.store, last_id) != meta.get("last_hash"):
             return "the store no longer holds the last event copied"
-        return None
+        return seal_problem(self.path, self.store, self.store_id)
 
     def is_fresh(self) -> bool:
         """Whether the projection exists, is usable and holds every event of the store."""
@@ -201,7 +204,7 @@ class ReadModel:
                 return False
             try:
                 meta = self._read_meta(con)
-                catalogued = _catalog_count(con)
+                unchecked = _unchecked_blobs(con)
             finally:
                 con.close()
         if self._stale_reason(meta) is not None:
@@ -209,25 +212,34 @@ class ReadModel:
         assert meta is not None
         if int(meta["last_id"]) < arrowcopy.max_event_id(self.store):
             return False
-        # A refresh interrupted between the events and the catalog copy leaves
-        # the catalog behind; the counts tell (the catalog only grows).
-        return catalogued == arrowcopy.catalog_count(self.store)
+        # A refresh interrupted between the events and the file checks leaves
+        # snapshot hashes neither verified nor rejected.
+        return unchecked == 0
 
     # ------------------------------------------------------------------ refresh
-    def refresh(self, progress: Progress | None = None, *, use_adbc: bool | None = None) -> RefreshReport:
-        """Bring the projection up to date with the store; rebuild it when it cannot be continued."""
+    def refresh(
+        self, progress: Progress | None = None, *, use_adbc: bool | None = None, rebuild: bool = False
+    ) -> RefreshReport:
+        """Bring the projection up to date with the store; rebuild it when it cannot be
+        continued (or when ``rebuild``), and seal what it was built from."""
         start = time.perf_counter()
         with self.lock(exclusive=True):
-            con, rebuilt, reason = self._open_for_refresh()
+            con, rebuilt, reason = self._open_for_refresh(rebuild)
             try:
-                return self._refresh(con, rebuilt, reason, start, progress, use_adbc)
+                report = self._refresh(con, rebuilt, reason, start, progress, use_adbc)
+                heads = [[str(r), int(s), int(q), str(h)] for r, s, q, h in con.execute(tables.STREAM_HEADS).fetchall()]
             finally:
                 con.close()
+            # Sealed after the connection closed: DuckDB writes its checkpoint on close.
+            write_seal(self.path, self.store_id, heads)
+            return report
 
-    def _open_for_refresh(self) -> tuple[duckdb.DuckDBPyConnection, bool, str | None]:
+    def _open_for_refresh(self, rebuild: bool = False) -> tuple[duckdb.DuckDBPyConnection, bool, str | None]:
         reason: str | None = None
         con: duckdb.DuckDBPyConnection | None = None
-        if self.path.exists():
+        if rebuild:
+            reason = "rebuild requested"
+        elif self.path.exists():
             try:
                 con = connect(self.path, read_only=False)
             except duckdb.Error as exc:
@@ -258,8 +270,7 @@ class ReadModel:
                 f"{str(self.path)!r} exists and is not an auditlog read model (not a DuckDB file); "
                 "refusing to overwrite it (set AUDITLOG_READMODEL to another path)"
             )
-        for suffix in ("", ".wal"):
-            target = self.path.with_name(self.path.name + suffix)
+        for target in (self.path, self.path.with_name(self.path.name + ".wal"), seal_path(self.path)):
             with contextlib.suppress(FileNotFoundError):
                 target.unlink()
 
@@ -313,7 +324,7 @@ class ReadModel:
             if pending:
                 added, replayed = self._apply_chunk(con, pending, lower)
                 copied, streams_replayed = copied + added, streams_replayed + replayed
-        self._copy_catalog(con)
+        self._verify_blobs(con)
         if progress is not None:
             progress(total, total)
         final = self._read_meta(con) or {}
@@ -367,26 +378,29 @@ class ReadModel:
             raise StoreError(f"cannot refresh read model {str(self.path)!r}: {one_line(exc)}") from exc
         return table.num_rows, len(touched)
 
-    def _copy_catalog(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Copy the snapshot catalog rows the projection lacks (by content hash).
+    def _verify_blobs(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Verify the snapshot files the projection's snapshot rows name and it has not checked.
 
-        Runs after the events: the recorder commits catalog rows before the
-        events naming them, so every snapshot row copied so far finds its
-        catalog row. Rows are immutable (a hash names one content), so a row
-        once copied never needs re-reading.
+        Runs after the events. A content hash is checked once: its file is
+        immutable under its name, and a later change is the query session's to
+        notice (``trust.changed_files``).
         """
-        known = {str(r[0]) for r in con.execute(f"SELECT sha256 FROM {tables.SCHEMA}.snapshot_catalog").fetchall()}
-        missing = sorted(arrowcopy.catalog_hashes(self.store) - known)
+        missing = [str(r[0]) for r in con.execute(tables.UNCHECKED_BLOBS).fetchall()]
         if not missing:
             return
+        checked = check_blobs(self.store.location.snapshots, missing)
+        good = [c.row for c in checked if c.row is not None]
+        bad = [(c.sha256, c.problem or "") for c in checked if c.row is None]
         try:
             con.begin()
-            for batch in arrowcopy.catalog_batches(self.store, missing):
-                con.register("new_blobs", pa.Table.from_batches([batch]))
+            if good:
+                con.register("new_blobs", pa.Table.from_pylist(good, schema=BLOB_SCHEMA))
                 try:
                     con.execute(tables.COPY_CATALOG)
                 finally:
                     con.unregister("new_blobs")
+            if bad:
+                con.executemany(f"INSERT OR REPLACE INTO {tables.SCHEMA}.rejected_blobs VALUES (?, ?)", bad)
             con.commit()
         except duckdb.Error as exc:
             with contextlib.suppress(duckdb.Error):
@@ -455,8 +469,8 @@ class ReadModel:
         tensor_rows: list[dict[str, Any]] = []
         for (run_id, stream), state in states.items():
             labels = label_state(state, attached[(run_id, stream)])
-            module_rows.extend(_module_rows(run_id, stream, state, labels))
-            tensor_rows.extend(_tensor_rows(run_id, stream, labels))
+            module_rows.extend(names.module_rows(run_id, stream, state, labels))
+            tensor_rows.extend(names.tensor_rows(run_id, stream, labels))
         if module_rows:
             con.register("new_modules", pa.Table.from_pylist(module_rows, schema=MODULE_SCHEMA))
             con.execute(f"INSERT INTO {schema_}.modules SELECT * FROM new_modules")
@@ -487,138 +501,29 @@ class ReadModel:
             con.execute(f"DROP TABLE {temp}")
 
 
-def _catalog_count(con: duckdb.DuckDBPyConnection) -> int:
-    """Catalog rows in the projection (-1 when the table is not there)."""
+def _unchecked_blobs(con: duckdb.DuckDBPyConnection) -> int:
+    """Snapshot hashes neither verified nor rejected yet (-1 when the tables are not there)."""
     try:
-        row = con.execute(f"SELECT count(*) FROM {tables.SCHEMA}.snapshot_catalog").fetchone()
+        return len(con.execute(tables.UNCHECKED_BLOBS).fetchall())
     except duckdb.Error:
         return -1
-    return int(row[0]) if row is not None else -1
 
 
-MODULE_SCHEMA = pa.schema(
+BLOB_SCHEMA = pa.schema(
     [
-        ("run_id", pa.string()),
-        ("stream", pa.int32()),
-        ("module_id", pa.int64()),
-        ("module", pa.string()),
-        ("path", pa.string()),
-        ("root", pa.string()),
-        ("class", pa.string()),
-        ("parent_id", pa.int64()),
-        ("attr", pa.string()),
-        ("depth", pa.int32()),
-        ("aliases", pa.list_(pa.string())),
-        ("n_children", pa.int32()),
-        ("n_parameters", pa.int32()),
-        ("n_buffers", pa.int32()),
-        ("source_file", pa.string()),
-        ("source_line", pa.int32()),
-        ("source_function", pa.string()),
-    ]
-)
-
-TENSOR_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("stream", pa.int32()),
-        ("tensor_id", pa.int64()),
-        ("role", pa.string()),
-        ("name", pa.string()),
-        ("aliases", pa.list_(pa.string())),
-        ("module_id", pa.int64()),
-        ("module", pa.string()),
-        ("attr", pa.string()),
+        ("sha256", pa.string()),
+        ("file", pa.string()),
+        ("dtype", pa.string()),
         ("shape", pa.list_(pa.int64())),
         ("numel", pa.int64()),
-        ("dtype", pa.string()),
-        ("device", pa.string()),
-        ("requires_grad", pa.bool_()),
-        ("persistent", pa.bool_()),
-        ("source_file", pa.string()),
-        ("source_line", pa.int32()),
-        ("source_function", pa.string()),
-        ("init_sha256", pa.string()),
-        ("init_norm", pa.float64()),
-        ("init_mean", pa.float64()),
-        ("init_std", pa.float64()),
-        ("init_min", pa.float64()),
-        ("init_max", pa.float64()),
-        ("init_nan", pa.int64()),
-        ("init_inf", pa.int64()),
+        ("nbytes", pa.int64()),
+        ("layout", pa.string()),
+        ("row_groups", pa.int32()),
+        ("file_sha256", pa.string()),
+        ("created_ns", pa.int64()),
+        ("identity", pa.list_(pa.int64())),
     ]
 )
-
-
-def _source_fields(source: dict[str, Any] | None) -> dict[str, Any]:
-    source = source or {}
-    line = source.get("line")
-    return {
-        "source_file": source.get("file"),
-        "source_line": int(line) if isinstance(line, int) else None,
-        "source_function": source.get("function"),
-    }
-
-
-
-def _stat_int(value: Any) -> int | None:
-    number = stat_float(value)
-    return None if number is None or not math.isfinite(number) else int(number)
-
-
-def _module_rows(run_id: str, stream: int, state: ModelState, labels: Labels) -> Iterator[dict[str, Any]]:
-    for module_id, label in labels.modules.items():
-        node = state.modules[module_id]
-        yield {
-            "run_id": run_id,
-            "stream": stream,
-            "module_id": module_id,
-            "module": label.label,
-            "path": label.path,
-            "root": label.root,
-            "class": label.cls,
-            "parent_id": label.parent_id,
-            "attr": label.attr,
-            "depth": label.depth,
-            "aliases": label.aliases,
-            "n_children": sum(1 for c in node.children.values() if c is not None),
-            "n_parameters": sum(1 for t in node.parameters.values() if t is not None),
-            "n_buffers": sum(1 for t in node.buffers.values() if t is not None),
-            **_source_fields(node.source),
-        }
-
-
-def _tensor_rows(run_id: str, stream: int, labels: Labels) -> Iterator[dict[str, Any]]:
-    for tensor_id, label in labels.tensors.items():
-        info = label.info
-        stats = info.initial_stats or {}
-        shape = [int(d) for d in info.shape] if info.shape is not None else None
-        yield {
-            "run_id": run_id,
-            "stream": stream,
-            "tensor_id": tensor_id,
-            "role": label.role,
-            "name": label.label,
-            "aliases": label.aliases,
-            "module_id": label.module_id,
-            "module": labels.module_label(label.module_id),
-            "attr": label.attr,
-            "shape": shape,
-            "numel": math.prod(shape) if shape is not None else None,
-            "dtype": info.dtype,
-            "device": info.device,
-            "requires_grad": info.requires_grad,
-            "persistent": info.persistent,
-            **_source_fields(info.source),
-            "init_sha256": info.initial_sha256,
-            "init_norm": stat_float(stats.get("norm")),
-            "init_mean": stat_float(stats.get("mean")),
-            "init_std": stat_float(stats.get("std")),
-            "init_min": stat_float(stats.get("min")),
-            "init_max": stat_float(stats.get("max")),
-            "init_nan": _stat_int(stats.get("nan")),
-            "init_inf": _stat_int(stats.get("inf")),
-        }
 
 
 def _is_projection_file(path: Path) -> bool:
