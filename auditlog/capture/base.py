@@ -204,6 +204,9 @@ class RecorderBase:
     def check_structure(self, roots: list[torch.nn.Module], where: str) -> int:
         raise NotImplementedError
 
+    def materialized(self, trigger: str) -> None:
+        raise NotImplementedError
+
     def check(self, roots: list[torch.nn.Module] | None, where: str) -> None:
         raise NotImplementedError
 
