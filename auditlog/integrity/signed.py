@@ -61,6 +61,9 @@ def _off_chain(
     return f"{subject} is at seq {seq}, but that event is missing (deleted)"
 
 
+_TREE = "Merkle tree head"
+
+
 def _tree_and_end(
     report: VerifyReport, stream: int, seq: int, tree_root: str | None, ended: bool, world_size: int | None,
     subject: str,
@@ -69,7 +72,7 @@ def _tree_and_end(
     tip = report.tips.get(stream, StreamTip(stream))
     found: list[str] = []
     if tree_root is not None and tip.roots.get(seq) != tree_root:
-        found.append(f"{subject}'s Merkle tree head at size {seq} does not match the stream's tree "
+        found.append(f"{subject}'s {_TREE} at size {seq} does not match the stream's tree "
                      "(events up to it were changed)")
     if ended and tip.seq > seq:
         found.append(f"{subject} signs the stream's end at seq {seq} (its run_ended), but the stream "
@@ -137,7 +140,7 @@ def verify_checkpoints(
                                   checkpoint.ended, checkpoint.world_size, "signed head")
         for what in found:
             report.problems.append(problem(what, proven))
-        if proven and not found:
+        if proven and not any(_TREE in what for what in found):
             _cover(report, checkpoint.stream, checkpoint.seq)
 
 
@@ -183,7 +186,7 @@ def verify_statement(
                 found = _consistency(report, head, (leaves or {}).get(head.stream), subject)
         for what in found:
             report.problems.append(Problem(run_id, head.stream, head.seq, None, None, what, altered=proven))
-        if proven and not found:
+        if proven and why is None and not any(_TREE in what or "does not extend" in what for what in found):
             _cover(report, head.stream, head.seq)
     if statement.complete:
         listed = {h.stream for h in statement.heads}
