@@ -13,22 +13,24 @@ import json
 from pathlib import Path
 
 import duckdb
+import forgery_support
 import pytest
-from forgery_support import (  # noqa: F401  (fixtures)
+from forgery_support import (
     Trial,
     append_event,
     grad_norm_shown,
-    pristine,
     rows,
     run_started_payload,
     train,
-    trial,
 )
 from helpers import CliResult, invoke, tamper
 from integrity_support import rewrite_chain
 
 import auditlog
 from auditlog.integrity.keys import generate_key_pair, load_private_key
+
+pristine = forgery_support.pristine  # fixtures
+trial = forgery_support.trial
 
 
 def fails(result: CliResult, *words: str, verdict: str = "record altered") -> str:
