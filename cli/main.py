@@ -17,6 +17,7 @@ from auditlog.cli import (
     events_cmd,
     heads_cmd,
     keys_cmd,
+    proofs_cmd,
     query_cmd,
     restore_cmd,
     run_cmd,
@@ -94,6 +95,8 @@ cli.add_command(restore_cmd.restore)
 cli.add_command(query_cmd.query)
 cli.add_command(query_cmd.schema)
 cli.add_command(diff_cmd.diff)
+cli.add_command(proofs_cmd.prove)
+cli.add_command(proofs_cmd.verify_proof)
 
 
 def main() -> None:

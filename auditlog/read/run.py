@@ -271,6 +271,19 @@ class Run:
 
         return export_intact_heads(self.store, self.run_id, key)
 
+    def prove(self, seq: int, stream: int = 0) -> dict[str, Any]:
+        """An inclusion proof of event ``seq`` under the stream's newest signed tree head
+        (``auditlog-inclusion-proof-v1``: checkable without the store)."""
+        from auditlog.read.proofs import prove_inclusion
+
+        return prove_inclusion(self.store, self.run_id, seq, stream)
+
+    def prove_consistency(self, old_head: dict[str, Any], stream: int = 0) -> dict[str, Any]:
+        """A consistency proof from an older signed tree head (an exported head) to the newest stored one."""
+        from auditlog.read.proofs import prove_consistency
+
+        return prove_consistency(self.store, self.run_id, old_head, stream)
+
     def info(self) -> RunInfo:
         """The run's summary: status, start and end, command line, code version, counts."""
         for info in list_runs(self.store):
