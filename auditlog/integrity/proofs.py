@@ -182,8 +182,8 @@ def check_inclusion(document: Any, keys: KeyRing) -> ProofCheck:
     if head.size != size:
         problems.append(f"tree_size {size} is not the signed tree head's size {head.size}")
     if not verify_inclusion(index, size, leaf, path, bytes.fromhex(head.root)):
-        problems.append(f"the audit path does not lead from the event to the signed tree head "
-                        f"(the event, its position or the path was changed)")
+        problems.append("the audit path does not lead from the event to the signed tree head "
+                        "(the event, its position or the path was changed)")
     return check
 
 

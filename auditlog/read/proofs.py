@@ -14,7 +14,13 @@ from typing import Any
 from auditlog.core.chain import canonical_row
 from auditlog.core.errors import AuditlogError, IntegrityError
 from auditlog.integrity.heads import checkpoints_for, store_id
-from auditlog.integrity.merkle import PackedLeaves, consistency_proof, inclusion_proof, leaf_hash, root
+from auditlog.integrity.merkle import (
+    PackedLeaves,
+    consistency_proof,
+    inclusion_proof,
+    leaf_hash,
+    root,
+)
 from auditlog.integrity.proofs import consistency_document, inclusion_document, signed_tree_head
 from auditlog.integrity.signing import Checkpoint, KeyRing
 from auditlog.store.eventstore import EventStore
