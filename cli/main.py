@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 from auditlog.cli import (
+    attest_cmd,
     db_cmd,
     diff_cmd,
     events_cmd,
@@ -97,6 +98,8 @@ cli.add_command(query_cmd.schema)
 cli.add_command(diff_cmd.diff)
 cli.add_command(proofs_cmd.prove)
 cli.add_command(proofs_cmd.verify_proof)
+cli.add_command(attest_cmd.attest)
+cli.add_command(attest_cmd.verify_attestation)
 
 
 def main() -> None:

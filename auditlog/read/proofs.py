@@ -26,7 +26,7 @@ from auditlog.integrity.signing import Checkpoint, KeyRing
 from auditlog.store.eventstore import EventStore
 
 
-def _leaves(store: EventStore, run_id: str, stream: int, seq: int | None = None) -> tuple[PackedLeaves, dict[str, Any] | None]:
+def stream_leaves(store: EventStore, run_id: str, stream: int, seq: int | None = None) -> tuple[PackedLeaves, dict[str, Any] | None]:
     """Every leaf hash of a stream, and the stored event at ``seq`` (when asked)."""
     leaves = PackedLeaves()
     found = None
@@ -62,7 +62,7 @@ def _require_root(leaves: PackedLeaves, size: int, expected: str, what: str, run
 def prove_inclusion(store: EventStore, run_id: str, seq: int, stream: int = 0) -> dict[str, Any]:
     """An inclusion proof of event ``seq`` of a stream under its newest signed tree head."""
     head = _newest_tree_head(store, run_id, stream, seq)
-    leaves, event = _leaves(store, run_id, stream, seq)
+    leaves, event = stream_leaves(store, run_id, stream, seq)
     if event is None:
         raise AuditlogError(f"run {run_id[:12]} stream {stream} has no event seq {seq}")
     assert head.tree_root is not None
@@ -80,7 +80,7 @@ def prove_consistency(store: EventStore, run_id: str, old_statement: dict[str, A
     if old.run_id != run_id:
         raise AuditlogError(f"the old head is about run {old.run_id[:12]}, not run {run_id[:12]}")
     new = _newest_tree_head(store, run_id, stream, old.size)
-    leaves, _ = _leaves(store, run_id, stream)
+    leaves, _ = stream_leaves(store, run_id, stream)
     _require_root(leaves, old.size, old.root, "the old signed tree head", run_id)
     assert new.tree_root is not None
     _require_root(leaves, new.seq, new.tree_root, "its newest signed tree head", run_id)
