@@ -70,7 +70,7 @@ def _garbled_column(row: dict[str, Any]) -> str | None:
     """The first column of ``row`` holding a value the writer can never have stored."""
     for column, types in _EVENT_TYPES.items():
         value = row.get(column)
-        if not isinstance(value, types) or isinstance(value, bool):
+        if type(value) not in types:  # exact types: a bool is not an int here
             return f"column {column} holds {type(value).__name__} {_short(value)}"
     return None
 
@@ -137,7 +137,8 @@ def verify_stream(
     for row in store.iter_events(run_id, stream=stream):
         count += 1
         garbled = _garbled_column(row)
-        leaf = leaf_hash(repr(sorted(row.items())).encode() if garbled else canonical_row(row))
+        encoded = repr(sorted(row.items())).encode() if garbled else canonical_row(row)
+        leaf = leaf_hash(encoded)
         tree.append(leaf)
         if leaves is not None:
             leaves.append(leaf)
@@ -178,7 +179,7 @@ def verify_stream(
             )
             continue
         else:
-            computed = link_hash(prev, canonical_row(row))
+            computed = link_hash(prev, encoded)
             if computed != row["hash"] and (
                 recomputed == prev or chain_hash(recomputed, row) != row["hash"]
             ):

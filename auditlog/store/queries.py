@@ -205,8 +205,9 @@ class EventQueries:
         query = query.order_by(_ev.c.stream, _ev.c.seq)
         with self.guard("reading events"), self.engine.connect() as conn:
             result = conn.execution_options(stream_results=True, yield_per=batch).execute(query)
-            for row in result.mappings():
-                yield dict(row)
+            keys = list(result.keys())
+            for row in result.tuples():  # zip over plain tuples: ~2x cheaper than RowMapping -> dict
+                yield dict(zip(keys, row, strict=True))
 
     def count_events(self, run_id: str, kinds: Sequence[str], stream: int = 0) -> int:
         """How many events of these kinds one stream of a run has (uses the (run, kind) index)."""
