@@ -39,16 +39,25 @@ def checkpoint_head(
     private_key: Ed25519PrivateKey,
     run_id: str,
     stream: int,
-    tip: StreamTip,
-    world_size: int,
+    tip: StreamTip | None = None,
+    world_size: int | None = None,
 ) -> Checkpoint:
     """Sign a stream's tree head at ``tip`` and store the checkpoint; returns it with its row id.
 
     The writer passes the tip of the batch it has just committed (it keeps the
     tree's frontier as it writes, and signs what it wrote, not whatever the table
-    holds now); ``checkpoint_run`` passes what ``verify`` read. Raises
-    ``StoreError`` when the insert fails.
+    holds now); ``checkpoint_run`` passes what ``verify`` read. Without ``tip``,
+    the stream is read now (its current head). Raises ``AuditlogError`` when the
+    stream has no events, ``StoreError`` when the insert fails.
     """
+    if tip is None or world_size is None:
+        from auditlog.integrity.verify import verify_run
+
+        report = verify_run(store, run_id, keys=KeyRing(), require_signed=False)
+        tip = report.tips.get(stream) if tip is None else tip
+        world_size = report.world_size() or 1 if world_size is None else world_size
+        if tip is None or tip.seq == 0:
+            raise AuditlogError(f"run {run_id[:12]} stream {stream} has no events to checkpoint")
     checkpoint = sign_head(
         private_key, store_id(store), run_id, stream, tip.seq, tip.head_hash,
         tree_root=tip.tree_root, ended=tip.ended, world_size=world_size,
