@@ -12,11 +12,13 @@ from typing import Any
 
 import click
 from auditlog.cli import (
+    attest_cmd,
     db_cmd,
     diff_cmd,
     events_cmd,
     heads_cmd,
     keys_cmd,
+    proofs_cmd,
     query_cmd,
     restore_cmd,
     run_cmd,
@@ -95,6 +97,10 @@ cli.add_command(restore_cmd.restore)
 cli.add_command(query_cmd.query)
 cli.add_command(query_cmd.schema)
 cli.add_command(diff_cmd.diff)
+cli.add_command(proofs_cmd.prove)
+cli.add_command(proofs_cmd.verify_proof)
+cli.add_command(attest_cmd.attest)
+cli.add_command(attest_cmd.verify_attestation)
 
 
 def main() -> None:

@@ -26,12 +26,15 @@ from auditlog.core.errors import UsageError
     metavar="RUN",
     help="Restrict every view to one run (id, prefix, name, latest, latest~N).",
 )
+@click.option("--rebuild", is_flag=True, help="Rebuild the read model from the store before answering.")
 @click.argument("sql", metavar="SQL")
-def query(store: str | None, fmt: str, run: str | None, sql: str) -> None:
+def query(store: str | None, fmt: str, run: str | None, rebuild: bool, sql: str) -> None:
     """Answer SQL over the record with DuckDB (read-only; '-' reads SQL from stdin).
 
     The views and their columns: `auditlog schema`. New events are copied into
-    the read model (a DuckDB file beside the store) before the query runs.
+    the read model (a DuckDB file beside the store) before the query runs; it
+    is rebuilt when it no longer matches the store's chain heads or its seal.
+    The read model is a cache, not evidence: `auditlog verify` is.
 
     \b
     auditlog query "select kind, count(*) from events group by 1"
@@ -43,8 +46,12 @@ def query(store: str | None, fmt: str, run: str | None, sql: str) -> None:
         sql = sys.stdin.read()
     with open_store(store) as opened:
         with progress_bar("updating read model") as progress:
-            session = opened.query_session(run, progress)
+            session = opened.query_session(run, progress, rebuild=rebuild)
         with session:
+            if session.left_out and "tensor_values" in sql.lower():
+                for sha, why in sorted(session.left_out.items()):
+                    click.echo(f"warning: snapshot {sha[:16]}... left out of tensor_values: {why} "
+                               "(run `auditlog verify`)", err=True)
             result = session.execute(sql)
             columns = _unique(result.columns)
             json_columns = {c for c, t in zip(columns, result.types, strict=True) if t == "JSON"}

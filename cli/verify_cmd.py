@@ -43,10 +43,14 @@ def verify(
 ) -> None:
     """Verify that RUN's record (default: latest; 'all' for every run) was not edited.
 
-    Checks every event's hash link and sequence number, every stored signed
-    checkpoint (its signature by a trusted key, and that its head is on the
-    chain), and with --against an exported head statement, which also catches
-    the newest events cut off or the whole chain rewritten.
+    Checks every event's hash link, sequence number and Merkle tree, that each
+    stream ends at its run_ended and belongs to the run (world_size), the runs
+    index against the chain, snapshot files, every stored signed checkpoint
+    (its signature by a trusted key, and that its chain and tree head are on
+    the record), and with --against an exported head statement (with a
+    consistency proof that the record extends it). With --key every event must
+    be covered by a signature by that key; without, what a bare chain cannot
+    show is printed as notes.
 
     Exit 0 when intact; exit 4 naming the first problem otherwise.
     """
@@ -71,6 +75,10 @@ def verify(
             click.echo(f"run {report.run_id[:12]}: {counted}: {state}")
             for problem in report.problems[:20]:
                 click.echo(f"  {problem.describe()}")
+            for line in report.consistency:
+                click.echo(f"  proven: {line}")
+            for note in report.notes:
+                click.echo(f"  note: {note}")
     else:
         emit_rows(
             (
@@ -81,10 +89,12 @@ def verify(
                     "checkpoints": r.checkpoints,
                     "exported_heads": r.statements,
                     "problems": [p.__dict__ for p in r.problems],
+                    "consistency": r.consistency,
+                    "notes": r.notes,
                 }
                 for r in reports
             ),
-            ["run_id", "ok", "events", "checkpoints", "exported_heads", "problems"],
+            ["run_id", "ok", "events", "checkpoints", "exported_heads", "problems", "consistency", "notes"],
             fmt,
         )
     failed = [r for r in reports if not r.ok]

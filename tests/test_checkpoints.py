@@ -27,6 +27,7 @@ from auditlog.integrity.keys import (
     load_private_key,
     load_public_key,
 )
+from auditlog.integrity.report import StreamTip
 from auditlog.integrity.signing import KeyRing, Verdict
 from auditlog.integrity.verify import verify_run
 from auditlog.store.eventstore import EventStore
@@ -107,9 +108,12 @@ def test_checkpoint_head_signs_and_stores_the_current_head(store: Path, run_id: 
     try:
         head = event_store.chain_head(run_id, 0)
         assert head is not None
-        made = checkpoint_head(event_store, key, run_id, 0)
+        tips = verify_run(event_store, run_id).tips
+        made = checkpoint_head(event_store, key, run_id, 0, tips[0], 1)
         assert made.id is not None
         assert (made.run_id, made.stream, made.seq, made.head_hash) == (run_id, 0, head[0], head[1])
+        assert made.is_tree_head and made.ended and made.world_size == 1
+        assert made.tree_root == tips[0].tree_root
         assert made.key_fingerprint == fingerprint(key)
         assert checkpoints_for(event_store, run_id) == [made]
         assert event_store.checkpointed_run_ids() == [run_id]
@@ -117,18 +121,33 @@ def test_checkpoint_head_signs_and_stores_the_current_head(store: Path, run_id: 
         ring = KeyRing([load_public_key(Path(pub(ours)))])
         assert ring.check(made.key_fingerprint, made.statement(store_id), made.signature) is Verdict.VALID
 
-        # an explicit head (what the writer passes: the batch it just committed)
-        earlier = checkpoint_head(event_store, key, run_id, 0, head=(3, _hash_at(store, run_id, 3)))
-        assert earlier.seq == 3
+        # an earlier head (what the writer passes: the batch it just committed), with its tree head
+        earlier_root = merkle_root_at(event_store, run_id, 3)
+        earlier = checkpoint_head(
+            event_store, key, run_id, 0, StreamTip(0, 3, _hash_at(store, run_id, 3), earlier_root), 1
+        )
+        assert earlier.seq == 3 and not earlier.ended
 
         report = verify_run(event_store, run_id, keys=ring)
         assert report.ok, [p.describe() for p in report.problems]
-        assert report.checkpoints == 2
+        assert report.checkpoints == 2 and report.covered == {0: head[0]}
 
-        with pytest.raises(Exception, match="no events to checkpoint"):
-            checkpoint_head(event_store, key, run_id, 7)
+        # a tree head that is not the stream's is caught even with the right chain head
+        checkpoint_head(event_store, key, run_id, 0, StreamTip(0, 3, _hash_at(store, run_id, 3), "0" * 64), 1)
+        report = verify_run(event_store, run_id, keys=ring)
+        assert [p.what for p in report.problems] == [
+            "signed head's Merkle tree head at size 3 does not match the stream's tree (events up to it were changed)"
+        ]
     finally:
         event_store.close()
+
+
+def merkle_root_at(event_store: EventStore, run_id: str, size: int) -> str:
+    from auditlog.core.chain import canonical_row
+    from auditlog.integrity.merkle import leaf_hash, root
+
+    leaves = [leaf_hash(canonical_row(r)) for r in event_store.iter_events(run_id, stream=0)]
+    return root(leaves, size).hex()
 
 
 def _hash_at(store: Path, run_id: str, seq: int) -> str:
@@ -142,12 +161,14 @@ def _hash_at(store: Path, run_id: str, seq: int) -> str:
 def test_checkpoint_rows_are_plain_columns(store: Path, run_id: str, ours: Path) -> None:
     event_store = EventStore.open(str(store))
     try:
-        checkpoint_head(event_store, load_private_key(ours), run_id, 0)
+        checkpoint_head(event_store, load_private_key(ours), run_id, 0, verify_run(event_store, run_id).tips[0], 1)
         (row,) = event_store.checkpoint_rows(run_id)
     finally:
         event_store.close()
-    assert set(row) == {"id", "run_id", "stream", "seq", "head_hash", "created_ns", "key_fingerprint", "signature"}
+    assert set(row) == {"id", "run_id", "stream", "seq", "head_hash", "created_ns", "key_fingerprint", "signature",
+                        "format", "tree_root", "ended", "world_size"}
     assert row["seq"] == last_seq(store, run_id)
+    assert (row["format"], row["ended"], row["world_size"]) == ("auditlog-checkpoint-v2", 1, 1)
 
 
 # --------------------------------------------------------------------------- auditlog checkpoint
@@ -288,7 +309,10 @@ def test_deleting_the_checkpoints_hides_a_rewrite_from_the_store_alone(
     rewrite_chain(store, run_id, 5)
     with tamper(store) as conn:
         conn.execute("delete from checkpoints")
-    assert cli("verify", "--key", pub(ours), store=store).exit_code == 0
+    # without a signature nothing proves the rewrite; with --key, nothing proves the record either
+    bare = cli("verify", store=store)
+    assert bare.exit_code == 0 and "note: stream 0: no signature by a trusted key covers" in bare.stdout
+    assert_verify_fails(cli("verify", "--key", pub(ours), store=store), "record not verified", "no signature")
     assert_verify_fails(
         cli("verify", "--key", pub(ours), "--against", str(head), store=store), "record altered", "rewritten"
     )
@@ -300,9 +324,12 @@ def test_export_head_writes_a_signed_statement(store: Path, run_id: str, ours: P
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     n = last_seq(store, run_id)
-    assert data["format"] == "auditlog-head-v1"
-    assert data["run_id"] == run_id
-    assert data["heads"] == [{"stream": 0, "seq": n, "head_hash": _hash_at(store, run_id, n)}]
+    assert data["format"] == "auditlog-head-v2"
+    assert data["run_id"] == run_id and data["world_size"] == 1
+    (head,) = data["heads"]
+    assert {k: head[k] for k in ("stream", "seq", "head_hash", "ended")} == {
+        "stream": 0, "seq": n, "head_hash": _hash_at(store, run_id, n), "ended": True}
+    assert len(head["tree_root"]) == 64
     assert data["key_fingerprint"] == fingerprint(load_private_key(ours))
     with tamper(store) as conn:
         (store_id,) = conn.execute("select value from auditlog_meta where key='store_id'").fetchone()
@@ -331,7 +358,10 @@ def test_intact_record_verifies_against_its_exported_head(store: Path, run_id: s
     assert piped.exit_code == 0, piped.stderr
 
 
-def test_record_that_grew_after_the_export_still_extends_it(store: Path, run_id: str, ours: Path, tmp_path: Path) -> None:
+def test_an_event_appended_after_the_exported_end_is_caught(store: Path, run_id: str, ours: Path, tmp_path: Path) -> None:
+    """The statement was made after the run ended: the record may not grow past it (a stream
+    ends at its run_ended). Growing records are proven with a head exported mid-run
+    (tests/test_forgery.py)."""
     head = export(store, ours, tmp_path / "head.json")
     n = last_seq(store, run_id)
     # append one correctly chained event, as a later legitimate writer would
@@ -348,9 +378,13 @@ def test_record_that_grew_after_the_export_still_extends_it(store: Path, run_id:
             "values (:run_id, :stream, :seq, :ts_ns, :kind, :step, :module_id, :tensor_id, :snapshot, :payload, :hash)",
             row,
         )
-    result = cli("verify", "--against", str(head), "--key", pub(ours), store=store)
-    assert result.exit_code == 0, result.stderr
-    assert f"{n + 1} events" in result.stdout
+    assert_verify_fails(
+        cli("verify", "--against", str(head), "--key", pub(ours), store=store),
+        "record altered", f"signs the stream's end at seq {n}", "appended after the run ended",
+    )
+    problems = json.loads(cli("verify", "--against", str(head), "--format", "json", "--key", pub(ours),
+                              store=store).stdout)[0]["problems"]
+    assert any(f"after the stream's run_ended at seq {n}" in p["what"] for p in problems)
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -360,10 +394,12 @@ def test_truncation_is_detected_only_against_an_exported_head(
     n = last_seq(store, run_id)
     head = export(store, ours, tmp_path / "head.json")
     truncate(store, run_id, k)
-    # the bare chain is a valid prefix: it cannot see that its end is gone
-    bare = cli("verify", "--key", pub(ours), store=store)
+    # the bare chain is a valid prefix: it cannot see that its end is gone, and says so
+    bare = cli("verify", store=store)
     assert bare.exit_code == 0, bare.stderr
-    assert f"{n - k} events" in bare.stdout
+    assert f"{n - k} events" in bare.stdout and "cannot show that newer events were not cut off" in bare.stdout
+    # with --key every event must be signed: nothing is, so nothing is proven
+    assert_verify_fails(cli("verify", "--key", pub(ours), store=store), "record not verified", "no signature")
     assert_verify_fails(
         cli("verify", "--against", str(head), "--key", pub(ours), store=store),
         "record altered",
@@ -453,6 +489,7 @@ def test_against_a_statement_about_another_run_is_a_usage_error(
 ) -> None:
     head = export(store, ours, tmp_path / "head.json")
     second = record_run(store)
+    assert cli("checkpoint", second, "--key", str(ours), store=store).exit_code == 0
     result = cli("verify", second, "--against", str(head), "--key", pub(ours), store=store)
     assert result.exit_code == 2, result.stderr
     assert f"is about run {run_id[:12]}, not run {second[:12]}" in result.stderr
@@ -502,9 +539,10 @@ def test_json_output_names_the_checkpoint(store: Path, run_id: str, ours: Path) 
     assert result.exit_code == 4
     (report,) = json.loads(result.stdout)
     assert report["ok"] is False and report["checkpoints"] == 1 and report["exported_heads"] == 0
-    (problem,) = report["problems"]
+    problem, uncovered = report["problems"]
     assert problem["checkpoint_id"] == 1 and problem["altered"] is True
     assert "cut off" in problem["what"]
+    assert uncovered["altered"] is False and "no signature" in uncovered["what"]
 
 
 def test_a_broken_default_key_matters_only_when_a_signature_needs_it(

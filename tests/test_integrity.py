@@ -240,9 +240,10 @@ def test_deleted_first_event_is_detected(store: Path, run_id: str) -> None:
 
 
 def test_run_with_every_event_deleted_fails(store: Path, run_id: str) -> None:
+    """Runs come from the chain: only the runs index remembers this one, and `verify all` reads it."""
     with tamper(store) as conn:
         conn.execute("delete from events where run_id=?", (run_id,))
-    result = verify(store)
+    result = invoke("verify", "all", "--store", str(store))
     assert result.exit_code == 4
     assert "no events" in result.stderr
 
@@ -254,7 +255,9 @@ def test_forged_event_appended_is_detected(store: Path, run_id: str) -> None:
         conn.execute(INSERT_COPY, (last + 1, "ab" * 32, run_id, last))
     assert_failed_at(verify(store), last + 1)
     problems = problems_of(store, run_id)
-    assert [p.seq for p in problems] == [last + 1]
+    assert {p.seq for p in problems} == {last + 1}
+    # both what is wrong with it: its hash, and that it follows the stream's end
+    assert any("after the stream's run_ended" in p.what for p in problems)
 
 
 def test_forged_event_inserted_in_the_middle_is_detected(store: Path, run_id: str) -> None:

@@ -22,22 +22,28 @@ from auditlog.integrity.signing import (
     StreamHead,
     Verdict,
     canonical_statement,
-    sign_head,
     sign_heads,
 )
+from auditlog.integrity.signing import sign_head as _sign_head
 
 KEY = Ed25519PrivateKey.generate()
 OTHER = Ed25519PrivateKey.generate()
 RING = KeyRing([KEY.public_key()])
-H1, H2 = "a" * 64, "b" * 64
+H1, H2, R1 = "a" * 64, "b" * 64, "c" * 64
+
+
+def sign_head(key: Ed25519PrivateKey, store: str, run: str, stream: int, seq: int, head: str,
+              created_ns: int | None = None) -> Checkpoint:
+    return _sign_head(key, store, run, stream, seq, head, created_ns,
+                      tree_root=R1, ended=False, world_size=2)
 
 
 def test_checkpoint_statement_bytes_are_the_documented_canonical_json() -> None:
-    cp = sign_head(KEY, "store1", "run1", 0, 42, H1, created_ns=123)
+    cp = _sign_head(KEY, "store1", "run1", 0, 42, H1, created_ns=123, tree_root=R1, ended=True, world_size=1)
     expected = (
-        '{"created_ns":123,"format":"auditlog-checkpoint-v1","head_hash":"' + H1 + '",'
+        '{"created_ns":123,"ended":true,"format":"auditlog-checkpoint-v2","head_hash":"' + H1 + '",'
         '"key_fingerprint":"' + fingerprint(KEY) + '","run_id":"run1","seq":42,'
-        '"store_id":"store1","stream":0}'
+        '"store_id":"store1","stream":0,"tree_root":"' + R1 + '","world_size":1}'
     ).encode()
     assert cp.statement("store1") == expected
     # a third party checks it with nothing but the public key and those bytes
@@ -70,6 +76,9 @@ def test_checkpoint_signature_verifies_with_the_right_key_and_store() -> None:
         {"seq": 43},
         {"head_hash": H2},
         {"created_ns": 1},
+        {"tree_root": H2},
+        {"ended": True},
+        {"world_size": 3},
         {"signature": "00" * 64},
         {"signature": "zz"},
         {"signature": ""},
@@ -91,14 +100,32 @@ def test_checkpoint_from_row_rejects_garbled_values() -> None:
     good = {**sign_head(KEY, "s", "r", 0, 1, H1).as_row(), "id": 7}
     cp = Checkpoint.from_row(good)
     assert cp.id == 7 and cp.seq == 1
-    for column, value in [("seq", "abc"), ("stream", 1.5), ("created_ns", None), ("head_hash", b"\x00")]:
+    for column, value in [("seq", "abc"), ("stream", 1.5), ("created_ns", None), ("head_hash", b"\x00"),
+                          ("tree_root", "xyz"), ("ended", 2), ("world_size", 0), ("format", "v9")]:
         with pytest.raises(ValueError, match=column):
             Checkpoint.from_row({**good, column: value})
 
 
+def test_v1_checkpoint_rows_of_older_stores_still_verify() -> None:
+    """A row written before signed tree heads (format NULL) is an auditlog-checkpoint-v1 statement."""
+    unsigned = Checkpoint("run1", 0, 42, H1, 123, fingerprint(KEY), "", format="auditlog-checkpoint-v1")
+    expected = (
+        '{"created_ns":123,"format":"auditlog-checkpoint-v1","head_hash":"' + H1 + '",'
+        '"key_fingerprint":"' + fingerprint(KEY) + '","run_id":"run1","seq":42,'
+        '"store_id":"store1","stream":0}'
+    ).encode()
+    assert unsigned.statement("store1") == expected
+    row = {**unsigned.as_row(), "signature": KEY.sign(expected).hex(), "format": None}
+    assert "tree_root" not in unsigned.as_row()
+    cp = Checkpoint.from_row(row)
+    assert not cp.is_tree_head
+    assert RING.check(cp.key_fingerprint, cp.statement("store1"), cp.signature) is Verdict.VALID
+
+
 # --------------------------------------------------------------------------- head statements
 def statement() -> HeadStatement:
-    return sign_heads(KEY, "store1", "run1", [StreamHead(1, 9, H2), StreamHead(0, 42, H1)], created_ns=5)
+    return sign_heads(KEY, "store1", "run1", [StreamHead(1, 9, H2, R1, True), StreamHead(0, 42, H1, R1, False)],
+                      created_ns=5, world_size=2)
 
 
 def test_head_statement_round_trips_and_verifies() -> None:
@@ -106,17 +133,28 @@ def test_head_statement_round_trips_and_verifies() -> None:
     assert [h.stream for h in st.heads] == [0, 1]  # sorted by stream
     text = st.to_json()
     data = json.loads(text)
-    assert data["format"] == "auditlog-head-v1"
+    assert data["format"] == "auditlog-head-v2"
+    assert data["world_size"] == 2
     assert data["heads"] == [
-        {"stream": 0, "seq": 42, "head_hash": H1},
-        {"stream": 1, "seq": 9, "head_hash": H2},
+        {"stream": 0, "seq": 42, "head_hash": H1, "tree_root": R1, "ended": False},
+        {"stream": 1, "seq": 9, "head_hash": H2, "tree_root": R1, "ended": True},
     ]
+    assert not st.complete  # stream 0 had not ended
     parsed = HeadStatement.parse(text, "f.json")
     assert parsed == st
     assert RING.check(parsed.key_fingerprint, parsed.message(), parsed.signature) is Verdict.VALID
     # documented: the signature covers the canonical JSON of the object without "signature"
     unsigned = {k: v for k, v in data.items() if k != "signature"}
     KEY.public_key().verify(bytes.fromhex(data["signature"]), canonical_statement(unsigned))
+
+
+def test_v1_head_statements_still_parse_and_verify() -> None:
+    unsigned = {"format": "auditlog-head-v1", "store_id": "s", "run_id": "r", "created_ns": 1,
+                "heads": [{"stream": 0, "seq": 3, "head_hash": H1}], "key_fingerprint": fingerprint(KEY)}
+    text = json.dumps({**unsigned, "signature": KEY.sign(canonical_statement(unsigned)).hex()})
+    parsed = HeadStatement.parse(text, "old.json")
+    assert not parsed.is_tree_head and not parsed.complete
+    assert RING.check(parsed.key_fingerprint, parsed.message(), parsed.signature) is Verdict.VALID
 
 
 @pytest.mark.parametrize(
@@ -128,6 +166,9 @@ def test_head_statement_round_trips_and_verifies() -> None:
         (("heads", 0, "seq"), 41),
         (("heads", 0, "head_hash"), H2),
         (("heads", 1, "stream"), 2),
+        (("heads", 0, "tree_root"), H2),
+        (("heads", 0, "ended"), True),
+        (("world_size",), 3),
     ],
     ids=lambda v: str(v),
 )
@@ -146,6 +187,9 @@ def test_dropping_a_stream_from_a_statement_breaks_its_signature() -> None:
     data["heads"] = data["heads"][:1]
     edited = HeadStatement.parse(json.dumps(data), "f.json")
     assert RING.check(edited.key_fingerprint, edited.message(), edited.signature) is Verdict.INVALID
+
+
+HEAD = {"stream": 0, "seq": 1, "head_hash": H1, "tree_root": R1, "ended": False}
 
 
 def _mutations() -> list[tuple[str, str, str]]:
@@ -167,14 +211,14 @@ def _mutations() -> list[tuple[str, str, str]]:
         ("upper fingerprint", edit(key_fingerprint="A" * 64), "key_fingerprint"),
         ("no heads", edit(heads=[]), "heads"),
         ("head not object", edit(heads=[1]), "each head"),
-        ("negative stream", edit(heads=[{"stream": -1, "seq": 1, "head_hash": H1}]), "stream"),
-        ("seq zero", edit(heads=[{"stream": 0, "seq": 0, "head_hash": H1}]), "seq"),
-        ("bad head hash", edit(heads=[{"stream": 0, "seq": 1, "head_hash": "xyz"}]), "head_hash"),
-        (
-            "duplicate stream",
-            edit(heads=[{"stream": 0, "seq": 1, "head_hash": H1}, {"stream": 0, "seq": 2, "head_hash": H1}]),
-            "twice",
-        ),
+        ("negative stream", edit(heads=[{**HEAD, "stream": -1}]), "stream"),
+        ("seq zero", edit(heads=[{**HEAD, "seq": 0}]), "seq"),
+        ("bad head hash", edit(heads=[{**HEAD, "head_hash": "xyz"}]), "head_hash"),
+        ("bad tree root", edit(heads=[{**HEAD, "tree_root": "xyz"}]), "tree_root"),
+        ("ended text", edit(heads=[{**HEAD, "ended": "yes"}]), "ended"),
+        ("no tree root", edit(heads=[{"stream": 0, "seq": 1, "head_hash": H1}]), "each head"),
+        ("world size zero", edit(world_size=0), "world_size"),
+        ("duplicate stream", edit(heads=[HEAD, {**HEAD, "seq": 2}]), "twice"),
     ]
 
 

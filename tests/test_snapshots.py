@@ -48,7 +48,8 @@ def test_every_dtype_round_trips_bitwise(tmp_path: Path, dtype: torch.dtype) -> 
         back = store.get(info)
         assert same_bits(back, tensor.contiguous())
         assert info.sha256 == tensor_hash(tensor) == tensor_hash(back)
-        assert store.check(info) is None
+        assert store.check(info.sha256, info.as_row()) == []
+        assert same_bits(store.read_verified(info.sha256, "t"), tensor.contiguous())
     special = torch.tensor([float("nan"), float("inf"), -0.0, 1e-30], dtype=torch.float32)
     assert same_bits(store.get(store.put(special)), special)
 
@@ -89,9 +90,9 @@ def test_damaged_and_missing_files_are_reported(tmp_path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 3] ^= 0xFF
     path.write_bytes(bytes(data))
-    assert store.check(info) is not None
+    assert store.check(info.sha256, info.as_row()) != []
     path.unlink()
-    assert store.check(info) == "missing"
+    assert store.check(info.sha256, info.as_row()) == ["missing"]
     with pytest.raises(SnapshotError, match="missing"):
         store.get(info)
 

@@ -68,6 +68,9 @@ class RecorderBase:
         # construction: tensors registered and not sealed yet; how many registrations
         # so far (a structure version), and the version each root was last scanned at
         self._unsealed: dict[int, weakref.ref[torch.Tensor]] = {}
+        # Tensor ids registered uninitialized (lazy modules) and not sealed yet: the
+        # optimizer's pre hook looks for their materialization (a hookless shape change).
+        self._lazy: set[int] = set()
         self._registrations = 0
         self._step_scanned = -1
         self._scanned: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
@@ -199,6 +202,9 @@ class RecorderBase:
         raise NotImplementedError
 
     def check_structure(self, roots: list[torch.nn.Module], where: str) -> int:
+        raise NotImplementedError
+
+    def materialized(self, trigger: str) -> None:
         raise NotImplementedError
 
     def check(self, roots: list[torch.nn.Module] | None, where: str) -> None:

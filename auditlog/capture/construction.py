@@ -24,6 +24,7 @@ from auditlog.capture.torch_compat import (
     compile_guard,
     is_compiled_wrapper,
     is_persistent_buffer,
+    is_uninitialized,
     parameters_of,
     registering_persistent,
 )
@@ -129,7 +130,13 @@ class ConstructionHooks(RecorderBase):
         else:
             tensor_id, _ = self.tensors.get(tensor)
             self._unsealed[tensor_id] = weakref.ref(tensor)
-            payload.update(shape=list(tensor.shape), dtype=dtype_name(tensor.dtype), device=str(tensor.device))
+            if is_uninitialized(tensor):
+                # A lazy module's placeholder: its shape comes with materialization,
+                # recorded then as a structure change (and sealed after it).
+                self._lazy.add(tensor_id)
+                payload.update(shape=None, dtype=dtype_name(tensor.dtype), device=str(tensor.device), lazy=True)
+            else:
+                payload.update(shape=list(tensor.shape), dtype=dtype_name(tensor.dtype), device=str(tensor.device))
         if member == "parameter":
             payload["requires_grad"] = None if tensor is None else bool(tensor.requires_grad)
         else:
@@ -157,6 +164,13 @@ class ConstructionHooks(RecorderBase):
             for name, buf in buffers_of(module).items():
                 self.register_tensor(module, name, buf, "buffer", adopted=True)
 
+    def materialized(self, trigger: str) -> None:
+        """Record lazy placeholders that were materialized since (their real shape, a
+        structure change no hook reports), so that the seal after this names real tensors."""
+        live = [self.tensors.object(t) for t in self._lazy]
+        if any(t is not None and not is_uninitialized(t) for t in live):
+            self.check_structure(self.live_roots(), trigger)
+
     # ------------------------------------------------------------------ sealing
     def seal(self, root: torch.nn.Module | None, trigger: str, tensors: Any = None) -> None:
         """Emit ``construction_sealed`` for every not-yet-sealed tensor reachable here."""
@@ -179,8 +193,11 @@ class ConstructionHooks(RecorderBase):
             tensor_id = self.tensors.lookup(tensor)
             if tensor_id is None or tensor_id in seen or tensor_id not in self._unsealed:
                 continue
+            if is_uninitialized(tensor):
+                continue  # no values yet: sealed once materialized
             seen.add(tensor_id)
             del self._unsealed[tensor_id]
+            self._lazy.discard(tensor_id)
             with torch.no_grad():
                 items.append((tensor_id, HostCopy(tensor, with_stats=True)))
         if root is not None:

@@ -29,13 +29,15 @@ class OptimizerHooks(RecorderBase):
         try:
             self.call_stack().clear()  # a forward that died on BaseException left stale entries
             params = [p for group in optimizer.param_groups for p in group["params"]]
-            if self._step_scanned != self._registrations:
+            if self._step_scanned != self._registrations or self._lazy:
                 # The structure changed since the last step: per-call hooks may be
                 # absent, so find the models these parameters belong to from here.
                 self._step_scanned = self._registrations
+                self.track_owners(params)
+                if self._lazy:
+                    self.materialized("optimizer_step")
                 if self._unsealed:
                     self.seal(None, "optimizer_step", tensors=params)
-                self.track_owners(params)
             policy = self.policy
             due = (policy.update_norms or policy.param_norms) and policy.norms_due(self.step)
             before = self._copy_before(optimizer, params) if due and policy.update_norms else None

@@ -17,7 +17,7 @@ import torch
 
 from auditlog.capture.base import RecorderBase, module_tensors
 from auditlog.capture.payloads import HostCopy, SnapshotItems
-from auditlog.capture.torch_compat import buffers_of, children_of, parameters_of
+from auditlog.capture.torch_compat import buffers_of, children_of, is_uninitialized, parameters_of
 
 
 class RootTracking(RecorderBase):
@@ -109,6 +109,8 @@ class RootTracking(RecorderBase):
         seen: set[int] = set()
         with torch.no_grad():
             for tensor in tensors:
+                if is_uninitialized(tensor):
+                    continue  # a lazy placeholder has no values yet
                 tensor_id = self.tensors.get(tensor)[0]
                 if tensor_id in seen:
                     continue

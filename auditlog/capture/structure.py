@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from auditlog.capture.base import RecorderBase
-from auditlog.capture.torch_compat import buffers_of, children_of, parameters_of
+from auditlog.capture.torch_compat import buffers_of, children_of, is_uninitialized, parameters_of
 from auditlog.core.tensors import dtype_name
 
 _MISSING = object()
@@ -112,8 +112,8 @@ def _check_tensors(
             recorder.register_tensor(module, name, tensor, member, detected_at=where)
             emitted += 1
             continue
-        if tensor is None or tensor_id is None:
-            continue
+        if tensor is None or tensor_id is None or is_uninitialized(tensor):
+            continue  # a lazy placeholder has no facts until it is materialized
         # The raw facts as last found equal to the record: comparing torch's own
         # objects is ~5x cheaper than building the recorded form of each tensor.
         raw = (tensor.shape, tensor.dtype, tensor.device, tensor.requires_grad)

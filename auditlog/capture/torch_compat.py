@@ -98,6 +98,15 @@ def registering_persistent() -> bool | None:
 
 
 # --------------------------------------------------------------------------- tensors
+def is_uninitialized(tensor: torch.Tensor) -> bool:
+    """A lazy module's ``UninitializedParameter``/``UninitializedBuffer``: no shape, no values yet.
+
+    Reading its shape raises; it is materialized in place (same object, no hook)
+    by the module's first forward (``torch.nn.parameter.is_lazy``, torch 1.8-2.13).
+    """
+    return bool(torch.nn.parameter.is_lazy(tensor))
+
+
 def tensor_version(tensor: torch.Tensor) -> int:
     """The in-place version counter (``_version``): equal means not modified in place since."""
     return tensor._version

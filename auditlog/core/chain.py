@@ -105,9 +105,14 @@ def canonical_row_reference(row: dict[str, Any]) -> bytes:
 def chain_hash(prev_hash: str, row: dict[str, Any], prefix: str | None = None) -> str:
     """Hash of one event given the hash of the event before it in its stream
     (``prefix``: ``row_prefix`` of the row's stream, when the caller has it)."""
+    return link_hash(prev_hash, canonical_row(row, prefix))
+
+
+def link_hash(prev_hash: str, row_bytes: bytes) -> str:
+    """``chain_hash`` from the canonical row already encoded (the Merkle leaf uses the same bytes)."""
     digest = hashlib.sha256(prev_hash.encode())
     digest.update(b"\n")
-    digest.update(canonical_row(row, prefix))
+    digest.update(row_bytes)
     return digest.hexdigest()
 
 
@@ -123,8 +128,9 @@ def chained_row(
     tensor_id: int | None,
     payload: str,
     prefix: str | None = None,
-) -> dict[str, Any]:
-    """A stored event row (every column but the autoincrement ``id``) with its chain hash.
+) -> tuple[dict[str, Any], bytes]:
+    """A stored event row (every column but the autoincrement ``id``) with its chain hash,
+    and the canonical row bytes (the stream's Merkle tree hashes the same bytes as its leaf).
 
     The one place rows are built: the writer, and the recording that closes a
     crashed run's stream, both append through it.
@@ -141,8 +147,9 @@ def chained_row(
         "snapshot": None,
         "payload": payload,
     }
-    row["hash"] = chain_hash(prev_hash, row, prefix)
-    return row
+    encoded = canonical_row(row, prefix)
+    row["hash"] = link_hash(prev_hash, encoded)
+    return row, encoded
 
 
 def _clean(value: Any) -> Any:

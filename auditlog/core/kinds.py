@@ -89,7 +89,7 @@ _KINDS = [
         {
             "name": "attribute name in the module",
             "module_class": "qualified class name of the module",
-            "shape": "list of ints, or null when the parameter is None",
+            "shape": "list of ints, or null when the parameter is None or lazy",
             "dtype": "torch dtype, e.g. float32",
             "device": "device string",
             "requires_grad": "bool",
@@ -97,6 +97,8 @@ _KINDS = [
             "module_source": "where the module was constructed; present on its first appearance",
             "detected_at": "set when found by a structural check rather than a hook",
             "adopted": "true when discovered after the fact",
+            "lazy": "true for a lazy module's UninitializedParameter: its shape is recorded by the "
+            "structure_changed that finds it materialized, and it is sealed after that",
         },
     ),
     Kind(
@@ -105,7 +107,7 @@ _KINDS = [
         {
             "name": "attribute name in the module",
             "module_class": "qualified class name of the module",
-            "shape": "list of ints, or null when the buffer is None",
+            "shape": "list of ints, or null when the buffer is None or lazy",
             "dtype": "torch dtype",
             "device": "device string",
             "persistent": "whether it is part of state_dict (null if it could not be read)",
@@ -113,6 +115,7 @@ _KINDS = [
             "module_source": "where the module was constructed; present on its first appearance",
             "detected_at": "set when found by a structural check rather than a hook",
             "adopted": "true when discovered after the fact",
+            "lazy": "true for a lazy module's UninitializedBuffer (see parameter_registered)",
         },
     ),
     Kind(

@@ -1,9 +1,10 @@
-"""Signing a run's current chain heads: checkpoints in the store, statements kept elsewhere.
+"""Signing a run's current tree heads: checkpoints in the store, statements kept elsewhere.
 
 ``checkpoint_head`` is what the recorder calls (at run end, and every N events
 or seconds when a key is configured) and what ``auditlog checkpoint`` calls for
 a finished run. ``export_heads`` makes the statement ``auditlog export-head``
-writes. Both only sign; whether a chain deserves a signature (it verifies) is
+writes. Both sign v2 statements: chain head, Merkle tree head, whether the
+stream has ended, and the run's world size. Both only sign; whether a chain deserves a signature (it verifies) is
 the caller's decision, because the recorder signs the chain it is writing
 itself and must not pay for a full verification every N events.
 """
@@ -16,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from auditlog.core.errors import AuditlogError, IntegrityError, StoreError
 from auditlog.integrity.keys import fingerprint, trusted_public_keys
+from auditlog.integrity.report import StreamTip, VerifyReport
 from auditlog.integrity.signing import (
     Checkpoint,
     HeadStatement,
@@ -37,23 +39,29 @@ def checkpoint_head(
     private_key: Ed25519PrivateKey,
     run_id: str,
     stream: int,
-    *,
-    head: tuple[int, str] | None = None,
+    tip: StreamTip | None = None,
+    world_size: int | None = None,
 ) -> Checkpoint:
-    """Sign a stream's head and store the checkpoint; returns it with its row id.
+    """Sign a stream's tree head at ``tip`` and store the checkpoint; returns it with its row id.
 
-    ``head``: the ``(seq, hash)`` to sign. The writer passes the head of the
-    batch it has just committed (it knows it without a query, and it signs what
-    it wrote, not whatever the table holds now); by default the stream's last
-    stored event is read with ``EventStore.chain_head``. Raises ``AuditlogError``
-    when the stream has no events, ``StoreError`` when the insert fails.
+    The writer passes the tip of the batch it has just committed (it keeps the
+    tree's frontier as it writes, and signs what it wrote, not whatever the table
+    holds now); ``checkpoint_run`` passes what ``verify`` read. Without ``tip``,
+    the stream is read now (its current head). Raises ``AuditlogError`` when the
+    stream has no events, ``StoreError`` when the insert fails.
     """
-    if head is None:
-        head = store.chain_head(run_id, stream)
-        if head is None:
+    if tip is None or world_size is None:
+        from auditlog.integrity.verify import verify_run
+
+        report = verify_run(store, run_id, keys=KeyRing(), require_signed=False)
+        tip = report.tips.get(stream) if tip is None else tip
+        world_size = report.world_size() or 1 if world_size is None else world_size
+        if tip is None or tip.seq == 0:
             raise AuditlogError(f"run {run_id[:12]} stream {stream} has no events to checkpoint")
-    seq, head_hash = head
-    checkpoint = sign_head(private_key, store_id(store), run_id, stream, seq, head_hash)
+    checkpoint = sign_head(
+        private_key, store_id(store), run_id, stream, tip.seq, tip.head_hash,
+        tree_root=tip.tree_root, ended=tip.ended, world_size=world_size,
+    )
     return replace(checkpoint, id=store.add_checkpoint(checkpoint.as_row()))
 
 
@@ -70,22 +78,20 @@ def checkpoints_for(store: EventStore, run_id: str) -> list[Checkpoint]:
     return out
 
 
-def current_heads(store: EventStore, run_id: str) -> list[StreamHead]:
-    """The last ``(seq, hash)`` of every stream of a run."""
-    heads: list[StreamHead] = []
-    for stream in store.streams(run_id):
-        head = store.chain_head(run_id, stream)
-        if head is not None:
-            heads.append(StreamHead(stream, head[0], head[1]))
-    return heads
+def _heads(report: VerifyReport) -> list[StreamHead]:
+    return [
+        StreamHead(t.stream, t.seq, t.head_hash, t.tree_root, t.ended)
+        for t in sorted(report.tips.values(), key=lambda t: t.stream)
+        if t.seq > 0
+    ]
 
 
-def export_heads(store: EventStore, private_key: Ed25519PrivateKey, run_id: str) -> HeadStatement:
-    """A signed statement of every stream's current head of a run (nothing is written to the store)."""
-    heads = current_heads(store, run_id)
+def export_heads(store: EventStore, private_key: Ed25519PrivateKey, report: VerifyReport) -> HeadStatement:
+    """A signed statement of every stream's current head and tree head (nothing is written to the store)."""
+    heads = _heads(report)
     if not heads:
-        raise AuditlogError(f"run {run_id[:12]} has no events to export a head of")
-    return sign_heads(private_key, store_id(store), run_id, heads)
+        raise AuditlogError(f"run {report.run_id[:12]} has no events to export a head of")
+    return sign_heads(private_key, store_id(store), report.run_id, heads, world_size=report.world_size() or 1)
 
 
 @dataclass(frozen=True)
@@ -100,8 +106,8 @@ class SignedHead:
     already_signed: bool
 
 
-def require_intact(store: EventStore, run_id: str, key: Ed25519PrivateKey) -> None:
-    """Raise ``IntegrityError`` when the run's record is proven altered (doubts do not block).
+def require_intact(store: EventStore, run_id: str, key: Ed25519PrivateKey) -> VerifyReport:
+    """The run's verify report; ``IntegrityError`` when it is proven altered (doubts do not block).
 
     A signature over an edited chain would certify the edit, so nothing is
     signed before the chain verifies.
@@ -109,10 +115,11 @@ def require_intact(store: EventStore, run_id: str, key: Ed25519PrivateKey) -> No
     from auditlog.integrity.verify import verify_run
 
     keys = KeyRing([key.public_key(), *_default_keys()])
-    report = verify_run(store, run_id, keys=keys)
+    report = verify_run(store, run_id, keys=keys, require_signed=False)
     altered = [p for p in report.problems if p.altered]
     if altered:
         raise IntegrityError(f"refusing to sign run {run_id[:12]}: record altered: {altered[0].describe()}")
+    return report
 
 
 def _default_keys() -> list[Ed25519PublicKey]:
@@ -123,24 +130,28 @@ def _default_keys() -> list[Ed25519PublicKey]:
 
 
 def checkpoint_run(store: EventStore, run_id: str, key: Ed25519PrivateKey) -> list[SignedHead]:
-    """Sign every stream head of a run that ``key`` has not signed yet (after ``require_intact``)."""
-    require_intact(store, run_id, key)
+    """Sign every stream's tree head of a run that ``key`` has not signed yet (after ``require_intact``)."""
+    report = require_intact(store, run_id, key)
     mine = fingerprint(key)
-    signed = {(c.stream, c.seq, c.head_hash) for c in checkpoints_for(store, run_id) if c.key_fingerprint == mine}
-    heads = current_heads(store, run_id)
-    if not heads:
+    signed = {
+        (c.stream, c.seq, c.head_hash)
+        for c in checkpoints_for(store, run_id)
+        if c.key_fingerprint == mine and c.is_tree_head
+    }
+    tips = [t for _, t in sorted(report.tips.items()) if t.seq > 0]
+    if not tips:
         raise AuditlogError(f"run {run_id[:12]} has no events to checkpoint")
+    world = report.world_size() or 1
     out: list[SignedHead] = []
-    for head in heads:
-        if (head.stream, head.seq, head.head_hash) in signed:
-            out.append(SignedHead(run_id, head.stream, head.seq, head.head_hash, None, True))
+    for tip in tips:
+        if (tip.stream, tip.seq, tip.head_hash) in signed:
+            out.append(SignedHead(run_id, tip.stream, tip.seq, tip.head_hash, None, True))
             continue
-        made = checkpoint_head(store, key, run_id, head.stream, head=(head.seq, head.head_hash))
-        out.append(SignedHead(run_id, head.stream, head.seq, head.head_hash, made.id, False))
+        made = checkpoint_head(store, key, run_id, tip.stream, tip, world)
+        out.append(SignedHead(run_id, tip.stream, tip.seq, tip.head_hash, made.id, False))
     return out
 
 
 def export_intact_heads(store: EventStore, run_id: str, key: Ed25519PrivateKey) -> HeadStatement:
     """``export_heads`` of a record that verifies (``require_intact`` first)."""
-    require_intact(store, run_id, key)
-    return export_heads(store, key, run_id)
+    return export_heads(store, key, require_intact(store, run_id, key))

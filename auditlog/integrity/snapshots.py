@@ -1,9 +1,11 @@
 """Verify the snapshot files a run's events reference: present, intact, catalogued.
 
 The hash chain covers snapshot *hashes* (they are in event payloads); this checks
-that the content behind each hash is still there and still hashes to it, and
-names the tensor (by qualified name) and the file when it does not. A missing file
-is reported as missing, a damaged one as damaged; neither crashes ``verify``.
+that the content behind each hash is still there at the location its hash
+names, has exactly a snapshot's Parquet schema and still hashes to it, and that
+the catalog (a cache) agrees with the file in every field; it names the tensor
+(by qualified name) and the file when not. A missing file is reported as
+missing, a damaged one as damaged; neither crashes ``verify``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 
 from auditlog.core.errors import StoreError
 from auditlog.core.replay import CONSTRUCTION_KINDS, replay
+from auditlog.store.blobs import SnapshotStore
 from auditlog.store.eventstore import EventStore
 from auditlog.store.rows import decode_event, payload_object
 
@@ -57,10 +60,6 @@ def verify_snapshots(store: EventStore, run_id: str) -> tuple[int, list[Snapshot
     references = list(_referenced(store, run_id))
     if not references:
         return 0, []
-    from auditlog.store.blobs import (  # Parquet and tensors: only when needed
-        SnapshotStore,
-        blob_from_row,
-    )
 
     catalog = store.blob_rows(sorted({sha for *_, sha in references}))
     try:
@@ -71,18 +70,13 @@ def verify_snapshots(store: EventStore, run_id: str) -> tuple[int, list[Snapshot
     except (StoreError, KeyError, TypeError, ValueError, AttributeError):
         names = {}  # names are a courtesy; a malformed event is reported by the chain check
     files = SnapshotStore(store.location.snapshots)
-    verdict: dict[str, str | None] = {}
+    verdict: dict[str, list[str]] = {}
     problems: list[SnapshotProblem] = []
     for seq, event_id, tensor_id, sha in references:
-        if sha not in verdict:
-            row = catalog.get(sha)
-            verdict[sha] = "not in the snapshot catalog" if row is None else files.check(blob_from_row(row))
-        what = verdict[sha]
-        if what is None:
-            continue
-        if any(p.sha256 == sha for p in problems):
-            continue  # one report per damaged content, at its first reference
+        if sha in verdict:
+            continue  # one report per content, at its first reference
+        verdict[sha] = files.check(sha, catalog.get(sha))
         label = ", ".join(names.get(tensor_id, [])) or f"tensor #{tensor_id}"
-        row = catalog.get(sha)
-        problems.append(SnapshotProblem(seq, event_id, label, sha, None if row is None else str(row["file"]), what))
+        for what in verdict[sha]:
+            problems.append(SnapshotProblem(seq, event_id, label, sha, files.relpath(sha), what))
     return len(verdict), problems

@@ -1,92 +1,52 @@
-"""``verify``: check every stream's hash chain and sequence, and say what broke.
+"""``verify``: check every stream's hash chain, sequence, tree and end, and say what broke.
 
 Each link is checked against the *stored* hash of the event before it, so a
 single edited event is reported as exactly that event and the rest of the chain
 still verifies. When an event's hash does not match, nearby positions are tried
-to tell a moved (reordered) event from an edited one. What a bare chain cannot
-see (the newest events cut off, a whole chain rewritten with fresh hashes) needs
-signed checkpoints, below.
+to tell a moved (reordered) event from an edited one. In the same pass every
+stream's Merkle tree (RFC 9162, ``merkle``) is computed over the same canonical
+rows, with its head at every size a signed statement names.
 
-Signed checkpoints are checked here too: each stored checkpoint's signature
-against the trusted public keys (a checkpoint by an unknown key is reported,
-never silently accepted) and its ``(seq, head_hash)`` against the chain, and so
-is any exported head statement the caller holds (``verify --against``): the
-chain must still have exactly that hash at that seq, which a cut-off tail or a
-rewritten chain cannot fake without the private key.
+A stream begins with its ``run_started`` and ends at its ``run_ended``: an event
+after the end was appended to a finished stream, whatever its hash. Its
+``run_started`` declares the run's ``world_size``: streams are numbered below
+it, and every stream declares the same.
 
-Before any of that, ``verify_store`` runs the database's own structural check
+What a bare chain cannot see (the newest events cut off, a whole chain
+rewritten with fresh hashes, a stream added with its own fresh chain) needs a
+signature: ``signed`` checks stored checkpoints, exported heads and, with
+``require_signed``, that every event is covered by one. ``runindex`` checks the
+runs index against the chain, ``snapshots`` the snapshot files.
+
+Before any of that, ``Store.verify`` runs the database's own structural check
 (``EventStore.check_file``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from auditlog.core.chain import chain_hash, genesis_hash
+from auditlog.core.chain import canonical_row, chain_hash, genesis_hash, link_hash
 from auditlog.core.errors import StoreError
-from auditlog.integrity.keys import default_public_key_path, trusted_public_keys
-from auditlog.integrity.signing import Checkpoint, HeadStatement, KeyRing, Verdict
+from auditlog.integrity.keys import trusted_public_keys
+from auditlog.integrity.merkle import Frontier, PackedLeaves, leaf_hash
+from auditlog.integrity.report import Problem, SourcedStatement, StreamTip, VerifyReport
+from auditlog.integrity.runindex import verify_run_index
+from auditlog.integrity.signed import (
+    signed_sizes,
+    verify_checkpoints,
+    verify_coverage,
+    verify_statement,
+)
+from auditlog.integrity.signing import KeyRing
 from auditlog.integrity.snapshots import verify_snapshots
 from auditlog.store.eventstore import EventStore
+from auditlog.store.rows import payload_object
+
+__all__ = ["Problem", "SourcedStatement", "StreamTip", "VerifyReport", "verify_run", "verify_stream"]
 
 WINDOW = 32
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One integrity failure, pinned to an event or to the checkpoint that caught it.
-
-    ``altered`` is True when the problem proves the record was changed, False when
-    something could not be verified (a signature by a key nobody trusted, an
-    exported statement that does not verify); both fail ``verify``.
-    """
-
-    run_id: str
-    stream: int
-    seq: int
-    event_id: int | None
-    kind: str | None
-    what: str
-    checkpoint_id: int | None = None
-    altered: bool = True
-
-    def describe(self) -> str:
-        at = f"run {self.run_id[:12]} stream {self.stream} seq {self.seq}"
-        if self.event_id is not None:
-            at += f" (event id {self.event_id}, {self.kind})"
-        if self.checkpoint_id is not None:
-            at += f" (checkpoint {self.checkpoint_id})"
-        return f"{at}: {self.what}"
-
-
-@dataclass
-class VerifyReport:
-    """The outcome of verifying one run."""
-
-    run_id: str
-    events: int = 0
-    streams: dict[int, int] = field(default_factory=dict)
-    problems: list[Problem] = field(default_factory=list)
-    checkpoints: int = 0
-    statements: int = 0
-    snapshots: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems and self.events > 0
-
-    def first_problem(self) -> Problem | None:
-        """The problem to name first: the first proven alteration, else the first doubt."""
-        for problem in self.problems:
-            if problem.altered:
-                return problem
-        return self.problems[0] if self.problems else None
-
-
-# A statement read from a file, with the name to report it by (the file path).
-SourcedStatement = tuple[str, HeadStatement]
 
 
 # Column -> allowed Python types of a stored event. Anyone with file access can
@@ -110,7 +70,7 @@ def _garbled_column(row: dict[str, Any]) -> str | None:
     """The first column of ``row`` holding a value the writer can never have stored."""
     for column, types in _EVENT_TYPES.items():
         value = row.get(column)
-        if not isinstance(value, types) or isinstance(value, bool):
+        if type(value) not in types:  # exact types: a bool is not an int here
             return f"column {column} holds {type(value).__name__} {_short(value)}"
     return None
 
@@ -154,8 +114,15 @@ def verify_stream(
     stream: int,
     report: VerifyReport,
     progress: Callable[[int], None] | None = None,
-) -> None:
-    """Check one stream, appending problems to ``report``."""
+    *,
+    sizes: frozenset[int] = frozenset(),
+    leaves: PackedLeaves | None = None,
+) -> StreamTip:
+    """Check one stream, appending problems to ``report``; returns what was read.
+
+    ``sizes``: tree sizes whose heads signed statements name (recorded in the
+    tip's ``roots``); ``leaves``: collects every leaf hash (for proofs).
+    """
     expected = 1
     # prev: the stored hash of the previous event; recomputed: what that hash should
     # be given its own content. An event chained to either is intact, so editing
@@ -164,9 +131,19 @@ def verify_stream(
     last_id = -1
     count = 0
     mismatched: list[dict[str, Any]] = []
+    after_end: list[dict[str, Any]] = []
+    tip = StreamTip(stream)
+    tree = Frontier()
     for row in store.iter_events(run_id, stream=stream):
         count += 1
         garbled = _garbled_column(row)
+        encoded = repr(sorted(row.items())).encode() if garbled else canonical_row(row)
+        leaf = leaf_hash(encoded)
+        tree.append(leaf)
+        if leaves is not None:
+            leaves.append(leaf)
+        if tree.size in sizes:
+            tip.roots[tree.size] = tree.root().hex()
         if garbled is not None:
             seq_value = row.get("seq")
             at = seq_value if isinstance(seq_value, int) and not isinstance(seq_value, bool) else expected
@@ -179,6 +156,17 @@ def verify_stream(
             expected = max(expected, at + 1)
             continue
         seq = int(row["seq"])
+        if tip.ended_at is not None:
+            after_end.append(row)
+        elif row["kind"] == "run_ended":
+            tip.ended_at = seq
+        if row["kind"] == "run_started" and tip.world_size is None:
+            world = payload_object(row["payload"]).get("world_size")
+            tip.world_size = world if isinstance(world, int) and not isinstance(world, bool) and world > 0 else 1
+        if count == 1 and seq == 1 and row["kind"] != "run_started":
+            report.problems.append(Problem(
+                run_id, stream, 1, row["id"], row["kind"],
+                "stream does not begin with run_started (its first event was replaced)"))
         if seq > expected:
             missing = f"seq {expected}" if seq == expected + 1 else f"seqs {expected}..{seq - 1}"
             report.problems.append(
@@ -191,7 +179,7 @@ def verify_stream(
             )
             continue
         else:
-            computed = chain_hash(prev, row)
+            computed = link_hash(prev, encoded)
             if computed != row["hash"] and (
                 recomputed == prev or chain_hash(recomputed, row) != row["hash"]
             ):
@@ -203,6 +191,7 @@ def verify_stream(
             )
         last_id = row["id"]
         prev = row["hash"]
+        tip.seq, tip.head_hash = seq, row["hash"]
         expected = seq + 1
         if progress is not None:
             progress(1)
@@ -215,8 +204,17 @@ def verify_stream(
             Problem(run_id, stream, int(mismatched[50]["seq"]), None, None,
                     f"and {len(mismatched) - 50} more events whose hash does not match")
         )
+    if after_end:
+        first = after_end[0]
+        report.problems.append(Problem(
+            run_id, stream, int(first["seq"]), first["id"], first["kind"],
+            f"{len(after_end)} event(s) after the stream's run_ended at seq {tip.ended_at} "
+            "(a stream ends at its run_ended: events were appended to a finished stream)"))
+    tip.tree_root = tree.root().hex()
     report.streams[stream] = count
     report.events += count
+    report.tips[stream] = tip
+    return tip
 
 
 def _streams(store: EventStore, run_id: str, report: VerifyReport) -> list[int]:
@@ -235,108 +233,6 @@ def _streams(store: EventStore, run_id: str, report: VerifyReport) -> list[int]:
     return sorted(streams)
 
 
-def _off_chain(
-    store: EventStore, run_id: str, stream: int, seq: int, head_hash: str, subject: str
-) -> str | None:
-    """Why the signed ``(seq, head_hash)`` named ``subject`` is not on the stored chain; None if it is."""
-    stored = store.hashes_between(run_id, stream, seq, seq).get(seq)
-    if stored == head_hash:
-        return None
-    if stored is not None:
-        return (
-            f"{subject} does not match the chain: event seq {seq} has hash {stored[:16]}, "
-            f"the signed head is {head_hash[:16]} (the chain was rewritten)"
-        )
-    last = store.last_seq(run_id, stream)
-    if last is None:
-        return f"{subject} is at seq {seq}, but the stream has no events (deleted)"
-    if last < seq:
-        return f"{subject} is at seq {seq}, but the stream ends at seq {last}: newer events were cut off"
-    return f"{subject} is at seq {seq}, but that event is missing (deleted)"
-
-
-def _no_key_hint(keys: KeyRing) -> str:
-    if keys:
-        return "pass its public key with --key"
-    return f"no public key given: pass --key PUBLIC or keep it at {str(default_public_key_path())!r}"
-
-
-def verify_checkpoints(
-    store: EventStore,
-    run_id: str,
-    report: VerifyReport,
-    keys: KeyRing,
-    store_id: str,
-    rows: list[dict[str, Any]] | None = None,
-) -> None:
-    """Check every stored checkpoint of a run: its signature, and that it is on the chain."""
-    for row in store.checkpoint_rows(run_id) if rows is None else rows:
-        report.checkpoints += 1
-        row_id = row.get("id")
-        try:
-            checkpoint = Checkpoint.from_row(row)
-        except ValueError as exc:
-            stream, seq = row.get("stream"), row.get("seq")
-            report.problems.append(
-                Problem(run_id, stream if isinstance(stream, int) else 0, seq if isinstance(seq, int) else 0,
-                        None, None, f"checkpoint row is garbled: {exc}", checkpoint_id=row_id)
-            )
-            continue
-        verdict = keys.check(checkpoint.key_fingerprint, checkpoint.statement(store_id), checkpoint.signature)
-
-        def problem(what: str, altered: bool, cp: Checkpoint = checkpoint) -> Problem:
-            return Problem(run_id, cp.stream, cp.seq, None, None, what, checkpoint_id=cp.id, altered=altered)
-
-        if verdict is Verdict.INVALID:
-            report.problems.append(problem(
-                f"checkpoint signature by key {checkpoint.key_fingerprint[:16]} does not verify "
-                "(the checkpoint was edited, or copied from another store)", True))
-            continue
-        if verdict is Verdict.UNKNOWN_KEY:
-            report.problems.append(problem(
-                f"checkpoint is signed by key {checkpoint.key_fingerprint[:16]}, which is not trusted "
-                f"({_no_key_hint(keys)})", False))
-        why = _off_chain(
-            store, run_id, checkpoint.stream, checkpoint.seq, checkpoint.head_hash, "signed head"
-        )
-        if why is not None:
-            report.problems.append(problem(why, verdict is Verdict.VALID))
-
-
-def verify_statement(
-    store: EventStore, report: VerifyReport, source: str, statement: HeadStatement, keys: KeyRing
-) -> None:
-    """Check an exported head statement: its signature, and that the chain still extends it."""
-    report.statements += 1
-    run_id = statement.run_id
-    first = statement.heads[0]
-    verdict = keys.check(statement.key_fingerprint, statement.message(), statement.signature)
-    if verdict is Verdict.INVALID:
-        report.problems.append(Problem(
-            run_id, first.stream, first.seq, None, None,
-            f"exported head {source!r}: signature by key {statement.key_fingerprint[:16]} does not "
-            "verify (the statement was edited)", altered=False))
-        return
-    if verdict is Verdict.UNKNOWN_KEY:
-        report.problems.append(Problem(
-            run_id, first.stream, first.seq, None, None,
-            f"exported head {source!r} is signed by key {statement.key_fingerprint[:16]}, which is "
-            f"not trusted ({_no_key_hint(keys)})", altered=False))
-    proven = verdict is Verdict.VALID
-    if report.events == 0:
-        report.problems.append(Problem(
-            run_id, first.stream, first.seq, None, None,
-            f"exported head {source!r}: the run has no events in this store (deleted, or this is "
-            f"not the store it was exported from: store id {statement.store_id})", altered=proven))
-        return
-    for head in statement.heads:
-        why = _off_chain(
-            store, run_id, head.stream, head.seq, head.head_hash, f"exported head {source!r}"
-        )
-        if why is not None:
-            report.problems.append(Problem(run_id, head.stream, head.seq, None, None, why, altered=proven))
-
-
 def verify_run(
     store: EventStore,
     run_id: str,
@@ -344,37 +240,82 @@ def verify_run(
     *,
     keys: KeyRing | None = None,
     statements: Sequence[SourcedStatement] = (),
+    require_signed: bool | None = None,
+    keep_leaves: bool = False,
 ) -> VerifyReport:
-    """Verify every stream of a run, its checkpoints and the given exported heads.
+    """Verify every stream of a run, its checkpoints, the given exported heads and its index row.
 
     ``keys``: the public keys whose signatures are trusted; None means the
     default public key (see ``auditlog.integrity.keys``), if there is one, read only when
-    there is a signature to check. Problems are sorted so the first bad event
-    is first.
+    there is a signature to check. ``require_signed`` (default: keys were given):
+    every event of every stream must be covered by a valid signature by one of
+    them, or the run fails as not verified. Problems are sorted so the first bad
+    event is first.
     """
     report = VerifyReport(run_id)
-    for stream in _streams(store, run_id, report):
-        verify_stream(store, run_id, stream, report, progress)
     mine = [(source, st) for source, st in statements if st.run_id == run_id]
+    rows = store.checkpoint_rows(run_id)
+    sizes = signed_sizes(rows, [st for _, st in mine])
+    leaves: dict[int, PackedLeaves] = {}
+    for stream in _streams(store, run_id, report):
+        kept = leaves.setdefault(stream, PackedLeaves()) if keep_leaves or _needs_leaves(mine, stream) else None
+        verify_stream(store, run_id, stream, report, progress,
+                      sizes=frozenset(sizes.get(stream, ())), leaves=kept)
+    _check_streams(report)
     if report.events == 0:
         # A run known only from a statement: the statement's problem says it better.
         if not mine or store.has_run_row(run_id):
             report.problems.append(Problem(run_id, 0, 1, None, None, "run has no events (all deleted)"))
-    elif not store.has_run_row(run_id):
-        report.problems.append(Problem(
-            run_id, 0, 1, None, None, "run has events but its row in the runs index was deleted"))
-    rows = store.checkpoint_rows(run_id)
+    else:
+        verify_run_index(store, run_id, report)
+    explicit = keys is not None
     if keys is None:
         # Read the default key only when there is a signature to check: a broken
         # key file must not fail verification of stores that never used signing.
         keys = KeyRing(trusted_public_keys()) if rows or mine else KeyRing()
     verify_checkpoints(store, run_id, report, keys, store.meta().get("store_id", ""), rows)
     for source, statement in mine:
-        verify_statement(store, report, source, statement, keys)
+        verify_statement(store, report, source, statement, keys, leaves)
+    uncovered: list[Problem] = []
     if report.events:
+        uncovered = verify_coverage(report, explicit if require_signed is None else require_signed)
         _verify_snapshot_files(store, run_id, report)
     report.problems.sort(key=lambda p: (p.stream, p.seq))
+    report.problems.extend(uncovered)  # after the problems that may explain them
     return report
+
+
+def _needs_leaves(statements: Sequence[SourcedStatement], stream: int) -> bool:
+    """A consistency proof is made for a stream an exported tree head names."""
+    return any(st.is_tree_head and any(h.stream == stream for h in st.heads) for _, st in statements)
+
+
+def _check_streams(report: VerifyReport) -> None:
+    """The run's streams agree on its world size, and are numbered below it."""
+    declared = {s: t.world_size for s, t in report.tips.items() if t.world_size is not None}
+    if len(set(declared.values())) > 1:
+        lowest = min(declared)
+        for stream, size in sorted(declared.items()):
+            if size != declared[lowest]:
+                report.problems.append(Problem(
+                    report.run_id, stream, 1, None, "run_started",
+                    f"run_started says world_size {size}, stream {lowest}'s says {declared[lowest]} "
+                    "(a stream was added or its run_started replaced)"))
+        return
+    world = report.world_size()
+    if world is None:
+        return
+    for stream in sorted(report.tips):
+        if stream >= world:
+            report.problems.append(Problem(
+                report.run_id, stream, 1, None, None,
+                f"stream {stream} is not a stream of this run: its run_started declares world_size "
+                f"{world} (streams 0..{world - 1}; a stream was added)"))
+    missing = sorted(set(range(world)) - set(report.tips))
+    if missing:
+        report.notes.append(
+            f"world_size {world}, but no events of stream(s) {', '.join(map(str, missing))} "
+            "(ranks that were not recorded, or whose events were deleted)")
 
 
 def _verify_snapshot_files(store: EventStore, run_id: str, report: VerifyReport) -> None:
@@ -391,7 +332,6 @@ def _verify_snapshot_files(store: EventStore, run_id: str, report: VerifyReport)
                 problem.seq,
                 problem.event_id,
                 "snapshot",
-                f"snapshot of {problem.tensor} "
-                f"({'file snapshots/' + problem.file if problem.file else 'no catalog entry'}): {problem.what}",
+                f"snapshot of {problem.tensor} (file snapshots/{problem.file}): {problem.what}",
             )
         )

@@ -124,17 +124,22 @@ class Store:
         return [run_id]
 
     # ------------------------------------------------------------------ questions
-    def query_session(self, run: str | None = None, progress: Progress | None = None) -> QuerySession:
+    def query_session(
+        self, run: str | None = None, progress: Progress | None = None, rebuild: bool = False
+    ) -> QuerySession:
         """A read-only DuckDB session over the documented views (``auditlog schema``).
 
-        The read model is brought up to date first; ``run`` scopes every view to
-        one run. Close the session (or use ``with``) when done.
+        The read model is brought up to date first (rebuilt when ``rebuild``, or
+        when it no longer matches the chain heads and the seal it was built
+        from); ``run`` scopes every view to one run. Close the session (or use
+        ``with``) when done. The read model is a cache, not evidence:
+        ``verify`` is.
         """
         from auditlog.store.readmodel.cache import ReadModel
         from auditlog.store.readmodel.session import QuerySession
 
         run_id = self.select(run) if run is not None else None
-        session, _report = QuerySession.open(ReadModel(self.event_store), run_id, progress)
+        session, _report = QuerySession.open(ReadModel(self.event_store), run_id, progress, rebuild)
         return session
 
     def query(self, sql: str, run: str | None = None) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from auditlog.read.diff import (
     run_facts,
 )
 from auditlog.read.run import Run, pick_snapshot
-from auditlog.store.blobs import BlobInfo, SnapshotError, SnapshotStore, blob_from_row
+from auditlog.store.blobs import BlobInfo, SnapshotStore
 from auditlog.store.eventstore import EventStore
 
 
@@ -246,12 +246,10 @@ def _compare(
     rtol: float,
 ) -> Divergence | None:
     """Two different contents of one tensor: a ``Divergence``, or None when within tolerance."""
-    rows = store.blob_rows([sha_a, sha_b])
-    for sha, name in ((sha_a, name_a), (sha_b, name_b)):
-        if sha not in rows:
-            raise SnapshotError(f"snapshot {sha[:16]}... of {name} at step {step} is not in the catalog")
-    blob_a, blob_b = blob_from_row(rows[sha_a]), blob_from_row(rows[sha_b])
-    tensor_a, tensor_b = snapshots.get(blob_a), snapshots.get(blob_b)
+    # Read back and checked against the chained hashes (IntegrityError naming tensor and file).
+    tensor_a = snapshots.read_verified(sha_a, f"{name_a} at step {step} of run A")
+    tensor_b = snapshots.read_verified(sha_b, f"{name_b} at step {step} of run B")
+    blob_a, blob_b = snapshots.describe(sha_a, digest=False), snapshots.describe(sha_b, digest=False)
     reason = "values"
     if blob_a.shape != blob_b.shape:
         reason = "shape"

@@ -157,30 +157,33 @@ class Run:
         Values for step N come from snapshots recorded at step N (taken in that
         step's post hook, or later before step N+1: explicit and run-end
         snapshots). A tensor with no such snapshot is an error naming it, unless
-        ``allow_partial`` (then it is left out). Needs torch.
+        ``allow_partial`` (then it is left out; nothing at all is still an error).
+        Each value's content hash is checked against the chained hash
+        (``IntegrityError`` naming the tensor and the file). Needs torch.
         """
-        from auditlog.store.blobs import SnapshotError, SnapshotStore, blob_from_row
+        from auditlog.store.blobs import SnapshotStore
 
         plan = self.restore_plan(step, seq, root)
         missing = [key for key, sha in plan if sha is None]
+        when = f"step {step}" if step is not None else (f"seq {seq}" if seq is not None else "the end")
         if missing and not allow_partial:
             shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            when = f"step {step}" if step is not None else (f"seq {seq}" if seq is not None else "the end")
             raise AuditlogError(
                 f"no snapshot of {shown} at {when} (record with snapshot_every, or allow a partial state_dict)"
             )
-        wanted = {sha for _, sha in plan if sha is not None}
-        rows = self.store.blob_rows(sorted(wanted))
+        if len(missing) == len(plan):
+            what = "no tensor of the model was snapshotted" if plan else "the model has no parameters or buffers"
+            raise AuditlogError(f"{what} at {when}: nothing to restore")
+        # Every value is read back and its content hash compared with the hash the
+        # chain recorded: a file replaced under a hash is an IntegrityError naming it.
         snapshots = SnapshotStore(self.store.location.snapshots)
         loaded: dict[str, torch.Tensor] = {}
         out: dict[str, torch.Tensor] = {}
         for key, sha in plan:
             if sha is None:
                 continue
-            if sha not in rows:
-                raise SnapshotError(f"snapshot {sha[:16]}... of {key} is not in the catalog")
             if sha not in loaded:
-                loaded[sha] = snapshots.get(blob_from_row(rows[sha]))
+                loaded[sha] = snapshots.read_verified(sha, f"{key} at {when}")
             out[key] = loaded[sha]
         return out
 
@@ -269,6 +272,19 @@ class Run:
         from auditlog.integrity.heads import export_intact_heads
 
         return export_intact_heads(self.store, self.run_id, key)
+
+    def prove(self, seq: int, stream: int = 0) -> dict[str, Any]:
+        """An inclusion proof of event ``seq`` under the stream's newest signed tree head
+        (``auditlog-inclusion-proof-v1``: checkable without the store)."""
+        from auditlog.read.proofs import prove_inclusion
+
+        return prove_inclusion(self.store, self.run_id, seq, stream)
+
+    def prove_consistency(self, old_head: dict[str, Any], stream: int = 0) -> dict[str, Any]:
+        """A consistency proof from an older signed tree head (an exported head) to the newest stored one."""
+        from auditlog.read.proofs import prove_consistency
+
+        return prove_consistency(self.store, self.run_id, old_head, stream)
 
     def info(self) -> RunInfo:
         """The run's summary: status, start and end, command line, code version, counts."""

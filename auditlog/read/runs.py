@@ -1,7 +1,11 @@
 """Runs as the read side sees them: summary rows with derived status, and selection.
 
-Status comes from ``auditlog.core.liveness``: never trusted from a mutable
-column, never "running" forever.
+Everything shown and every selector (``latest``, names, id prefixes) comes from
+the chained ``run_started`` / ``run_ended`` events, never from the ``runs``
+table: that table is an index that ``verify`` checks against the chain, and
+the home of liveness (``last_seen_ns``, ``proc_start``), which is not evidence.
+Status comes from ``auditlog.core.liveness``: the chained ``run_ended`` when
+there is one, else the process table; never "running" forever.
 """
 
 from __future__ import annotations
@@ -61,38 +65,89 @@ class RunInfo:
         }
 
 
+@dataclass(frozen=True)
+class ChainedRun:
+    """A run as its chained ``run_started`` (lowest stream) says it began."""
+
+    run_id: str
+    stream: int
+    started_ns: int
+    meta: dict[str, Any]
+
+    @property
+    def name(self) -> str | None:
+        name = self.meta.get("name")
+        return name if isinstance(name, str) else None
+
+
+def chained_runs(store: EventStore) -> list[ChainedRun]:
+    """Every run with events, oldest first by its chained start time.
+
+    A run whose ``run_started`` is gone (deleted: ``verify`` says so) is still a
+    run of the record, dated by its earliest event and nameless.
+    """
+    found: dict[str, ChainedRun] = {}
+    for event in store.events_of_kind("run_started"):
+        run_id, stream, ts = event.get("run_id"), event.get("stream"), event.get("ts_ns")
+        if not isinstance(run_id, str) or not isinstance(stream, int) or not isinstance(ts, int):
+            continue  # garbled: verify names it
+        known = found.get(run_id)
+        if known is None or stream < known.stream:
+            found[run_id] = ChainedRun(run_id, stream, ts, payload_object(event.get("payload")))
+    for run_id, first in store.run_first_times().items():
+        if run_id not in found:
+            found[run_id] = ChainedRun(run_id, 0, first, {})
+    return sorted(found.values(), key=lambda r: (r.started_ns, r.run_id))
+
+
+def _int(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
 def list_runs(store: EventStore) -> list[RunInfo]:
     """All runs, oldest first, with derived status."""
     counts = store.run_event_counts()
     # Summaries tolerate damaged rows (verify names them); nothing here may crash.
-    started = {e["run_id"]: payload_object(e["payload"]) for e in store.events_of_kind("run_started") if e["stream"] == 0}
-    ended_events = {
-        e["run_id"]: e for e in store.events_of_kind("run_ended") if e["stream"] == 0 and isinstance(e["ts_ns"], int)
+    ended_events: dict[tuple[str, int], dict[str, Any]] = {
+        (e["run_id"], e["stream"]): e
+        for e in store.events_of_kind("run_ended")
+        if isinstance(e["ts_ns"], int) and isinstance(e["stream"], int)
     }
+    liveness = {str(r["run_id"]): r for r in store.run_rows()}
     out: list[RunInfo] = []
-    for row in store.run_rows():
-        run_id = row["run_id"]
-        meta = started.get(run_id, {})
-        end_event = ended_events.get(run_id)
+    for run in chained_runs(store):
+        meta = run.meta
+        end_event = ended_events.get((run.run_id, run.stream))
         ended = payload_object(end_event["payload"]) if end_event else None
-        git = meta.get("git") or {}
-        n_events, max_step = counts.get(run_id, (0, None))
+        git_value = meta.get("git")
+        git: dict[str, Any] = git_value if isinstance(git_value, dict) else {}
+        n_events, max_step = counts.get(run.run_id, (0, None))
+        host, pid = str(meta.get("host") or ""), _int(meta.get("pid"), 0)
+        index = liveness.get(run.run_id) or {}
+        # Liveness from the index (not evidence: a heartbeat and a process start time),
+        # who ran it (host, pid) from the chain.
+        live: dict[str, Any] = {
+            "host": host,
+            "pid": pid,
+            "proc_start": index.get("proc_start"),
+            "last_seen_ns": _int(index.get("last_seen_ns"), run.started_ns),
+        }
         out.append(
             RunInfo(
-                run_id=run_id,
-                name=row.get("name"),
-                started_ns=int(row["started_ns"]),
+                run_id=run.run_id,
+                name=run.name,
+                started_ns=run.started_ns,
                 ended_ns=int(end_event["ts_ns"]) if end_event else None,
-                status=derive_status(row, ended),
+                status=derive_status(live, ended),
                 exit_code=None if ended is None else ended.get("exit_code"),
                 argv=list(meta.get("argv") or []),
                 git_commit=git.get("commit"),
                 git_dirty=git.get("dirty"),
                 events=n_events,
                 steps=int((ended or {}).get("steps") or max_step or 0),
-                host=row["host"],
-                pid=int(row["pid"]),
-                last_seen_ns=int(row["last_seen_ns"]),
+                host=host,
+                pid=pid,
+                last_seen_ns=int(live["last_seen_ns"]),
                 exception=None if ended is None else ended.get("exception"),
             )
         )
@@ -100,18 +155,18 @@ def list_runs(store: EventStore) -> list[RunInfo]:
 
 
 def select_run(store: EventStore, selector: str) -> str:
-    """Resolve ``latest``, a full id, a unique id prefix or a run name to a run id."""
-    rows = store.run_rows()
+    """Resolve ``latest``, a full id, a unique id prefix or a run name to a run id (from the chain)."""
+    rows = chained_runs(store)
     if not rows:
         raise RunNotFoundError(f"store {store.location.display()!r} has no runs yet")
     if selector == "latest":
-        return str(rows[-1]["run_id"])
+        return rows[-1].run_id
     if selector.startswith("latest~"):
         back = selector[len("latest~") :]
         if not back.isdigit() or int(back) >= len(rows):
             raise RunNotFoundError(f"no run {selector!r} (the store has {len(rows)} runs)")
-        return str(rows[-1 - int(back)]["run_id"])
-    ids = [str(r["run_id"]) for r in rows]
+        return rows[-1 - int(back)].run_id
+    ids = [r.run_id for r in rows]
     if selector in ids:
         return selector
     matches = [i for i in ids if i.startswith(selector.lower())] if selector else []
@@ -120,7 +175,7 @@ def select_run(store: EventStore, selector: str) -> str:
     if len(matches) > 1:
         shown = ", ".join(m[:12] for m in matches[:5])
         raise RunNotFoundError(f"run prefix {selector!r} is ambiguous: matches {len(matches)} runs ({shown})")
-    named = [str(r["run_id"]) for r in rows if r.get("name") == selector]
+    named = [r.run_id for r in rows if r.name == selector]
     if named:
         return named[-1]
     raise RunNotFoundError(f"no run matches {selector!r} (use an id, a unique id prefix, a name or 'latest')")

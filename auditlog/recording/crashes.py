@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import socket
 import time
+from typing import Any
 
 from auditlog.core.chain import canonical_payload, chained_row
 from auditlog.core.liveness import process_alive
 from auditlog.core.values import iso
 from auditlog.store.eventstore import EventStore
+from auditlog.store.rows import payload_object
+
+
+def _index_matches_chain(store: EventStore, row: dict[str, Any]) -> bool:
+    """Does the index row name the process the chained ``run_started`` does (host and pid)?"""
+    started = store.run_started_event(str(row["run_id"]))
+    payload = payload_object(started.get("payload")) if started else {}
+    return payload.get("host") == row.get("host") and payload.get("pid") == row.get("pid")
 
 
 def close_crashed_runs(store: EventStore, detected_by: str) -> list[str]:
@@ -30,6 +39,8 @@ def close_crashed_runs(store: EventStore, detected_by: str) -> list[str]:
     for row in store.run_rows():
         if row["host"] != host or process_alive(int(row["pid"]), row.get("proc_start")):
             continue
+        if not _index_matches_chain(store, row):
+            continue  # an edited index row (say, a live run's pid) must not end a run
         for stream in store.streams(row["run_id"]):
             if (row["run_id"], stream) in ended:
                 continue
@@ -49,7 +60,7 @@ def close_crashed_runs(store: EventStore, detected_by: str) -> list[str]:
                     "last_seen": iso(int(row["last_seen_ns"])),
                 }
             )
-            event = chained_row(
+            event, _encoded = chained_row(
                 prev, row["run_id"], stream, seq + 1, time.time_ns(), "run_ended", last_step, None, None, payload
             )
             try:

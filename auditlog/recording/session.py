@@ -36,8 +36,9 @@ from auditlog.core.errors import (
 )
 from auditlog.core.liveness import process_start_ticks
 from auditlog.core.policy import Policy, make_policy
-from auditlog.integrity.heads import checkpoint_head
+from auditlog.integrity.heads import checkpoint_head, checkpoint_run
 from auditlog.integrity.keys import configured_private_key
+from auditlog.integrity.report import StreamTip
 from auditlog.recording.crashes import close_crashed_runs
 from auditlog.recording.execfile import exit_status
 from auditlog.recording.metadata import (
@@ -129,14 +130,14 @@ class Recording(contextlib.ContextDecorator):
                     "nested or concurrent record() calls are refused because global hooks "
                     "would record every event twice"
                 )
-            rank, _world = rank_and_world()
+            rank, world = rank_and_world()
             run_id = self.requested_run_id or os.environ.get("AUDITLOG_RUN_ID") or uuid.uuid4().hex
             static = static_metadata(self.name, self.code_path, self._policy(), self.argv)
             try:
                 store = EventStore.open(
                     self.store_spec, create=True, synchronous=SYNCHRONOUS[self.policy.durability]
                 )
-                close_crashed_runs(store, detected_by=run_id)
+                closed = close_crashed_runs(store, detected_by=run_id)
                 store.create_run(
                     run_id, self.name, static["host"], static["pid"], process_start_ticks(os.getpid())
                 )
@@ -151,7 +152,8 @@ class Recording(contextlib.ContextDecorator):
             key = configured_private_key()  # $AUDITLOG_KEY or the keygen default; None: no signing
             sign = None
             if key is not None:
-                sign = functools.partial(_sign_head, store, key, run_id, rank)
+                sign = functools.partial(_sign_head, store, key, run_id, rank, world)
+                _sign_closed(store, key, closed)
             buffer = RecordBuffer()
             writer = Writer(store, run_id, rank, buffer, on_error=self.policy.on_error, sign=sign)
             recorder = Recorder(buffer, self.policy)
@@ -273,8 +275,17 @@ class Recording(contextlib.ContextDecorator):
 SYNCHRONOUS = {"fast": "NORMAL", "step": "NORMAL", "strict": "FULL"}
 
 
-def _sign_head(store: EventStore, key: Any, run_id: str, stream: int, seq: int, head: str) -> None:
-    checkpoint_head(store, key, run_id, stream, head=(seq, head))
+def _sign_head(store: EventStore, key: Any, run_id: str, stream: int, world: int, tip: StreamTip) -> None:
+    checkpoint_head(store, key, run_id, stream, tip, world)
+
+
+def _sign_closed(store: EventStore, key: Any, run_ids: list[str]) -> None:
+    """Sign the ends this recording wrote for crashed runs (their process could not)."""
+    for run_id in dict.fromkeys(run_ids):
+        try:
+            checkpoint_run(store, run_id, key)
+        except AuditlogError as exc:  # an altered record is not signed; say so, record anyway
+            _warn_once(f"auditlog: crashed run {run_id[:12]} not signed: {exc}")
 
 
 def _warn_once(message: str) -> None:

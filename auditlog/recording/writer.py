@@ -26,6 +26,7 @@ from auditlog.core.chain import (
     Clean,
     CleanList,
     canonical_payload,
+    canonical_row,
     chained_row,
     encode_clean,
     genesis_hash,
@@ -34,6 +35,8 @@ from auditlog.core.chain import (
 from auditlog.core.errors import one_line
 from auditlog.core.tensors import dtype_name
 from auditlog.core.values import finite_or_text
+from auditlog.integrity.merkle import Frontier, leaf_hash
+from auditlog.integrity.report import StreamTip
 from auditlog.store.blobs import SnapshotStore
 from auditlog.store.eventstore import EventStore
 
@@ -92,7 +95,7 @@ class Writer:
         batch_size: int = 5000,
         interval: float = 0.1,
         on_error: str = "continue",
-        sign: Callable[[int, str], None] | None = None,
+        sign: Callable[[StreamTip], None] | None = None,
         sign_every_events: int = 10_000,
         sign_every_seconds: float = 60.0,
     ) -> None:
@@ -114,6 +117,15 @@ class Writer:
         self._heartbeat_at = float("-inf")  # the first batch refreshes it
         head = store.chain_head(run_id, stream)
         self.seq, self.head = head if head is not None else (0, genesis_hash(run_id, stream))
+        # The stream's Merkle tree (its right edge), kept only to sign tree heads.
+        self.tree: Frontier | None = None
+        self.last_kind: str | None = None
+        if sign is not None:
+            self.tree = Frontier()
+            if head is not None:  # continuing a stream: its tree so far, once
+                for stored in store.iter_events(run_id, stream=stream):
+                    self.tree.append(leaf_hash(canonical_row(stored)))
+                    self.last_kind = stored["kind"]
         self.written = 0
         self.dropped = 0
         self._row_prefix = row_prefix(run_id, stream)  # the constant head of every canonical row
@@ -210,11 +222,14 @@ class Writer:
                 {"where": f"writer ({record[0]})", "type": type(exc).__name__, "message": str(exc)[:2000]}
             )
         self.seq += 1
-        row = chained_row(
+        row, encoded = chained_row(
             self.head, self.run_id, self.stream, self.seq, ts_ns, kind, step, module_id, tensor_id, text,
             self._row_prefix,
         )
         self.head = row["hash"]
+        if self.tree is not None:
+            self.tree.append(leaf_hash(encoded))
+            self.last_kind = kind
         return row
 
     def _write(self, rows: list[dict[str, Any]]) -> None:
@@ -268,7 +283,12 @@ class Writer:
         if not due:
             return
         try:
-            self.sign(self.seq, self.head)  # the head of what was just committed
+            assert self.tree is not None
+            # The head of what was just committed; ended when it is the stream's run_ended.
+            self.sign(StreamTip(
+                self.stream, self.seq, self.head, self.tree.root().hex(),
+                self.seq if self.last_kind == "run_ended" else None,
+            ))
             self._signed_seq, self._signed_at = self.seq, time.monotonic()
         except Exception as exc:  # a signing fault must not stop recording; say it once
             if not self._sign_warned:

@@ -17,6 +17,14 @@ memory. The schema metadata repeats dtype, shape and hash.
 
 Files are written to a temporary name and renamed, so a crash never leaves a
 partial file under a content name.
+
+Readers trust nothing but the content hash: a file's location comes from the
+hash alone (never from the catalog's ``file`` column), its Parquet schema must
+be exactly the one column its dtype calls for (``check_schema``: an extra
+column holding other values is refused, since SQL readers select by name), and
+``read_verified`` recomputes the content hash of what it decoded and compares it
+with the hash the chain recorded. The ``snapshot_blobs`` catalog is a cache of
+facts about each file; ``check`` reports every field in which it disagrees.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from auditlog.core.errors import AuditlogError
+from auditlog.core.errors import AuditlogError, IntegrityError
 from auditlog.core.tensors import dtype_name, tensor_hash
 
 # Source bytes per chunk (one row group each): bounds the writer's extra memory.
@@ -64,6 +72,12 @@ _BY_NAME: dict[str, torch.dtype] = {
 
 class SnapshotError(AuditlogError):
     """A snapshot file is missing, unreadable or does not match its content hash."""
+
+
+def expected_schema(dtype: str) -> list[tuple[str, pa.DataType]]:
+    """The only columns a snapshot file of ``dtype`` may have: ``value`` natively, else ``raw``."""
+    native = _NATIVE.get(dtype_from_name(dtype))
+    return [("value", native[1])] if native else [("raw", pa.large_binary())]
 
 
 def dtype_from_name(name: str) -> torch.dtype:
@@ -206,22 +220,117 @@ class SnapshotStore:
             raise SnapshotError(f"snapshot file {blob.file!r} holds {position} of {expected} elements/bytes")
         return out.reshape(blob.shape)
 
-    def check(self, info: BlobInfo | dict[str, Any]) -> str | None:
-        """None if the file holds exactly the content its hash names, else what is wrong."""
-        blob = info if isinstance(info, BlobInfo) else blob_from_row(info)
-        path = self.path(blob.sha256)
+    def describe(self, sha256: str, digest: bool = True) -> BlobInfo:
+        """What the file named by ``sha256`` holds, from the file alone (no catalog).
+
+        Raises ``SnapshotError`` when it is missing, unreadable or not exactly a
+        snapshot's schema. Its facts are not evidence until ``read_verified``
+        found the decoded content hashing to ``sha256``.
+        """
+        path = self.path(sha256)
+        relpath = self.relpath(sha256)
         if not path.exists():
-            return "missing"
-        if blob.file_sha256 and file_digest(path) != blob.file_sha256:
-            return "file bytes differ from the catalog's file hash (file modified)"
+            raise SnapshotError(f"snapshot file {relpath!r} is missing")
         try:
-            tensor = self.get(blob)
+            reader = pq.ParquetFile(path)
+            schema = reader.schema_arrow
+            meta = schema.metadata or {}
+            dtype = meta[b"auditlog.dtype"].decode()
+            shape = [int(d) for d in json.loads(meta[b"auditlog.shape"].decode())]
+            row_groups = reader.num_row_groups
+        except (OSError, pa.ArrowException, ValueError, KeyError, TypeError) as exc:
+            raise SnapshotError(f"snapshot file {relpath!r} is unreadable: {exc}") from exc
+        check_schema(schema, dtype, relpath)
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        native = dtype_from_name(dtype) in _NATIVE
+        return BlobInfo(
+            sha256=sha256,
+            file=relpath,
+            dtype=dtype,
+            shape=shape,
+            numel=numel,
+            nbytes=numel * torch.empty((), dtype=dtype_from_name(dtype)).element_size(),
+            layout="native" if native else "raw",
+            row_groups=row_groups,
+            file_sha256=file_digest(path) if digest else "",
+        )
+
+    def read_verified(self, sha256: str, what: str) -> torch.Tensor:
+        """The tensor whose content hash the chain recorded as ``sha256``, or ``IntegrityError``.
+
+        ``what`` names the tensor in the error (``model.0.weight at step 4``),
+        which also names the file: a missing, malformed or substituted file is a
+        damaged record (exit 4), never a silently different value.
+        """
+        where = f"snapshots/{self.relpath(sha256)}"
+        try:
+            tensor = self.get(self.describe(sha256, digest=False))
         except SnapshotError as exc:
-            return str(exc).split(": ", 1)[-1] if "unreadable" in str(exc) else str(exc)
+            raise IntegrityError(f"snapshot of {what} ({where}) cannot be used: {_reason(exc)}") from exc
         actual = tensor_hash(tensor)
-        if actual != blob.sha256:
-            return f"content hash {actual[:16]}... does not match its name (file modified)"
-        return None
+        if actual != sha256:
+            raise IntegrityError(
+                f"snapshot of {what} ({where}) does not hold the recorded content: it hashes to "
+                f"{actual[:16]}..., the record says {sha256[:16]}... (file replaced or modified)"
+            )
+        return tensor
+
+    def check(self, sha256: str, row: dict[str, Any] | None) -> list[str]:
+        """What is wrong with the stored content ``sha256`` and its catalog row (empty: nothing).
+
+        The file must exist, have exactly a snapshot's schema and decode to
+        content hashing to its name; the catalog row (a cache) must exist and
+        agree with the file in every field.
+        """
+        try:
+            found = self.describe(sha256)
+            tensor = self.get(found)
+        except SnapshotError as exc:
+            return [_reason(exc)]
+        actual = tensor_hash(tensor)
+        if actual != sha256:
+            return [f"content hash {actual[:16]}... does not match its name (file modified)"]
+        if row is None:
+            return ["not in the snapshot catalog (catalog row deleted)"]
+        try:
+            listed = blob_from_row(row)
+        except (KeyError, TypeError, ValueError) as exc:
+            return [f"catalog row is garbled ({exc})"]
+        problems = []
+        for field in ("file", "dtype", "shape", "numel", "nbytes", "layout", "row_groups", "file_sha256"):
+            if getattr(listed, field) != getattr(found, field):
+                problems.append(
+                    f"catalog row disagrees with the file: {field} is {getattr(listed, field)!r} in the "
+                    f"catalog, {getattr(found, field)!r} by the file (catalog edited)"
+                )
+        return problems
+
+
+def check_schema(schema: pa.Schema, dtype: str, relpath: str) -> None:
+    """``SnapshotError`` unless ``schema`` is exactly the one column ``dtype`` calls for."""
+    expected = expected_schema(dtype)
+    actual = [(f.name, f.type) for f in schema]
+    if actual != expected:
+        shown = ", ".join(f"{n}: {t}" for n, t in actual)
+        wanted = ", ".join(f"{n}: {t}" for n, t in expected)
+        raise SnapshotError(
+            f"snapshot file {relpath!r} has columns [{shown}]; a {dtype} snapshot has exactly "
+            f"[{wanted}] (file rewritten)"
+        )
+
+
+def _reason(exc: SnapshotError) -> str:
+    """A ``SnapshotError`` message without the file name (the caller names the file)."""
+    text = str(exc)
+    if text.endswith(" is missing"):
+        return "missing"
+    if " is unreadable: " in text:
+        return "unreadable (file modified or damaged): " + text.split(" is unreadable: ", 1)[1]
+    if " has columns " in text:
+        return "has columns " + text.split(" has columns ", 1)[1]
+    return text
 
 
 def blob_from_row(row: dict[str, Any]) -> BlobInfo:

@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, select, tuple_
 
 from auditlog.core.errors import StoreError
 from auditlog.store import schema
@@ -68,6 +68,22 @@ class EventQueries:
             rows = conn.execute(select(schema.runs).order_by(schema.runs.c.started_ns)).mappings()
             return [dict(r) for r in rows]
 
+    def run_row(self, run_id: str) -> dict[str, Any] | None:
+        """One run's row of the runs index (liveness and its copy of chained facts), or None."""
+        runs = schema.runs
+        with self.guard("reading the runs index"), self.engine.connect() as conn:
+            row = conn.execute(select(runs).where(runs.c.run_id == run_id)).mappings().first()
+        return None if row is None else dict(row)
+
+    def run_started_event(self, run_id: str) -> dict[str, Any] | None:
+        """The run's first ``run_started`` event (lowest stream), exactly as stored."""
+        with self.guard("reading run_started"), self.engine.connect() as conn:
+            row = conn.execute(
+                select(_ev).where(_ev.c.run_id == run_id, _ev.c.kind == "run_started")
+                .order_by(_ev.c.stream, _ev.c.seq).limit(1)
+            ).mappings().first()
+        return None if row is None else dict(row)
+
     def has_run_row(self, run_id: str) -> bool:
         """Does the runs index have this run's row? (The library never deletes one.)"""
         runs = schema.runs
@@ -87,6 +103,12 @@ class EventQueries:
                 select(_ev.c.run_id, func.count(), func.max(_ev.c.step)).group_by(_ev.c.run_id)
             )
             return {r[0]: (int(r[1]), _int_or_none(r[2])) for r in rows}
+
+    def run_first_times(self) -> dict[str, int]:
+        """``run_id -> earliest ts_ns`` of its events (runs whose run_started is gone still sort)."""
+        with self.guard("reading runs"), self.engine.connect() as conn:
+            rows = conn.execute(select(_ev.c.run_id, func.min(_ev.c.ts_ns)).group_by(_ev.c.run_id))
+            return {r[0]: int(r[1]) for r in rows if isinstance(r[0], str) and isinstance(r[1], int)}
 
     def events_of_kind(self, kind: str) -> list[dict[str, Any]]:
         """Every event of one kind across runs (run_started/run_ended summaries)."""
@@ -125,6 +147,21 @@ class EventQueries:
                 .limit(1)
             ).first()
         return None if row is None else (int(row[0]), str(row[1]))
+
+    def stream_head_hashes(self, heads: Sequence[tuple[str, int, int]]) -> dict[tuple[str, int, int], str]:
+        """``(run_id, stream, seq) -> stored hash`` for each event named (absent when gone)."""
+        out: dict[tuple[str, int, int], str] = {}
+        wanted = list(heads)
+        with self.guard("reading chain heads"), self.engine.connect() as conn:
+            for start in range(0, len(wanted), 300):
+                part = wanted[start : start + 300]
+                rows = conn.execute(
+                    select(_ev.c.run_id, _ev.c.stream, _ev.c.seq, _ev.c.hash).where(
+                        tuple_(_ev.c.run_id, _ev.c.stream, _ev.c.seq).in_(part)
+                    )
+                )
+                out.update({(str(r[0]), int(r[1]), int(r[2])): str(r[3]) for r in rows})
+        return out
 
     def last_seq(self, run_id: str, stream: int) -> int | None:
         """The highest seq stored in a stream (None when empty or garbled)."""
@@ -168,8 +205,9 @@ class EventQueries:
         query = query.order_by(_ev.c.stream, _ev.c.seq)
         with self.guard("reading events"), self.engine.connect() as conn:
             result = conn.execution_options(stream_results=True, yield_per=batch).execute(query)
-            for row in result.mappings():
-                yield dict(row)
+            keys = list(result.keys())
+            for row in result.tuples():  # zip over plain tuples: ~2x cheaper than RowMapping -> dict
+                yield dict(zip(keys, row, strict=True))
 
     def count_events(self, run_id: str, kinds: Sequence[str], stream: int = 0) -> int:
         """How many events of these kinds one stream of a run has (uses the (run, kind) index)."""

@@ -9,6 +9,8 @@ Schema changelog (each entry is an Alembic revision in ``migrations/versions``):
 - ``0003``: ``snapshot_blobs`` (catalog of content-addressed tensor snapshots:
   hash -> Parquet file, dtype, shape, size). Snapshot events reference these
   hashes, so the hash chain covers snapshot contents.
+- ``0004``: ``checkpoints.format``, ``tree_root``, ``ended``, ``world_size``
+  (signed Merkle tree heads, ``auditlog-checkpoint-v2``; NULL format = a v1 row).
 
 ``HEAD_REVISION`` must equal Alembic's head; a test checks it. Code that reads a
 store compares the store's revision with ``KNOWN_REVISIONS`` to decide between
@@ -29,7 +31,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003")
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004")
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 STORE_FORMAT = "auditlog-event-store"
 
@@ -86,6 +88,10 @@ checkpoints = Table(
     Column("created_ns", BigInteger, nullable=False),
     Column("key_fingerprint", String(64), nullable=False),
     Column("signature", Text, nullable=False),
+    Column("format", String(32)),
+    Column("tree_root", String(64)),
+    Column("ended", Integer),
+    Column("world_size", Integer),
 )
 
 snapshot_blobs = Table(

@@ -9,11 +9,14 @@ the record; the projection is a disposable cache shaped for questions:
   or when the store's directory is not writable (an archived record), in
   ``$XDG_CACHE_HOME/auditlog/readmodel/<store id>.duckdb``. ``AUDITLOG_READMODEL``
   overrides all of these. It is never part of the integrity record: ``verify``
-  does not read it and nothing in it is trusted.
+  does not read it, and it is not evidence (``verify`` is).
 - **When it is rebuilt.** When it is missing, unreadable or corrupt, of another
-  ``tables.FORMAT``, made from another store (store id), or when the store
+  ``tables.FORMAT``, made from another store (store id), when its seal does not
+  hold (``trust``: the file was edited outside auditlog, or the store no longer
+  holds a chain head it was built from: rewritten or cut off), when the store
   no longer holds the last event it copied with the hash it copied (the store
-  was replaced or rewound). Rebuilding is just a refresh from id 0.
+  was replaced or rewound), or when asked (``query --rebuild``). Rebuilding is
+  just a refresh from id 0.
 - **How it is refreshed.** Events are append-only with a monotonic ``id``, so a
   refresh copies ``id > last copied`` (see ``auditlog.store.readmodel.arrowcopy``) in chunks;
   each chunk is one DuckDB transaction that stages the new rows, derives the
@@ -42,10 +45,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from auditlog.core.errors import StoreError, one_line
+from auditlog.core.naming import attached_ids, label_state
+from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, apply
 from auditlog.store.eventstore import EventStore
 from auditlog.store.location import EVENTS_FILE
-from auditlog.store.readmodel import arrowcopy, tables
-from auditlog.store.readmodel.names import replay_names
+from auditlog.store.readmodel import arrowcopy, names, tables
+from auditlog.store.readmodel.names import MODULE_SCHEMA, TENSOR_SCHEMA
+from auditlog.store.readmodel.trust import check_blobs, seal_path, seal_problem, write_seal
 
 PROJECTION_FILE = "readmodel.duckdb"
 CHUNK_ROWS = 1_000_000
@@ -183,7 +189,7 @@ class ReadModel:
         last_id = int(meta.get("last_id", "0"))
         if last_id and arrowcopy.event_hash(self.store, last_id) != meta.get("last_hash"):
             return "the store no longer holds the last event copied"
-        return None
+        return seal_problem(self.path, self.store, self.store_id)
 
     def is_fresh(self) -> bool:
         """Whether the projection exists, is usable and holds every event of the store."""
@@ -196,7 +202,7 @@ class ReadModel:
                 return False
             try:
                 meta = self._read_meta(con)
-                catalogued = _catalog_count(con)
+                unchecked = _unchecked_blobs(con)
             finally:
                 con.close()
         if self._stale_reason(meta) is not None:
@@ -204,25 +210,34 @@ class ReadModel:
         assert meta is not None
         if int(meta["last_id"]) < arrowcopy.max_event_id(self.store):
             return False
-        # A refresh interrupted between the events and the catalog copy leaves
-        # the catalog behind; the counts tell (the catalog only grows).
-        return catalogued == arrowcopy.catalog_count(self.store)
+        # A refresh interrupted between the events and the file checks leaves
+        # snapshot hashes neither verified nor rejected.
+        return unchecked == 0
 
     # ------------------------------------------------------------------ refresh
-    def refresh(self, progress: Progress | None = None) -> RefreshReport:
-        """Bring the projection up to date with the store; rebuild it when it cannot be continued."""
+    def refresh(
+        self, progress: Progress | None = None, *, rebuild: bool = False
+    ) -> RefreshReport:
+        """Bring the projection up to date with the store; rebuild it when it cannot be
+        continued (or when ``rebuild``), and seal what it was built from."""
         start = time.perf_counter()
         with self.lock(exclusive=True):
-            con, rebuilt, reason = self._open_for_refresh()
+            con, rebuilt, reason = self._open_for_refresh(rebuild)
             try:
-                return self._refresh(con, rebuilt, reason, start, progress)
+                report = self._refresh(con, rebuilt, reason, start, progress)
+                heads = [[str(r), int(s), int(q), str(h)] for r, s, q, h in con.execute(tables.STREAM_HEADS).fetchall()]
             finally:
                 con.close()
+            # Sealed after the connection closed: DuckDB writes its checkpoint on close.
+            write_seal(self.path, self.store_id, heads)
+            return report
 
-    def _open_for_refresh(self) -> tuple[duckdb.DuckDBPyConnection, bool, str | None]:
+    def _open_for_refresh(self, rebuild: bool = False) -> tuple[duckdb.DuckDBPyConnection, bool, str | None]:
         reason: str | None = None
         con: duckdb.DuckDBPyConnection | None = None
-        if self.path.exists():
+        if rebuild:
+            reason = "rebuild requested"
+        elif self.path.exists():
             try:
                 con = connect(self.path, read_only=False)
             except duckdb.Error as exc:
@@ -253,8 +268,7 @@ class ReadModel:
                 f"{str(self.path)!r} exists and is not an auditlog read model (not a DuckDB file); "
                 "refusing to overwrite it (set AUDITLOG_READMODEL to another path)"
             )
-        for suffix in ("", ".wal"):
-            target = self.path.with_name(self.path.name + suffix)
+        for target in (self.path, self.path.with_name(self.path.name + ".wal"), seal_path(self.path)):
             with contextlib.suppress(FileNotFoundError):
                 target.unlink()
 
@@ -301,7 +315,7 @@ class ReadModel:
             if pending:
                 added, replayed = self._apply_chunk(con, pending, lower)
                 copied, streams_replayed = copied + added, streams_replayed + replayed
-        self._copy_catalog(con)
+        self._verify_blobs(con)
         if progress is not None:
             progress(total, total)
         final = self._read_meta(con) or {}
@@ -336,7 +350,7 @@ class ReadModel:
                 # Names first: the derivations copy them into every row.
                 touched = con.execute(tables.CONSTRUCTION_TOUCHED).fetchall()
                 if touched:
-                    replay_names(con, [(str(r), int(s)) for r, s in touched])
+                    self._replay_names(con, [(str(r), int(s)) for r, s in touched])
                 for sql in tables.DERIVATIONS:
                     con.execute(sql)
             finally:
@@ -355,26 +369,29 @@ class ReadModel:
             raise StoreError(f"cannot refresh read model {str(self.path)!r}: {one_line(exc)}") from exc
         return table.num_rows, len(touched)
 
-    def _copy_catalog(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Copy the snapshot catalog rows the projection lacks (by content hash).
+    def _verify_blobs(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Verify the snapshot files the projection's snapshot rows name and it has not checked.
 
-        Runs after the events: the recorder commits catalog rows before the
-        events naming them, so every snapshot row copied so far finds its
-        catalog row. Rows are immutable (a hash names one content), so a row
-        once copied never needs re-reading.
+        Runs after the events. A content hash is checked once: its file is
+        immutable under its name, and a later change is the query session's to
+        notice (``trust.changed_files``).
         """
-        known = {str(r[0]) for r in con.execute(f"SELECT sha256 FROM {tables.SCHEMA}.snapshot_catalog").fetchall()}
-        missing = sorted(arrowcopy.catalog_hashes(self.store) - known)
+        missing = [str(r[0]) for r in con.execute(tables.UNCHECKED_BLOBS).fetchall()]
         if not missing:
             return
+        checked = check_blobs(self.store.location.snapshots, missing)
+        good = [c.row for c in checked if c.row is not None]
+        bad = [(c.sha256, c.problem or "") for c in checked if c.row is None]
         try:
             con.begin()
-            for batch in arrowcopy.catalog_batches(self.store, missing):
-                con.register("new_blobs", pa.Table.from_batches([batch]))
+            if good:
+                con.register("new_blobs", pa.Table.from_pylist(good, schema=BLOB_SCHEMA))
                 try:
                     con.execute(tables.COPY_CATALOG)
                 finally:
                     con.unregister("new_blobs")
+            if bad:
+                con.executemany(f"INSERT OR REPLACE INTO {tables.SCHEMA}.rejected_blobs VALUES (?, ?)", bad)
             con.commit()
         except duckdb.Error as exc:
             with contextlib.suppress(duckdb.Error):
@@ -393,13 +410,111 @@ class ReadModel:
         mask = pc.invert(pc.is_in(table.column("id"), value_set=pa.array([r[0] for r in known], pa.int64())))
         return table.filter(mask)
 
-def _catalog_count(con: duckdb.DuckDBPyConnection) -> int:
-    """Catalog rows in the projection (-1 when the table is not there)."""
+    # ------------------------------------------------------------------ names
+    def _replay_names(self, con: duckdb.DuckDBPyConnection, streams: list[tuple[str, int]]) -> None:
+        """Replace the module and tensor rows of ``streams`` by a fresh replay of their construction.
+
+        Construction events come from the projection and from the chunk being
+        applied (``new_events``). Labels that changed are rewritten where rows
+        already carry them (``tables.RELABEL``).
+        """
+        keys = pa.table({"run_id": [r for r, _ in streams], "stream": pa.array([s for _, s in streams], pa.int64())})
+        con.register("touched_streams", keys)
+        kinds = ", ".join(f"'{k}'" for k in CONSTRUCTION_KINDS)
+        columns = "e.run_id, e.stream, e.seq, e.kind, e.module_id, e.tensor_id, e.payload"
+        join = f"JOIN touched_streams t ON t.run_id = e.run_id AND t.stream = e.stream WHERE e.kind IN ({kinds})"
+        cursor = con.execute(
+            f"""SELECT {columns} FROM {tables.SCHEMA}.events e {join}
+                UNION ALL
+                SELECT {columns} FROM new_events e {join}
+                ORDER BY 1, 2, 3"""
+        )
+        states: dict[tuple[str, int], ModelState] = {key: ModelState() for key in streams}
+        attached: dict[tuple[str, int], set[int]] = {key: set() for key in streams}
+        while True:
+            rows = cursor.fetchmany(10_000)
+            if not rows:
+                break
+            for run_id, stream, seq, kind, module_id, tensor_id, payload in rows:
+                event = {"seq": seq, "kind": kind, "module_id": module_id, "tensor_id": tensor_id, "payload": payload}
+                apply(states[(run_id, stream)], event)
+                attached[(run_id, stream)] |= attached_ids([event])
+        schema_ = tables.SCHEMA
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE old_modules AS
+                SELECT x.run_id, x.stream, x.module_id, x.module FROM {schema_}.modules x
+                JOIN touched_streams t ON t.run_id = x.run_id AND t.stream = x.stream"""
+        )
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE old_tensors AS
+                SELECT x.run_id, x.stream, x.tensor_id, x.name, x.module FROM {schema_}.tensors x
+                JOIN touched_streams t ON t.run_id = x.run_id AND t.stream = x.stream"""
+        )
+        for table in ("modules", "tensors"):
+            con.execute(
+                f"""DELETE FROM {schema_}.{table} x USING touched_streams t
+                    WHERE x.run_id = t.run_id AND x.stream = t.stream"""
+            )
+        con.unregister("touched_streams")
+        module_rows: list[dict[str, Any]] = []
+        tensor_rows: list[dict[str, Any]] = []
+        for (run_id, stream), state in states.items():
+            labels = label_state(state, attached[(run_id, stream)])
+            module_rows.extend(names.module_rows(run_id, stream, state, labels))
+            tensor_rows.extend(names.tensor_rows(run_id, stream, labels))
+        if module_rows:
+            con.register("new_modules", pa.Table.from_pylist(module_rows, schema=MODULE_SCHEMA))
+            con.execute(f"INSERT INTO {schema_}.modules SELECT * FROM new_modules")
+            con.unregister("new_modules")
+        if tensor_rows:
+            con.register("new_tensors", pa.Table.from_pylist(tensor_rows, schema=TENSOR_SCHEMA))
+            con.execute(f"INSERT INTO {schema_}.tensors SELECT * FROM new_tensors")
+            con.unregister("new_tensors")
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE changed_modules AS
+                SELECT n.run_id, n.stream, n.module_id, n.module FROM {schema_}.modules n
+                JOIN old_modules o
+                    ON o.run_id = n.run_id AND o.stream = n.stream AND o.module_id = n.module_id
+                WHERE o.module IS DISTINCT FROM n.module"""
+        )
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE changed_tensors AS
+                SELECT n.run_id, n.stream, n.tensor_id, n.name, n.module FROM {schema_}.tensors n
+                JOIN old_tensors o
+                    ON o.run_id = n.run_id AND o.stream = n.stream AND o.tensor_id = n.tensor_id
+                WHERE o.name IS DISTINCT FROM n.name OR o.module IS DISTINCT FROM n.module"""
+        )
+        counts = con.execute("SELECT (SELECT count(*) FROM changed_modules), (SELECT count(*) FROM changed_tensors)").fetchone()
+        if counts is not None and (counts[0] or counts[1]):
+            for sql in tables.RELABEL:
+                con.execute(sql)
+        for temp in ("old_modules", "old_tensors", "changed_modules", "changed_tensors"):
+            con.execute(f"DROP TABLE {temp}")
+
+
+def _unchecked_blobs(con: duckdb.DuckDBPyConnection) -> int:
+    """Snapshot hashes neither verified nor rejected yet (-1 when the tables are not there)."""
     try:
-        row = con.execute(f"SELECT count(*) FROM {tables.SCHEMA}.snapshot_catalog").fetchone()
+        return len(con.execute(tables.UNCHECKED_BLOBS).fetchall())
     except duckdb.Error:
         return -1
-    return int(row[0]) if row is not None else -1
+
+
+BLOB_SCHEMA = pa.schema(
+    [
+        ("sha256", pa.string()),
+        ("file", pa.string()),
+        ("dtype", pa.string()),
+        ("shape", pa.list_(pa.int64())),
+        ("numel", pa.int64()),
+        ("nbytes", pa.int64()),
+        ("layout", pa.string()),
+        ("row_groups", pa.int32()),
+        ("file_sha256", pa.string()),
+        ("created_ns", pa.int64()),
+        ("identity", pa.list_(pa.int64())),
+    ]
+)
 
 
 def _is_projection_file(path: Path) -> bool:

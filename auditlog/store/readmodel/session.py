@@ -25,7 +25,10 @@ each session, over all runs or over the one run given, so ``--run`` scopes every
 view and every join the same way.
 
 The ``tensor_values`` view reads Parquet files under the store's ``snapshots/``
-directory with DuckDB's bundled parquet reader. DuckDB (2.0) checks
+directory with DuckDB's bundled parquet reader: only files the read model
+verified (``trust``), and of those only the ones still holding the bytes it
+verified; the others are left out and named in ``left_out``. The ``runs`` view
+shows chained facts (``run_started``) and liveness from the runs index. DuckDB (2.0) checks
 ``allowed_directories`` before refusing a path because external access is off,
 so that one directory stays readable, and only for reading (``COPY`` and every
 other writing statement is refused by layer 1; the projection is read-only).
@@ -49,7 +52,9 @@ import pyarrow as pa
 from auditlog.core.errors import AuditlogError, UsageError, one_line
 from auditlog.core.liveness import derive_status
 from auditlog.store.location import StoreLocation
+from auditlog.store.readmodel import tables
 from auditlog.store.readmodel.cache import Progress, ReadModel, RefreshReport, connect
+from auditlog.store.readmodel.trust import changed_files
 from auditlog.store.readmodel.views import (
     RUNS_LIVE,
     VIEWS,
@@ -126,6 +131,8 @@ class QuerySession:
             raise UsageError(f"bad run id {run_id!r}")
         self.readmodel = readmodel
         self.run_id = run_id
+        # Snapshot contents tensor_values does not read, and why (failed or changed files).
+        self.left_out: dict[str, str] = {}
         self._resources = contextlib.ExitStack()
         with self._resources as resources:
             resources.enter_context(readmodel.lock(exclusive=False))
@@ -143,9 +150,12 @@ class QuerySession:
         readmodel: ReadModel,
         run_id: str | None = None,
         progress: Progress | None = None,
+        rebuild: bool = False,
     ) -> tuple[QuerySession, RefreshReport | None]:
-        """Refresh the projection if the store has new events, then open a session on it."""
-        report = None if readmodel.is_fresh() else readmodel.refresh(progress)
+        """Refresh the projection if the store has new events (or its seal does not hold;
+        rebuild it when asked), then open a session on it."""
+        fresh = not rebuild and readmodel.is_fresh()
+        report = None if fresh else readmodel.refresh(progress, rebuild=rebuild)
         return cls(readmodel, run_id), report
 
     # ------------------------------------------------------------------ setup
@@ -161,35 +171,59 @@ class QuerySession:
         self.con.execute("SET lock_configuration = true")
 
     def _snapshot_values(self) -> str:
-        """The relation ``tensor_values`` reads: the session's native snapshot files, by dtype."""
+        """The relation ``tensor_values`` reads: the session's verified native snapshot files, by dtype."""
         rows = self.con.execute(
-            f"SELECT dtype, file FROM {scoped_catalog(self.run_id)} WHERE layout = 'native' ORDER BY dtype, file"
+            f"SELECT sha256, dtype, file_sha256, identity FROM {scoped_catalog(self.run_id)} "
+            "WHERE layout = 'native' ORDER BY dtype, sha256"
         ).fetchall()
+        snapshots = self.readmodel.store.location.snapshots
+        self.left_out = changed_files(snapshots, [(str(r[0]), str(r[2]), list(r[3])) for r in rows])
+        rejected = f"SELECT sha256, problem FROM {tables.SCHEMA}.rejected_blobs"
+        params: list[str] = []
+        if self.run_id is not None:
+            rejected += f" WHERE sha256 IN (SELECT sha256 FROM {tables.SCHEMA}.snapshots WHERE run_id = ?)"
+            params.append(self.run_id)
+        for sha, problem in self.con.execute(rejected, params).fetchall():
+            self.left_out[str(sha)] = str(problem)
         files: dict[str, list[str]] = {}
-        for dtype, file in rows:
-            files.setdefault(str(dtype), []).append(str(file))
-        return snapshot_values_sql(str(self.readmodel.store.location.snapshots), files)
+        for sha, dtype, _digest, _identity in rows:
+            if str(sha) not in self.left_out:
+                files.setdefault(str(dtype), []).append(f"{str(sha)[:2]}/{sha}.parquet")
+        return snapshot_values_sql(str(snapshots), files)
 
     def _load_liveness(self) -> None:
-        """The run index with status derived now (it needs the process table, not just SQL)."""
-        ended = dict(
-            self.con.execute(
-                "SELECT run_id, payload ->> 'status' FROM projection.run_ended WHERE stream = 0"
-            ).fetchall()
-        )
-        rows = self.readmodel.store.run_rows()
+        """Runs from their chained ``run_started`` (lowest stream), with status derived now.
+
+        Name, start, host and pid come from the chain; the runs index gives
+        only liveness (heartbeat, process start time), which status needs.
+        """
+        started = self.con.execute(
+            """SELECT s.run_id, s.stream, s.ts_ns, s.payload ->> 'name', s.payload ->> 'host',
+                      TRY_CAST(s.payload ->> 'pid' AS INTEGER), e.payload ->> 'status'
+               FROM projection.run_started s
+               LEFT JOIN projection.run_ended e ON e.run_id = s.run_id AND e.stream = s.stream
+               QUALIFY row_number() OVER (PARTITION BY s.run_id ORDER BY s.stream, s.seq) = 1
+               ORDER BY s.ts_ns"""
+        ).fetchall()
+        index = {str(r["run_id"]): r for r in self.readmodel.store.run_rows()}
+        rows = []
+        for run_id, _stream, ts_ns, name, host, pid, status in started:
+            live = index.get(run_id) or {}
+            seen = live.get("last_seen_ns")
+            facts = {"host": host or "", "pid": pid or 0, "proc_start": live.get("proc_start"),
+                     "last_seen_ns": seen if isinstance(seen, int) else int(ts_ns)}
+            rows.append({"run_id": run_id, "name": name, "started_ns": int(ts_ns),
+                         "last_seen_ns": facts["last_seen_ns"], "host": host, "pid": pid,
+                         "status": derive_status(facts, {"status": status} if status is not None else None)})
         table = pa.table(
             {
                 "run_id": [r["run_id"] for r in rows],
-                "name": [r.get("name") for r in rows],
-                "started_ns": pa.array([int(r["started_ns"]) for r in rows], pa.int64()),
-                "last_seen_ns": pa.array([int(r["last_seen_ns"]) for r in rows], pa.int64()),
+                "name": [r["name"] for r in rows],
+                "started_ns": pa.array([r["started_ns"] for r in rows], pa.int64()),
+                "last_seen_ns": pa.array([r["last_seen_ns"] for r in rows], pa.int64()),
                 "host": [r["host"] for r in rows],
-                "pid": pa.array([int(r["pid"]) for r in rows], pa.int32()),
-                "status": [
-                    derive_status(r, {"status": ended[r["run_id"]]} if r["run_id"] in ended else None)
-                    for r in rows
-                ],
+                "pid": pa.array([r["pid"] for r in rows], pa.int32()),
+                "status": [r["status"] for r in rows],
             },
             schema=pa.schema(
                 [

@@ -33,19 +33,19 @@ of it).
 Snapshots: ``snapshots`` holds one row per (event, tensor) of every
 ``snapshot_taken`` event and of every ``construction_sealed`` event whose values
 were stored (``stored: true``; trigger ``'sealed'``), so "which content did this
-tensor have at step N" is one indexed lookup. ``snapshot_catalog`` is a copy of
-the event store's ``snapshot_blobs`` catalog. That table has no autoincrement id
-(its key is the content hash), so it is copied by difference: rows whose sha256
-the projection lacks (``ReadModel._copy_catalog``). Catalog rows are written
-before the events that name them, so copying them after a refresh's events
-never leaves a snapshot row without its catalog row.
+tensor have at step N" is one indexed lookup. ``snapshot_catalog`` is *not* a
+copy of the event store's ``snapshot_blobs`` table (a cache anyone can edit):
+each content hash the snapshot rows name is verified from its file
+(``trust.check_blobs``: location from the hash, exact schema, content hash)
+and its facts recorded with the file's digest and identity; a file that fails
+goes to ``rejected_blobs`` with the reason (``ReadModel._verify_blobs``).
 """
 
 from __future__ import annotations
 
 from auditlog.core.replay import CONSTRUCTION_KINDS
 
-FORMAT = "3"
+FORMAT = "4"
 
 SCHEMA = "projection"
 
@@ -113,7 +113,8 @@ TABLES: tuple[str, ...] = (
         sha256 VARCHAR PRIMARY KEY, file VARCHAR NOT NULL, dtype VARCHAR NOT NULL,
         shape BIGINT[] NOT NULL, numel BIGINT NOT NULL, nbytes BIGINT NOT NULL,
         layout VARCHAR NOT NULL, row_groups INTEGER NOT NULL, file_sha256 VARCHAR NOT NULL,
-        created_ns BIGINT NOT NULL)""",
+        created_ns BIGINT NOT NULL, identity BIGINT[] NOT NULL)""",
+    f"""CREATE TABLE {SCHEMA}.rejected_blobs (sha256 VARCHAR PRIMARY KEY, problem VARCHAR NOT NULL)""",
 )
 
 # SQL run once per chunk over ``new_events`` (the chunk's Arrow table), in order.
@@ -264,13 +265,22 @@ RELABEL: tuple[str, ...] = (
         WHERE e.run_id = c.run_id AND e.stream = c.stream AND e.tensor_id = c.tensor_id""",
 )
 
-# Catalog rows from the event store (``snapshot_blobs``), staged as ``new_blobs``;
-# ``shape`` arrives as the store's JSON text.
+# Verified catalog rows (``trust.check_blobs``), staged as ``new_blobs``.
 COPY_CATALOG = f"""INSERT INTO {SCHEMA}.snapshot_catalog
-    SELECT sha256, file, dtype, from_json(shape, '["BIGINT"]'), numel, nbytes, layout, row_groups,
-           file_sha256, created_ns
+    SELECT sha256, file, dtype, shape, numel, nbytes, layout, row_groups, file_sha256, created_ns, identity
     FROM new_blobs
     ON CONFLICT (sha256) DO NOTHING"""
+
+# Content hashes the snapshot rows name that are neither verified nor rejected yet.
+UNCHECKED_BLOBS = f"""SELECT DISTINCT s.sha256 FROM {SCHEMA}.snapshots s
+    WHERE s.sha256 IS NOT NULL
+      AND s.sha256 NOT IN (SELECT sha256 FROM {SCHEMA}.snapshot_catalog)
+      AND s.sha256 NOT IN (SELECT sha256 FROM {SCHEMA}.rejected_blobs)
+    ORDER BY 1"""
+
+# The chain head of every stream copied: what the read model's seal names.
+STREAM_HEADS = f"""SELECT run_id, stream, max(seq), arg_max(hash, seq) FROM {SCHEMA}.events
+    GROUP BY run_id, stream ORDER BY run_id, stream"""
 
 # Streams whose construction changed in this refresh, to be replayed for names.
 CONSTRUCTION_TOUCHED = (

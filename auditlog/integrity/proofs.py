@@ -1,0 +1,239 @@
+"""Proof documents: one event, or one stream's growth, shown to someone without the store.
+
+Pure functions over JSON objects: building needs the leaf hashes (read by
+``auditlog.read.proofs``), checking needs only the document and a public key,
+so ``auditlog verify-proof`` works without the store, and so can a third
+party's verifier (docs/integrity.md specifies every byte).
+
+``auditlog-inclusion-proof-v1``::
+
+    {"format", "event": {run_id, stream, seq, ts_ns, kind, step, module_id,
+     tensor_id, snapshot, payload}, "leaf_index", "tree_size", "audit_path": [hex],
+     "tree_head": {<an auditlog-checkpoint-v2 statement>, "signature"}}
+
+The event's leaf is ``SHA-256(0x00 || canonical_row(event))``; the audit path
+leads from it to ``tree_head.tree_root`` (RFC 9162 2.1.3.2); the tree head's
+Ed25519 signature covers its canonical JSON without ``signature``.
+
+``auditlog-consistency-proof-v1``::
+
+    {"format", "run_id", "stream", "old_head": {<signed statement>},
+     "new_head": {<signed statement>}, "old_size", "new_size", "proof": [hex]}
+
+A signed statement is a checkpoint-v2 statement (one stream) or a head-v2
+statement (``auditlog export-head``: the stream's entry in ``heads`` is used).
+The proof shows the tree of ``old_size`` events (the old head's root) is a
+prefix of the tree of ``new_size`` (RFC 9162 2.1.4.2): nothing signed before
+was changed or removed, whatever was added after.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from auditlog.core.chain import canonical_row
+from auditlog.integrity.merkle import leaf_hash, verify_consistency, verify_inclusion
+from auditlog.integrity.signing import (
+    CHECKPOINT_FORMAT,
+    HEAD_FORMAT,
+    HeadStatement,
+    KeyRing,
+    StatementError,
+    Verdict,
+    canonical_statement,
+)
+
+INCLUSION_FORMAT = "auditlog-inclusion-proof-v1"
+CONSISTENCY_FORMAT = "auditlog-consistency-proof-v1"
+EVENT_FIELDS = ("run_id", "stream", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id", "snapshot", "payload")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_CHECKPOINT_FIELDS = {
+    "format", "store_id", "run_id", "stream", "seq", "head_hash", "tree_root", "ended", "world_size",
+    "created_ns", "key_fingerprint", "signature",
+}
+
+
+@dataclass(frozen=True)
+class TreeHead:
+    """One stream's signed tree head, taken from a signed statement."""
+
+    run_id: str
+    stream: int
+    size: int
+    root: str
+    key_fingerprint: str
+    created_ns: int
+
+
+@dataclass
+class ProofCheck:
+    """What checking a proof document found: ``problems`` empty means it holds."""
+
+    kind: str
+    problems: list[str]
+    heads: list[TreeHead]
+    event: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def signed_tree_head(statement: Any, stream: int, keys: KeyRing, problems: list[str], what: str) -> TreeHead | None:
+    """The tree head of ``stream`` in a signed statement, its signature checked (else a problem)."""
+    if not isinstance(statement, dict):
+        problems.append(f"{what} is not a JSON object")
+        return None
+    if statement.get("format") == CHECKPOINT_FORMAT:
+        if set(statement) != _CHECKPOINT_FIELDS:
+            problems.append(f"{what} is not a well-formed auditlog-checkpoint-v2 statement")
+            return None
+        fields = {k: v for k, v in statement.items() if k != "signature"}
+        if not (_int(fields["stream"]) and _int(fields["seq"]) and _int(fields["created_ns"])
+                and isinstance(fields["tree_root"], str) and _HEX64.fullmatch(fields["tree_root"])
+                and isinstance(fields["key_fingerprint"], str) and isinstance(statement["signature"], str)):
+            problems.append(f"{what} is not a well-formed auditlog-checkpoint-v2 statement")
+            return None
+        verdict = keys.check(fields["key_fingerprint"], canonical_statement(fields), statement["signature"])
+        head = TreeHead(str(fields["run_id"]), fields["stream"], fields["seq"], fields["tree_root"],
+                        fields["key_fingerprint"], fields["created_ns"])
+    elif statement.get("format") == HEAD_FORMAT:
+        try:
+            parsed = HeadStatement.from_object(statement, what)
+        except StatementError as exc:
+            problems.append(str(exc))
+            return None
+        entry = next((h for h in parsed.heads if h.stream == stream), None)
+        if entry is None or entry.tree_root is None:
+            problems.append(f"{what} has no tree head of stream {stream}")
+            return None
+        verdict = keys.check(parsed.key_fingerprint, parsed.message(), parsed.signature)
+        head = TreeHead(parsed.run_id, stream, entry.seq, entry.tree_root, parsed.key_fingerprint, parsed.created_ns)
+    else:
+        problems.append(f"{what} is not a signed tree head (format {statement.get('format')!r})")
+        return None
+    if verdict is Verdict.UNKNOWN_KEY:
+        problems.append(f"{what} is signed by key {head.key_fingerprint[:16]}, which is not trusted (pass --key)")
+    elif verdict is Verdict.INVALID:
+        problems.append(f"{what}: signature by key {head.key_fingerprint[:16]} does not verify (edited)")
+    if head.stream != stream:
+        problems.append(f"{what} is about stream {head.stream}, not stream {stream}")
+    return head
+
+
+def _path(values: Any, problems: list[str], what: str) -> list[bytes]:
+    if not isinstance(values, list) or not all(isinstance(v, str) and _HEX64.fullmatch(v) for v in values):
+        problems.append(f"{what} must be a list of 64-digit lowercase hex hashes")
+        return []
+    return [bytes.fromhex(v) for v in values]
+
+
+# --------------------------------------------------------------------------- inclusion
+def inclusion_document(
+    event: dict[str, Any], leaf_index: int, tree_size: int, path: list[bytes], tree_head: dict[str, Any]
+) -> dict[str, Any]:
+    """The inclusion proof of ``event`` (its stored columns) under a signed tree head."""
+    return {
+        "format": INCLUSION_FORMAT,
+        "event": {k: event[k] for k in EVENT_FIELDS},
+        "leaf_index": leaf_index,
+        "tree_size": tree_size,
+        "audit_path": [p.hex() for p in path],
+        "tree_head": tree_head,
+    }
+
+
+def check_inclusion(document: Any, keys: KeyRing) -> ProofCheck:
+    """Does the document prove its event is in the signed tree? (No store needed.)"""
+    problems: list[str] = []
+    check = ProofCheck("inclusion", problems, [])
+    if not isinstance(document, dict) or document.get("format") != INCLUSION_FORMAT:
+        problems.append(f"not an {INCLUSION_FORMAT} document")
+        return check
+    event = document.get("event")
+    if not isinstance(event, dict) or set(event) != set(EVENT_FIELDS):
+        problems.append("event must be an object with exactly " + ", ".join(EVENT_FIELDS))
+        return check
+    check.event = event
+    try:
+        leaf = leaf_hash(canonical_row(event))
+    except (TypeError, ValueError, AttributeError) as exc:
+        problems.append(f"event is malformed ({exc})")
+        return check
+    index, size = document.get("leaf_index"), document.get("tree_size")
+    if not isinstance(index, int) or not isinstance(size, int) or not _int(event.get("seq")):
+        problems.append("leaf_index, tree_size and event.seq must be integers")
+        return check
+    if index != event["seq"] - 1:
+        problems.append(f"leaf_index {index} is not the event's position (seq {event['seq']} is leaf {event['seq'] - 1})")
+    path = _path(document.get("audit_path"), problems, "audit_path")
+    head = signed_tree_head(document.get("tree_head"), event.get("stream", -1), keys, problems, "tree_head")
+    if head is None:
+        return check
+    check.heads.append(head)
+    if head.run_id != event.get("run_id"):
+        problems.append(f"tree_head is about run {head.run_id[:12]}, the event is of run {str(event.get('run_id'))[:12]}")
+    if head.size != size:
+        problems.append(f"tree_size {size} is not the signed tree head's size {head.size}")
+    if not verify_inclusion(index, size, leaf, path, bytes.fromhex(head.root)):
+        problems.append("the audit path does not lead from the event to the signed tree head "
+                        "(the event, its position or the path was changed)")
+    return check
+
+
+# --------------------------------------------------------------------------- consistency
+def consistency_document(
+    run_id: str, stream: int, old_head: dict[str, Any], new_head: dict[str, Any],
+    old_size: int, new_size: int, proof: list[bytes],
+) -> dict[str, Any]:
+    return {
+        "format": CONSISTENCY_FORMAT,
+        "run_id": run_id,
+        "stream": stream,
+        "old_head": old_head,
+        "new_head": new_head,
+        "old_size": old_size,
+        "new_size": new_size,
+        "proof": [p.hex() for p in proof],
+    }
+
+
+def check_consistency(document: Any, keys: KeyRing) -> ProofCheck:
+    """Does the document prove the new signed tree extends the old one? (No store needed.)"""
+    problems: list[str] = []
+    check = ProofCheck("consistency", problems, [])
+    if not isinstance(document, dict) or document.get("format") != CONSISTENCY_FORMAT:
+        problems.append(f"not an {CONSISTENCY_FORMAT} document")
+        return check
+    stream, old_size, new_size = document.get("stream"), document.get("old_size"), document.get("new_size")
+    if not (isinstance(stream, int) and isinstance(old_size, int) and isinstance(new_size, int)):
+        problems.append("stream, old_size and new_size must be integers")
+        return check
+    proof = _path(document.get("proof"), problems, "proof")
+    old = signed_tree_head(document.get("old_head"), stream, keys, problems, "old_head")
+    new = signed_tree_head(document.get("new_head"), stream, keys, problems, "new_head")
+    if old is None or new is None:
+        return check
+    check.heads = [old, new]
+    for head, size, what in ((old, old_size, "old"), (new, new_size, "new")):
+        if head.size != size:
+            problems.append(f"{what}_size {size} is not the {what} signed tree head's size {head.size}")
+        if head.run_id != document.get("run_id"):
+            problems.append(f"{what}_head is about run {head.run_id[:12]}, not the document's run")
+    if not verify_consistency(old_size, new_size, bytes.fromhex(old.root), bytes.fromhex(new.root), proof):
+        problems.append(f"the proof does not show the tree of {old_size} events is a prefix of the tree of "
+                        f"{new_size} (the record was rewritten, or the proof was changed)")
+    return check
+
+
+def check_document(document: Any, keys: KeyRing) -> ProofCheck:
+    """Either kind of proof, by its format."""
+    if isinstance(document, dict) and document.get("format") == CONSISTENCY_FORMAT:
+        return check_consistency(document, keys)
+    return check_inclusion(document, keys)
