@@ -186,8 +186,10 @@ class OptimizerHooks(RecorderBase):
         cached = self._param_ids.get(id(optimizer))
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
-        tensor_ids = CleanList(self.tensors.get(p)[0] for p in params)
-        group_ids = [CleanList(self.tensors.get(p)[0] for p in group["params"]) for group in optimizer.param_groups]
+        ids = self.tensors
+        ids.note_optimizer(optimizer, params)  # a tensor no module holds is known by its optimizer
+        tensor_ids = CleanList(ids.get(p, optimizer)[0] for p in params)
+        group_ids = [CleanList(ids.get(p, optimizer)[0] for p in group["params"]) for group in optimizer.param_groups]
         self._param_ids[id(optimizer)] = (key, tensor_ids, group_ids)
         return tensor_ids, group_ids
 
