@@ -24,7 +24,7 @@ import torch
 
 from auditlog.capture.base import ACTIVITY_FLUSH, MAX_TENSORS, RecorderBase, class_name
 from auditlog.capture.torch_compat import (
-    compile_guard,
+    call_guard,
     tensor_hooks,
     tensor_version,
     unwrap_compiled,
@@ -100,7 +100,7 @@ class ActivityHooks(RecorderBase):
         return hit
 
     # ------------------------------------------------------------------ forward
-    @compile_guard
+    @call_guard
     def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
         try:
             module = unwrap_compiled(module)  # torch.compile wrapper: count once
@@ -112,7 +112,7 @@ class ActivityHooks(RecorderBase):
             self.fault("forward_pre_hook", exc)
         return None
 
-    @compile_guard
+    @call_guard
     def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         try:
             module = unwrap_compiled(module)
@@ -232,7 +232,7 @@ class ActivityHooks(RecorderBase):
             self._leaf_taps.append(handle)
 
     # ------------------------------------------------------------------ backward
-    @compile_guard
+    @call_guard
     def _on_output_grad(self, module_ids: list[int], step: int, grad: torch.Tensor) -> None:
         try:
             stats = [activity_stats(grad, self.policy.stats == "full")]
@@ -242,7 +242,7 @@ class ActivityHooks(RecorderBase):
             self.fault("gradient_hook", exc)
         return None
 
-    @compile_guard
+    @call_guard
     def _on_output_grads(self, module_id: int, step: int, grads: Any) -> None:
         try:
             full = self.policy.stats == "full"
@@ -259,11 +259,11 @@ class ActivityHooks(RecorderBase):
         full = self.policy.stats == "full"
         return [None if g is None else activity_stats(g, full) for g in list(grads or ())[:MAX_TENSORS]]
 
-    @compile_guard
+    @call_guard
     def _on_full_backward(self, module: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:
         self._record_backward("full", "full_backward_hook", module, grad_input, grad_output)
 
-    @compile_guard
+    @call_guard
     def _on_legacy_backward(self, module: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:
         self._record_backward("legacy", "legacy_backward_hook", module, grad_input, grad_output)
 
