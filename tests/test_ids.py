@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -156,3 +157,22 @@ def test_no_recorder_hook_stays_on_a_parameter_a_module_returns(store: Path) -> 
     with auditlog.open(store) as s:
         calls = list(s.run().module_calls("backward"))
     assert len(calls) == 3  # each step's gradient was still seen
+
+
+def test_an_optimizer_step_that_raises_keeps_no_parameter_alive(store: Path) -> None:
+    """The step's pre hook ran, its post hook never does: nothing of the model stays."""
+    with auditlog.record(store):
+        model = nn.Linear(3, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def refuse(optimizer: Any, args: Any, kwargs: Any) -> None:
+            raise RuntimeError("step refused")
+
+        opt.register_step_pre_hook(refuse)  # runs after the recorder's global pre hook
+        model(torch.randn(2, 3)).sum().backward()
+        with pytest.raises(RuntimeError, match="step refused"):
+            opt.step()
+        ref = weakref.ref(model.weight)
+        del model, opt
+        gc.collect()
+        assert ref() is None

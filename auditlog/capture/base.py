@@ -73,9 +73,10 @@ class RecorderBase:
         self._step_scanned = -1
         self._scanned: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
         self._sources: weakref.WeakKeyDictionary[torch.nn.Module, Location | None] = weakref.WeakKeyDictionary()
-        # optimizer steps: what the pre hook found, per optimizer; reusable host
-        # buffers for the pre-step copy (CPU); the ids of its parameters as last seen
-        self._pending_steps: dict[int, tuple[list[torch.Tensor], list[torch.Tensor] | None, bool]] = {}
+        # optimizer steps: what the pre hook found, per optimizer (the copies it made,
+        # never the parameters: the post hook reads them from the optimizer again);
+        # reusable host buffers for the pre-step copy (CPU); the ids of its parameters
+        self._pending_steps: dict[int, tuple[list[torch.Tensor] | None, bool]] = {}
         self._before_buffers: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[torch.Tensor]] = (
             weakref.WeakKeyDictionary()
         )

@@ -39,7 +39,7 @@ class OptimizerHooks(RecorderBase):
             policy = self.policy
             due = (policy.update_norms or policy.param_norms) and policy.norms_due(self.step)
             before = self._copy_before(optimizer, params) if due and policy.update_norms else None
-            self._pending_steps[id(optimizer)] = (params, before, due)
+            self._pending_steps[id(optimizer)] = (before, due)
         except Exception as exc:
             self.fault("optimizer_step_pre_hook", exc)
         return None
@@ -73,9 +73,8 @@ class OptimizerHooks(RecorderBase):
             optimizer_id, _ = self.optimizers.get(optimizer)
             count = self._optimizer_steps.get(optimizer_id, 0) + 1
             self._optimizer_steps[optimizer_id] = count
-            params, before, due = self._pending_steps.pop(id(optimizer), (None, None, False))
-            if params is None:
-                params = [p for group in optimizer.param_groups for p in group["params"]]
+            before, due = self._pending_steps.pop(id(optimizer), (None, False))
+            params = [p for group in optimizer.param_groups for p in group["params"]]
             payload = self._step_payload(optimizer, params, before, due)
             payload.update(
                 optimizer_id=optimizer_id,

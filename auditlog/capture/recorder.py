@@ -38,6 +38,7 @@ class Recorder(ConstructionHooks, RootTracking, StructureChecks, ActivityHooks, 
         self._call_kinds: list[str] = []  # per-call hooks, present on sampled steps only
         self._full_flag = FullBackwardFlag()
         self._hooks_verified_at = 0  # the step at which every hook was last found in place
+        self._refused: set[str] = set()  # kinds torch would not take back: not captured any more
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
@@ -73,6 +74,8 @@ class Recorder(ConstructionHooks, RootTracking, StructureChecks, ActivityHooks, 
             elif self.policy.backward == "legacy":
                 kinds.append(("backward", self._on_legacy_backward, nn_module.register_module_backward_hook))
         for kind, hook, register in kinds:
+            if kind in self._refused:
+                continue
             self._hooks.install(kind, hook, register, always_called=kind == "forward")
             self._call_kinds.append(kind)
 
@@ -111,6 +114,7 @@ class Recorder(ConstructionHooks, RootTracking, StructureChecks, ActivityHooks, 
                     reinstalled.append(kind)
                 except Exception as exc:  # torch refused: capture of that kind ends, said so
                     self._hooks.stop(kind)
+                    self._refused.add(kind)
                     if kind in self._call_kinds:
                         self._call_kinds.remove(kind)
                     stopped[kind] = f"{type(exc).__name__}: {exc}"[:500]
