@@ -11,8 +11,9 @@ refuses tensors with weak references; docs/hooks.md). A tensor that several
 modules return (every ``nn.Sequential`` returns its last child's output) is
 recognised by the recorder's own gradient hook already on it (``GradTap``): its
 statistics are reused and one gradient hook serves every module that returned
-it. The hooks are removed when the step's activity is flushed, so none stays on
-a tensor the user keeps (a module may return a parameter) after its step.
+it. A hook on a leaf output (a module may return one of its parameters) is
+removed when the step ends, so none accumulates on the user's parameters; other
+outputs take their hooks with them when they die.
 """
 
 from __future__ import annotations
