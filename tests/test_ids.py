@@ -176,3 +176,21 @@ def test_an_optimizer_step_that_raises_keeps_no_parameter_alive(store: Path) -> 
         del model, opt
         gc.collect()
         assert ref() is None
+
+
+def test_a_tensor_two_modules_return_is_measured_once_without_a_reference(store: Path) -> None:
+    """The container's call finds the child's gradient hook on the very tensor: it
+    reuses the statistics and adds itself to that hook, holding nothing."""
+    with auditlog.record(store, policy="debug") as run:
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+        out = model(torch.randn(3, 4))
+        recorder = run.recorder
+        assert recorder is not None
+        entries = [entry for _, direction, entry in recorder._activity if direction == "forward"]
+        assert len(entries) == 3  # Linear, Linear, Sequential
+        assert entries[2]["outputs"][0] is entries[1]["outputs"][0]
+        assert entries[1]["outputs"][0] is not entries[0]["outputs"][0]
+        hooks = list(out._backward_hooks.values())
+        assert len(hooks) == 1 and hooks[0].modules == [entries[1]["module_id"], entries[2]["module_id"]]
+        assert weakref.getweakrefcount(out) == 0
+        out.sum().backward()
