@@ -258,3 +258,23 @@ def test_load_state_dict_with_assign(twice: Twice, swap: bool) -> None:
 
     same, dtype, is_parameter, _ = twice(behaviour)
     assert dtype == torch.float64 and is_parameter and same == swap
+
+
+def test_a_traceable_subclass_is_swapped_in_without_the_flag(twice: Twice) -> None:
+    """Module._apply swaps whenever the new value is a traceable wrapper subclass
+    (DTensor is one): sharded models swap parameters with no flag set."""
+    two_tensor = pytest.importorskip("torch.testing._internal.two_tensor")
+
+    def wrap(t: torch.Tensor) -> torch.Tensor:
+        plain = t.detach()
+        return two_tensor.TwoTensor(plain, plain.clone())  # type: ignore[no-any-return]
+
+    def behaviour() -> Any:
+        with swap_flag(False):
+            model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+            model(torch.randn(3, 2))
+            weight = model[0].weight
+            model._apply(wrap)
+            return model[0].weight is weight, type(weight).__name__, isinstance(weight, nn.Parameter)
+
+    assert twice(behaviour) == (True, "TwoTensor", True)
