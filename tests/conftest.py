@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -29,3 +30,14 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def store(tmp_path: Path) -> Path:
     """A path for a store that does not exist yet."""
     return tmp_path / "store"
+
+
+@pytest.fixture(params=["debug", "audit"])
+def twice(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """``twice(behaviour)``: run it plain and under one ``auditlog.record`` (each
+    policy preset in turn); assert the outcomes are identical and return it
+    (tests/behaviour_support.py)."""
+    from behaviour_support import run_twice
+
+    policy = request.param
+    return lambda behaviour: run_twice(behaviour, tmp_path / f"store-{policy}", policy)

@@ -21,7 +21,7 @@ README = REPO / "README.md"
 DOCS = REPO / "docs"
 PAGES = (
     "how-it-works.md", "policy.md", "snapshots.md", "query.md", "views.md", "events.md",
-    "integrity.md", "cli.md", "python.md", "performance.md", "development.md", "CHANGELOG.md",
+    "integrity.md", "cli.md", "python.md", "performance.md", "development.md", "CHANGELOG.md", "hooks.md",
 )
 
 

@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
+import warnings
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn.modules import module as nn_module
 
 import auditlog
 from auditlog.core.kinds import KINDS
 
 
 def test_every_emitted_kind_and_field_is_documented(store: Path) -> None:
-    with auditlog.record(store, backward="grad") as run:
-        model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        model(torch.randn(3, 2)).sum().backward()
-        opt.step()
-        model[1].weight.requires_grad_(False)  # no hook: found by the structural check
-        model(torch.randn(3, 2)).sum().backward()
-        opt.step()
-        run.annotate("note", text="hello")
+    registration_hooks = nn_module._global_module_registration_hooks
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the hooks_removed warning
+            with auditlog.record(store, backward="grad") as run:
+                model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                model(torch.randn(3, 2)).sum().backward()
+                opt.step()
+                model[1].weight.requires_grad_(False)  # no hook: found by the structural check
+                nn_module._global_module_registration_hooks = OrderedDict()  # other code drops our hook
+                model(torch.randn(3, 2)).sum().backward()
+                opt.step()
+                run.annotate("note", text="hello")
+    finally:
+        nn_module._global_module_registration_hooks = registration_hooks
     with auditlog.open(store) as s:
         events = list(s.run().events())
     seen = {e["kind"] for e in events}

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from auditlog.capture import torch_compat
+from auditlog.capture.torch_compat import GLOBAL_HOOK_TABLES, global_hook_table
 
 
 @pytest.mark.parametrize("name", sorted(torch_compat.REQUIRED))
@@ -70,3 +71,36 @@ def test_full_backward_flag_is_restored_exactly() -> None:
     flag.save_and_clear()
     flag.restore()
     assert nn_module._global_is_full_backward_hook is found
+
+
+@pytest.mark.parametrize("table", sorted(GLOBAL_HOOK_TABLES))
+def test_global_hook_tables_are_the_ones_torch_registers_into(table: str) -> None:
+    """The accessor returns the dict a public register_* call writes to (so a
+    check of it is a check of what torch will call)."""
+    from torch.nn.modules import module as nn_module
+    from torch.optim import optimizer as optim_module
+
+    register = {
+        "module_registration": nn_module.register_module_module_registration_hook,
+        "parameter_registration": nn_module.register_module_parameter_registration_hook,
+        "buffer_registration": nn_module.register_module_buffer_registration_hook,
+        "forward_pre": nn_module.register_module_forward_pre_hook,
+        "forward": nn_module.register_module_forward_hook,
+        "forward_always_called": lambda hook: nn_module.register_module_forward_hook(hook, always_call=True),
+        "backward_pre": nn_module.register_module_full_backward_pre_hook,
+        "backward": nn_module.register_module_full_backward_hook,
+        "optimizer_step_pre": optim_module.register_optimizer_step_pre_hook,
+        "optimizer_step_post": optim_module.register_optimizer_step_post_hook,
+    }[table]
+    flag = nn_module._global_is_full_backward_hook
+
+    def hook(*args: object) -> None:
+        return None
+
+    handle = register(hook)
+    try:
+        assert handle.id in global_hook_table(table)
+    finally:
+        handle.remove()
+        nn_module._global_is_full_backward_hook = flag
+    assert handle.id not in global_hook_table(table)

@@ -5,18 +5,31 @@ entries leave as one ``activity`` event (``flush_activity``). Backward is seen,
 by default, through gradient hooks on the forward outputs (``backward="grad"``):
 module full backward hooks make models with in-place ops fail, so they are an
 explicit opt-in (``full``, or the legacy hook).
+
+No reference to an output tensor is kept, not even a weak one (``swap_tensors``
+refuses tensors with weak references; docs/hooks.md). A tensor that several
+modules return (every ``nn.Sequential`` returns its last child's output) is
+recognised by the recorder's own gradient hook already on it (``GradTap``): its
+statistics are reused and one gradient hook serves every module that returned
+it. A hook on a leaf output (a module may return one of its parameters) is
+removed when the step ends, so none accumulates on the user's parameters; other
+outputs take their hooks with them when they die.
 """
 
 from __future__ import annotations
 
-import weakref
 from functools import partial
 from typing import Any
 
 import torch
 
 from auditlog.capture.base import ACTIVITY_FLUSH, MAX_TENSORS, RecorderBase, class_name
-from auditlog.capture.torch_compat import compile_guard, tensor_version, unwrap_compiled
+from auditlog.capture.torch_compat import (
+    call_guard,
+    tensor_hooks,
+    tensor_version,
+    unwrap_compiled,
+)
 from auditlog.core.chain import Clean
 from auditlog.core.tensors import StatsRecord, activity_stats, batch_records
 
@@ -36,6 +49,36 @@ def tensors_in(value: Any, limit: int = 64) -> list[torch.Tensor]:
         elif isinstance(item, dict):
             stack.extend(reversed(list(item.values())))
     return found
+
+
+class GradTap:
+    """The recorder's gradient hook on one module output.
+
+    It lives in the tensor's own hook table (``Tensor.register_hook``), which is
+    how a later call that returns the same tensor finds it: the recorder keeps
+    no reference to the tensor. It holds what the forward hook knew: the modules
+    that returned the tensor, the step, the tensor's version then and its
+    statistics.
+    """
+
+    __slots__ = ("modules", "recorder", "stats", "step", "version")
+
+    def __init__(
+        self,
+        recorder: ActivityHooks,
+        modules: list[int],
+        step: int,
+        version: int,
+        stats: dict[str, Any] | StatsRecord | None,
+    ) -> None:
+        self.recorder = recorder
+        self.modules = modules
+        self.step = step
+        self.version = version
+        self.stats = stats
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        self.recorder._on_output_grad(self.modules, self.step, grad)
 
 
 class ActivityHooks(RecorderBase):
@@ -58,7 +101,7 @@ class ActivityHooks(RecorderBase):
         return hit
 
     # ------------------------------------------------------------------ forward
-    @compile_guard
+    @call_guard
     def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
         try:
             module = unwrap_compiled(module)  # torch.compile wrapper: count once
@@ -70,7 +113,7 @@ class ActivityHooks(RecorderBase):
             self.fault("forward_pre_hook", exc)
         return None
 
-    @compile_guard
+    @call_guard
     def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         try:
             module = unwrap_compiled(module)
@@ -92,7 +135,7 @@ class ActivityHooks(RecorderBase):
             stats = [self._output_stats(t, full) for t in tensors[:MAX_TENSORS]]
             self._add_activity(self.step, "forward", {"module_id": module_id, "n_outputs": len(tensors), "outputs": stats})
             if self.policy.backward == "grad" and torch.is_grad_enabled():
-                self._hook_gradients(module_id, tensors)
+                self._hook_gradients(module_id, tensors, stats)
         except Exception as exc:
             self.fault("forward_hook", exc)
         return None
@@ -102,12 +145,18 @@ class ActivityHooks(RecorderBase):
         activity = self._activity
         activity.append((step, direction, entry))
         if len(activity) >= ACTIVITY_FLUSH:
-            self.flush_activity()
+            self._emit_activity()
 
     def flush_activity(self) -> None:
+        """The step ended: emit its module activity, and take the gradient hooks off
+        the leaf tensors (parameters) that modules returned, which outlive the step."""
+        taps = self._leaf_taps
+        while taps:
+            taps.pop().remove()
+        self._emit_activity()
+
+    def _emit_activity(self) -> None:
         """Emit the held module activity: one ``activity`` event per step it belongs to."""
-        self._outputs_seen.clear()
-        self._grads_hooked.clear()
         activity = self._activity
         by_step: dict[int, dict[str, list[Any]]] = {}
         for _ in range(len(activity)):
@@ -137,38 +186,54 @@ class ActivityHooks(RecorderBase):
         A container returns its last child's output tensor itself (every
         ``nn.Sequential``): the same object, unchanged since (same version
         counter), has the same statistics, so they are reused (a quarter of the
-        calls of the benchmark MLP).
+        calls of the benchmark MLP). The object is recognised by the ``GradTap``
+        the child's call left on it, so only outputs that require grad are
+        recognised; others are measured again.
         """
-        seen = self._outputs_seen.get(id(tensor))
-        version = tensor_version(tensor)
-        if seen is not None and seen[0]() is tensor and seen[1] == version:
-            return seen[2]
-        stats = activity_stats(tensor, full)
-        self._outputs_seen[id(tensor)] = (weakref.ref(tensor), version, stats)
-        return stats
+        tap = self._tap_on(tensor)
+        if tap is not None and tap.stats is not None and tap.version == tensor_version(tensor):
+            return tap.stats
+        return activity_stats(tensor, full)
 
-    def _hook_gradients(self, module_id: int, tensors: list[torch.Tensor]) -> None:
+    def _tap_on(self, tensor: torch.Tensor) -> GradTap | None:
+        """This recorder's gradient hook of the current step on ``tensor``, if any."""
+        if not tensor.requires_grad:
+            return None
+        hooks = tensor_hooks(tensor)
+        if hooks:
+            for hook in reversed(hooks.values()):
+                if type(hook) is GradTap and hook.recorder is self and hook.step == self.step:
+                    return hook
+        return None
+
+    def _hook_gradients(
+        self, module_id: int, tensors: list[torch.Tensor], stats: list[dict[str, Any] | StatsRecord]
+    ) -> None:
         needing = [t for t in tensors if t.requires_grad]
         if not needing:
             return
         step = self.step
         if len(needing) == 1:
             tensor = needing[0]
-            hooked = self._grads_hooked.get(id(tensor))
             version = tensor_version(tensor)
-            if hooked is not None and hooked[0]() is tensor and hooked[1] == version:
-                hooked[2].append(module_id)  # one hook, one gradient, an entry per module
+            tap = self._tap_on(tensor)
+            if tap is not None and tap.version == version:
+                tap.modules.append(module_id)  # one hook, one gradient, an entry per module
                 return
-            modules = [module_id]
-            self._grads_hooked[id(tensor)] = (weakref.ref(tensor), version, modules)
-            tensor.register_hook(partial(self._on_output_grad, modules, step))  # type: ignore[no-untyped-call]
+            measured = next((s for t, s in zip(tensors, stats, strict=False) if t is tensor), None)
+            tap = GradTap(self, [module_id], step, version, measured)
+            handle = tensor.register_hook(tap)  # type: ignore[no-untyped-call]
         else:
-            torch.autograd.graph.register_multi_grad_hook(
+            handle = torch.autograd.graph.register_multi_grad_hook(
                 needing, partial(self._on_output_grads, module_id, step), mode="all"
             )
+        if any(t.grad_fn is None for t in needing):
+            # A leaf (a parameter the module returned) outlives the step: its hook is
+            # removed at the step's end. Other outputs take their hooks with them.
+            self._leaf_taps.append(handle)
 
     # ------------------------------------------------------------------ backward
-    @compile_guard
+    @call_guard
     def _on_output_grad(self, module_ids: list[int], step: int, grad: torch.Tensor) -> None:
         try:
             stats = [activity_stats(grad, self.policy.stats == "full")]
@@ -178,7 +243,7 @@ class ActivityHooks(RecorderBase):
             self.fault("gradient_hook", exc)
         return None
 
-    @compile_guard
+    @call_guard
     def _on_output_grads(self, module_id: int, step: int, grads: Any) -> None:
         try:
             full = self.policy.stats == "full"
@@ -195,11 +260,11 @@ class ActivityHooks(RecorderBase):
         full = self.policy.stats == "full"
         return [None if g is None else activity_stats(g, full) for g in list(grads or ())[:MAX_TENSORS]]
 
-    @compile_guard
+    @call_guard
     def _on_full_backward(self, module: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:
         self._record_backward("full", "full_backward_hook", module, grad_input, grad_output)
 
-    @compile_guard
+    @call_guard
     def _on_legacy_backward(self, module: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:
         self._record_backward("legacy", "legacy_backward_hook", module, grad_input, grad_output)
 

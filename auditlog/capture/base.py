@@ -28,13 +28,12 @@ from typing import Any
 import torch
 
 from auditlog.capture.buffer import RecordBuffer
-from auditlog.capture.ids import ObjectIds
+from auditlog.capture.ids import ObjectIds, TensorIds
 from auditlog.capture.source import Location, construction_location
 from auditlog.capture.torch_compat import buffers_of, parameters_of
 from auditlog.core.chain import CleanList
 from auditlog.core.policy import Policy
 from auditlog.core.replay import STATE_KINDS, ModelState, apply
-from auditlog.core.tensors import StatsRecord
 
 MAX_TENSORS = 4
 # Activity entries held before they are emitted anyway (a loop of forward calls
@@ -59,15 +58,17 @@ class RecorderBase:
     def __init__(self, buffer: RecordBuffer, policy: Policy | None = None) -> None:
         self.buffer = buffer
         self.policy = policy or Policy()
+        # Modules and optimizers are held weakly; tensors not at all (ids.py: swap_tensors
+        # refuses a tensor with a weak reference).
         self.modules = ObjectIds()
-        self.tensors = ObjectIds()
+        self.tensors = TensorIds()
         self.optimizers = ObjectIds()
         self.step = 0
         self.sampling = True
         self._local = threading.local()
         # construction: tensors registered and not sealed yet; how many registrations
         # so far (a structure version), and the version each root was last scanned at
-        self._unsealed: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._unsealed: set[int] = set()
         # Tensor ids registered uninitialized (lazy modules) and not sealed yet: the
         # optimizer's pre hook looks for their materialization (a hookless shape change).
         self._lazy: set[int] = set()
@@ -75,9 +76,10 @@ class RecorderBase:
         self._step_scanned = -1
         self._scanned: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
         self._sources: weakref.WeakKeyDictionary[torch.nn.Module, Location | None] = weakref.WeakKeyDictionary()
-        # optimizer steps: what the pre hook found, per optimizer; reusable host
-        # buffers for the pre-step copy (CPU); the ids of its parameters as last seen
-        self._pending_steps: dict[int, tuple[list[torch.Tensor], list[torch.Tensor] | None, bool]] = {}
+        # optimizer steps: what the pre hook found, per optimizer (the copies it made,
+        # never the parameters: the post hook reads them from the optimizer again);
+        # reusable host buffers for the pre-step copy (CPU); the ids of its parameters
+        self._pending_steps: dict[int, tuple[list[torch.Tensor] | None, bool]] = {}
         self._before_buffers: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[torch.Tensor]] = (
             weakref.WeakKeyDictionary()
         )
@@ -87,10 +89,9 @@ class RecorderBase:
         # emitted as one ``activity`` event per step (deque: appends from autograd's
         # device threads are safe against the flush).
         self._activity: collections.deque[tuple[int, str, Any]] = collections.deque()
-        # Within one step: output tensors already measured, and tensors whose gradient
-        # is hooked (weakly held; cleared at every flush).
-        self._outputs_seen: dict[int, tuple[weakref.ref[torch.Tensor], int, dict[str, Any] | StatsRecord]] = {}
-        self._grads_hooked: dict[int, tuple[weakref.ref[torch.Tensor], int, list[int]]] = {}
+        # Handles of the gradient hooks put on leaf tensors that modules returned
+        # (removed at the step's end: a parameter outlives its step).
+        self._leaf_taps: list[Any] = []
         self._selected: dict[int, bool] = {}
         self._names: dict[int, list[str]] = {}
         self._selected_at = -1
@@ -238,3 +239,14 @@ def module_tensors(root: torch.nn.Module) -> Iterator[torch.Tensor]:
         for buf in buffers_of(module).values():
             if buf is not None:
                 yield buf
+
+
+def module_members(root: torch.nn.Module) -> Iterator[tuple[torch.nn.Module, str, str, torch.Tensor]]:
+    """Every parameter and buffer under ``root`` with its place: ``(module, member, name, tensor)``."""
+    for module in root.modules():
+        for name, param in parameters_of(module).items():
+            if param is not None:
+                yield module, "parameter", name, param
+        for name, buf in buffers_of(module).items():
+            if buf is not None:
+                yield module, "buffer", name, buf

@@ -9,7 +9,6 @@ first optimizer step, an explicit ``run.seal(model)``, or run end).
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -128,8 +127,9 @@ class ConstructionHooks(RecorderBase):
         if tensor is None:
             payload.update(shape=None, dtype=None, device=None)
         else:
-            tensor_id, _ = self.tensors.get(tensor)
-            self._unsealed[tensor_id] = weakref.ref(tensor)
+            # The place is remembered with the id (ids.py): no reference to the tensor.
+            tensor_id, _ = self.tensors.get(tensor, module, member, name)
+            self._unsealed.add(tensor_id)
             if is_uninitialized(tensor):
                 # A lazy module's placeholder: its shape comes with materialization,
                 # recorded then as a structure change (and sealed after it).
@@ -187,7 +187,7 @@ class ConstructionHooks(RecorderBase):
         elif tensors is not None:
             candidates = iter(tensors)
         else:
-            candidates = (t for t in (r() for r in list(self._unsealed.values())) if t is not None)
+            candidates = (t for t in map(self.tensors.object, list(self._unsealed)) if t is not None)
         seen: set[int] = set()
         for tensor in candidates:
             tensor_id = self.tensors.lookup(tensor)
@@ -196,7 +196,7 @@ class ConstructionHooks(RecorderBase):
             if is_uninitialized(tensor):
                 continue  # no values yet: sealed once materialized
             seen.add(tensor_id)
-            del self._unsealed[tensor_id]
+            self._unsealed.discard(tensor_id)
             self._lazy.discard(tensor_id)
             with torch.no_grad():
                 items.append((tensor_id, HostCopy(tensor, with_stats=True)))

@@ -1,10 +1,29 @@
-"""Stable per-run integer ids for modules, tensors and optimizers, held weakly.
+"""Stable per-run integer ids: modules and optimizers held weakly, tensors held not at all.
 
 Names are not identities: a child's parameters register before the child is
 attached, a tied weight has two names, a replaced head reuses a name. Events carry
-these ids and names are recomputed by replay. Entries vanish when the object dies,
-so recording never keeps a model alive; ``id()`` reuse after death is handled by
-checking that the weak reference still points at the same object.
+these ids and names are recomputed by replay.
+
+Modules and optimizers (``ObjectIds``) are held by weak references: recording
+never keeps a model alive, and ``torch.utils.swap_tensors`` is about tensors, so
+a weak reference on a module or optimizer never stands in the user's way.
+
+Tensors (``TensorIds``) are held by no reference of any kind, not even a weak
+one: ``torch.utils.swap_tensors`` refuses a tensor with a weak reference, and
+torch swaps parameters in ``load_state_dict``, ``Module.to()`` (with
+``torch.__future__.set_swap_module_params_on_conversion(True)``, or for
+traceable subclasses such as DTensor) and in parametrizations. A tensor's id is
+keyed by its ``id()`` and remembered together with the places that hold it (a
+module and member name, or an optimizer). ``id()`` values are reused after an
+object dies, so an entry counts only while one of its places still holds that
+very object; a place is checked when the id is asked for, by identity, never by
+keeping the tensor.
+
+What this means for ids (docs/hooks.md says it to users): ``swap_tensors``
+exchanges the contents of two Python objects, so a swapped parameter keeps its
+id (same object, same place; its new dtype or device is a structure change); a
+tensor that no recorded module and no optimizer holds any more, then is put back
+somewhere, gets a new id.
 """
 
 from __future__ import annotations
@@ -14,9 +33,18 @@ import threading
 import weakref
 from typing import Any
 
+import torch
+
+from auditlog.capture.torch_compat import buffers_of, parameters_of
+
+# A place that holds a tensor: (weak reference to the holder, member, name).
+# member: "parameter" | "buffer" (name: the key in the module's dict), or
+# "optimizer" (name unused: any of its param_groups).
+Place = tuple[weakref.ref[Any], str, str]
+
 
 class ObjectIds:
-    """Maps live objects to small integer ids that are never reused within a run."""
+    """Maps live modules and optimizers to small integer ids never reused within a run."""
 
     def __init__(self) -> None:
         self._ids: dict[int, tuple[weakref.ref[Any], int]] = {}
@@ -66,3 +94,153 @@ class ObjectIds:
 
     def __len__(self) -> int:
         return len(self._ids)
+
+
+class TensorIds:
+    """Maps tensors to small integer ids without holding any reference to them.
+
+    ``lookup``/``get`` take the tensor in hand and check that one of the places
+    remembered for its ``id()`` holds exactly this object; ``object`` finds a
+    tensor again through its places. ``note_optimizer`` records which objects an
+    optimizer holds, so that tensors no module holds (an optimizer over a bare
+    list) are checked the same way.
+    """
+
+    def __init__(self) -> None:
+        self._numbers: dict[int, int] = {}  # id(tensor) -> number
+        self._address: dict[int, int] = {}  # number -> id(tensor)
+        self._places: dict[int, list[Place]] = {}  # number -> where it is held
+        # optimizer -> ids of the objects in its param_groups when last noted
+        self._members: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
+        self._counter = itertools.count(1)
+        self._lock = threading.Lock()
+        self._purge_at = 4096
+
+    # ------------------------------------------------------------------ queries
+    def lookup(self, tensor: torch.Tensor) -> int | None:
+        """The id of ``tensor`` if a remembered place still holds it, without assigning."""
+        number = self._numbers.get(id(tensor))
+        if number is not None and self._held(number, tensor):
+            return number
+        return None
+
+    def address(self, number: int) -> int | None:
+        """The ``id()`` the tensor with this number had when last seen."""
+        return self._address.get(number)
+
+    def object(self, number: int) -> torch.Tensor | None:
+        """The tensor with this id, found through the places that hold it, or None."""
+        address = self._address.get(number)
+        if address is None:
+            return None
+        for place in self._places.get(number, ()):
+            found = _at(place, address)
+            if found is not None:
+                return found
+        return None
+
+    # ------------------------------------------------------------------ assignment
+    def get(
+        self,
+        tensor: torch.Tensor,
+        holder: Any = None,
+        member: str = "optimizer",
+        name: str = "",
+    ) -> tuple[int, bool]:
+        """Return ``(id, is_new)``; ``holder``/``member``/``name`` say where the tensor is
+        (or is being put: registration hooks run before the module's dict is written).
+
+        An id whose places no longer hold this object belonged to an object that
+        died at the same address: the tensor gets a fresh id.
+        """
+        address = id(tensor)
+        number = self._numbers.get(address)
+        if number is not None and self._held(number, tensor):
+            if holder is not None:
+                self._add_place(number, holder, member, name)
+            return number, False
+        with self._lock:
+            number = next(self._counter)
+            self._numbers[address] = number
+            self._address[number] = address
+            self._places[number] = []
+            if holder is not None:
+                self._add_place(number, holder, member, name)
+            if len(self._address) > self._purge_at:
+                self._purge(keep=number)
+            return number, True
+
+    def note_optimizer(self, optimizer: Any, tensors: list[torch.Tensor]) -> None:
+        """Remember which objects ``optimizer`` holds now (its parameters keep them alive)."""
+        self._members[optimizer] = frozenset(map(id, tensors))
+
+    # ------------------------------------------------------------------ internals
+    def _add_place(self, number: int, holder: Any, member: str, name: str) -> None:
+        places = self._places.setdefault(number, [])
+        for ref, m, n in places:
+            if m == member and n == name and ref() is holder:
+                return
+        places.append((weakref.ref(holder), member, name))
+
+    def _held(self, number: int, tensor: torch.Tensor) -> bool:
+        """Does a remembered place hold this very object?"""
+        places = self._places.get(number)
+        if not places:
+            return False
+        for ref, member, name in places:
+            holder = ref()
+            if holder is None:
+                continue
+            if member == "optimizer":
+                members = self._members.get(holder)
+                if members is not None and id(tensor) in members:
+                    return True
+                continue
+            table = parameters_of(holder) if member == "parameter" else buffers_of(holder)
+            if table.get(name) is tensor:
+                return True
+        return False
+
+    def _purge(self, keep: int) -> None:
+        """Forget ids no place holds any more (their tensors died or moved away unseen).
+
+        ``keep``: the id just assigned, whose module dict a registration hook is
+        about to write (the hook runs before torch stores the tensor)."""
+        for number, address in list(self._address.items()):
+            if number != keep and not any(self._holds(place, address) for place in self._places.get(number, ())):
+                self._address.pop(number, None)
+                self._places.pop(number, None)
+                if self._numbers.get(address) == number:
+                    del self._numbers[address]
+        self._purge_at = max(4096, 2 * len(self._address))
+
+    def _holds(self, place: Place, address: int) -> bool:
+        ref, member, name = place
+        holder = ref()
+        if holder is None:
+            return False
+        if member == "optimizer":
+            members = self._members.get(holder)
+            return members is not None and address in members
+        table = parameters_of(holder) if member == "parameter" else buffers_of(holder)
+        return id(table.get(name)) == address
+
+    def __len__(self) -> int:
+        return len(self._address)
+
+
+def _at(place: Place, address: int) -> torch.Tensor | None:
+    """The object at ``place`` if its ``id()`` is ``address``."""
+    ref, member, name = place
+    holder = ref()
+    if holder is None:
+        return None
+    if member == "optimizer":
+        for group in holder.param_groups:
+            for tensor in group["params"]:
+                if id(tensor) == address:
+                    return tensor  # type: ignore[no-any-return]
+        return None
+    table = parameters_of(holder) if member == "parameter" else buffers_of(holder)
+    found = table.get(name)
+    return found if found is not None and id(found) == address else None

@@ -41,7 +41,7 @@ class OptimizerHooks(RecorderBase):
             policy = self.policy
             due = (policy.update_norms or policy.param_norms) and policy.norms_due(self.step)
             before = self._copy_before(optimizer, params) if due and policy.update_norms else None
-            self._pending_steps[id(optimizer)] = (params, before, due)
+            self._pending_steps[id(optimizer)] = (before, due)
         except Exception as exc:
             self.fault("optimizer_step_pre_hook", exc)
         return None
@@ -75,9 +75,8 @@ class OptimizerHooks(RecorderBase):
             optimizer_id, _ = self.optimizers.get(optimizer)
             count = self._optimizer_steps.get(optimizer_id, 0) + 1
             self._optimizer_steps[optimizer_id] = count
-            params, before, due = self._pending_steps.pop(id(optimizer), (None, None, False))
-            if params is None:
-                params = [p for group in optimizer.param_groups for p in group["params"]]
+            before, due = self._pending_steps.pop(id(optimizer), (None, False))
+            params = [p for group in optimizer.param_groups for p in group["params"]]
             payload = self._step_payload(optimizer, params, before, due)
             payload.update(
                 optimizer_id=optimizer_id,
@@ -188,8 +187,10 @@ class OptimizerHooks(RecorderBase):
         cached = self._param_ids.get(id(optimizer))
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
-        tensor_ids = CleanList(self.tensors.get(p)[0] for p in params)
-        group_ids = [CleanList(self.tensors.get(p)[0] for p in group["params"]) for group in optimizer.param_groups]
+        ids = self.tensors
+        ids.note_optimizer(optimizer, params)  # a tensor no module holds is known by its optimizer
+        tensor_ids = CleanList(ids.get(p, optimizer)[0] for p in params)
+        group_ids = [CleanList(ids.get(p, optimizer)[0] for p in group["params"]) for group in optimizer.param_groups]
         self._param_ids[id(optimizer)] = (key, tensor_ids, group_ids)
         return tensor_ids, group_ids
 

@@ -3,18 +3,25 @@
 Assembled from one mixin per concern (see ``base.py``). The registration and
 optimizer hooks stay installed for the whole recording; the per-call hooks
 (forward, and full/legacy backward) take every module call off PyTorch's fast
-path, so they are present only on the steps whose activity is sampled.
+path, so they are present only on the steps whose activity is sampled. At every
+optimizer step the recorder checks that its hooks are still in torch's tables
+(other code may take them out, ``hooktables.py``) and puts back what is missing.
 """
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
-from torch.utils.hooks import RemovableHandle
 
 from auditlog.capture.activity import ActivityHooks
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.construction import ConstructionHooks
+from auditlog.capture.hooktables import HookTables, Register
 from auditlog.capture.optimizer import OptimizerHooks
 from auditlog.capture.roots import RootTracking
 from auditlog.capture.structure import StructureChecks
@@ -27,9 +34,11 @@ class Recorder(ConstructionHooks, RootTracking, StructureChecks, ActivityHooks, 
 
     def __init__(self, buffer: RecordBuffer, policy: Policy | None = None) -> None:
         super().__init__(buffer, policy)
-        self._handles: list[RemovableHandle] = []
-        self._call_handles: list[RemovableHandle] = []  # per-call hooks, present on sampled steps only
+        self._hooks = HookTables()
+        self._call_kinds: list[str] = []  # per-call hooks, present on sampled steps only
         self._full_flag = FullBackwardFlag()
+        self._hooks_verified_at = 0  # the step at which every hook was last found in place
+        self._refused: set[str] = set()  # kinds torch would not take back: not captured any more
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
@@ -39,46 +48,118 @@ class Recorder(ConstructionHooks, RootTracking, StructureChecks, ActivityHooks, 
         so that the model is sealed at its first forward, before BatchNorm and the
         like change any buffer.
         """
-        add = self._handles.append
-        add(nn_module.register_module_module_registration_hook(self._on_module_registered))
-        add(nn_module.register_module_parameter_registration_hook(self._on_parameter_registered))
-        add(nn_module.register_module_buffer_registration_hook(self._on_buffer_registered))
-        add(optim_module.register_optimizer_step_pre_hook(self._on_step_pre))
-        add(optim_module.register_optimizer_step_post_hook(self._on_step_post))
+        add = self._hooks.install
+        add("module_registration", self._on_module_registered, nn_module.register_module_module_registration_hook)
+        add("parameter_registration", self._on_parameter_registered, nn_module.register_module_parameter_registration_hook)
+        add("buffer_registration", self._on_buffer_registered, nn_module.register_module_buffer_registration_hook)
+        add("optimizer_step_pre", self._on_step_pre, optim_module.register_optimizer_step_pre_hook)
+        add("optimizer_step_post", self._on_step_post, optim_module.register_optimizer_step_post_hook)
         self._full_flag.save_and_clear()
         self.sampling = self.policy.samples(0)
         self._install_call_hooks(forward_only=not self.sampling)
 
     def _install_call_hooks(self, forward_only: bool = False) -> None:
-        if self._call_handles:
+        if self._call_kinds:
             return
-        add = self._call_handles.append
-        add(nn_module.register_module_forward_pre_hook(self._on_forward_pre))
-        add(nn_module.register_module_forward_hook(self._on_forward, always_call=True))
+        kinds: list[tuple[str, Callable[..., Any], Register]] = [
+            ("forward_pre", self._on_forward_pre, nn_module.register_module_forward_pre_hook)
+        ]
+        # always_call: the call stack is unwound, and the failed call recorded, when
+        # forward raises (docs/hooks.md: what a user can observe of it).
+        kinds.append(("forward", self._on_forward, partial(nn_module.register_module_forward_hook, always_call=True)))
         if not forward_only:
             if self.policy.backward == "full":
-                add(nn_module.register_module_full_backward_pre_hook(self._on_backward_pre))
-                add(nn_module.register_module_full_backward_hook(self._on_full_backward))
+                kinds.append(("full_backward_pre", self._on_backward_pre, nn_module.register_module_full_backward_pre_hook))
+                kinds.append(("full_backward", self._on_full_backward, nn_module.register_module_full_backward_hook))
             elif self.policy.backward == "legacy":
-                add(nn_module.register_module_backward_hook(self._on_legacy_backward))
+                kinds.append(("backward", self._on_legacy_backward, nn_module.register_module_backward_hook))
+        for kind, hook, register in kinds:
+            if kind in self._refused:
+                continue
+            self._hooks.install(kind, hook, register, always_called=kind == "forward")
+            self._call_kinds.append(kind)
 
     def _remove_call_hooks(self) -> None:
-        while self._call_handles:
-            self._call_handles.pop().remove()
+        while self._call_kinds:
+            self._hooks.uninstall(self._call_kinds.pop())
         self.call_stack().clear()
 
     def update_call_hooks(self) -> None:
-        """Per-call hooks present exactly when the coming step is sampled."""
+        """At every optimizer step: check that every hook is still in torch's tables,
+        then make the per-call hooks present exactly when the coming step is sampled."""
+        self.verify_hooks("optimizer_step")
         if self.sampling:
             self._install_call_hooks()
         else:
             self._remove_call_hooks()
 
+    def verify_hooks(self, where: str, repair: bool = True) -> list[str]:
+        """Find hooks that other code took out of torch's tables; put them back.
+
+        A kind that cannot be put back (torch refuses, e.g. full backward hooks
+        after someone registered a legacy one) stops being captured. Either way one
+        ``hooks_removed`` event says which, since which step, and where it was
+        found; the first time also warns. Returns the kinds found missing.
+        """
+        try:
+            missing = self._hooks.missing()
+            if not missing:
+                self._hooks_verified_at = self.step
+                return []
+            reinstalled: list[str] = []
+            stopped: dict[str, str] = {}
+            for kind in missing if repair else ():
+                try:
+                    self._hooks.reinstall(kind)
+                    reinstalled.append(kind)
+                except Exception as exc:  # torch refused: capture of that kind ends, said so
+                    self._hooks.stop(kind)
+                    self._refused.add(kind)
+                    if kind in self._call_kinds:
+                        self._call_kinds.remove(kind)
+                    stopped[kind] = f"{type(exc).__name__}: {exc}"[:500]
+            since = self._hooks_verified_at
+            payload: dict[str, Any] = {
+                "hooks": missing,
+                "reinstalled": reinstalled,
+                "stopped": stopped,
+                "since_step": since,
+                "detected_at": where,
+            }
+            self.emit("hooks_removed", payload=payload)
+            self._hooks_verified_at = self.step
+            self._warn_hooks_removed(missing, reinstalled, since)
+            if any(kind.endswith("_registration") for kind in reinstalled):
+                self.check(None, where)  # members added while nobody was listening
+            return missing
+        except Exception as exc:
+            self.fault("hook_check", exc)
+            return []
+
+    def _warn_hooks_removed(self, missing: list[str], reinstalled: list[str], since: int) -> None:
+        if "hooks_removed" in self._warned:
+            return
+        self._warned.add("hooks_removed")
+        done = "put them back" if reinstalled == missing else f"put back {reinstalled or 'none'}"
+        try:
+            warnings.warn(
+                f"auditlog: other code removed auditlog's hooks {missing} from torch's global hook tables "
+                f"(after step {since}, found at step {self.step}); auditlog {done} "
+                "(recorded as a hooks_removed event; warned once)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        except Exception:  # -W error: the event is the record
+            pass
+
     def remove(self) -> None:
-        """Remove exactly the hooks this recorder installed, and torch's flag as it was."""
-        self._remove_call_hooks()
-        while self._handles:
-            self._handles.pop().remove()
+        """Remove exactly the hooks this recorder installed, and torch's flag as it was.
+
+        Hooks found missing now are recorded first (``detected_at: run_end``)."""
+        self.verify_hooks("run_end", repair=False)
+        self._call_kinds.clear()
+        self.call_stack().clear()
+        self._hooks.remove_all()
         self._full_flag.restore()
 
     # ------------------------------------------------------------------ end

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from auditlog.capture.base import RecorderBase, module_tensors
+from auditlog.capture.base import RecorderBase, module_members
 from auditlog.capture.payloads import HostCopy, SnapshotItems
 from auditlog.capture.torch_compat import buffers_of, children_of, is_uninitialized, parameters_of
 
@@ -46,7 +46,7 @@ class RootTracking(RecorderBase):
             if self.modules.lookup(root) is None:
                 self.adopt(root)
             self.track_root(root)
-            items = self._snapshot_items(module_tensors(root))
+            items = self._snapshot_items(module_members(root))
             self.emit(
                 "snapshot_taken",
                 self.modules.lookup(root),
@@ -95,39 +95,61 @@ class RootTracking(RecorderBase):
         if not self.policy.snapshot_final or self._finished:
             return
         try:
-            tensors = _dict_tensors(params, buffers, children)
-            items = self._snapshot_items(tensors)
+            items = self._released_items(module_id, params, buffers, children)
             self.emit(
                 "snapshot_taken", module_id, None, {"trigger": "released", "tag": None, "snapshot": SnapshotItems(items)}
             )
         except Exception as exc:
             self.fault("root_released_snapshot", exc)
 
-    def _snapshot_items(self, tensors: Iterator[torch.Tensor]) -> list[tuple[int, HostCopy]]:
-        """Host copies of ``tensors``, each tensor once."""
+    def _snapshot_items(
+        self, members: Iterator[tuple[torch.nn.Module, str, str, torch.Tensor]]
+    ) -> list[tuple[int, HostCopy]]:
+        """Host copies of the tensors at these places, each tensor once."""
         items: list[tuple[int, HostCopy]] = []
         seen: set[int] = set()
         with torch.no_grad():
-            for tensor in tensors:
+            for module, member, name, tensor in members:
                 if is_uninitialized(tensor):
                     continue  # a lazy placeholder has no values yet
-                tensor_id = self.tensors.get(tensor)[0]
+                tensor_id = self.tensors.get(tensor, module, member, name)[0]
                 if tensor_id in seen:
                     continue
                 seen.add(tensor_id)
                 items.append((tensor_id, HostCopy(tensor)))
         return items
 
+    def _released_items(
+        self, module_id: int | None, params: Any, buffers: Any, children: Any
+    ) -> list[tuple[int, HostCopy]]:
+        """The last values of a root that died: its own members by name (the record
+        says which id is at each of the root's places; the root itself, their
+        holder, is gone), its children's as usual (the member dicts keep them)."""
+        node = None if module_id is None else self.state.modules.get(module_id)
+        items: list[tuple[int, HostCopy]] = []
+        seen: set[int] = set()
+        with torch.no_grad():
+            for known, table in (
+                ({} if node is None else node.parameters, params),
+                ({} if node is None else node.buffers, buffers),
+            ):
+                for name, tensor in list(table.items()):
+                    if tensor is None:
+                        continue
+                    tensor_id = known.get(name)
+                    if tensor_id is None or self.tensors.address(tensor_id) != id(tensor):
+                        tensor_id = self.tensors.get(tensor)[0]  # never recorded at this place
+                    if tensor_id not in seen:
+                        seen.add(tensor_id)
+                        items.append((tensor_id, HostCopy(tensor)))
+            for child in list(children.values()):
+                if child is not None:
+                    for tensor_id, copy in self._snapshot_items(module_members(child)):
+                        if tensor_id not in seen:
+                            seen.add(tensor_id)
+                            items.append((tensor_id, copy))
+        return items
+
     def check(self, roots: list[torch.nn.Module] | None, where: str) -> None:
         """Run a structural check over ``roots`` (default: every live root)."""
         self.check_structure(self.live_roots() if roots is None else roots, where)
-
-
-def _dict_tensors(params: Any, buffers: Any, children: Any) -> Iterator[torch.Tensor]:
-    """The tensors of a (dead) root, from the member dicts it owned."""
-    for tensor in list(params.values()) + list(buffers.values()):
-        if tensor is not None:
-            yield tensor
-    for child in list(children.values()):
-        if child is not None:
-            yield from module_tensors(child)

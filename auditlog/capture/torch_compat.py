@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import torch
 from torch.nn.modules import module as nn_module
+from torch.optim import optimizer as optim_module
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -37,6 +38,29 @@ def compile_guard(hook: F) -> F:
     @functools.wraps(hook)
     def guarded(*args: Any) -> None:
         if _is_compiling():
+            return None
+        return hook(*args)  # type: ignore[no-any-return]
+
+    return guarded  # type: ignore[return-value]
+
+
+_functorch_interpreter = torch._C._functorch.peek_interpreter_stack
+
+
+def call_guard(hook: F) -> F:
+    """``compile_guard``, and record nothing while a ``torch.func`` transform runs.
+
+    Inside ``torch.func.grad``/``vmap``/``jacrev`` a module's calls see wrapped
+    tensors (``functional_call`` puts them in the module itself): reading their
+    values fails under vmap ("calling .item() on a Tensor"), and they are
+    transient values of the transform, not the model's. The check is
+    ``torch._C._functorch.peek_interpreter_stack()`` (None outside any
+    transform; torch 2.0-2.13), ~90 ns.
+    """
+
+    @functools.wraps(hook)
+    def guarded(*args: Any) -> None:
+        if _is_compiling() or _functorch_interpreter() is not None:
             return None
         return hook(*args)  # type: ignore[no-any-return]
 
@@ -112,6 +136,12 @@ def tensor_version(tensor: torch.Tensor) -> int:
     return tensor._version
 
 
+def tensor_hooks(tensor: torch.Tensor) -> dict[int, Any] | None:
+    """The tensor's own gradient hooks (``Tensor._backward_hooks``: what ``register_hook``
+    adds to; reset to None by an in-place op, torch 1.0-2.13)."""
+    return tensor._backward_hooks
+
+
 def foreach_norm(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """L2 norms of many tensors in one fused call (``torch._foreach_norm``, torch 1.10-2.13)."""
     return tuple(torch._foreach_norm(tensors))
@@ -154,6 +184,32 @@ class FullBackwardFlag:
             self.held = False
 
 
+# --------------------------------------------------------------------------- global hook tables
+# Torch reads these module-level dicts at every call (``Module._call_impl``,
+# ``register_parameter``, ``Optimizer.step``'s wrapper), looking the name up each
+# time: code that assigns a fresh dict to one (PyTorch's own
+# TestModuleGlobalHooks.tearDown does) takes every hook in it out of use. The
+# ``register_*`` functions are public; the tables are not (torch 2.0-2.13; the
+# always-called table since 2.1). ``backward`` holds full and legacy backward hooks alike.
+GLOBAL_HOOK_TABLES: dict[str, Callable[[], dict[int, Any]]] = {
+    "module_registration": lambda: nn_module._global_module_registration_hooks,
+    "parameter_registration": lambda: nn_module._global_parameter_registration_hooks,
+    "buffer_registration": lambda: nn_module._global_buffer_registration_hooks,
+    "forward_pre": lambda: nn_module._global_forward_pre_hooks,
+    "forward": lambda: nn_module._global_forward_hooks,
+    "forward_always_called": lambda: nn_module._global_forward_hooks_always_called,
+    "backward_pre": lambda: nn_module._global_backward_pre_hooks,
+    "backward": lambda: nn_module._global_backward_hooks,
+    "optimizer_step_pre": lambda: optim_module._global_optimizer_pre_hooks,
+    "optimizer_step_post": lambda: optim_module._global_optimizer_post_hooks,
+}
+
+
+def global_hook_table(table: str) -> dict[int, Any]:
+    """The global hook table torch uses now (one of ``GLOBAL_HOOK_TABLES``), by hook id."""
+    return GLOBAL_HOOK_TABLES[table]()
+
+
 # The attributes above, for the test that fails loudly when torch drops one.
 REQUIRED = {
     "torch.nn.modules.module._global_is_full_backward_hook": lambda: nn_module._global_is_full_backward_hook,
@@ -164,8 +220,11 @@ REQUIRED = {
     "torch.nn.Module._non_persistent_buffers_set": lambda: torch.nn.Module()._non_persistent_buffers_set,
     "torch.nn.Module.register_buffer(persistent=...)": lambda: torch.nn.Module.register_buffer.__code__.co_varnames.index("persistent"),
     "torch.Tensor._version": lambda: torch.zeros(1)._version,
+    "torch.Tensor._backward_hooks": lambda: torch.zeros(1, requires_grad=True)._backward_hooks,
+    **{f"global hook table {name}": accessor for name, accessor in GLOBAL_HOOK_TABLES.items()},
     "torch._foreach_norm": lambda: torch._foreach_norm,
     "torch._foreach_copy_": lambda: torch._foreach_copy_,
     "torch._foreach_sub_": lambda: torch._foreach_sub_,
     "torch.compiler.is_compiling": lambda: torch.compiler.is_compiling,
+    "torch._C._functorch.peek_interpreter_stack": lambda: torch._C._functorch.peek_interpreter_stack(),
 }

@@ -193,6 +193,24 @@ _KINDS = [
         },
     ),
     Kind(
+        "hooks_removed",
+        "Other code took some of the recorder's hooks out of torch's global hook tables (a "
+        "handle removed, or a table replaced wholesale, as PyTorch's TestModuleGlobalHooks.tearDown "
+        "does). Found at an optimizer step or at run end; whatever those hooks would have recorded "
+        "between since_step and this event's step is missing from the record. The recorder puts "
+        "the hooks back when it can (docs/hooks.md).",
+        {
+            "hooks": "the hook kinds found missing: module_registration | parameter_registration | "
+            "buffer_registration | optimizer_step_pre | optimizer_step_post | forward_pre | forward "
+            "| full_backward_pre | full_backward | backward (legacy)",
+            "reinstalled": "the kinds put back (from this event's step on they record again)",
+            "stopped": "{kind: reason} for kinds torch refused to take back: capture of that kind "
+            "ends for the rest of the run",
+            "since_step": "the last step at which every hook was found in place",
+            "detected_at": "optimizer_step | run_end (at run end nothing is put back)",
+        },
+    ),
+    Kind(
         "annotation",
         "A fact the user added with run.annotate(key, **fields).",
         {"key": "the annotation key", "fields": "the user's fields (JSON-encodable)"},

@@ -1,0 +1,132 @@
+"""The recorder's entries in torch's global hook tables: installed, checked, removed.
+
+Other code can take them out: a ``RemovableHandle`` is easy to reach, and code
+that assigns a fresh dict to a table (PyTorch's own
+``TestModuleGlobalHooks.tearDown`` replaces the forward, forward-pre and backward
+tables) silently ends what the recorder learns through it. ``missing`` compares
+what the recorder installed with the tables torch reads now, by hook id and
+hook object; the recorder (``recorder.py``) re-installs what is missing and
+records that it happened (``hooks_removed``).
+
+An entry found again in a table that was put back (saved, replaced, restored)
+is taken as present: re-installing it would make it fire twice. ``remove_all``
+takes every entry the recorder ever installed out of every table it can reach,
+the tables torch uses now included, so nothing of a finished recording fires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch.utils.hooks import RemovableHandle
+
+from auditlog.capture.torch_compat import global_hook_table
+
+Register = Callable[[Callable[..., Any]], RemovableHandle]
+
+
+@dataclass
+class Entry:
+    """One hook of the recorder: which table it lives in, and how to put it back."""
+
+    kind: str  # the recorder's name for it (see KIND_TABLES)
+    hook: Callable[..., Any]  # the object the table holds (identity is checked)
+    register: Register  # the public torch function that installs it
+    handle: RemovableHandle
+    always_called: bool = False
+    history: list[RemovableHandle] = field(default_factory=list)
+
+
+# The recorder's hook kinds and the torch table each lives in.
+KIND_TABLES = {
+    "module_registration": "module_registration",
+    "parameter_registration": "parameter_registration",
+    "buffer_registration": "buffer_registration",
+    "optimizer_step_pre": "optimizer_step_pre",
+    "optimizer_step_post": "optimizer_step_post",
+    "forward_pre": "forward_pre",
+    "forward": "forward",
+    "full_backward_pre": "backward_pre",
+    "full_backward": "backward",
+    "backward": "backward",  # the legacy module backward hook
+}
+
+
+class HookTables:
+    """The recorder's hooks by kind; at most one live entry per kind."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, Entry] = {}
+        self._retired: list[Entry] = []
+
+    def install(self, kind: str, hook: Callable[..., Any], register: Register, always_called: bool = False) -> None:
+        """Register ``hook`` through torch's public ``register`` function."""
+        handle = register(hook)
+        entry = Entry(kind, hook, register, handle, always_called)
+        entry.history.append(handle)
+        self._entries[kind] = entry
+
+    def installed(self) -> list[str]:
+        return list(self._entries)
+
+    def uninstall(self, kind: str) -> None:
+        """Take one kind out (per-call hooks leave on unsampled steps)."""
+        entry = self._entries.pop(kind, None)
+        if entry is not None:
+            _take_out(entry)
+
+    def missing(self) -> list[str]:
+        """The kinds whose hook is not in the table torch uses now (cheap: a dict
+        lookup or two per kind)."""
+        gone = []
+        for kind, entry in self._entries.items():
+            if not self._present(entry):
+                gone.append(kind)
+        return gone
+
+    def reinstall(self, kind: str) -> None:
+        """Register the hook of ``kind`` again (raises what torch raises)."""
+        entry = self._entries[kind]
+        _take_out(entry)  # an always_call flag left without its hook, say
+        handle = entry.register(entry.hook)
+        entry.handle = handle
+        entry.history.append(handle)
+
+    def stop(self, kind: str) -> None:
+        """Give up on ``kind`` (it could not be put back): no longer expected."""
+        entry = self._entries.pop(kind, None)
+        if entry is not None:
+            self._retired.append(entry)
+            _take_out(entry)
+
+    def remove_all(self) -> None:
+        """Take every entry ever installed out of every table it can be found in."""
+        for entry in [*self._entries.values(), *self._retired]:
+            _take_out(entry)
+        self._entries.clear()
+        self._retired.clear()
+
+    def _present(self, entry: Entry) -> bool:
+        table = global_hook_table(KIND_TABLES[entry.kind])
+        for handle in reversed(entry.history):
+            if table.get(handle.id) is entry.hook:
+                if entry.always_called and handle.id not in global_hook_table("forward_always_called"):
+                    return False  # it would no longer run when forward raises
+                entry.handle = handle  # a table put back holds an earlier entry
+                return True
+        return False
+
+
+def _take_out(entry: Entry) -> None:
+    """Remove every registration of ``entry`` from the dicts its handles know and
+    from the tables torch uses now (a copied table holds the same ids)."""
+    table = global_hook_table(KIND_TABLES[entry.kind])
+    always = global_hook_table("forward_always_called")
+    for handle in entry.history:
+        handle.remove()
+        if table.get(handle.id) is entry.hook:
+            del table[handle.id]
+            always.pop(handle.id, None)
+    entry.history = []
