@@ -13,11 +13,6 @@ from auditlog.cli.options import run_argument, store_option
 from auditlog.cli.proofs_cmd import read_json, write_new
 
 from auditlog.core.errors import IntegrityError
-from auditlog.integrity.keys import load_private_key, trusted_public_keys
-from auditlog.integrity.signing import KeyRing
-from auditlog.read.api import open_store
-from auditlog.read.attest import attest as make_attestation
-from auditlog.read.attest import verify_attestation as check_attestation
 
 KEY_HELP = "Private key [default: $AUDITLOG_KEY or ~/.config/auditlog/signing_key]."
 
@@ -37,6 +32,10 @@ def attest(store: str | None, run: str, step: int | None, model: Path, key_path:
     hold exactly the recorded tensors at that step. The run's current tree
     heads are signed (stored as checkpoints) if this key has not signed them.
     """
+    from auditlog.integrity.keys import load_private_key
+    from auditlog.read.api import open_store
+    from auditlog.read.attest import attest as make_attestation
+
     key = load_private_key(Path(key_path) if key_path else None)
     with open_store(store) as opened:
         opened.check_file()
@@ -58,6 +57,11 @@ def attest(store: str | None, run: str, step: int | None, model: Path, key_path:
 def verify_attestation(key_paths: tuple[str, ...], model: Path | None, store: str | None, attestation: str) -> None:
     """Check an attestation from `auditlog attest`: its signature, and with --model / --store the
     model file and the record (exit 4 when anything does not hold)."""
+    from auditlog.integrity.keys import trusted_public_keys
+    from auditlog.integrity.signing import KeyRing
+    from auditlog.read.api import open_store
+    from auditlog.read.attest import verify_attestation as check_attestation
+
     keys = KeyRing(trusted_public_keys(tuple(Path(p) for p in key_paths)))
     envelope = read_json(attestation, "a DSSE envelope")
     if store is not None:

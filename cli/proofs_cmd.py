@@ -14,10 +14,6 @@ from auditlog.cli.options import run_argument, store_option
 
 from auditlog.core.errors import AuditlogError, IntegrityError
 from auditlog.core.values import iso
-from auditlog.integrity.keys import trusted_public_keys
-from auditlog.integrity.proofs import check_document
-from auditlog.integrity.signing import KeyRing
-from auditlog.read.api import open_store
 
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
 
@@ -74,6 +70,8 @@ def prove(store: str | None, run: str, seq: int | None, stream: int, old: str | 
     the rest of the record. With --consistency-from HEAD: a consistency proof
     that the record, as signed now, extends an older signed head.
     """
+    from auditlog.read.api import open_store
+
     if (seq is None) == (old is None):
         raise click.UsageError("give exactly one of --seq N and --consistency-from HEAD")
     old_head = read_json(old, "a signed head statement") if old is not None else None
@@ -102,6 +100,10 @@ def verify_proof(key_paths: tuple[str, ...], proof: str) -> None:
     the trusted key signed; a consistency proof, that the newer signed tree
     extends the older one.
     """
+    from auditlog.integrity.keys import trusted_public_keys
+    from auditlog.integrity.proofs import check_document
+    from auditlog.integrity.signing import KeyRing
+
     keys = KeyRing(trusted_public_keys(tuple(Path(p) for p in key_paths)))
     check = check_document(read_json(proof, "an auditlog proof"), keys)
     if not check.ok:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from auditlog.core.errors import StoreError
 from auditlog.core.replay import CONSTRUCTION_KINDS, replay
-from auditlog.store.blobs import SnapshotStore
 from auditlog.store.eventstore import EventStore
 from auditlog.store.rows import decode_event, payload_object
 
@@ -60,6 +59,7 @@ def verify_snapshots(store: EventStore, run_id: str) -> tuple[int, list[Snapshot
     references = list(_referenced(store, run_id))
     if not references:
         return 0, []
+    from auditlog.store.blobs import SnapshotStore  # Parquet and tensors: only when there are snapshots
 
     catalog = store.blob_rows(sorted({sha for *_, sha in references}))
     try:
