@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 from auditlog.core.errors import AuditlogError, IntegrityError
-from auditlog.store.blobs import SnapshotStore, file_digest
 from auditlog.store.eventstore import EventStore
 
 SEAL_FORMAT = "auditlog-readmodel-seal-v1"
@@ -151,6 +150,10 @@ class CheckedBlob:
 
 def check_blobs(snapshots: Path, hashes: list[str]) -> list[CheckedBlob]:
     """Verify the files of ``hashes`` (location from the hash, exact schema, content hash)."""
+    if not hashes:
+        return []
+    from auditlog.store.blobs import SnapshotStore  # tensors are read only when there are snapshots
+
     files = SnapshotStore(snapshots)
     out: list[CheckedBlob] = []
     for sha in hashes:
@@ -175,6 +178,10 @@ def changed_files(snapshots: Path, rows: list[tuple[str, str, list[int]]]) -> di
     ``rows``: ``(sha256, file digest at verification, identity at verification)``.
     An unchanged identity is trusted; a changed one is digested again.
     """
+    if not rows:
+        return {}
+    from auditlog.store.blobs import SnapshotStore, file_digest
+
     files = SnapshotStore(snapshots)
     changed: dict[str, str] = {}
     for sha, digest, identity in rows:
