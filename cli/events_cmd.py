@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import click
-from auditlog.cli.options import format_option, run_argument, store_option
+from auditlog.cli.options import format_option, rank_option, run_argument, store_option
 from auditlog.cli.output import emit_rows
 
 from auditlog.core.errors import UsageError
@@ -99,6 +99,7 @@ def _num(value: Any) -> str:
 )
 @click.option("--step", "step_text", default=None, metavar="N|A:B", help="Only events at these optimizer steps.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most N events.")
+@rank_option
 def events(
     store: str | None,
     fmt: str,
@@ -107,27 +108,41 @@ def events(
     module_glob: str | None,
     step_text: str | None,
     limit: int | None,
+    rank: int | None,
 ) -> None:
-    """Show the events of RUN (default: latest)."""
+    """Show the events of RUN (default: latest); a multi-rank run's streams one after the other."""
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         raise UsageError(f"unknown event kind {unknown[0]!r}; known kinds: {', '.join(KINDS)}")
     step_range = parse_step_range(step_text)
     with open_store(store) as opened:
-        view = opened.run(run)
-        state = view.model_state()
-        module_names = state.module_names()
-        tensor_names = state.tensor_names()
+        view = opened.run(run, rank)
+        names = StreamNames(view)
+        several = len(view.rank_streams()) > 1
 
         def rows() -> Iterator[dict[str, Any]]:
             found = view.events(kinds=list(kinds) or None, step_range=step_range, module=module_glob)
             for shown, event in enumerate(found):
                 if limit is not None and shown >= limit:
                     return
-                yield _row(event, fmt, module_names, tensor_names, state)
+                yield _row(event, fmt, *names.of(event["stream"]))
 
-        columns = COLUMNS if fmt == "table" else JSON_COLUMNS
+        columns = (("stream", *COLUMNS) if several else COLUMNS) if fmt == "table" else JSON_COLUMNS
         emit_rows(rows(), columns, fmt)
+
+
+class StreamNames:
+    """Module and tensor names per stream (ids are per process: each rank numbered its own)."""
+
+    def __init__(self, view: Any) -> None:
+        self.view = view
+        self.cache: dict[int, tuple[dict[int, list[str]], dict[int, list[str]], Any]] = {}
+
+    def of(self, stream: int) -> tuple[dict[int, list[str]], dict[int, list[str]], Any]:
+        if stream not in self.cache:
+            state = self.view.model_state(stream=stream)
+            self.cache[stream] = (state.module_names(), state.tensor_names(), state)
+        return self.cache[stream]
 
 
 JSON_COLUMNS = ("run_id", "stream", "seq", "time", "kind", "step", "module_id", "module", "tensor_id", "tensor", "snapshot", "hash", "payload")
@@ -139,6 +154,7 @@ def _row(event: dict[str, Any], fmt: str, module_names: dict[int, list[str]], te
     tensor = ", ".join(tensor_names.get(tensor_id, [])) if tensor_id is not None else None
     if fmt == "table":
         return {
+            "stream": event["stream"],
             "seq": event["seq"],
             "step": event["step"],
             "kind": event["kind"],

@@ -38,3 +38,14 @@ def format_option(func: F) -> F:
 def run_argument(func: F) -> F:
     """``RUN``: a run id, a unique id prefix, a run name, ``latest`` or ``latest~N``."""
     return click.argument("run", default="latest", metavar="RUN")(func)
+
+
+def rank_option(func: F) -> F:
+    """``--rank N``: one rank of a multi-rank (torchrun) run: the streams it recorded."""
+    return click.option(
+        "--rank",
+        type=click.IntRange(min=0),
+        default=None,
+        metavar="N",
+        help="Only rank N of a multi-rank run (every segment it recorded).",
+    )(func)

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import click
-from auditlog.cli.options import format_option, store_option
+from auditlog.cli.options import format_option, rank_option, store_option
 from auditlog.cli.output import emit_rows
 from auditlog.cli.progress import progress_bar
 
@@ -28,8 +28,9 @@ from auditlog.store.readmodel.views import VIEWS, VIEWS_BY_NAME
     metavar="RUN",
     help="Restrict every view to one run (id, prefix, name, latest, latest~N).",
 )
+@rank_option
 @click.argument("sql", metavar="SQL")
-def query(store: str | None, fmt: str, run: str | None, sql: str) -> None:
+def query(store: str | None, fmt: str, run: str | None, rank: int | None, sql: str) -> None:
     """Answer SQL over the record with DuckDB (read-only; '-' reads SQL from stdin).
 
     The views and their columns: `auditlog schema`. New events are copied into
@@ -43,7 +44,7 @@ def query(store: str | None, fmt: str, run: str | None, sql: str) -> None:
         sql = sys.stdin.read()
     with open_store(store) as opened:
         with progress_bar("updating read model") as progress:
-            session = opened.query_session(run, progress)
+            session = opened.query_session(run, progress, rank)
         with session:
             result = session.execute(sql)
             columns = _unique(result.columns)

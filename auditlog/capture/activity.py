@@ -16,7 +16,12 @@ from typing import Any
 import torch
 
 from auditlog.capture.base import ACTIVITY_FLUSH, MAX_TENSORS, RecorderBase, class_name
-from auditlog.capture.torch_compat import compile_guard, tensor_version, unwrap_compiled
+from auditlog.capture.torch_compat import (
+    compile_guard,
+    parallel_wrapper_attr,
+    tensor_version,
+    unwrap_compiled,
+)
 from auditlog.core.chain import Clean
 from auditlog.core.tensors import StatsRecord, activity_stats, batch_records
 
@@ -61,6 +66,8 @@ class ActivityHooks(RecorderBase):
     @compile_guard
     def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
         try:
+            if parallel_wrapper_attr(module) is not None:
+                return None  # DDP/FSDP wrapper: the model's own call follows and is recorded
             module = unwrap_compiled(module)  # torch.compile wrapper: count once
             stack = self.call_stack()
             if not stack and self._scanned.get(module) != self._registrations:
@@ -73,6 +80,8 @@ class ActivityHooks(RecorderBase):
     @compile_guard
     def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         try:
+            if parallel_wrapper_attr(module) is not None:
+                return None
             module = unwrap_compiled(module)
             stack = self.call_stack()
             if stack and stack[-1] is module:
@@ -207,7 +216,7 @@ class ActivityHooks(RecorderBase):
         self, mechanism: str, where: str, module: torch.nn.Module, grad_input: Any, grad_output: Any
     ) -> None:
         try:
-            if not (self.sampling and self.policy.activity):
+            if not (self.sampling and self.policy.activity) or parallel_wrapper_attr(module) is not None:
                 return
             module_id = self.module_id(module)
             if not self._selected_module(module, module_id):

@@ -19,6 +19,7 @@ from typing import Any
 
 CONSTRUCTION_KINDS = (
     "module_registered",
+    "module_wrapped",
     "parameter_registered",
     "buffer_registered",
     "construction_sealed",
@@ -41,6 +42,7 @@ class ModuleNode:
     children: dict[str, int | None] = field(default_factory=dict)
     parameters: dict[str, int | None] = field(default_factory=dict)
     buffers: dict[str, int | None] = field(default_factory=dict)
+    wrappers: list[str] = field(default_factory=list)  # data-parallel wrappers around it (module_wrapped)
 
     def drop_name(self, name: str) -> None:
         """Assigning a name to one kind of member removes it from the others (as torch does)."""
@@ -227,6 +229,11 @@ def apply(state: ModelState, event: dict[str, Any]) -> None:
             child = state.node(int(child_id), data.get("child_class"))
             if child.source is None:
                 child.source = data.get("source")
+    elif kind == "module_wrapped":
+        wrapper = data.get("wrapper_class")
+        node = state.node(int(event["module_id"]))
+        if isinstance(wrapper, str) and wrapper not in node.wrappers:
+            node.wrappers.append(wrapper)
     elif kind in ("parameter_registered", "buffer_registered"):
         module = state.node(int(event["module_id"]), data.get("module_class"))
         if module.source is None and data.get("module_source"):

@@ -6,11 +6,11 @@ column, never "running" forever.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from auditlog.core.errors import RunNotFoundError
-from auditlog.core.liveness import derive_status
+from auditlog.core.liveness import run_liveness
 from auditlog.core.values import iso
 from auditlog.store.eventstore import EventStore
 from auditlog.store.rows import payload_object
@@ -18,7 +18,13 @@ from auditlog.store.rows import payload_object
 
 @dataclass
 class RunInfo:
-    """One row of ``auditlog runs``."""
+    """One row of ``auditlog runs``.
+
+    A run of several processes (torchrun ranks) has one stream per rank;
+    ``status`` combines them (``auditlog.core.ranks.run_status``) and
+    ``status_detail`` names the ranks that did not complete. ``argv``, git and
+    ``host``/``pid`` come from the lowest stream (rank 0).
+    """
 
     run_id: str
     name: str | None
@@ -35,6 +41,17 @@ class RunInfo:
     pid: int
     last_seen_ns: int
     exception: dict[str, Any] | None
+    world_size: int = 1
+    streams: int = 1
+    status_detail: str | None = None
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+
+    def ranks_named(self) -> list[int]:
+        """The ranks of the last segment whose status is the run's (a multi-rank run)."""
+        if self.world_size <= 1 and self.streams <= 1:
+            return []
+        last = max((r["segment"] for r in self.ranks), default=0)
+        return sorted(r["rank"] for r in self.ranks if r["segment"] == last and r["status"] == self.status)
 
     @property
     def duration_s(self) -> float:
@@ -49,6 +66,7 @@ class RunInfo:
             "ended": iso(self.ended_ns) if self.ended_ns else None,
             "duration_s": round(self.duration_s, 3),
             "status": self.status,
+            "status_detail": self.status_detail,
             "exit_code": self.exit_code,
             "argv": self.argv,
             "git_commit": self.git_commit,
@@ -57,6 +75,9 @@ class RunInfo:
             "steps": self.steps,
             "host": self.host,
             "pid": self.pid,
+            "world_size": self.world_size,
+            "streams": self.streams,
+            "ranks": self.ranks,
             "exception": self.exception,
         }
 
@@ -65,38 +86,61 @@ def list_runs(store: EventStore) -> list[RunInfo]:
     """All runs, oldest first, with derived status."""
     counts = store.run_event_counts()
     # Summaries tolerate damaged rows (verify names them); nothing here may crash.
-    started = {e["run_id"]: payload_object(e["payload"]) for e in store.events_of_kind("run_started") if e["stream"] == 0}
-    ended_events = {
-        e["run_id"]: e for e in store.events_of_kind("run_ended") if e["stream"] == 0 and isinstance(e["ts_ns"], int)
-    }
+    started: dict[str, dict[int, dict[str, Any]]] = {}
+    for event in store.events_of_kind("run_started"):
+        if isinstance(event["run_id"], str) and isinstance(event["stream"], int):
+            started.setdefault(event["run_id"], {})[event["stream"]] = payload_object(event["payload"])
+    ended: dict[str, dict[int, dict[str, Any]]] = {}
+    ended_at: dict[str, dict[int, int]] = {}
+    for event in store.events_of_kind("run_ended"):
+        if isinstance(event["run_id"], str) and isinstance(event["stream"], int) and isinstance(event["ts_ns"], int):
+            ended.setdefault(event["run_id"], {})[event["stream"]] = payload_object(event["payload"])
+            ended_at.setdefault(event["run_id"], {})[event["stream"]] = event["ts_ns"]
     out: list[RunInfo] = []
     for row in store.run_rows():
         run_id = row["run_id"]
-        meta = started.get(run_id, {})
-        end_event = ended_events.get(run_id)
-        ended = payload_object(end_event["payload"]) if end_event else None
+        begun, finished = started.get(run_id, {}), ended.get(run_id, {})
+        live = run_liveness(row, begun, finished)
+        first = min(begun) if begun else None
+        meta = begun.get(first, {}) if first is not None else {}
+        last_segment = [s.stream for s in live.streams if s.segment == (live.streams[-1].segment if live.streams else 0)]
+        ends = [ended_at.get(run_id, {}).get(stream) for stream in last_segment]
+        cause = next((s for s in live.streams if s.rank in live.ranks and s.status == live.status), None)
+        deciding = finished.get(cause.stream) if cause is not None else finished.get(first) if first is not None else None
         git = meta.get("git") or {}
         n_events, max_step = counts.get(run_id, (0, None))
+        steps = max([_int((e or {}).get("steps")) for e in finished.values()] + [0]) or max_step or 0
         out.append(
             RunInfo(
                 run_id=run_id,
                 name=row.get("name"),
                 started_ns=int(row["started_ns"]),
-                ended_ns=int(end_event["ts_ns"]) if end_event else None,
-                status=derive_status(row, ended),
-                exit_code=None if ended is None else ended.get("exit_code"),
+                ended_ns=max(e for e in ends if e is not None) if ends and all(e is not None for e in ends) else None,
+                status=live.status,
+                exit_code=None if deciding is None else deciding.get("exit_code"),
                 argv=list(meta.get("argv") or []),
                 git_commit=git.get("commit"),
                 git_dirty=git.get("dirty"),
                 events=n_events,
-                steps=int((ended or {}).get("steps") or max_step or 0),
-                host=row["host"],
-                pid=int(row["pid"]),
+                steps=int(steps),
+                host=str(meta.get("host") or row["host"]),
+                pid=int(meta["pid"]) if isinstance(meta.get("pid"), int) else int(row["pid"]),
                 last_seen_ns=int(row["last_seen_ns"]),
-                exception=None if ended is None else ended.get("exception"),
+                exception=None if deciding is None else deciding.get("exception"),
+                world_size=live.world_size,
+                streams=len(live.streams) or 1,
+                status_detail=live.detail,
+                ranks=[
+                    {"stream": s.stream, "rank": s.rank, "segment": s.segment, "status": s.status, "host": s.host}
+                    for s in live.streams
+                ],
             )
         )
     return out
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def select_run(store: EventStore, selector: str) -> str:

@@ -37,6 +37,7 @@ is needed.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ import duckdb
 import pyarrow as pa
 
 from auditlog.core.errors import AuditlogError, UsageError, one_line
-from auditlog.core.liveness import derive_status
+from auditlog.core.liveness import run_liveness
 from auditlog.store.location import StoreLocation
 from auditlog.store.readmodel.cache import Progress, ReadModel, RefreshReport, connect
 from auditlog.store.readmodel.views import (
@@ -118,12 +119,24 @@ class QueryResult:
     rows: Iterator[tuple[Any, ...]]
 
 
+def _object(payload: Any) -> dict[str, Any]:
+    """A stored JSON payload as a dict ({} when it is not an object: summaries tolerate damage)."""
+    try:
+        value = json.loads(payload) if isinstance(payload, str) else payload
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 class QuerySession:
     """A read-only, locked-down DuckDB connection to a fresh projection, with the views."""
 
-    def __init__(self, readmodel: ReadModel, run_id: str | None = None) -> None:
+    def __init__(self, readmodel: ReadModel, run_id: str | None = None, rank: int | None = None) -> None:
         if run_id is not None and not _RUN_ID.match(run_id):
             raise UsageError(f"bad run id {run_id!r}")
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+            raise UsageError(f"bad rank {rank!r}")
+        self.rank = rank
         self.readmodel = readmodel
         self.run_id = run_id
         self._resources = contextlib.ExitStack()
@@ -143,17 +156,18 @@ class QuerySession:
         readmodel: ReadModel,
         run_id: str | None = None,
         progress: Progress | None = None,
+        rank: int | None = None,
     ) -> tuple[QuerySession, RefreshReport | None]:
         """Refresh the projection if the store has new events, then open a session on it."""
         report = None if readmodel.is_fresh() else readmodel.refresh(progress)
-        return cls(readmodel, run_id), report
+        return cls(readmodel, run_id, rank), report
 
     # ------------------------------------------------------------------ setup
     def _set_up(self) -> None:
         self._load_liveness()
         values = self._snapshot_values()
         for view in VIEWS:
-            self.con.execute(f'CREATE TEMP VIEW "{view.name}" AS {view_sql(view, self.run_id, values)}')
+            self.con.execute(f'CREATE TEMP VIEW "{view.name}" AS {view_sql(view, self.run_id, values, self.rank)}')
         directories = allowed_directories(self.readmodel.store.location)
         if directories:
             self.con.execute("SET allowed_directories = ?", [directories])
@@ -171,13 +185,19 @@ class QuerySession:
         return snapshot_values_sql(str(self.readmodel.store.location.snapshots), files)
 
     def _load_liveness(self) -> None:
-        """The run index with status derived now (it needs the process table, not just SQL)."""
-        ended = dict(
-            self.con.execute(
-                "SELECT run_id, payload ->> 'status' FROM projection.run_ended WHERE stream = 0"
-            ).fetchall()
-        )
+        """The run index with status derived now from every stream (it needs the process
+        table, not just SQL): ``auditlog.core.liveness.run_liveness``, as ``auditlog runs``."""
+        payloads: dict[str, dict[str, dict[int, dict[str, Any]]]] = {"run_started": {}, "run_ended": {}}
+        for table_name, found in payloads.items():
+            for run_id, stream, payload in self.con.execute(
+                f"SELECT run_id, stream, payload FROM projection.{table_name}"
+            ).fetchall():
+                found.setdefault(str(run_id), {})[int(stream)] = _object(payload)
         rows = self.readmodel.store.run_rows()
+        live = [
+            run_liveness(r, payloads["run_started"].get(r["run_id"], {}), payloads["run_ended"].get(r["run_id"], {}))
+            for r in rows
+        ]
         table = pa.table(
             {
                 "run_id": [r["run_id"] for r in rows],
@@ -186,10 +206,8 @@ class QuerySession:
                 "last_seen_ns": pa.array([int(r["last_seen_ns"]) for r in rows], pa.int64()),
                 "host": [r["host"] for r in rows],
                 "pid": pa.array([int(r["pid"]) for r in rows], pa.int32()),
-                "status": [
-                    derive_status(r, {"status": ended[r["run_id"]]} if r["run_id"] in ended else None)
-                    for r in rows
-                ],
+                "status": [s.status for s in live],
+                "status_detail": [s.detail for s in live],
             },
             schema=pa.schema(
                 [
@@ -200,6 +218,7 @@ class QuerySession:
                     ("host", pa.string()),
                     ("pid", pa.int32()),
                     ("status", pa.string()),
+                    ("status_detail", pa.string()),
                 ]
             ),
         )

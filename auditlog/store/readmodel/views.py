@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from auditlog.core.ranks import STREAM_STRIDE
 from auditlog.store.readmodel.tables import SCHEMA
 
 # Stored tables a view may name, and the temporary table of run liveness that
@@ -44,6 +45,8 @@ BASE_TABLES: tuple[str, ...] = (
     "snapshot_catalog",
 )
 RUNS_LIVE = "_runs_live"
+# Sources without a stream column (a rank filter leaves them whole).
+UNSTREAMED = frozenset(("runs_live", "snapshot_catalog"))
 
 # The relation (sha256, index, value) that tensor_values reads, when no native
 # snapshot file exists (or the session has no snapshots directory).
@@ -135,11 +138,14 @@ VIEWS: tuple[View, ...] = (
         (
             _RUN,
             _c("name", "VARCHAR", "user-given run name"),
-            _c("status", "VARCHAR", "completed | failed | interrupted | crashed | running | incomplete"),
+            _c("status", "VARCHAR", "completed | failed | interrupted | crashed | running | incomplete "
+               "(several ranks: every stream of the last segment counts, see docs/distributed.md)"),
+            _c("status_detail", "VARCHAR", "for multi-rank runs: the ranks that did not complete, and "
+               "earlier segments (elastic restarts); null otherwise"),
             _c("started", "TIMESTAMP", "start time (UTC)"),
-            _c("ended", "TIMESTAMP", "end time (UTC), null while running or after a crash"),
+            _c("ended", "TIMESTAMP", "end time (UTC; the last stream's end), null while running or after a crash"),
             _c("duration_s", "DOUBLE", "seconds from start to end (or to the last heartbeat)"),
-            _c("exit_code", "INTEGER", "process exit code when known"),
+            _c("exit_code", "INTEGER", "process exit code when known (of the lowest rank with the run's status)"),
             _c("steps", "BIGINT", "optimizer steps completed"),
             _c("events", "BIGINT", "events recorded, all streams"),
             _c("streams", "BIGINT", "streams (ranks) recorded"),
@@ -161,10 +167,10 @@ VIEWS: tuple[View, ...] = (
             _c("metadata", "JSON", "the whole run_started payload of stream 0"),
         ),
         """
-        SELECT r.run_id, r.name, r.status,
+        SELECT r.run_id, r.name, r.status, r.status_detail,
                make_timestamp(r.started_ns // 1000) AS started,
-               make_timestamp(e.ts_ns // 1000) AS ended,
-               (coalesce(e.ts_ns, r.last_seen_ns) - r.started_ns) / 1e9 AS duration_s,
+               make_timestamp(ee.ts_ns // 1000) AS ended,
+               (coalesce(ee.ts_ns, r.last_seen_ns) - r.started_ns) / 1e9 AS duration_s,
                TRY_CAST(e.payload ->> 'exit_code' AS INTEGER) AS exit_code,
                coalesce(nullif(TRY_CAST(e.payload ->> 'steps' AS BIGINT), 0), c.max_step, 0) AS steps,
                coalesce(c.events, 0)::BIGINT AS events,
@@ -187,10 +193,17 @@ VIEWS: tuple[View, ...] = (
                s.payload AS metadata
         FROM {runs_live} r
         LEFT JOIN {run_started} s ON s.run_id = r.run_id AND s.stream = 0
-        LEFT JOIN {run_ended} e ON e.run_id = r.run_id AND e.stream = 0
+        LEFT JOIN (SELECT run_id, payload ->> 'status' AS status, arg_min(payload, stream) AS payload
+                   FROM {run_ended} GROUP BY 1, 2) e ON e.run_id = r.run_id AND e.status = r.status
         LEFT JOIN (SELECT run_id, sum(events) AS events, max(max_step) AS max_step,
                           count(*) AS streams
                    FROM {stream_stats} GROUP BY run_id) c ON c.run_id = r.run_id
+        LEFT JOIN (SELECT run_id, CASE WHEN ended_streams >= streams THEN ts_ns END AS ts_ns
+                   FROM (SELECT x2.run_id, x2.ts_ns, x2.ended_streams, count(*) AS streams
+                         FROM (SELECT run_id, max(ts_ns) AS ts_ns, count(*) AS ended_streams
+                               FROM {run_ended} GROUP BY run_id) x2
+                         JOIN {stream_stats} st ON st.run_id = x2.run_id
+                         GROUP BY 1, 2, 3)) ee ON ee.run_id = r.run_id
         ORDER BY r.started_ns
         """,
     ),
@@ -458,18 +471,33 @@ def quote_literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def view_sql(view: View, run_id: str | None, snapshot_values: str = NO_VALUES) -> str:
-    """The view's SELECT, over all runs or restricted to ``run_id``.
+def view_sql(
+    view: View, run_id: str | None, snapshot_values: str = NO_VALUES, rank: int | None = None
+) -> str:
+    """The view's SELECT, over all runs or restricted to ``run_id``, and to one ``rank``.
 
     ``snapshot_values`` is the relation ``tensor_values`` reads (see
-    ``snapshot_values_sql``); it is built from the already scoped catalog.
+    ``snapshot_values_sql``); it is built from the already scoped catalog. A rank
+    keeps the rows of its streams (every segment: ``stream % STREAM_STRIDE = rank``).
     """
     sources = {base: f"{SCHEMA}.{base}" for base in BASE_TABLES}
     sources["runs_live"] = RUNS_LIVE
+    conditions: dict[str, list[str]] = {k: [] for k in sources}
     if run_id is not None:
-        scope = quote_literal(run_id)
-        sources = {k: f"(SELECT * FROM {v} WHERE run_id = {scope})" for k, v in sources.items()}
+        for key in conditions:
+            conditions[key].append(f"run_id = {quote_literal(run_id)}")
+    if rank is not None:
+        for key in conditions:
+            if key not in UNSTREAMED:
+                conditions[key].append(f"stream % {STREAM_STRIDE} = {int(rank)}")
+    sources = {
+        k: (f"(SELECT * FROM {v} WHERE {' AND '.join(conditions[k])})" if conditions[k] else v)
+        for k, v in sources.items()
+    }
+    if run_id is not None:
         sources["snapshot_catalog"] = scoped_catalog(run_id)
+    elif rank is not None:
+        sources["snapshot_catalog"] = f"{SCHEMA}.snapshot_catalog"
     sources["snapshot_values"] = snapshot_values
     return view.sql.format(**sources)
 
