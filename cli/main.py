@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 from auditlog.cli import (
+    combine_cmd,
     db_cmd,
     diff_cmd,
     events_cmd,
@@ -94,6 +95,7 @@ cli.add_command(restore_cmd.restore)
 cli.add_command(query_cmd.query)
 cli.add_command(query_cmd.schema)
 cli.add_command(diff_cmd.diff)
+cli.add_command(combine_cmd.combine)
 
 
 def main() -> None:

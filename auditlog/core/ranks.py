@@ -25,9 +25,11 @@ from typing import Any
 STREAM_STRIDE = 1_000_000
 
 # Which status names a multi-rank run when its ranks disagree: the first one in
-# this order that any rank of the last segment has. A rank that failed or crashed
-# is the cause; the launcher then stops the others (they end "interrupted").
-_PRECEDENCE = ("running", "failed", "crashed", "incomplete", "interrupted", "completed")
+# this order that any rank of the last segment has. A rank that crashed (killed,
+# out of memory) is the cause: its peers then fail in their next collective
+# ("Connection reset by peer") or are stopped by the launcher ("interrupted").
+# A rank that failed with an exception comes next; torchrun stops the others.
+_PRECEDENCE = ("running", "crashed", "failed", "incomplete", "interrupted", "completed")
 
 
 def stream_number(rank: int, segment: int = 0) -> int:

@@ -115,7 +115,7 @@ def list_runs(store: EventStore) -> list[RunInfo]:
                 run_id=run_id,
                 name=row.get("name"),
                 started_ns=int(row["started_ns"]),
-                ended_ns=max(e for e in ends if e is not None) if ends and all(e is not None for e in ends) else None,
+                ended_ns=_last_end(live.status, ends),
                 status=live.status,
                 exit_code=None if deciding is None else deciding.get("exit_code"),
                 argv=list(meta.get("argv") or []),
@@ -137,6 +137,13 @@ def list_runs(store: EventStore) -> list[RunInfo]:
             )
         )
     return out
+
+
+def _last_end(status: str, ends: list[int | None]) -> int | None:
+    """When a run ended: the last end among its last segment's streams (a crashed
+    stream has none until it is closed), None while any rank still runs."""
+    known = [e for e in ends if e is not None]
+    return max(known) if known and status != "running" else None
 
 
 def _int(value: Any) -> int:

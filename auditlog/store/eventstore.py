@@ -137,6 +137,26 @@ class EventStore(EventQueries):
                 .values(last_seen_ns=time.time_ns())
             )
 
+    def add_run_row(self, row: dict[str, Any]) -> bool:
+        """Insert a runs index row as it is (``auditlog combine``); False when the run has one."""
+        runs = schema.runs
+        values = {c.name: row.get(c.name) for c in runs.columns}
+        try:
+            with self.guard("registering a run"), self.engine.begin() as conn:
+                if conn.execute(select(runs.c.run_id).where(runs.c.run_id == values["run_id"])).first():
+                    return False
+                conn.execute(runs.insert().values(**values))
+        except StoreError as exc:
+            if isinstance(exc.__cause__, IntegrityError):
+                return False
+            raise
+        return True
+
+    def add_events(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Insert already chained events in one transaction (``auditlog combine``)."""
+        with self.guard("copying events"), self.engine.begin() as conn:
+            conn.exec_driver_sql(self._insert_sql, [_EVENT_VALUES(r) for r in rows])
+
     def add_blobs(self, rows: Sequence[dict[str, Any]]) -> None:
         """Add catalog rows; a row another process added first is left as it is."""
         blobs = schema.snapshot_blobs

@@ -284,11 +284,7 @@ class ReadModel:
         lower = arrowcopy.copy_lower_bound(self.store, last_id)
         total = max(0, upto - last_id)
         if use_adbc is None:
-            use_adbc = (
-                arrowcopy.adbc_available()
-                and self.store.location.database is not None
-                and self.store.engine.dialect.name == "sqlite"
-            )
+            use_adbc = arrowcopy.use_adbc_for(self.store)
         method = "adbc" if use_adbc else "sqlalchemy"
         copied = 0
         streams_replayed = 0
