@@ -16,6 +16,7 @@ from auditlog.cli import (
     db_cmd,
     diff_cmd,
     events_cmd,
+    export_cmd,
     heads_cmd,
     keys_cmd,
     query_cmd,
@@ -96,6 +97,7 @@ cli.add_command(query_cmd.query)
 cli.add_command(query_cmd.schema)
 cli.add_command(diff_cmd.diff)
 cli.add_command(combine_cmd.combine)
+cli.add_command(export_cmd.export)
 
 
 def main() -> None:

@@ -6,13 +6,13 @@ not reliable. So a rank may write a *shard*: a complete store of its own (its
 ``events.db`` and ``snapshots/``), later merged with ``auditlog combine``, like
 coverage.py's per-process data files. Shards of a store ``DIR`` are named
 
-    DIR/shards/<run id>.<stream>.<host>.<pid>/
+    DIR/shards/<run id>.<rank>.<host>.<pid>/
 
-one directory per process (run and stream say what it holds, host and pid keep
-two processes apart even on a shared file system). Sharding is on when asked
+one directory per process (run and rank say what it holds; host and pid keep
+two processes apart, a restarted rank too, even on a shared file system). Sharding is on when asked
 (``record(shard=True)``, ``auditlog run --shard``, ``AUDITLOG_SHARD=1``), and by
-default for a directory store when the job spans several nodes (``LOCAL_WORLD_SIZE``
-< ``WORLD_SIZE``). A database URL (PostgreSQL) is shared by design: never sharded.
+default for a directory store when a torchrun job spans several nodes
+(``LOCAL_WORLD_SIZE`` < ``WORLD_SIZE``). A database URL (PostgreSQL) is shared by design: never sharded.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def sharding(requested: bool | None, location: StoreLocation, launch: Launch) ->
         return False
     if requested is not None:
         return requested
-    return launch.distributed and launch.local_world_size < launch.world_size
+    # Only torchrun says how many ranks share this node (LOCAL_WORLD_SIZE).
+    return launch.launcher == "torchrun" and launch.local_world_size < launch.world_size
 
 
 def shard_location(location: StoreLocation, run_id: str, rank: int, host: str, pid: int) -> StoreLocation:
