@@ -18,6 +18,7 @@ import torch
 from auditlog.capture.base import ACTIVITY_FLUSH, MAX_TENSORS, RecorderBase, class_name
 from auditlog.capture.torch_compat import (
     compile_guard,
+    local_view,
     parallel_wrapper_attr,
     tensor_version,
     unwrap_compiled,
@@ -152,7 +153,7 @@ class ActivityHooks(RecorderBase):
         version = tensor_version(tensor)
         if seen is not None and seen[0]() is tensor and seen[1] == version:
             return seen[2]
-        stats = activity_stats(tensor, full)
+        stats = activity_stats(local_view(tensor), full)
         self._outputs_seen[id(tensor)] = (weakref.ref(tensor), version, stats)
         return stats
 
@@ -180,7 +181,7 @@ class ActivityHooks(RecorderBase):
     @compile_guard
     def _on_output_grad(self, module_ids: list[int], step: int, grad: torch.Tensor) -> None:
         try:
-            stats = [activity_stats(grad, self.policy.stats == "full")]
+            stats = [activity_stats(local_view(grad), self.policy.stats == "full")]
             for module_id in module_ids:  # modules that returned this very tensor: the same gradient
                 self._add_activity(step, "backward", {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats})
         except Exception as exc:
@@ -191,7 +192,7 @@ class ActivityHooks(RecorderBase):
     def _on_output_grads(self, module_id: int, step: int, grads: Any) -> None:
         try:
             full = self.policy.stats == "full"
-            stats = [None if g is None else activity_stats(g, full) for g in list(grads)[:MAX_TENSORS]]
+            stats = [None if g is None else activity_stats(local_view(g), full) for g in list(grads)[:MAX_TENSORS]]
             self._add_activity(step, "backward", {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats})
         except Exception as exc:
             self.fault("gradient_hook", exc)
@@ -202,7 +203,7 @@ class ActivityHooks(RecorderBase):
 
     def _grad_stats(self, grads: Any) -> list[dict[str, Any] | StatsRecord | None]:
         full = self.policy.stats == "full"
-        return [None if g is None else activity_stats(g, full) for g in list(grads or ())[:MAX_TENSORS]]
+        return [None if g is None else activity_stats(local_view(g), full) for g in list(grads or ())[:MAX_TENSORS]]
 
     @compile_guard
     def _on_full_backward(self, module: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:

@@ -148,8 +148,10 @@ _KINDS = [
         {
             "trigger": "first_forward | optimizer_step | explicit | run_end",
             "stored": "true when the values were also stored as snapshots (the default)",
-            "tensors": "list of {tensor_id, sha256, stats}: sha256 is the content hash "
-            "(see auditlog.tensor_hash) of the value at sealing; " + STATS_DOC,
+            "tensors": "list of {tensor_id, sha256, stats, shard}: sha256 is the content hash "
+            "(see auditlog.tensor_hash) of the value at sealing; " + STATS_DOC + "; shard (sharded "
+            "DTensor parameters, FSDP2): {placements, mesh_shape, coordinate, global_shape, local_shape, "
+            "offset} of this rank's shard, whose values and hash the item holds",
         },
     ),
     Kind(
@@ -160,7 +162,7 @@ _KINDS = [
         {
             "trigger": "step (every N optimizer steps) | explicit (run.snapshot) | run_end",
             "tag": "user label for explicit snapshots, else null",
-            "snapshot": "{tensors: [{tensor_id, sha256}], new_bytes: bytes newly stored, "
+            "snapshot": "{tensors: [{tensor_id, sha256, shard}], new_bytes: bytes newly stored, "
             "copied_bytes: bytes copied and hashed (every tensor, every time: unchanged content "
             "costs no disk, but is still copied and hashed)}",
         },
@@ -206,7 +208,8 @@ _KINDS = [
             "optimizer_class": "qualified class name",
             "optimizer_step": "this optimizer's own step count",
             "param_groups": "list of {hyperparameters..., params: [tensor ids]}",
-            "tensor_ids": "ids of the parameters, aligned with the norms below",
+            "tensor_ids": "ids of the parameters, aligned with the norms below (a sharded DTensor "
+            "parameter: the norms of this rank's shard)",
             "grad_norm": "L2 norm of each parameter's gradient (null if it had none)",
             "update_norm": "L2 norm of each parameter's change made by this step (null on steps "
             "the policy's norms_every skips)",

@@ -42,10 +42,11 @@ class Run:
             assert run.verify().ok
     """
 
-    def __init__(self, store: EventStore, run_id: str, rank: int | None = None) -> None:
+    def __init__(self, store: EventStore, run_id: str, rank: int | None = None, stream: int | None = None) -> None:
         self.store = store
         self.run_id = run_id
         self.rank = rank
+        self._pinned = stream  # one given stream (a rank in one segment), else chosen below
         self._streams: list[int] | None = None
 
     # ------------------------------------------------------------------ ranks
@@ -75,6 +76,8 @@ class Run:
     def stream(self) -> int:
         """The stream whose structure and values this view shows: the rank's last segment
         (the view's rank, else rank 0, else the lowest stream recorded)."""
+        if self._pinned is not None:
+            return self._pinned
         streams = self.streams()
         if not streams:
             return 0
@@ -211,7 +214,12 @@ class Run:
         """
         from auditlog.store.blobs import SnapshotError, SnapshotStore, blob_from_row
 
-        plan = self.restore_plan(step, seq, root)
+        items = self.restore_items(step, seq, root)
+        if any(facts is not None for _, _, facts in items):
+            from auditlog.read.reassemble import sharded_state_dict
+
+            return sharded_state_dict(self, step, seq, root, allow_partial)
+        plan = [(key, sha) for key, sha, _ in items]
         missing = [key for key, sha in plan if sha is None]
         if missing and not allow_partial:
             shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
@@ -238,6 +246,13 @@ class Run:
         self, step: int | None = None, seq: int | None = None, root: str | None = None
     ) -> list[tuple[str, str | None]]:
         """``(state_dict key, snapshot hash or None)`` for the chosen root at a step/seq."""
+        return [(key, sha) for key, sha, _ in self.restore_items(step, seq, root)]
+
+    def restore_items(
+        self, step: int | None = None, seq: int | None = None, root: str | None = None
+    ) -> list[tuple[str, str | None, dict[str, Any] | None]]:
+        """``(state_dict key, snapshot hash or None, shard facts or None)`` in this view's
+        stream: the facts say where a sharded (DTensor) value's stored piece lies."""
         upto = self.boundary(step, seq)
         full = self.model_state()
         state = self.model_state(upto_seq=upto)
@@ -247,10 +262,14 @@ class Run:
             raise UsageError(f"no root module {root!r} in run {self.run_id[:12]}") from None
         end = upto if upto is not None else full.last_seq
         limit = self.store.step_seq(self.run_id, self.stream, step + 1) if step is not None else None
-        plan: list[tuple[str, str | None]] = []
+        plan: list[tuple[str, str | None, dict[str, Any] | None]] = []
         for key, tensor_id in state.state_dict_keys(root_id):
-            history = full.tensors[tensor_id].history if tensor_id in full.tensors else []
-            plan.append((key, pick_snapshot(history, step, end, limit)))
+            info = full.tensors.get(tensor_id)
+            picked = pick_entry(info.history if info is not None else [], step, end, limit)
+            if picked is None:
+                plan.append((key, None, None))
+            else:
+                plan.append((key, picked[1], info.shards.get(picked[0]) if info is not None else None))
         return plan
 
     def snapshots(self) -> tuple[list[dict[str, Any]], int]:
@@ -328,14 +347,22 @@ class Run:
 
 def pick_snapshot(history: list[tuple[int, int, str]], step: int | None, end: int, limit: int | None) -> str | None:
     """The snapshot hash that holds a tensor's value at the boundary ``end``."""
+    picked = pick_entry(history, step, end, limit)
+    return None if picked is None else picked[1]
+
+
+def pick_entry(
+    history: list[tuple[int, int, str]], step: int | None, end: int, limit: int | None
+) -> tuple[int, str] | None:
+    """``(seq, hash)`` of the snapshot that holds a tensor's value at the boundary ``end``."""
     if step is None:  # by seq or at the end: the latest snapshot at or before it
         before = [h for h in history if h[1] <= end]
-        return before[-1][2] if before else None
+        return (before[-1][1], before[-1][2]) if before else None
     same = [h for h in history if h[0] == step and (limit is None or h[1] < limit)]
     at_or_before = [h for h in same if h[1] <= end]
     if at_or_before:
-        return at_or_before[-1][2]
-    return same[0][2] if same else None
+        return at_or_before[-1][1], at_or_before[-1][2]
+    return (same[0][1], same[0][2]) if same else None
 
 
 def _snapshot_tensors(event: dict[str, Any]) -> list[dict[str, Any]]:
