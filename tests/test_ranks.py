@@ -140,3 +140,26 @@ def test_a_taken_stream_is_never_continued(store: Path, monkeypatch: pytest.Monk
     assert (run["status"], run["streams"], run["steps"]) == ("completed", 2, 2)
     verified = invoke("verify", "--store", str(store))
     assert verified.exit_code == 0 and "2 stream(s): intact" in verified.stdout
+
+
+def test_rank_options_pick_one_rank(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ranks recorded into one store (RANK/WORLD_SIZE set, one run id): --rank shows one."""
+    monkeypatch.setenv("AUDITLOG_RUN_ID", "tworanks")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        record_run(store, steps=2 + rank)
+    [run] = json.loads(invoke("runs", "--store", str(store), "--format", "json").stdout)
+    assert (run["status"], run["world_size"], run["streams"], run["steps"]) == ("completed", 2, 2, 3)
+    one = json.loads(invoke("events", "--store", str(store), "--rank", "1", "--format", "json").stdout)
+    assert {e["stream"] for e in one} == {1}
+    assert [e["payload"]["rank"] for e in one if e["kind"] == "run_started"] == [1]
+    table = invoke("events", "--store", str(store), "--kind", "run_started")
+    assert table.stdout.splitlines()[1].split()[1] == "stream"  # several streams: a stream column
+    query = invoke("query", "--store", str(store), "--rank", "1", "--format", "json",
+                   "select distinct stream, rank from rank_steps")
+    assert json.loads(query.stdout) == [{"stream": 1, "rank": 1}]
+    [tree] = json.loads(invoke("tree", "--store", str(store), "--rank", "1", "--format", "json").stdout)
+    assert [c["name"] for c in tree["children"]] == ["0", "1", "2"]
+    result = invoke("events", "--store", str(store), "--rank", "3")
+    assert result.exit_code == 2 and "has no rank 3 (ranks: 0, 1)" in result.stderr
