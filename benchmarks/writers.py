@@ -60,13 +60,13 @@ def _payload(step: int) -> Any:
 
 def _writer(store: str, snapshots: str, run_id: str, stream: int, events: int, go: Any, out: Any) -> None:
     """One writer process: its stream, as fast as the buffer takes records."""
+    import os
+    import socket
+
     from auditlog.capture.buffer import RecordBuffer
     from auditlog.recording.writer import Writer
     from auditlog.store.eventstore import EventStore
     from auditlog.store.location import resolve_store
-
-    import os
-    import socket
 
     opened = EventStore.open(resolve_store(store, snapshots or None), create=True)
     opened.create_run(run_id, "writers benchmark", socket.gethostname(), os.getpid(), None)

@@ -117,32 +117,29 @@ def events(
     step_range = parse_step_range(step_text)
     with open_store(store) as opened:
         view = opened.run(run, rank)
-        names = StreamNames(view)
-        several = len(view.rank_streams()) > 1
+        streams = view.rank_streams()
+        # Names first, for every stream shown: replay reads (and may refuse) the
+        # construction events before any cursor over the events is open.
+        names = {stream: _names(view, stream) for stream in streams}
 
         def rows() -> Iterator[dict[str, Any]]:
             found = view.events(kinds=list(kinds) or None, step_range=step_range, module=module_glob)
-            for shown, event in enumerate(found):
-                if limit is not None and shown >= limit:
-                    return
-                yield _row(event, fmt, *names.of(event["stream"]))
+            try:
+                for shown, event in enumerate(found):
+                    if limit is not None and shown >= limit:
+                        return
+                    yield _row(event, fmt, *(names.get(event["stream"]) or _names(view, event["stream"])))
+            finally:
+                found.close()  # type: ignore[attr-defined]  # release the cursor (and SQLite's -wal/-shm)
 
-        columns = (("stream", *COLUMNS) if several else COLUMNS) if fmt == "table" else JSON_COLUMNS
+        columns = (("stream", *COLUMNS) if len(streams) > 1 else COLUMNS) if fmt == "table" else JSON_COLUMNS
         emit_rows(rows(), columns, fmt)
 
 
-class StreamNames:
-    """Module and tensor names per stream (ids are per process: each rank numbered its own)."""
-
-    def __init__(self, view: Any) -> None:
-        self.view = view
-        self.cache: dict[int, tuple[dict[int, list[str]], dict[int, list[str]], Any]] = {}
-
-    def of(self, stream: int) -> tuple[dict[int, list[str]], dict[int, list[str]], Any]:
-        if stream not in self.cache:
-            state = self.view.model_state(stream=stream)
-            self.cache[stream] = (state.module_names(), state.tensor_names(), state)
-        return self.cache[stream]
+def _names(view: Any, stream: int) -> tuple[dict[int, list[str]], dict[int, list[str]], Any]:
+    """Module and tensor names of one stream (ids are per process: each rank numbered its own)."""
+    state = view.model_state(stream=stream)
+    return state.module_names(), state.tensor_names(), state
 
 
 JSON_COLUMNS = ("run_id", "stream", "seq", "time", "kind", "step", "module_id", "module", "tensor_id", "tensor", "snapshot", "hash", "payload")

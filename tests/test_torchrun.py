@@ -84,7 +84,8 @@ def test_ddp_job_is_one_run_with_a_stream_per_rank(tmp_path: Path, module: bool)
         assert tree["class"] == "torch.nn.modules.container.Sequential"
         assert tree["wrapped_by"] == ["torch.nn.parallel.distributed.DistributedDataParallel"]
         assert [c["name"] for c in tree["children"]] == ["0", "1", "2"]
-    names = cli_json("query", "--store", store, "select distinct module from forward_stats order by 1")
+    names = cli_json("query", "--store", store, "select distinct module from forward_stats union "
+                     "select distinct module from backward_stats order by 1")
     assert [n["module"] for n in names] == ["(Sequential)", "0", "1", "2"]  # no DDP wrapper, no "module."
     parameters = cli_json("query", "--store", store, "--rank", "1", "select parameter from parameters order by 1")
     assert [p["parameter"] for p in parameters] == ["0.bias", "0.weight", "2.bias", "2.weight"]
