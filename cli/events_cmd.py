@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import click
-from auditlog.cli.options import format_option, run_argument, store_option
+from auditlog.cli.options import format_option, rank_option, run_argument, store_option
 from auditlog.cli.output import emit_rows
 
 from auditlog.core.errors import UsageError
@@ -98,6 +98,7 @@ def _num(value: Any) -> str:
 )
 @click.option("--step", "step_text", default=None, metavar="N|A:B", help="Only events at these optimizer steps.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most N events.")
+@rank_option
 def events(
     store: str | None,
     fmt: str,
@@ -106,8 +107,9 @@ def events(
     module_glob: str | None,
     step_text: str | None,
     limit: int | None,
+    rank: int | None,
 ) -> None:
-    """Show the events of RUN (default: latest)."""
+    """Show the events of RUN (default: latest); a multi-rank run's streams one after the other."""
     from auditlog.read.api import open_store
 
     unknown = [k for k in kinds if k not in KINDS]
@@ -115,20 +117,30 @@ def events(
         raise UsageError(f"unknown event kind {unknown[0]!r}; known kinds: {', '.join(KINDS)}")
     step_range = parse_step_range(step_text)
     with open_store(store) as opened:
-        view = opened.run(run)
-        state = view.model_state()
-        module_names = state.module_names()
-        tensor_names = state.tensor_names()
+        view = opened.run(run, rank)
+        streams = view.rank_streams()
+        # Names first, for every stream shown: replay reads (and may refuse) the
+        # construction events before any cursor over the events is open.
+        names = {stream: _names(view, stream) for stream in streams}
 
         def rows() -> Iterator[dict[str, Any]]:
             found = view.events(kinds=list(kinds) or None, step_range=step_range, module=module_glob)
-            for shown, event in enumerate(found):
-                if limit is not None and shown >= limit:
-                    return
-                yield _row(event, fmt, module_names, tensor_names, state)
+            try:
+                for shown, event in enumerate(found):
+                    if limit is not None and shown >= limit:
+                        return
+                    yield _row(event, fmt, *(names.get(event["stream"]) or _names(view, event["stream"])))
+            finally:
+                found.close()  # type: ignore[attr-defined]  # release the cursor (and SQLite's -wal/-shm)
 
-        columns = COLUMNS if fmt == "table" else JSON_COLUMNS
+        columns = (("stream", *COLUMNS) if len(streams) > 1 else COLUMNS) if fmt == "table" else JSON_COLUMNS
         emit_rows(rows(), columns, fmt)
+
+
+def _names(view: Any, stream: int) -> tuple[dict[int, list[str]], dict[int, list[str]], Any]:
+    """Module and tensor names of one stream (ids are per process: each rank numbered its own)."""
+    state = view.model_state(stream=stream)
+    return state.module_names(), state.tensor_names(), state
 
 
 JSON_COLUMNS = ("run_id", "stream", "seq", "time", "kind", "step", "module_id", "module", "tensor_id", "tensor", "snapshot", "hash", "payload")
@@ -140,6 +152,7 @@ def _row(event: dict[str, Any], fmt: str, module_names: dict[int, list[str]], te
     tensor = ", ".join(tensor_names.get(tensor_id, [])) if tensor_id is not None else None
     if fmt == "table":
         return {
+            "stream": event["stream"],
             "seq": event["seq"],
             "step": event["step"],
             "kind": event["kind"],

@@ -13,9 +13,11 @@ from typing import Any
 import click
 from auditlog.cli import (
     attest_cmd,
+    combine_cmd,
     db_cmd,
     diff_cmd,
     events_cmd,
+    export_cmd,
     heads_cmd,
     keys_cmd,
     proofs_cmd,
@@ -101,6 +103,8 @@ cli.add_command(proofs_cmd.prove)
 cli.add_command(proofs_cmd.verify_proof)
 cli.add_command(attest_cmd.attest)
 cli.add_command(attest_cmd.verify_attestation)
+cli.add_command(combine_cmd.combine)
+cli.add_command(export_cmd.export)
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import click
-from auditlog.cli.options import format_option, store_option
+from auditlog.cli.options import format_option, rank_option, store_option
 from auditlog.cli.output import emit_rows
 from auditlog.cli.progress import progress_bar
 
@@ -26,9 +26,10 @@ from auditlog.core.errors import UsageError
     metavar="RUN",
     help="Restrict every view to one run (id, prefix, name, latest, latest~N).",
 )
+@rank_option
 @click.option("--rebuild", is_flag=True, help="Rebuild the read model from the store before answering.")
 @click.argument("sql", metavar="SQL")
-def query(store: str | None, fmt: str, run: str | None, rebuild: bool, sql: str) -> None:
+def query(store: str | None, fmt: str, run: str | None, rank: int | None, rebuild: bool, sql: str) -> None:
     """Answer SQL over the record with DuckDB (read-only; '-' reads SQL from stdin).
 
     The views and their columns: `auditlog schema`. New events are copied into
@@ -46,7 +47,7 @@ def query(store: str | None, fmt: str, run: str | None, rebuild: bool, sql: str)
         sql = sys.stdin.read()
     with open_store(store) as opened:
         with progress_bar("updating read model") as progress:
-            session = opened.query_session(run, progress, rebuild=rebuild)
+            session = opened.query_session(run, progress, rank, rebuild=rebuild)
         with session:
             if session.left_out and "tensor_values" in sql.lower():
                 for sha, why in sorted(session.left_out.items()):

@@ -67,6 +67,13 @@ from auditlog.core.policy import BACKWARD_MECHANISMS, DURABILITY, ON_ERROR
     help="If the store fails: continue training unrecorded, or fail (stop with exit 5) "
     "[default: continue].",
 )
+@click.option(
+    "--shard/--no-shard",
+    default=None,
+    help="Write this process's stream into a shard store of its own under STORE/shards/, "
+    "to merge later with `auditlog combine` [default: AUDITLOG_SHARD, else only when a torchrun "
+    "job spans several nodes and the store is a directory].",
+)
 @click.argument("target", metavar="SCRIPT|MODULE")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -82,6 +89,7 @@ def run(
     snapshot_every: int | None,
     durability: str | None,
     on_error: str | None,
+    shard: bool | None,
     target: str,
     args: tuple[str, ...],
 ) -> None:
@@ -110,11 +118,14 @@ def run(
         policy=chosen,
         code_path=code_path,
         argv=[target, *args],
+        shard=shard,
     )
     recording.start()
     if recording.disabled is None:
         shown = recording.store.location.display() if recording.store else store
-        click.echo(f"auditlog: recording run {recording.run_id} into {shown}", err=True)
+        launch = recording.launch
+        rank = f" rank {launch.rank}/{launch.world_size}, stream {recording.stream}," if launch and launch.distributed else ""
+        click.echo(f"auditlog: recording run {recording.run_id}{rank} into {shown}", err=True)
     exit_code = 0
     try:
         run_target(target, list(args), as_module)

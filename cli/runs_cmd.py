@@ -10,7 +10,7 @@ from auditlog.cli.output import emit_rows, fmt_duration
 
 from auditlog.core.values import iso
 
-COLUMNS = ("run", "name", "started", "duration", "status", "script", "commit", "steps", "events")
+COLUMNS = ("run", "name", "started", "duration", "status", "ranks", "script", "commit", "steps", "events")
 
 
 @click.command()
@@ -40,7 +40,8 @@ def runs(store: str | None, fmt: str, limit: int | None) -> None:
                 "name": info.name,
                 "started": iso(info.started_ns)[:19].replace("T", " "),
                 "duration": fmt_duration(info.duration_s),
-                "status": info.status,
+                "status": _status(info.status, info.ranks_named()),
+                "ranks": info.world_size,
                 "script": " ".join([script, *info.argv[1:]])[:60],
                 "commit": commit,
                 "steps": info.steps,
@@ -48,3 +49,10 @@ def runs(store: str | None, fmt: str, limit: int | None) -> None:
             }
         )
     emit_rows(rows, COLUMNS, fmt, title=f"runs in {opened.location.display()}")
+
+
+def _status(status: str, ranks: list[int]) -> str:
+    """``crashed (rank 1)``: a multi-rank run names the ranks its status is about."""
+    if not ranks or status in ("completed", "running"):
+        return status
+    return f"{status} (rank{'s' if len(ranks) > 1 else ''} {', '.join(str(r) for r in ranks)})"

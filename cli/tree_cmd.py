@@ -6,7 +6,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import click
-from auditlog.cli.options import format_option, run_argument, store_option
+from auditlog.cli.options import format_option, rank_option, run_argument, store_option
 from auditlog.cli.output import console, emit_json
 
 from auditlog.core.errors import AuditlogError, UsageError
@@ -63,6 +63,7 @@ def tree_json(state: ModelState, module_id: int, name: str) -> dict[str, Any]:
         "name": name,
         "module_id": module_id,
         "class": node.cls,
+        "wrapped_by": list(node.wrappers),
         "source": _where(node.source),
         "parameters": tensors(node.parameters),
         "buffers": tensors(node.buffers),
@@ -102,15 +103,21 @@ def _render(data: dict[str, Any], tree: Tree) -> None:
     "--root", default=None, metavar="CLASS|all",
     help="Root module by class name, or 'all' (default: the root holding the most parameters).",
 )
-def tree(store: str | None, fmt: str, run: str, step: int | None, seq: int | None, root: str | None) -> None:
-    """Show RUN's module tree: names, classes, shapes, dtypes, where each was built."""
+@rank_option
+def tree(
+    store: str | None, fmt: str, run: str, step: int | None, seq: int | None, root: str | None, rank: int | None
+) -> None:
+    """Show RUN's module tree: names, classes, shapes, dtypes, where each was built.
+
+    A multi-rank run shows rank 0's stream unless --rank says otherwise.
+    """
     from rich.markup import escape
     from rich.tree import Tree
 
     from auditlog.read.api import open_store
 
     with open_store(store) as opened:
-        view = opened.run(run)
+        view = opened.run(run, rank)
         state = view.state_at(step=step, seq=seq)
     if not state.modules:
         raise AuditlogError(f"run {view.run_id[:12]} recorded no modules")
@@ -133,6 +140,7 @@ def tree(store: str | None, fmt: str, run: str, step: int | None, seq: int | Non
     for item in data:
         cls = escape(item["class"] or "?")
         where = f" [dim]{escape(item['source'])}[/dim]" if item["source"] else ""
-        top = Tree(f"[bold]{cls.rsplit('.', 1)[-1]}[/bold] [dim]{cls}[/dim]{where}")
+        wrapped = "".join(f" [dim](in {escape(w.rsplit('.', 1)[-1])})[/dim]" for w in item["wrapped_by"])
+        top = Tree(f"[bold]{cls.rsplit('.', 1)[-1]}[/bold] [dim]{cls}[/dim]{wrapped}{where}")
         _render(item, top)
         out.print(top)

@@ -12,9 +12,10 @@ import click
 from auditlog.cli.options import format_option, store_option
 from auditlog.cli.output import emit_rows
 
-from auditlog.core.errors import IntegrityError
+from auditlog.core.errors import AuditlogError, IntegrityError, UsageError
 
 if TYPE_CHECKING:
+    from auditlog.integrity.signing import KeyRing
     from auditlog.integrity.verify import SourcedStatement
 
 
@@ -37,9 +38,22 @@ if TYPE_CHECKING:
     help="Also prove the record still extends this head statement from `auditlog export-head` "
     "('-' reads stdin; repeatable). RUN defaults to the statement's run.",
 )
+@click.option(
+    "--archive",
+    "archive",
+    default=None,
+    type=click.Path(path_type=Path, file_okay=False),
+    metavar="DIR",
+    help="Verify an archive written by `auditlog export` instead of a store (no store needed).",
+)
 @click.argument("run", required=False, default=None, metavar="RUN|all")
 def verify(
-    store: str | None, fmt: str, key_paths: tuple[str, ...], against: tuple[str, ...], run: str | None
+    store: str | None,
+    fmt: str,
+    key_paths: tuple[str, ...],
+    against: tuple[str, ...],
+    archive: Path | None,
+    run: str | None,
 ) -> None:
     """Verify that RUN's record (default: latest; 'all' for every run) was not edited.
 
@@ -60,6 +74,11 @@ def verify(
 
     # Given keys must load now; the default key is read only if a signature needs it.
     keys = KeyRing(trusted_public_keys(tuple(Path(p) for p in key_paths))) if key_paths else None
+    if archive is not None:
+        if against or run is not None:
+            raise UsageError("--archive verifies the archive alone: no RUN and no --against")
+        _verify_archive(archive, keys, fmt)
+        return
     statements = [_read_statement(source) for source in against]
     with open_store(store) as opened, _progress() as progress:
         reports = opened.verify(run, keys=keys, statements=statements, progress=progress)
@@ -143,3 +162,33 @@ def _progress() -> Iterator[Callable[[str], Callable[[int], None]] | None]:
             return lambda n: bar.advance(task, n)
 
         yield for_run
+
+
+def _verify_archive(directory: Path, keys: KeyRing | None, fmt: str) -> None:
+    """``verify --archive DIR``: one line (or a JSON/CSV row), problems, exit 4 when any."""
+    from auditlog.integrity.keys import trusted_public_keys
+    from auditlog.integrity.signing import KeyRing
+    from auditlog.read.archive import verify_archive
+
+    if keys is None:
+        try:
+            keys = KeyRing(trusted_public_keys())
+        except AuditlogError:
+            keys = KeyRing()
+    report = verify_archive(directory, keys)
+    if fmt == "table":
+        counted = (
+            f"{report.events} events in {len(report.streams)} stream(s), {report.files} files, "
+            f"{report.tensors} tensor(s), {report.signatures} signature(s)"
+        )
+        click.echo(f"archive {directory} (run {(report.run_id or '?')[:12]}): {counted}: {'intact' if report.ok else 'FAILED'}")
+        for problem in report.problems[:20]:
+            click.echo(f"  {problem}")
+    else:
+        row = {"archive": str(directory), "run_id": report.run_id, "ok": report.ok, "events": report.events,
+               "files": report.files, "tensors": report.tensors, "signatures": report.signatures,
+               "problems": report.problems}
+        emit_rows([row], list(row), fmt)
+    if not report.ok:
+        first = report.problems[0] if report.problems else "the archive holds no events"
+        raise IntegrityError(f"archive not verified: {first}")

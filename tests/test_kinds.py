@@ -22,7 +22,7 @@ def test_every_emitted_kind_and_field_is_documented(store: Path) -> None:
             with auditlog.record(store, backward="grad") as run:
                 model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
                 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-                model(torch.randn(3, 2)).sum().backward()
+                nn.DataParallel(model)(torch.randn(3, 2)).sum().backward()  # module_wrapped (CPU: calls the model)
                 opt.step()
                 model[1].weight.requires_grad_(False)  # no hook: found by the structural check
                 nn_module._global_module_registration_hooks = OrderedDict()  # other code drops our hook

@@ -26,6 +26,8 @@ import torch
 from auditlog.capture.base import ACTIVITY_FLUSH, MAX_TENSORS, RecorderBase, class_name
 from auditlog.capture.torch_compat import (
     call_guard,
+    local_view,
+    parallel_wrapper_attr,
     tensor_hooks,
     tensor_version,
     unwrap_compiled,
@@ -104,6 +106,8 @@ class ActivityHooks(RecorderBase):
     @call_guard
     def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
         try:
+            if parallel_wrapper_attr(module) is not None:
+                return None  # DDP/FSDP wrapper: the model's own call follows and is recorded
             module = unwrap_compiled(module)  # torch.compile wrapper: count once
             stack = self.call_stack()
             if not stack and self._scanned.get(module) != self._registrations:
@@ -116,6 +120,8 @@ class ActivityHooks(RecorderBase):
     @call_guard
     def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         try:
+            if parallel_wrapper_attr(module) is not None:
+                return None
             module = unwrap_compiled(module)
             stack = self.call_stack()
             if stack and stack[-1] is module:
@@ -193,7 +199,7 @@ class ActivityHooks(RecorderBase):
         tap = self._tap_on(tensor)
         if tap is not None and tap.stats is not None and tap.version == tensor_version(tensor):
             return tap.stats
-        return activity_stats(tensor, full)
+        return activity_stats(local_view(tensor), full)
 
     def _tap_on(self, tensor: torch.Tensor) -> GradTap | None:
         """This recorder's gradient hook of the current step on ``tensor``, if any."""
@@ -236,7 +242,7 @@ class ActivityHooks(RecorderBase):
     @call_guard
     def _on_output_grad(self, module_ids: list[int], step: int, grad: torch.Tensor) -> None:
         try:
-            stats = [activity_stats(grad, self.policy.stats == "full")]
+            stats = [activity_stats(local_view(grad), self.policy.stats == "full")]
             for module_id in module_ids:  # modules that returned this very tensor: the same gradient
                 self._add_activity(step, "backward", {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats})
         except Exception as exc:
@@ -247,7 +253,7 @@ class ActivityHooks(RecorderBase):
     def _on_output_grads(self, module_id: int, step: int, grads: Any) -> None:
         try:
             full = self.policy.stats == "full"
-            stats = [None if g is None else activity_stats(g, full) for g in list(grads)[:MAX_TENSORS]]
+            stats = [None if g is None else activity_stats(local_view(g), full) for g in list(grads)[:MAX_TENSORS]]
             self._add_activity(step, "backward", {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats})
         except Exception as exc:
             self.fault("gradient_hook", exc)
@@ -258,7 +264,7 @@ class ActivityHooks(RecorderBase):
 
     def _grad_stats(self, grads: Any) -> list[dict[str, Any] | StatsRecord | None]:
         full = self.policy.stats == "full"
-        return [None if g is None else activity_stats(g, full) for g in list(grads or ())[:MAX_TENSORS]]
+        return [None if g is None else activity_stats(local_view(g), full) for g in list(grads or ())[:MAX_TENSORS]]
 
     @call_guard
     def _on_full_backward(self, module: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:
@@ -272,7 +278,7 @@ class ActivityHooks(RecorderBase):
         self, mechanism: str, where: str, module: torch.nn.Module, grad_input: Any, grad_output: Any
     ) -> None:
         try:
-            if not (self.sampling and self.policy.activity):
+            if not (self.sampling and self.policy.activity) or parallel_wrapper_attr(module) is not None:
                 return
             module_id = self.module_id(module)
             if not self._selected_module(module, module_id):

@@ -16,7 +16,7 @@ import torch
 
 from auditlog.capture.base import RecorderBase, class_name, module_tensors
 from auditlog.capture.payloads import HostCopy, SealItems
-from auditlog.capture.source import Location, user_location
+from auditlog.capture.source import Location, construction_location, user_location
 from auditlog.capture.torch_compat import (
     buffers_of,
     children_of,
@@ -24,8 +24,10 @@ from auditlog.capture.torch_compat import (
     is_compiled_wrapper,
     is_persistent_buffer,
     is_uninitialized,
+    parallel_wrapper_attr,
     parameters_of,
     registering_persistent,
+    unwrap_model,
 )
 from auditlog.core.chain import Clean
 from auditlog.core.tensors import batch_records, dtype_name
@@ -42,6 +44,9 @@ class ConstructionHooks(RecorderBase):
         try:
             if is_compiled_wrapper(parent):
                 return None  # torch.compile's wrapper is not part of the model's structure
+            if parallel_wrapper_attr(parent) is not None:
+                self.wrapped(parent, name, child)  # DDP/FSDP: a fact about the model, not a part of it
+                return None
             if child is not None and self.modules.lookup(child) is None and (
                 children_of(child) or parameters_of(child) or buffers_of(child)
             ):
@@ -106,6 +111,26 @@ class ConstructionHooks(RecorderBase):
         if detected_at is not None:
             payload["detected_at"] = detected_at
         self.emit("module_registered", parent_id, None, payload)
+
+    def wrapped(self, wrapper: torch.nn.Module, name: str, child: torch.nn.Module | None) -> None:
+        """Emit ``module_wrapped``: the model was put inside a data-parallel wrapper.
+
+        The wrapper gets no module id and is not part of the tree: the model stays
+        the root, and its names carry no ``module.`` prefix.
+        """
+        if child is None or name != parallel_wrapper_attr(wrapper):
+            return
+        child = unwrap_model(child)
+        if self.modules.lookup(child) is None and (
+            children_of(child) or parameters_of(child) or buffers_of(child)
+        ):
+            self.adopt(child)
+        self.emit(
+            "module_wrapped",
+            self.module_id(child),
+            None,
+            Clean({"wrapper_class": class_name(wrapper), "attr": name, "source": construction_location(wrapper)}),
+        )
 
     def register_tensor(
         self,
@@ -177,6 +202,7 @@ class ConstructionHooks(RecorderBase):
         items: list[tuple[int, HostCopy]] = []
         candidates: Iterator[torch.Tensor]
         if root is not None:
+            root = unwrap_model(root)
             if self.modules.lookup(root) is None:
                 self.adopt(root)
             else:

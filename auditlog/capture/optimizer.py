@@ -16,7 +16,7 @@ import torch
 
 from auditlog.capture.base import RecorderBase, class_name
 from auditlog.capture.payloads import NonFiniteCount, StackedNorms, norms_of
-from auditlog.capture.torch_compat import compile_guard, foreach_copy_, foreach_sub_
+from auditlog.capture.torch_compat import compile_guard, foreach_copy_, foreach_sub_, local_view
 from auditlog.core.chain import CleanList
 from auditlog.core.errors import RecordingFailedError, one_line
 
@@ -56,7 +56,7 @@ class OptimizerHooks(RecorderBase):
         between steps.
         """
         with torch.no_grad():
-            detached = [p.detach() for p in params]
+            detached = [local_view(p.detach()) for p in params]  # a DTensor: this rank's shard
             if not detached or any(p.device.type != "cpu" for p in detached):
                 return [p.clone() for p in detached]
             buffers = self._before_buffers.get(optimizer)
@@ -149,7 +149,7 @@ class OptimizerHooks(RecorderBase):
                     has = grad is not None and grad.layout == strided
                     present.append(has)
                     if has:
-                        grads.append(grad)  # type: ignore[arg-type]
+                        grads.append(local_view(grad))  # type: ignore[arg-type]
                 stacked = StackedNorms(present, norms_of(grads))
                 if _on_cpu(stacked):
                     grad_norms = CleanList(stacked.resolve())
@@ -161,7 +161,7 @@ class OptimizerHooks(RecorderBase):
             param_norms: list[Any] | StackedNorms | None = None
             update_norms: list[Any] | StackedNorms | None = None
             if due:
-                detached = [p.detach() for p in params]
+                detached = [local_view(p.detach()) for p in params]
                 if policy.param_norms:
                     param_norms = _read_if_cpu(StackedNorms([True] * len(params), norms_of(detached)))
                 if before is not None and len(before) == len(detached):

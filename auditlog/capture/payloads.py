@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
-from auditlog.capture.torch_compat import foreach_norm
+from auditlog.capture.torch_compat import foreach_norm, local_view, shard_facts
 from auditlog.core.tensors import HostValues, device_stats, tensor_hash
 from auditlog.core.values import finite_or_text
 
@@ -36,11 +36,13 @@ class HostCopy:
     it reads the bytes.
     """
 
-    __slots__ = ("copy", "stats")
+    __slots__ = ("copy", "shard", "stats")
 
     def __init__(self, source: torch.Tensor, with_stats: bool = False) -> None:
         with torch.no_grad():
-            source = source.detach()
+            # A sharded (DTensor) value: this process's shard, and where it lies.
+            self.shard = shard_facts(source)
+            source = local_view(source.detach())
             # Statistics are launched here, on the training thread, like activity
             # statistics: a torch reduction on the writer thread would start a second
             # OpenMP team and make the training thread's workers sleep between ops
@@ -77,7 +79,10 @@ class SealItems:
             if self.store:
                 sink.store_blob(copy, digest)
             stats = pending.stats.resolve() if pending.stats is not None else None
-            out.append({"tensor_id": tensor_id, "sha256": digest, "stats": stats})
+            item: dict[str, Any] = {"tensor_id": tensor_id, "sha256": digest, "stats": stats}
+            if pending.shard is not None:
+                item["shard"] = pending.shard
+            out.append(item)
         self.items = []
         return out
 
@@ -98,7 +103,10 @@ class SnapshotItems:
             digest = tensor_hash(copy)
             new_bytes += sink.store_blob(copy, digest)
             logical += copy.numel() * copy.element_size()
-            tensors.append({"tensor_id": tensor_id, "sha256": digest})
+            item: dict[str, Any] = {"tensor_id": tensor_id, "sha256": digest}
+            if pending.shard is not None:
+                item["shard"] = pending.shard
+            tensors.append(item)
         self.items = []
         return {"tensors": tensors, "new_bytes": new_bytes, "copied_bytes": logical}
 

@@ -17,7 +17,13 @@ import torch
 
 from auditlog.capture.base import RecorderBase, module_members
 from auditlog.capture.payloads import HostCopy, SnapshotItems
-from auditlog.capture.torch_compat import buffers_of, children_of, is_uninitialized, parameters_of
+from auditlog.capture.torch_compat import (
+    buffers_of,
+    children_of,
+    is_uninitialized,
+    parameters_of,
+    unwrap_model,
+)
 
 
 class RootTracking(RecorderBase):
@@ -42,7 +48,7 @@ class RootTracking(RecorderBase):
         BatchNorm's running statistics, fused optimizers and ``.data`` writes
         change bytes without bumping them, measured with torch 2.13.)
         """
-        for root in roots:
+        for root in (unwrap_model(r) for r in roots):
             if self.modules.lookup(root) is None:
                 self.adopt(root)
             self.track_root(root)
@@ -152,4 +158,4 @@ class RootTracking(RecorderBase):
 
     def check(self, roots: list[torch.nn.Module] | None, where: str) -> None:
         """Run a structural check over ``roots`` (default: every live root)."""
-        self.check_structure(self.live_roots() if roots is None else roots, where)
+        self.check_structure(self.live_roots() if roots is None else [unwrap_model(r) for r in roots], where)

@@ -81,6 +81,111 @@ def is_compiled_wrapper(module: torch.nn.Module) -> bool:
     return type(module).__name__ == "OptimizedModule"
 
 
+# --------------------------------------------------------------------------- parallel wrappers
+# Data-parallel wrappers hold the user's model under one attribute and are not
+# part of it: their forward calls the model's (whose hooks fire too), their state
+# dict only adds a prefix. By qualified class name, so that checking a module
+# imports nothing (torch.distributed may be absent); subclasses count (MRO).
+PARALLEL_WRAPPERS: dict[str, str] = {
+    "torch.nn.parallel.distributed.DistributedDataParallel": "module",
+    "torch.nn.parallel.data_parallel.DataParallel": "module",
+    "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel": "_fsdp_wrapped_module",
+}
+_wrapper_attr: dict[type, str | None] = {}
+
+
+def parallel_wrapper_attr(module: torch.nn.Module) -> str | None:
+    """The attribute holding the wrapped model when ``module`` is a data-parallel wrapper
+    (DDP, DataParallel, FSDP1), else None. One dict lookup per call after the first."""
+    cls = type(module)
+    try:
+        return _wrapper_attr[cls]
+    except KeyError:
+        pass
+    found = None
+    for base in cls.__mro__:
+        found = PARALLEL_WRAPPERS.get(f"{base.__module__}.{base.__qualname__}")
+        if found is not None:
+            break
+    _wrapper_attr[cls] = found
+    return found
+
+
+def unwrap_model(module: torch.nn.Module) -> torch.nn.Module:
+    """The user's model inside any torch.compile and data-parallel wrappers."""
+    for _ in range(8):  # DDP(compile(model)) and the like; never loops forever
+        attr = parallel_wrapper_attr(module)
+        inner = children_of(module).get(attr) if attr is not None else None
+        if inner is None and is_compiled_wrapper(module):
+            inner = unwrap_compiled(module)
+        if inner is None:
+            return module
+        module = inner
+    return module
+
+
+# --------------------------------------------------------------------------- sharded tensors
+def is_dtensor(tensor: torch.Tensor) -> bool:
+    """Is this a ``torch.distributed.tensor.DTensor`` (FSDP2, tensor parallel)? By class name and
+    the public attributes, so that checking imports nothing."""
+    return type(tensor).__name__ == "DTensor" and hasattr(tensor, "to_local") and hasattr(tensor, "placements")
+
+
+def local_view(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of a tensor this process holds: a DTensor's local shard (``to_local()``,
+    public, no communication), any other tensor itself. Statistics, norms, copies and
+    hashes work on this: a reduction over a DTensor would start collectives from a hook."""
+    if type(tensor).__name__ == "DTensor":
+        return tensor.to_local()  # type: ignore[attr-defined, no-any-return]
+    return tensor
+
+
+def shard_facts(tensor: torch.Tensor) -> dict[str, Any] | None:
+    """Where a DTensor's local shard lies in the global tensor (None for a plain tensor).
+
+    ``placements`` per mesh dimension (``Shard(dim=0)``, ``Replicate()``), the
+    mesh shape and this process's coordinate in it, the global and local shapes,
+    and the local shard's ``offset`` in the global tensor, following DTensor's
+    even sharding (``torch.chunk`` sizes: a later shard may be smaller or empty),
+    applied mesh dimension by mesh dimension. ``offset`` is None when the local
+    shape does not follow that rule (an uneven layout restore cannot place).
+    """
+    if not is_dtensor(tensor):
+        return None
+    mesh = tensor.device_mesh  # type: ignore[attr-defined]
+    placements = list(tensor.placements)  # type: ignore[attr-defined]
+    coordinate = mesh.get_coordinate()
+    mesh_shape = [int(n) for n in mesh.shape]
+    global_shape = [int(n) for n in tensor.shape]
+    local_shape = [int(n) for n in local_view(tensor).shape]
+    offset: list[int] | None = [0] * len(global_shape)
+    sizes = list(global_shape)
+    if coordinate is None:
+        offset = None
+    else:
+        for mesh_dim, placement in enumerate(placements):
+            if placement.is_shard():
+                dim = int(placement.dim)
+                chunk = -(-sizes[dim] // mesh_shape[mesh_dim]) if sizes[dim] else 0
+                start = min(coordinate[mesh_dim] * chunk, sizes[dim])
+                assert offset is not None
+                offset[dim] += start
+                sizes[dim] = max(0, min(chunk, sizes[dim] - start))
+            elif not placement.is_replicate():
+                offset = None  # Partial: the local values are not a piece of the global tensor
+                break
+        if offset is not None and sizes != local_shape:
+            offset = None
+    return {
+        "placements": [repr(p) for p in placements],
+        "mesh_shape": mesh_shape,
+        "coordinate": None if coordinate is None else [int(c) for c in coordinate],
+        "global_shape": global_shape,
+        "local_shape": local_shape,
+        "offset": offset,
+    }
+
+
 # --------------------------------------------------------------------------- module members
 def children_of(module: torch.nn.Module) -> dict[str, torch.nn.Module | None]:
     """``module._modules``: the registered children, None entries included (which

@@ -37,8 +37,21 @@ _KINDS = [
             "host": "host name",
             "user": "login name",
             "pid": "process id",
-            "rank": "distributed rank (env RANK, default 0); also the stream number",
-            "world_size": "distributed world size (env WORLD_SIZE, default 1)",
+            "proc_start": "process start time in clock ticks since boot (tells a reused pid apart)",
+            "rank": "distributed rank (env RANK, default 0); the stream is rank + 1000000 * segment",
+            "world_size": "distributed world size (env WORLD_SIZE, default 1): the streams a segment should have",
+            "local_rank": "rank within the node (env LOCAL_RANK)",
+            "local_world_size": "ranks on this node (env LOCAL_WORLD_SIZE)",
+            "node_rank": "the node's rank (torchrun's GROUP_RANK)",
+            "restart": "torchrun restart count (TORCHELASTIC_RESTART_COUNT; 0: first launch)",
+            "max_restarts": "restarts torchrun allows (TORCHELASTIC_MAX_RESTARTS)",
+            "segment": "segment of the stream: the restart count, or higher when that stream was taken",
+            "launcher": "torchrun | env (RANK/WORLD_SIZE set by another launcher) | null",
+            "rdzv_id": "torchrun's rendezvous id (TORCHELASTIC_RUN_ID), or null",
+            "master_addr": "MASTER_ADDR, or null",
+            "master_port": "MASTER_PORT, or null",
+            "run_id_source": "how the run id was chosen: argument | AUDITLOG_RUN_ID | torchrun agent store | "
+            "torchrun environment | random",
             "python": "Python version",
             "torch": "torch version",
             "cuda": "CUDA version torch was built with, or null",
@@ -78,6 +91,18 @@ _KINDS = [
             "detected_at": "set when no hook reported it and a structural check found it "
             "(optimizer_step | snapshot | run_end)",
             "adopted": "true when the module existed before recording and was discovered later",
+        },
+    ),
+    Kind(
+        "module_wrapped",
+        "The model (module_id) was put inside a data-parallel wrapper (DistributedDataParallel, "
+        "DataParallel, FullyShardedDataParallel). The wrapper is not part of the model: it gets "
+        "no module id, its forward calls are not recorded (the model's are), and names carry no "
+        "'module.' prefix.",
+        {
+            "wrapper_class": "qualified class name of the wrapper",
+            "attr": "the wrapper's attribute holding the model (module, _fsdp_wrapped_module)",
+            "source": "{file, line, function} of the user code that built the wrapper",
         },
     ),
     Kind(
@@ -126,8 +151,10 @@ _KINDS = [
         {
             "trigger": "first_forward | optimizer_step | explicit | run_end",
             "stored": "true when the values were also stored as snapshots (the default)",
-            "tensors": "list of {tensor_id, sha256, stats}: sha256 is the content hash "
-            "(see auditlog.tensor_hash) of the value at sealing; " + STATS_DOC,
+            "tensors": "list of {tensor_id, sha256, stats, shard}: sha256 is the content hash "
+            "(see auditlog.tensor_hash) of the value at sealing; " + STATS_DOC + "; shard (sharded "
+            "DTensor parameters, FSDP2): {placements, mesh_shape, coordinate, global_shape, local_shape, "
+            "offset} of this rank's shard, whose values and hash the item holds",
         },
     ),
     Kind(
@@ -138,7 +165,7 @@ _KINDS = [
         {
             "trigger": "step (every N optimizer steps) | explicit (run.snapshot) | run_end",
             "tag": "user label for explicit snapshots, else null",
-            "snapshot": "{tensors: [{tensor_id, sha256}], new_bytes: bytes newly stored, "
+            "snapshot": "{tensors: [{tensor_id, sha256, shard}], new_bytes: bytes newly stored, "
             "copied_bytes: bytes copied and hashed (every tensor, every time: unchanged content "
             "costs no disk, but is still copied and hashed)}",
         },
@@ -184,7 +211,8 @@ _KINDS = [
             "optimizer_class": "qualified class name",
             "optimizer_step": "this optimizer's own step count",
             "param_groups": "list of {hyperparameters..., params: [tensor ids]}",
-            "tensor_ids": "ids of the parameters, aligned with the norms below",
+            "tensor_ids": "ids of the parameters, aligned with the norms below (a sharded DTensor "
+            "parameter: the norms of this rank's shard)",
             "grad_norm": "L2 norm of each parameter's gradient (null if it had none)",
             "update_norm": "L2 norm of each parameter's change made by this step (null on steps "
             "the policy's norms_every skips)",

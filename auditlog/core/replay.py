@@ -19,6 +19,7 @@ from typing import Any
 
 CONSTRUCTION_KINDS = (
     "module_registered",
+    "module_wrapped",
     "parameter_registered",
     "buffer_registered",
     "construction_sealed",
@@ -41,6 +42,7 @@ class ModuleNode:
     children: dict[str, int | None] = field(default_factory=dict)
     parameters: dict[str, int | None] = field(default_factory=dict)
     buffers: dict[str, int | None] = field(default_factory=dict)
+    wrappers: list[str] = field(default_factory=list)  # data-parallel wrappers around it (module_wrapped)
 
     def drop_name(self, name: str) -> None:
         """Assigning a name to one kind of member removes it from the others (as torch does)."""
@@ -67,6 +69,8 @@ class TensorInfo:
     snapshot_step: int | None = None
     snapshot_seq: int | None = None
     history: list[tuple[int, int, str]] = field(default_factory=list)  # (step, seq, sha256)
+    # For a sharded (DTensor) tensor: seq -> where the stored local shard lies (``shard`` of the item).
+    shards: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -227,6 +231,11 @@ def apply(state: ModelState, event: dict[str, Any]) -> None:
             child = state.node(int(child_id), data.get("child_class"))
             if child.source is None:
                 child.source = data.get("source")
+    elif kind == "module_wrapped":
+        wrapper = data.get("wrapper_class")
+        node = state.node(int(event["module_id"]))
+        if isinstance(wrapper, str) and wrapper not in node.wrappers:
+            node.wrappers.append(wrapper)
     elif kind in ("parameter_registered", "buffer_registered"):
         module = state.node(int(event["module_id"]), data.get("module_class"))
         if module.source is None and data.get("module_source"):
@@ -257,13 +266,13 @@ def apply(state: ModelState, event: dict[str, Any]) -> None:
                 info.initial_sha256 = item.get("sha256")
                 info.initial_stats = item.get("stats")
                 if data.get("stored"):
-                    _snapshotted(info, item.get("sha256"), event)
+                    _snapshotted(info, item.get("sha256"), event, item.get("shard"))
     elif kind == "snapshot_taken":
         snap = data.get("snapshot") or {}
         for item in snap.get("tensors", []):
             info = state.tensors.get(int(item["tensor_id"]))
             if info is not None:
-                _snapshotted(info, item.get("sha256"), event)
+                _snapshotted(info, item.get("sha256"), event, item.get("shard"))
     elif kind == "structure_changed":
         owner = state.modules.get(int(event["module_id"])) if event.get("module_id") is not None else None
         if data.get("change") == "removed" and owner is not None:
@@ -280,12 +289,14 @@ def apply(state: ModelState, event: dict[str, Any]) -> None:
                     setattr(info, key, value)
 
 
-def _snapshotted(info: TensorInfo, sha256: str | None, event: dict[str, Any]) -> None:
+def _snapshotted(info: TensorInfo, sha256: str | None, event: dict[str, Any], shard: Any = None) -> None:
     info.snapshot_sha256 = sha256
     info.snapshot_step = event.get("step")
     info.snapshot_seq = event.get("seq")
     if sha256 is not None and event.get("seq") is not None:
         info.history.append((int(event.get("step") or 0), int(event["seq"]), sha256))
+        if isinstance(shard, dict):
+            info.shards[int(event["seq"])] = shard
 
 
 def replay(events: Iterable[dict[str, Any]], upto_seq: int | None = None) -> ModelState:

@@ -77,7 +77,7 @@ def _tree_and_end(
     if ended and tip.seq > seq:
         found.append(f"{subject} signs the stream's end at seq {seq} (its run_ended), but the stream "
                      f"goes on to seq {tip.seq}: events were appended after the run ended")
-    world = report.world_size()
+    world = tip.world_size  # the stream's own (an elastic restart may change it between segments)
     if world_size is not None and world is not None and world_size != world:
         found.append(f"{subject} signs world_size {world_size}, the run's run_started says {world} "
                      "(run_started was replaced)")

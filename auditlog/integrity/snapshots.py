@@ -59,7 +59,9 @@ def verify_snapshots(store: EventStore, run_id: str) -> tuple[int, list[Snapshot
     references = list(_referenced(store, run_id))
     if not references:
         return 0, []
-    from auditlog.store.blobs import SnapshotStore  # Parquet and tensors: only when there are snapshots
+    from auditlog.store.blobs import (
+        SnapshotStore,  # Parquet and tensors: only when there are snapshots
+    )
 
     catalog = store.blob_rows(sorted({sha for *_, sha in references}))
     try:

@@ -29,6 +29,7 @@ from typing import Any
 
 from auditlog.core.chain import canonical_row, chain_hash, genesis_hash, link_hash
 from auditlog.core.errors import StoreError
+from auditlog.core.ranks import split_stream
 from auditlog.integrity.keys import trusted_public_keys
 from auditlog.integrity.merkle import Frontier, PackedLeaves, leaf_hash
 from auditlog.integrity.report import Problem, SourcedStatement, StreamTip, VerifyReport
@@ -291,31 +292,43 @@ def _needs_leaves(statements: Sequence[SourcedStatement], stream: int) -> bool:
 
 
 def _check_streams(report: VerifyReport) -> None:
-    """The run's streams agree on its world size, and are numbered below it."""
-    declared = {s: t.world_size for s, t in report.tips.items() if t.world_size is not None}
-    if len(set(declared.values())) > 1:
-        lowest = min(declared)
-        for stream, size in sorted(declared.items()):
-            if size != declared[lowest]:
+    """Within each segment (one launch of the job; an elastic restart starts the next),
+    the streams agree on the world size and are ranks below it.
+
+    A stream's number is ``rank + STREAM_STRIDE * segment`` (``auditlog.core.ranks``).
+    """
+    segments: dict[int, dict[int, int | None]] = {}
+    for stream, tip in report.tips.items():
+        segment, _rank = split_stream(stream)
+        segments.setdefault(segment, {})[stream] = tip.world_size
+    for segment, members in sorted(segments.items()):
+        declared = {s: w for s, w in members.items() if w is not None}
+        if len(set(declared.values())) > 1:
+            lowest = min(declared)
+            for stream, size in sorted(declared.items()):
+                if size != declared[lowest]:
+                    report.problems.append(Problem(
+                        report.run_id, stream, 1, None, "run_started",
+                        f"run_started says world_size {size}, stream {lowest}'s says {declared[lowest]} "
+                        "(a stream was added or its run_started replaced)"))
+            continue
+        if not declared:
+            continue
+        world = next(iter(declared.values()))
+        assert world is not None
+        ranks = {split_stream(s)[1]: s for s in members}
+        for rank, stream in sorted(ranks.items()):
+            if rank >= world:
                 report.problems.append(Problem(
-                    report.run_id, stream, 1, None, "run_started",
-                    f"run_started says world_size {size}, stream {lowest}'s says {declared[lowest]} "
-                    "(a stream was added or its run_started replaced)"))
-        return
-    world = report.world_size()
-    if world is None:
-        return
-    for stream in sorted(report.tips):
-        if stream >= world:
-            report.problems.append(Problem(
-                report.run_id, stream, 1, None, None,
-                f"stream {stream} is not a stream of this run: its run_started declares world_size "
-                f"{world} (streams 0..{world - 1}; a stream was added)"))
-    missing = sorted(set(range(world)) - set(report.tips))
-    if missing:
-        report.notes.append(
-            f"world_size {world}, but no events of stream(s) {', '.join(map(str, missing))} "
-            "(ranks that were not recorded, or whose events were deleted)")
+                    report.run_id, stream, 1, None, None,
+                    f"stream {stream} is not a stream of this run: its run_started declares world_size "
+                    f"{world} (ranks 0..{world - 1}; a stream was added)"))
+        missing = sorted(set(range(world)) - set(ranks))
+        if missing:
+            where = f" of segment {segment}" if segment else ""
+            report.notes.append(
+                f"world_size {world}, but no events of rank(s) {', '.join(map(str, missing))}{where} "
+                "(ranks that were not recorded, or whose events were deleted)")
 
 
 def _verify_snapshot_files(store: EventStore, run_id: str, report: VerifyReport) -> None:

@@ -66,9 +66,10 @@ class Store:
         """The run id a selector names; ``RunNotFoundError`` when none or several match."""
         return select_run(self.event_store, selector)
 
-    def run(self, selector: str = "latest") -> Run:
-        """One run, by selector (see the class docstring)."""
-        return Run(self.event_store, self.select(selector))
+    def run(self, selector: str = "latest", rank: int | None = None) -> Run:
+        """One run, by selector (see the class docstring); ``rank``: the view of one rank
+        of a multi-rank run (its events, its module tree, its values)."""
+        return Run(self.event_store, self.select(selector), rank)
 
     @property
     def revision(self) -> str:
@@ -125,26 +126,30 @@ class Store:
 
     # ------------------------------------------------------------------ questions
     def query_session(
-        self, run: str | None = None, progress: Progress | None = None, rebuild: bool = False
+        self,
+        run: str | None = None,
+        progress: Progress | None = None,
+        rank: int | None = None,
+        rebuild: bool = False,
     ) -> QuerySession:
         """A read-only DuckDB session over the documented views (``auditlog schema``).
 
         The read model is brought up to date first (rebuilt when ``rebuild``, or
         when it no longer matches the chain heads and the seal it was built
-        from); ``run`` scopes every view to one run. Close the session (or use
-        ``with``) when done. The read model is a cache, not evidence:
-        ``verify`` is.
+        from); ``run`` scopes every view to one run, ``rank`` to the streams of
+        one rank. Close the session (or use ``with``) when done. The read model
+        is a cache, not evidence: ``verify`` is.
         """
         from auditlog.store.readmodel.cache import ReadModel
         from auditlog.store.readmodel.session import QuerySession
 
         run_id = self.select(run) if run is not None else None
-        session, _report = QuerySession.open(ReadModel(self.event_store), run_id, progress, rebuild)
+        session, _report = QuerySession.open(ReadModel(self.event_store), run_id, progress, rank, rebuild)
         return session
 
-    def query(self, sql: str, run: str | None = None) -> list[dict[str, Any]]:
+    def query(self, sql: str, run: str | None = None, rank: int | None = None) -> list[dict[str, Any]]:
         """Rows of one read-only SQL statement over the views, as dicts."""
-        with self.query_session(run) as session:
+        with self.query_session(run, rank=rank) as session:
             result = session.execute(sql)
             return [dict(zip(result.columns, row, strict=True)) for row in result.rows]
 

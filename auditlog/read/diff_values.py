@@ -138,7 +138,7 @@ def _values(store: EventStore, run_id: str, facts: RunFacts) -> _Values:
         seen.add(tensor_id)
         order.append((facts.labels.tensors[tensor_id].label, tensor_id))
     steps = store.step_seqs(run_id, 0)
-    boundary_zero = Run(store, run_id).boundary(step=0)
+    boundary_zero = Run(store, run_id, stream=0).boundary(step=0)  # diff compares stream 0 (rank 0)
     candidates = sorted({h[0] for _, tid in order for h in state.tensors[tid].history})
     by_step: dict[int, dict[str, str]] = {}
     for step in candidates:

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from auditlog.core.errors import AuditlogError, CorruptRecordError, UsageError
+from auditlog.core.ranks import split_stream
 from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, replay
 from auditlog.read.runs import RunInfo, list_runs
 from auditlog.store.eventstore import EventStore
@@ -41,9 +42,49 @@ class Run:
             assert run.verify().ok
     """
 
-    def __init__(self, store: EventStore, run_id: str) -> None:
+    def __init__(self, store: EventStore, run_id: str, rank: int | None = None, stream: int | None = None) -> None:
         self.store = store
         self.run_id = run_id
+        self.rank = rank
+        self._pinned = stream  # one given stream (a rank in one segment), else chosen below
+        self._streams: list[int] | None = None
+
+    # ------------------------------------------------------------------ ranks
+    def streams(self) -> list[int]:
+        """The run's stream numbers (one per rank and segment, see ``auditlog.core.ranks``)."""
+        if self._streams is None:
+            self._streams = self.store.streams(self.run_id)
+        return self._streams
+
+    def ranks(self) -> list[int]:
+        """The ranks that recorded a stream of this run."""
+        return sorted({split_stream(s)[1] for s in self.streams()})
+
+    def rank_streams(self, rank: int | None = None) -> list[int]:
+        """The streams of one rank (all its segments, oldest first); every stream when
+        ``rank`` is None and this view has no rank. ``UsageError`` for an unknown rank."""
+        rank = self.rank if rank is None else rank
+        if rank is None:
+            return self.streams()
+        found = [s for s in self.streams() if split_stream(s)[1] == rank]
+        if not found:
+            known = ", ".join(str(r) for r in self.ranks()) or "none"
+            raise UsageError(f"run {self.run_id[:12]} has no rank {rank} (ranks: {known})")
+        return found
+
+    @property
+    def stream(self) -> int:
+        """The stream whose structure and values this view shows: the rank's last segment
+        (the view's rank, else rank 0, else the lowest stream recorded)."""
+        if self._pinned is not None:
+            return self._pinned
+        streams = self.streams()
+        if not streams:
+            return 0
+        if self.rank is not None:
+            return self.rank_streams()[-1]
+        zero = [s for s in streams if split_stream(s)[1] == 0]
+        return zero[-1] if zero else streams[0]
 
     # ------------------------------------------------------------------ events
     def events(
@@ -60,14 +101,24 @@ class Run:
         (``activity``) when one of its module calls does. A malformed event is a
         ``CorruptRecordError`` naming it.
         """
-        wanted = None if module is None else self.modules_matching(module)
         shown = self.store.location.display()
-        for row in self.store.iter_events(self.run_id, kinds=kinds, step_range=step_range, stream=stream):
-            event = decode_event(row, shown)
-            if wanted is None or _mentions(event, wanted):
-                yield event
+        streams: list[int | None]
+        if stream is not None:
+            streams = [stream]
+        elif self.rank is not None or module is not None:
+            # Module ids are per stream (each rank's process numbered its own objects):
+            # a module filter is resolved in each stream.
+            streams = list(self.rank_streams())
+        else:
+            streams = [None]  # one query, every stream in (stream, seq) order
+        for one in streams:
+            wanted = None if module is None or one is None else self.modules_matching(module, one)
+            for row in self.store.iter_events(self.run_id, kinds=kinds, step_range=step_range, stream=one):
+                event = decode_event(row, shown)
+                if wanted is None or _mentions(event, wanted):
+                    yield event
 
-    def modules_matching(self, pattern: str, stream: int = 0) -> set[int]:
+    def modules_matching(self, pattern: str, stream: int | None = None) -> set[int]:
         """Ids of the modules whose qualified name (any of them) matches the glob ``pattern``."""
         names = self.model_state(stream=stream).module_names()
         return {m for m, found in names.items() if any(fnmatch.fnmatchcase(n, pattern) for n in found)}
@@ -102,9 +153,10 @@ class Run:
                     }
 
     # ------------------------------------------------------------------ structure
-    def model_state(self, upto_seq: int | None = None, stream: int = 0) -> ModelState:
-        """The module forest as of ``upto_seq`` (default: the end of the run)."""
-        events = self.events(kinds=CONSTRUCTION_KINDS, stream=stream)
+    def model_state(self, upto_seq: int | None = None, stream: int | None = None) -> ModelState:
+        """The module forest as of ``upto_seq`` (default: the end of the run) in one
+        stream (default: ``self.stream``)."""
+        events = self.events(kinds=CONSTRUCTION_KINDS, stream=self.stream if stream is None else stream)
         try:
             return replay(events, upto_seq=upto_seq)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -117,7 +169,7 @@ class Run:
             # out, and SQLite then leaves -wal/-shm files beside a store we only read.
             events.close()  # type: ignore[attr-defined]
 
-    def boundary(self, step: int | None = None, seq: int | None = None, stream: int = 0) -> int | None:
+    def boundary(self, step: int | None = None, seq: int | None = None, stream: int | None = None) -> int | None:
         """The last seq of "the state right after the N-th optimizer.step() returned".
 
         Step 0 is the sealed initial state: every event before the first one of
@@ -129,6 +181,7 @@ class Run:
             return seq
         if step is None:
             return None
+        stream = self.stream if stream is None else stream
         if step < 0:
             raise UsageError(f"bad step {step}: steps are >= 0")
         if step == 0:
@@ -163,7 +216,12 @@ class Run:
         """
         from auditlog.store.blobs import SnapshotStore
 
-        plan = self.restore_plan(step, seq, root)
+        items = self.restore_items(step, seq, root)
+        if any(facts is not None for _, _, facts in items):
+            from auditlog.read.reassemble import sharded_state_dict
+
+            return sharded_state_dict(self, step, seq, root, allow_partial)
+        plan = [(key, sha) for key, sha, _ in items]
         missing = [key for key, sha in plan if sha is None]
         when = f"step {step}" if step is not None else (f"seq {seq}" if seq is not None else "the end")
         if missing and not allow_partial:
@@ -191,6 +249,13 @@ class Run:
         self, step: int | None = None, seq: int | None = None, root: str | None = None
     ) -> list[tuple[str, str | None]]:
         """``(state_dict key, snapshot hash or None)`` for the chosen root at a step/seq."""
+        return [(key, sha) for key, sha, _ in self.restore_items(step, seq, root)]
+
+    def restore_items(
+        self, step: int | None = None, seq: int | None = None, root: str | None = None
+    ) -> list[tuple[str, str | None, dict[str, Any] | None]]:
+        """``(state_dict key, snapshot hash or None, shard facts or None)`` in this view's
+        stream: the facts say where a sharded (DTensor) value's stored piece lies."""
         upto = self.boundary(step, seq)
         full = self.model_state()
         state = self.model_state(upto_seq=upto)
@@ -199,11 +264,15 @@ class Run:
         except KeyError:
             raise UsageError(f"no root module {root!r} in run {self.run_id[:12]}") from None
         end = upto if upto is not None else full.last_seq
-        limit = self.store.step_seq(self.run_id, 0, step + 1) if step is not None else None
-        plan: list[tuple[str, str | None]] = []
+        limit = self.store.step_seq(self.run_id, self.stream, step + 1) if step is not None else None
+        plan: list[tuple[str, str | None, dict[str, Any] | None]] = []
         for key, tensor_id in state.state_dict_keys(root_id):
-            history = full.tensors[tensor_id].history if tensor_id in full.tensors else []
-            plan.append((key, pick_snapshot(history, step, end, limit)))
+            info = full.tensors.get(tensor_id)
+            picked = pick_entry(info.history if info is not None else [], step, end, limit)
+            if picked is None:
+                plan.append((key, None, None))
+            else:
+                plan.append((key, picked[1], info.shards.get(picked[0]) if info is not None else None))
         return plan
 
     def snapshots(self) -> tuple[list[dict[str, Any]], int]:
@@ -296,14 +365,22 @@ class Run:
 
 def pick_snapshot(history: list[tuple[int, int, str]], step: int | None, end: int, limit: int | None) -> str | None:
     """The snapshot hash that holds a tensor's value at the boundary ``end``."""
+    picked = pick_entry(history, step, end, limit)
+    return None if picked is None else picked[1]
+
+
+def pick_entry(
+    history: list[tuple[int, int, str]], step: int | None, end: int, limit: int | None
+) -> tuple[int, str] | None:
+    """``(seq, hash)`` of the snapshot that holds a tensor's value at the boundary ``end``."""
     if step is None:  # by seq or at the end: the latest snapshot at or before it
         before = [h for h in history if h[1] <= end]
-        return before[-1][2] if before else None
+        return (before[-1][1], before[-1][2]) if before else None
     same = [h for h in history if h[0] == step and (limit is None or h[1] < limit)]
     at_or_before = [h for h in same if h[1] <= end]
     if at_or_before:
-        return at_or_before[-1][2]
-    return same[0][2] if same else None
+        return at_or_before[-1][1], at_or_before[-1][2]
+    return (same[0][1], same[0][2]) if same else None
 
 
 def _snapshot_tensors(event: dict[str, Any]) -> list[dict[str, Any]]:

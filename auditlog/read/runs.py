@@ -10,11 +10,11 @@ there is one, else the process table; never "running" forever.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from auditlog.core.errors import RunNotFoundError
-from auditlog.core.liveness import derive_status
+from auditlog.core.liveness import run_liveness
 from auditlog.core.values import iso
 from auditlog.store.eventstore import EventStore
 from auditlog.store.rows import payload_object
@@ -22,7 +22,13 @@ from auditlog.store.rows import payload_object
 
 @dataclass
 class RunInfo:
-    """One row of ``auditlog runs``."""
+    """One row of ``auditlog runs``.
+
+    A run of several processes (torchrun ranks) has one stream per rank;
+    ``status`` combines them (``auditlog.core.ranks.run_status``) and
+    ``status_detail`` names the ranks that did not complete. ``argv``, git and
+    ``host``/``pid`` come from the lowest stream (rank 0).
+    """
 
     run_id: str
     name: str | None
@@ -39,6 +45,17 @@ class RunInfo:
     pid: int
     last_seen_ns: int
     exception: dict[str, Any] | None
+    world_size: int = 1
+    streams: int = 1
+    status_detail: str | None = None
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+
+    def ranks_named(self) -> list[int]:
+        """The ranks of the last segment whose status is the run's (a multi-rank run)."""
+        if self.world_size <= 1 and self.streams <= 1:
+            return []
+        last = max((r["segment"] for r in self.ranks), default=0)
+        return sorted(r["rank"] for r in self.ranks if r["segment"] == last and r["status"] == self.status)
 
     @property
     def duration_s(self) -> float:
@@ -53,6 +70,7 @@ class RunInfo:
             "ended": iso(self.ended_ns) if self.ended_ns else None,
             "duration_s": round(self.duration_s, 3),
             "status": self.status,
+            "status_detail": self.status_detail,
             "exit_code": self.exit_code,
             "argv": self.argv,
             "git_commit": self.git_commit,
@@ -61,6 +79,9 @@ class RunInfo:
             "steps": self.steps,
             "host": self.host,
             "pid": self.pid,
+            "world_size": self.world_size,
+            "streams": self.streams,
+            "ranks": self.ranks,
             "exception": self.exception,
         }
 
@@ -100,58 +121,86 @@ def chained_runs(store: EventStore) -> list[ChainedRun]:
     return sorted(found.values(), key=lambda r: (r.started_ns, r.run_id))
 
 
-def _int(value: Any, default: int) -> int:
+def _int(value: Any, default: int = 0) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def list_runs(store: EventStore) -> list[RunInfo]:
-    """All runs, oldest first, with derived status."""
+    """All runs, oldest first by their chained start, with status from every stream.
+
+    Who ran what (name, argv, host, pid, git) comes from the chained
+    ``run_started`` of the lowest stream; liveness (heartbeat, process start
+    time) from the runs index, which is not evidence.
+    """
     counts = store.run_event_counts()
     # Summaries tolerate damaged rows (verify names them); nothing here may crash.
-    ended_events: dict[tuple[str, int], dict[str, Any]] = {
-        (e["run_id"], e["stream"]): e
-        for e in store.events_of_kind("run_ended")
-        if isinstance(e["ts_ns"], int) and isinstance(e["stream"], int)
-    }
-    liveness = {str(r["run_id"]): r for r in store.run_rows()}
+    started: dict[str, dict[int, dict[str, Any]]] = {}
+    for event in store.events_of_kind("run_started"):
+        if isinstance(event["run_id"], str) and isinstance(event["stream"], int):
+            started.setdefault(event["run_id"], {})[event["stream"]] = payload_object(event["payload"])
+    ended: dict[str, dict[int, dict[str, Any]]] = {}
+    ended_at: dict[str, dict[int, int]] = {}
+    for event in store.events_of_kind("run_ended"):
+        if isinstance(event["run_id"], str) and isinstance(event["stream"], int) and isinstance(event["ts_ns"], int):
+            ended.setdefault(event["run_id"], {})[event["stream"]] = payload_object(event["payload"])
+            ended_at.setdefault(event["run_id"], {})[event["stream"]] = event["ts_ns"]
+    index = {str(r["run_id"]): r for r in store.run_rows()}
     out: list[RunInfo] = []
     for run in chained_runs(store):
-        meta = run.meta
-        end_event = ended_events.get((run.run_id, run.stream))
-        ended = payload_object(end_event["payload"]) if end_event else None
-        git_value = meta.get("git")
-        git: dict[str, Any] = git_value if isinstance(git_value, dict) else {}
-        n_events, max_step = counts.get(run.run_id, (0, None))
-        host, pid = str(meta.get("host") or ""), _int(meta.get("pid"), 0)
-        index = liveness.get(run.run_id) or {}
-        # Liveness from the index (not evidence: a heartbeat and a process start time),
-        # who ran it (host, pid) from the chain.
-        live: dict[str, Any] = {
+        run_id, meta = run.run_id, run.meta
+        begun, finished = started.get(run_id, {}), ended.get(run_id, {})
+        indexed = index.get(run_id) or {}
+        host, pid = str(meta.get("host") or ""), _int(meta.get("pid"))
+        row: dict[str, Any] = {
             "host": host,
             "pid": pid,
-            "proc_start": index.get("proc_start"),
-            "last_seen_ns": _int(index.get("last_seen_ns"), run.started_ns),
+            "proc_start": indexed.get("proc_start"),
+            "last_seen_ns": _int(indexed.get("last_seen_ns"), run.started_ns),
         }
+        live = run_liveness(row, begun, finished)
+        last = live.streams[-1].segment if live.streams else 0
+        ends = [ended_at.get(run_id, {}).get(s.stream) for s in live.streams if s.segment == last]
+        cause = next((s for s in live.streams if s.rank in live.ranks and s.status == live.status), None)
+        deciding = finished.get(cause.stream) if cause is not None else finished.get(run.stream)
+        git_value = meta.get("git")
+        git: dict[str, Any] = git_value if isinstance(git_value, dict) else {}
+        n_events, max_step = counts.get(run_id, (0, None))
+        steps = max([_int((e or {}).get("steps")) for e in finished.values()] + [0]) or max_step or 0
+        argv = meta.get("argv")
         out.append(
             RunInfo(
-                run_id=run.run_id,
+                run_id=run_id,
                 name=run.name,
                 started_ns=run.started_ns,
-                ended_ns=int(end_event["ts_ns"]) if end_event else None,
-                status=derive_status(live, ended),
-                exit_code=None if ended is None else ended.get("exit_code"),
-                argv=list(meta.get("argv") or []),
+                ended_ns=_last_end(live.status, ends),
+                status=live.status,
+                exit_code=None if deciding is None else deciding.get("exit_code"),
+                argv=[str(a) for a in argv] if isinstance(argv, list) else [],
                 git_commit=git.get("commit"),
                 git_dirty=git.get("dirty"),
                 events=n_events,
-                steps=int((ended or {}).get("steps") or max_step or 0),
+                steps=int(steps),
                 host=host,
                 pid=pid,
-                last_seen_ns=int(live["last_seen_ns"]),
-                exception=None if ended is None else ended.get("exception"),
+                last_seen_ns=int(row["last_seen_ns"]),
+                exception=None if deciding is None else deciding.get("exception"),
+                world_size=live.world_size,
+                streams=len(live.streams) or 1,
+                status_detail=live.detail,
+                ranks=[
+                    {"stream": s.stream, "rank": s.rank, "segment": s.segment, "status": s.status, "host": s.host}
+                    for s in live.streams
+                ],
             )
         )
     return out
+
+
+def _last_end(status: str, ends: list[int | None]) -> int | None:
+    """When a run ended: the last end among its last segment's streams (a crashed
+    stream has none until it is closed), None while any rank still runs."""
+    known = [e for e in ends if e is not None]
+    return max(known) if known and status != "running" else None
 
 
 def select_run(store: EventStore, selector: str) -> str:

@@ -1,8 +1,11 @@
-"""Crashed runs become part of the record: ``run_ended(status=crashed)``, detected later.
+"""Crashed streams become part of the record: ``run_ended(status=crashed)``, detected later.
 
 When a new recording starts it closes the streams of this host whose process
 died without closing them, so a crash is written into the record instead of
-being a status only derived at read time.
+being a status only derived at read time. Each stream is judged by its own
+process (host, pid and process start time from its chained ``run_started``):
+the ranks of one run are different processes, and one rank's exit says
+nothing about another's.
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ from auditlog.store.eventstore import EventStore
 from auditlog.store.rows import payload_object
 
 
-def _index_matches_chain(store: EventStore, row: dict[str, Any]) -> bool:
-    """Does the index row name the process the chained ``run_started`` does (host and pid)?"""
-    started = store.run_started_event(str(row["run_id"]))
-    payload = payload_object(started.get("payload")) if started else {}
-    return payload.get("host") == row.get("host") and payload.get("pid") == row.get("pid")
+def stream_process(started: dict[str, Any], row: dict[str, Any] | None) -> tuple[Any, Any, Any]:
+    """``(host, pid, proc_start)`` of the process that wrote a stream: from its
+    ``run_started`` payload, else (older records) from the run's index row."""
+    row = row or {}
+    host = started.get("host", row.get("host"))
+    pid = started.get("pid", row.get("pid"))
+    proc_start = started.get("proc_start", row.get("proc_start")) if "pid" in started else row.get("proc_start")
+    return host, pid, proc_start
 
 
 def close_crashed_runs(store: EventStore, detected_by: str) -> list[str]:
@@ -35,37 +41,46 @@ def close_crashed_runs(store: EventStore, detected_by: str) -> list[str]:
     """
     host = socket.gethostname()
     ended = store.ended_streams()
+    rows = {str(r["run_id"]): r for r in store.run_rows()}
     closed: list[str] = []
-    for row in store.run_rows():
-        if row["host"] != host or process_alive(int(row["pid"]), row.get("proc_start")):
+    for started in store.events_of_kind("run_started"):
+        run_id, stream = started["run_id"], started["stream"]
+        if not isinstance(run_id, str) or not isinstance(stream, int) or (run_id, stream) in ended:
             continue
-        if not _index_matches_chain(store, row):
-            continue  # an edited index row (say, a live run's pid) must not end a run
-        for stream in store.streams(row["run_id"]):
-            if (row["run_id"], stream) in ended:
-                continue
-            head = store.chain_head(row["run_id"], stream)
-            if head is None:
-                continue
-            seq, prev = head
-            last_step = store.max_step(row["run_id"], stream)
-            payload = canonical_payload(
-                {
-                    "status": "crashed",
-                    "exit_code": None,
-                    "exception": None,
-                    "signal": None,
-                    "steps": last_step or 0,
-                    "detected_by": detected_by,
-                    "last_seen": iso(int(row["last_seen_ns"])),
-                }
-            )
-            event, _encoded = chained_row(
-                prev, row["run_id"], stream, seq + 1, time.time_ns(), "run_ended", last_step, None, None, payload
-            )
-            try:
-                store.append([event], row["run_id"], heartbeat=False)
-            except Exception:
-                continue
-            closed.append(row["run_id"])
+        row = rows.get(run_id)
+        stream_host, pid, proc_start = stream_process(payload_object(started["payload"]), row)
+        if stream_host != host or not isinstance(pid, int):
+            continue
+        if process_alive(pid, proc_start if isinstance(proc_start, int) else None):
+            continue
+        if _close(store, run_id, stream, detected_by, row):
+            closed.append(run_id)
     return closed
+
+
+def _close(store: EventStore, run_id: str, stream: int, detected_by: str, row: dict[str, Any] | None) -> bool:
+    head = store.chain_head(run_id, stream)
+    if head is None:
+        return False
+    seq, prev = head
+    last_step = store.max_step(run_id, stream)
+    last_seen = row.get("last_seen_ns") if row else None
+    payload = canonical_payload(
+        {
+            "status": "crashed",
+            "exit_code": None,
+            "exception": None,
+            "signal": None,
+            "steps": last_step or 0,
+            "detected_by": detected_by,
+            "last_seen": iso(int(last_seen)) if isinstance(last_seen, int) else None,
+        }
+    )
+    event, _encoded = chained_row(
+        prev, run_id, stream, seq + 1, time.time_ns(), "run_ended", last_step, None, None, payload
+    )
+    try:
+        store.append([event], run_id, heartbeat=False)
+    except Exception:
+        return False
+    return True

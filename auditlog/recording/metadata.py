@@ -18,7 +18,9 @@ from typing import Any
 
 import torch
 
+from auditlog.core.liveness import process_start_ticks
 from auditlog.core.version import __version__
+from auditlog.recording.launch import Launch, detect_launch
 
 
 def _git(root: Path, *args: str) -> bytes | None:
@@ -76,16 +78,6 @@ def git_state(path: Path, exclude: Path | None = None) -> dict[str, Any] | None:
     }
 
 
-def rank_and_world() -> tuple[int, int]:
-    """Distributed rank and world size from the launcher's environment (torchrun sets them)."""
-    try:
-        rank = int(os.environ.get("RANK", "0"))
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return 0, 1
-    return rank, world
-
-
 def seeds() -> dict[str, Any]:
     """RNG seeds that can be read without consuming randomness or initializing CUDA."""
     out: dict[str, Any] = {"torch_initial_seed": torch.initial_seed()}
@@ -99,13 +91,16 @@ def static_metadata(
     code_path: Path | None,
     policy: dict[str, Any],
     argv: list[str] | None = None,
+    launch: Launch | None = None,
 ) -> dict[str, Any]:
     """Everything cheap and known at start; the writer adds ``git`` (RunStartedPayload).
 
     ``argv`` is the recorded program's command line (``auditlog run`` passes the
     script and its arguments); ``launcher_argv`` is how the process was started.
+    ``launch``: the rank facts (``auditlog.recording.launch``); the session adds
+    ``segment`` and ``run_id_source`` once the stream is chosen.
     """
-    rank, world = rank_and_world()
+    launch = launch if launch is not None else detect_launch()
     try:
         user = getpass.getuser()
     except Exception:  # no passwd entry in some containers
@@ -118,8 +113,12 @@ def static_metadata(
         "host": socket.gethostname(),
         "user": user,
         "pid": os.getpid(),
-        "rank": rank,
-        "world_size": world,
+        # Start time of the process (clock ticks since boot): tells this process
+        # from a later one with the same pid when deciding whether a stream crashed.
+        "proc_start": process_start_ticks(os.getpid()),
+        "rank": launch.rank,
+        "world_size": launch.world_size,
+        **launch.as_payload(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

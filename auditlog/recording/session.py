@@ -18,7 +18,6 @@ import signal
 import sys
 import threading
 import traceback
-import uuid
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -36,20 +35,18 @@ from auditlog.core.errors import (
 )
 from auditlog.core.liveness import process_start_ticks
 from auditlog.core.policy import Policy, make_policy
+from auditlog.core.ranks import split_stream
 from auditlog.integrity.heads import checkpoint_head, checkpoint_run
 from auditlog.integrity.keys import configured_private_key
 from auditlog.integrity.report import StreamTip
 from auditlog.recording.crashes import close_crashed_runs
 from auditlog.recording.execfile import exit_status
-from auditlog.recording.metadata import (
-    RunStartedPayload,
-    rank_and_world,
-    seeds,
-    static_metadata,
-)
+from auditlog.recording.launch import Launch, choose_run_id, detect_launch
+from auditlog.recording.metadata import RunStartedPayload, seeds, static_metadata
+from auditlog.recording.shards import free_stream, shard_location, sharding
 from auditlog.recording.writer import Writer
 from auditlog.store.eventstore import EventStore
-from auditlog.store.location import StoreLocation
+from auditlog.store.location import StoreLocation, resolve_store
 
 _active: Recording | None = None
 _active_lock = threading.Lock()
@@ -89,6 +86,7 @@ class Recording(contextlib.ContextDecorator):
         run_id: str | None = None,
         handle_sigterm: bool = True,
         argv: list[str] | None = None,
+        shard: bool | None = None,
         **overrides: Any,
     ) -> None:
         self.store_spec = store if isinstance(store, StoreLocation) or store is None else os.fspath(store)
@@ -98,8 +96,10 @@ class Recording(contextlib.ContextDecorator):
         self.requested_run_id = run_id
         self.handle_sigterm = handle_sigterm
         self.argv = argv
+        self.shard = shard
         self.run_id: str | None = None
         self.stream = 0
+        self.launch: Launch | None = None
         self.store: EventStore | None = None
         self.disabled: str | None = None
         self.recorder: Recorder | None = None
@@ -130,17 +130,22 @@ class Recording(contextlib.ContextDecorator):
                     "nested or concurrent record() calls are refused because global hooks "
                     "would record every event twice"
                 )
-            rank, world = rank_and_world()
-            run_id = self.requested_run_id or os.environ.get("AUDITLOG_RUN_ID") or uuid.uuid4().hex
-            static = static_metadata(self.name, self.code_path, self._policy(), self.argv)
+            launch = detect_launch()
+            identity = choose_run_id(self.requested_run_id, launch)
+            run_id = identity.run_id
+            static = static_metadata(self.name, self.code_path, self._policy(), self.argv, launch)
             try:
+                location = resolve_store(self.store_spec) if not isinstance(self.store_spec, StoreLocation) else self.store_spec
+                if sharding(self.shard, location, launch):
+                    location = shard_location(location, run_id, launch.rank, static["host"], static["pid"])
                 store = EventStore.open(
-                    self.store_spec, create=True, synchronous=SYNCHRONOUS[self.policy.durability]
+                    location, create=True, synchronous=SYNCHRONOUS[self.policy.durability]
                 )
                 closed = close_crashed_runs(store, detected_by=run_id)
                 store.create_run(
                     run_id, self.name, static["host"], static["pid"], process_start_ticks(os.getpid())
                 )
+                stream = free_stream(store, run_id, launch.rank, launch.restart)
             except StoreUnavailableError as exc:
                 if self.policy.on_error == "fail":
                     raise
@@ -149,13 +154,14 @@ class Recording(contextlib.ContextDecorator):
                 self.disabled = str(exc)
                 _warn_once(f"auditlog: cannot record: {exc}; running without recording (on_error=continue)")
                 return self
+            static.update(segment=split_stream(stream)[0], run_id_source=identity.source)
             key = configured_private_key()  # $AUDITLOG_KEY or the keygen default; None: no signing
             sign = None
             if key is not None:
-                sign = functools.partial(_sign_head, store, key, run_id, rank, world)
+                sign = functools.partial(_sign_head, store, key, run_id, stream, launch.world_size)
                 _sign_closed(store, key, closed)
             buffer = RecordBuffer()
-            writer = Writer(store, run_id, rank, buffer, on_error=self.policy.on_error, sign=sign)
+            writer = Writer(store, run_id, stream, buffer, on_error=self.policy.on_error, sign=sign)
             recorder = Recorder(buffer, self.policy)
             if self.policy.durability != "fast":
                 recorder.step_barrier = writer.flush  # the step's events are committed before training goes on
@@ -168,7 +174,8 @@ class Recording(contextlib.ContextDecorator):
             writer.start()
             recorder.install()
             self.store, self.writer, self.recorder = store, writer, recorder
-            self.run_id, self.stream, self._ended = run_id, rank, False
+            self.run_id, self.stream, self._ended = run_id, stream, False
+            self.launch = launch
             _active = self
         atexit.register(self._at_exit)
         self._install_sigterm()
@@ -340,6 +347,10 @@ def record(
     (``audit``, the default; ``debug``; ``minimal``), a policy file, or a
     ``Policy``; keyword options override single policy keys (``activity_every=1``,
     ``backward="none"``, ``snapshot_every=100``, ...; see ``auditlog.core.policy``).
-    Also ``run_id=`` and ``code_path=``.
+    Also ``run_id=`` and ``code_path=``; ``shard=True`` writes this process's
+    stream into a shard store of its own (``<store>/shards/...``, combined later
+    with ``auditlog combine``; default: ``AUDITLOG_SHARD``, else only for a
+    directory store under a launcher whose job spans several nodes). Under
+    ``torchrun`` all ranks of a job record one run (see ``docs/distributed.md``).
     """
     return Recording(store, name, policy=policy, **options)

@@ -12,19 +12,28 @@ SQL is written anywhere else and each question is written once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import operator
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
-from auditlog.core.errors import StoreError, StoreMissingError, StoreUnavailableError, one_line
+from auditlog.core.errors import (
+    StoreError,
+    StoreMissingError,
+    StoreUnavailableError,
+    UsageError,
+    one_line,
+)
 from auditlog.store import schema
 from auditlog.store.location import StoreLocation, resolve_store
 from auditlog.store.opening import check_revision, existing_revision, make_engine
 from auditlog.store.queries import EventQueries
+from auditlog.store.schema import SNAPSHOTS_META
 
 EVENT_COLUMNS = (
     "run_id", "stream", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id", "snapshot", "payload", "hash",
@@ -59,13 +68,24 @@ class EventStore(EventQueries):
         location = store if isinstance(store, StoreLocation) else resolve_store(store)
         shown = location.display()
         revision = existing_revision(location, shown, create)
+        shared = location.directory is None and location.database is None
         if revision is None:
+            if shared and not location.snapshots_given:
+                raise UsageError(
+                    f"store {shown!r} is a database: name the directory for its tensor snapshots, "
+                    "one every writer can reach (--snapshots PATH, AUDITLOG_SNAPSHOTS, or a store config file)"
+                )
             from auditlog.store.migrate import create_store  # Alembic: only to create
 
             create_store(location)
             revision = schema.HEAD_REVISION
         check_revision(revision, shown, allow_old=allow_old)
-        return cls(location, make_engine(location, synchronous), revision)
+        opened = cls(location, make_engine(location, synchronous), revision)
+        if shared and not location.snapshots_given:
+            recorded = opened.meta().get(SNAPSHOTS_META)
+            if recorded:
+                opened.location = dataclasses.replace(location, snapshots=Path(recorded), snapshots_given=True)
+        return opened
 
     # ------------------------------------------------------------------ write
     def create_run(
@@ -78,22 +98,27 @@ class EventStore(EventQueries):
     ) -> None:
         """Insert the run's index row (ranks of one run share it; first one wins)."""
         now = time.time_ns()
-        with self.guard("registering a run"), self.engine.begin() as conn:
-            exists = conn.execute(
-                select(schema.runs.c.run_id).where(schema.runs.c.run_id == run_id)
-            ).first()
-            if exists is None:
-                conn.execute(
-                    schema.runs.insert().values(
-                        run_id=run_id,
-                        name=name,
-                        started_ns=now,
-                        host=host,
-                        pid=pid,
-                        proc_start=proc_start,
-                        last_seen_ns=now,
+        try:
+            with self.guard("registering a run"), self.engine.begin() as conn:
+                exists = conn.execute(
+                    select(schema.runs.c.run_id).where(schema.runs.c.run_id == run_id)
+                ).first()
+                if exists is None:
+                    conn.execute(
+                        schema.runs.insert().values(
+                            run_id=run_id,
+                            name=name,
+                            started_ns=now,
+                            host=host,
+                            pid=pid,
+                            proc_start=proc_start,
+                            last_seen_ns=now,
+                        )
                     )
-                )
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, IntegrityError):
+                raise
+            # Another rank of the same run inserted the row between our check and insert.
 
     def append(self, rows: Sequence[dict[str, Any]], run_id: str, heartbeat: bool = True) -> None:
         """Insert a batch of encoded events and refresh the run's heartbeat, atomically.
@@ -113,6 +138,26 @@ class EventStore(EventQueries):
                 .where(schema.runs.c.run_id == run_id)
                 .values(last_seen_ns=time.time_ns())
             )
+
+    def add_run_row(self, row: dict[str, Any]) -> bool:
+        """Insert a runs index row as it is (``auditlog combine``); False when the run has one."""
+        runs = schema.runs
+        values = {c.name: row.get(c.name) for c in runs.columns}
+        try:
+            with self.guard("registering a run"), self.engine.begin() as conn:
+                if conn.execute(select(runs.c.run_id).where(runs.c.run_id == values["run_id"])).first():
+                    return False
+                conn.execute(runs.insert().values(**values))
+        except StoreError as exc:
+            if isinstance(exc.__cause__, IntegrityError):
+                return False
+            raise
+        return True
+
+    def add_events(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Insert already chained events in one transaction (``auditlog combine``)."""
+        with self.guard("copying events"), self.engine.begin() as conn:
+            conn.exec_driver_sql(self._insert_sql, [_EVENT_VALUES(r) for r in rows])
 
     def add_blobs(self, rows: Sequence[dict[str, Any]]) -> None:
         """Add catalog rows; a row another process added first is left as it is."""

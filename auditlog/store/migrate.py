@@ -17,7 +17,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import insert
+from sqlalchemy import insert, inspect
 from sqlalchemy.exc import SQLAlchemyError
 
 from auditlog.core.errors import StoreUnavailableError, one_line
@@ -25,6 +25,9 @@ from auditlog.core.version import __version__
 from auditlog.store import schema
 from auditlog.store.location import StoreLocation
 from auditlog.store.opening import build_prefix, make_engine, new_store_id
+from auditlog.store.schema import SNAPSHOTS_META
+
+PG_CREATE_LOCK = 0x6175646974  # "audit": the advisory lock key of store creation and upgrades
 
 
 def alembic_config() -> Config:
@@ -62,19 +65,27 @@ def _upgrade_locked(location: StoreLocation, new: bool) -> None:
         with engine.begin() as conn:
             if new and engine.dialect.name == "sqlite":
                 conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+            if engine.dialect.name == "postgresql":
+                # Ranks that find an empty database all try to create the store: the
+                # first holds this lock while its DDL commits (PostgreSQL DDL is
+                # transactional), the others then find the store and use it.
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({PG_CREATE_LOCK})")
+                if new and inspect(conn).has_table("alembic_version"):
+                    return
             cfg = alembic_config()
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
             if new:
-                conn.execute(
-                    insert(schema.auditlog_meta),
-                    [
-                        {"key": "format", "value": schema.STORE_FORMAT},
-                        {"key": "store_id", "value": new_store_id()},
-                        {"key": "created_ns", "value": str(time.time_ns())},
-                        {"key": "created_by", "value": f"auditlog {__version__}"},
-                    ],
-                )
+                rows = [
+                    {"key": "format", "value": schema.STORE_FORMAT},
+                    {"key": "store_id", "value": new_store_id()},
+                    {"key": "created_ns", "value": str(time.time_ns())},
+                    {"key": "created_by", "value": f"auditlog {__version__}"},
+                ]
+                if location.directory is None and location.database is None:
+                    # A database store remembers where its snapshots are (see location.py).
+                    rows.append({"key": SNAPSHOTS_META, "value": str(location.snapshots)})
+                conn.execute(insert(schema.auditlog_meta), rows)
     except SQLAlchemyError as exc:
         raise StoreUnavailableError(f"cannot write store {location.display()!r}: {one_line(exc)}") from exc
     finally:

@@ -27,7 +27,7 @@ from auditlog.core.errors import (
     one_line,
 )
 from auditlog.store import schema
-from auditlog.store.location import SNAPSHOTS_DIR, StoreLocation
+from auditlog.store.location import SHARDS_DIR, SNAPSHOTS_DIR, StoreLocation
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 30_000
@@ -116,7 +116,12 @@ def make_engine(location: StoreLocation, synchronous: str = "NORMAL") -> Engine:
     """
     if synchronous not in ("NORMAL", "FULL"):
         raise ValueError(synchronous)
-    engine = create_engine(location.url)
+    try:
+        engine = create_engine(location.url)
+    except ImportError as exc:  # the dialect's driver (psycopg) is an optional extra
+        raise StoreError(missing_driver(location, exc)) from exc
+    except (SQLAlchemyError, ValueError) as exc:  # a malformed URL, an unknown dialect
+        raise StoreError(f"cannot open store {location.display()!r}: {one_line(exc)}") from exc
     if engine.dialect.name == "sqlite":
 
         def on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -127,6 +132,22 @@ def make_engine(location: StoreLocation, synchronous: str = "NORMAL") -> Engine:
 
         event.listen(engine, "connect", on_connect)
     return engine
+
+
+# Drivers that are optional extras of auditlog, by the module a URL's dialect imports.
+EXTRAS = {"psycopg": "postgres", "psycopg2": "postgres", "adbc_driver_postgresql": "postgres"}
+
+
+def missing_driver(location: StoreLocation, exc: ImportError) -> str:
+    """The one-line message for a URL whose database driver is not installed."""
+    module = (exc.name or "").split(".")[0]
+    extra = EXTRAS.get(module)
+    if extra is not None:
+        return (
+            f"store {location.display()!r} needs the {module} driver: "
+            f"pip install 'auditlog[{extra}]'"
+        )
+    return f"store {location.display()!r} needs a database driver that is not installed ({exc})"
 
 
 def build_prefix(database: Path) -> str:
@@ -156,7 +177,7 @@ def existing_revision(location: StoreLocation, shown: str, create: bool) -> str 
             others = [
                 p.name
                 for p in directory.iterdir()
-                if p.name != SNAPSHOTS_DIR and not p.name.startswith(building)
+                if p.name not in (SNAPSHOTS_DIR, SHARDS_DIR) and not p.name.startswith(building)
             ]
             if others:
                 raise NotAStoreError(

@@ -34,6 +34,7 @@ from sqlalchemy import (
 KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004")
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 STORE_FORMAT = "auditlog-event-store"
+SNAPSHOTS_META = "snapshots"  # auditlog_meta key: a database store's snapshot directory
 
 metadata = MetaData()
 

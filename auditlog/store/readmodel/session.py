@@ -40,6 +40,7 @@ is needed.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ import duckdb
 import pyarrow as pa
 
 from auditlog.core.errors import AuditlogError, UsageError, one_line
-from auditlog.core.liveness import derive_status
+from auditlog.core.liveness import run_liveness
 from auditlog.store.location import StoreLocation
 from auditlog.store.readmodel import tables
 from auditlog.store.readmodel.cache import Progress, ReadModel, RefreshReport, connect
@@ -123,12 +124,24 @@ class QueryResult:
     rows: Iterator[tuple[Any, ...]]
 
 
+def _object(payload: Any) -> dict[str, Any]:
+    """A stored JSON payload as a dict ({} when it is not an object: summaries tolerate damage)."""
+    try:
+        value = json.loads(payload) if isinstance(payload, str) else payload
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 class QuerySession:
     """A read-only, locked-down DuckDB connection to a fresh projection, with the views."""
 
-    def __init__(self, readmodel: ReadModel, run_id: str | None = None) -> None:
+    def __init__(self, readmodel: ReadModel, run_id: str | None = None, rank: int | None = None) -> None:
         if run_id is not None and not _RUN_ID.match(run_id):
             raise UsageError(f"bad run id {run_id!r}")
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+            raise UsageError(f"bad rank {rank!r}")
+        self.rank = rank
         self.readmodel = readmodel
         self.run_id = run_id
         # Snapshot contents tensor_values does not read, and why (failed or changed files).
@@ -150,20 +163,21 @@ class QuerySession:
         readmodel: ReadModel,
         run_id: str | None = None,
         progress: Progress | None = None,
+        rank: int | None = None,
         rebuild: bool = False,
     ) -> tuple[QuerySession, RefreshReport | None]:
         """Refresh the projection if the store has new events (or its seal does not hold;
         rebuild it when asked), then open a session on it."""
         fresh = not rebuild and readmodel.is_fresh()
         report = None if fresh else readmodel.refresh(progress, rebuild=rebuild)
-        return cls(readmodel, run_id), report
+        return cls(readmodel, run_id, rank), report
 
     # ------------------------------------------------------------------ setup
     def _set_up(self) -> None:
         self._load_liveness()
         values = self._snapshot_values()
         for view in VIEWS:
-            self.con.execute(f'CREATE TEMP VIEW "{view.name}" AS {view_sql(view, self.run_id, values)}')
+            self.con.execute(f'CREATE TEMP VIEW "{view.name}" AS {view_sql(view, self.run_id, values, self.rank)}')
         directories = allowed_directories(self.readmodel.store.location)
         if directories:
             self.con.execute("SET allowed_directories = ?", [directories])
@@ -192,29 +206,39 @@ class QuerySession:
         return snapshot_values_sql(str(snapshots), files)
 
     def _load_liveness(self) -> None:
-        """Runs from their chained ``run_started`` (lowest stream), with status derived now.
+        """Runs from their chained ``run_started`` (lowest stream), status derived now from
+        every stream (``auditlog.core.liveness.run_liveness``, as ``auditlog runs``).
 
         Name, start, host and pid come from the chain; the runs index gives
         only liveness (heartbeat, process start time), which status needs.
         """
+        payloads: dict[str, dict[str, dict[int, dict[str, Any]]]] = {"run_started": {}, "run_ended": {}}
+        for table_name, found in payloads.items():
+            for run_id, stream, payload in self.con.execute(
+                f"SELECT run_id, stream, payload FROM projection.{table_name}"
+            ).fetchall():
+                found.setdefault(str(run_id), {})[int(stream)] = _object(payload)
         started = self.con.execute(
-            """SELECT s.run_id, s.stream, s.ts_ns, s.payload ->> 'name', s.payload ->> 'host',
-                      TRY_CAST(s.payload ->> 'pid' AS INTEGER), e.payload ->> 'status'
-               FROM projection.run_started s
-               LEFT JOIN projection.run_ended e ON e.run_id = s.run_id AND e.stream = s.stream
+            """SELECT s.run_id, s.ts_ns FROM projection.run_started s
                QUALIFY row_number() OVER (PARTITION BY s.run_id ORDER BY s.stream, s.seq) = 1
                ORDER BY s.ts_ns"""
         ).fetchall()
         index = {str(r["run_id"]): r for r in self.readmodel.store.run_rows()}
         rows = []
-        for run_id, _stream, ts_ns, name, host, pid, status in started:
-            live = index.get(run_id) or {}
-            seen = live.get("last_seen_ns")
-            facts = {"host": host or "", "pid": pid or 0, "proc_start": live.get("proc_start"),
+        live = []
+        for run_id, ts_ns in started:
+            begun = payloads["run_started"].get(run_id, {})
+            first = begun[min(begun)] if begun else {}
+            indexed = index.get(run_id) or {}
+            seen = indexed.get("last_seen_ns")
+            pid = first.get("pid")
+            facts = {"host": str(first.get("host") or ""), "pid": pid if isinstance(pid, int) else 0,
+                     "proc_start": indexed.get("proc_start"),
                      "last_seen_ns": seen if isinstance(seen, int) else int(ts_ns)}
-            rows.append({"run_id": run_id, "name": name, "started_ns": int(ts_ns),
-                         "last_seen_ns": facts["last_seen_ns"], "host": host, "pid": pid,
-                         "status": derive_status(facts, {"status": status} if status is not None else None)})
+            name = first.get("name")
+            rows.append({"run_id": run_id, "name": name if isinstance(name, str) else None,
+                         "started_ns": int(ts_ns), **facts})
+            live.append(run_liveness(facts, begun, payloads["run_ended"].get(run_id, {})))
         table = pa.table(
             {
                 "run_id": [r["run_id"] for r in rows],
@@ -223,7 +247,8 @@ class QuerySession:
                 "last_seen_ns": pa.array([r["last_seen_ns"] for r in rows], pa.int64()),
                 "host": [r["host"] for r in rows],
                 "pid": pa.array([r["pid"] for r in rows], pa.int32()),
-                "status": [r["status"] for r in rows],
+                "status": [s.status for s in live],
+                "status_detail": [s.detail for s in live],
             },
             schema=pa.schema(
                 [
@@ -234,6 +259,7 @@ class QuerySession:
                     ("host", pa.string()),
                     ("pid", pa.int32()),
                     ("status", pa.string()),
+                    ("status_detail", pa.string()),
                 ]
             ),
         )

@@ -26,29 +26,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from auditlog.store.readmodel.tables import SCHEMA
-
-# Stored tables a view may name, and the temporary table of run liveness that
-# the query session computes in Python (status needs the process table).
-BASE_TABLES: tuple[str, ...] = (
-    "events",
-    "stream_stats",
-    "run_started",
-    "run_ended",
-    "forward_stats",
-    "backward_stats",
-    "steps",
-    "modules",
-    "tensors",
-    "snapshots",
-    "snapshot_catalog",
+from auditlog.core.ranks import STREAM_STRIDE
+from auditlog.store.readmodel.viewsql import (  # re-exported: the SQL built from these views
+    BASE_TABLES,
+    NO_VALUES,
+    RUNS_LIVE,
+    UNSTREAMED,
+    quote_literal,
+    scoped_catalog,
+    snapshot_values_sql,
+    view_sql,
 )
-RUNS_LIVE = "_runs_live"
-
-# The relation (sha256, index, value) that tensor_values reads, when no native
-# snapshot file exists (or the session has no snapshots directory).
-NO_VALUES = '(SELECT NULL::VARCHAR AS sha256, NULL::BIGINT AS "index", NULL::DOUBLE AS value WHERE false)'
-
 
 
 @dataclass(frozen=True)
@@ -135,11 +123,14 @@ VIEWS: tuple[View, ...] = (
         (
             _RUN,
             _c("name", "VARCHAR", "user-given run name"),
-            _c("status", "VARCHAR", "completed | failed | interrupted | crashed | running | incomplete"),
+            _c("status", "VARCHAR", "completed | failed | interrupted | crashed | running | incomplete "
+               "(several ranks: every stream of the last segment counts, see docs/distributed.md)"),
+            _c("status_detail", "VARCHAR", "for multi-rank runs: the ranks that did not complete, and "
+               "earlier segments (elastic restarts); null otherwise"),
             _c("started", "TIMESTAMP", "start time (UTC)"),
-            _c("ended", "TIMESTAMP", "end time (UTC), null while running or after a crash"),
+            _c("ended", "TIMESTAMP", "end time (UTC; the last stream's end), null while running or after a crash"),
             _c("duration_s", "DOUBLE", "seconds from start to end (or to the last heartbeat)"),
-            _c("exit_code", "INTEGER", "process exit code when known"),
+            _c("exit_code", "INTEGER", "process exit code when known (of the lowest rank with the run's status)"),
             _c("steps", "BIGINT", "optimizer steps completed"),
             _c("events", "BIGINT", "events recorded, all streams"),
             _c("streams", "BIGINT", "streams (ranks) recorded"),
@@ -161,10 +152,11 @@ VIEWS: tuple[View, ...] = (
             _c("metadata", "JSON", "the whole run_started payload of stream 0"),
         ),
         """
-        SELECT r.run_id, r.name, r.status,
+        SELECT r.run_id, r.name, r.status, r.status_detail,
                make_timestamp(r.started_ns // 1000) AS started,
-               make_timestamp(e.ts_ns // 1000) AS ended,
-               (coalesce(e.ts_ns, r.last_seen_ns) - r.started_ns) / 1e9 AS duration_s,
+               make_timestamp(CASE WHEN r.status <> 'running' THEN x.last_ns END // 1000) AS ended,
+               (coalesce(CASE WHEN r.status <> 'running' THEN x.last_ns END, r.last_seen_ns)
+                - r.started_ns) / 1e9 AS duration_s,
                TRY_CAST(e.payload ->> 'exit_code' AS INTEGER) AS exit_code,
                coalesce(nullif(TRY_CAST(e.payload ->> 'steps' AS BIGINT), 0), c.max_step, 0) AS steps,
                coalesce(c.events, 0)::BIGINT AS events,
@@ -187,10 +179,13 @@ VIEWS: tuple[View, ...] = (
                s.payload AS metadata
         FROM {runs_live} r
         LEFT JOIN {run_started} s ON s.run_id = r.run_id AND s.stream = 0
-        LEFT JOIN {run_ended} e ON e.run_id = r.run_id AND e.stream = 0
+        LEFT JOIN (SELECT run_id, payload ->> 'status' AS status, arg_min(payload, stream) AS payload
+                   FROM {run_ended} GROUP BY 1, 2) e ON e.run_id = r.run_id AND e.status = r.status
         LEFT JOIN (SELECT run_id, sum(events) AS events, max(max_step) AS max_step,
                           count(*) AS streams
                    FROM {stream_stats} GROUP BY run_id) c ON c.run_id = r.run_id
+        LEFT JOIN (SELECT run_id, max(ts_ns) AS last_ns FROM {run_ended} GROUP BY run_id) x
+            ON x.run_id = r.run_id
         ORDER BY r.started_ns
         """,
     ),
@@ -384,6 +379,77 @@ VIEWS: tuple[View, ...] = (
         """,
     ),
     View(
+        "rank_steps",
+        "One row per optimizer step and stream of a run, beside the same step on the run's other "
+        "ranks: a rank whose gradients or parameters drift from the others (a desynchronized "
+        "or diverging rank) shows a spread. DDP averages gradients, so its ranks agree exactly; "
+        "loss differs per rank (each sees its own batch).",
+        (
+            _RUN,
+            _STREAM,
+            _c("rank", "INTEGER", "the rank that recorded the stream (stream % 1000000)"),
+            _c("segment", "INTEGER", "0 for the first launch, then one per elastic restart (stream // 1000000)"),
+            _c("step", "BIGINT", "the rank's step count after this step (1-based)"),
+            _TIME,
+            _c("grad_norm", "DOUBLE", "total L2 norm of the rank's gradients at this step (all parameters)"),
+            _c("param_norm", "DOUBLE", "total L2 norm of the rank's parameters after the step (steps with "
+               "norms, see norms_every)"),
+            _c("loss", "DOUBLE", "the loss when recorded: the value of annotate('loss', value=...) made at "
+               "this step count, else the scalar output of a loss module (root class ending in Loss) in the "
+               "step's sampled forward activity; null otherwise"),
+            _c("ranks", "BIGINT", "ranks of the same segment that recorded this step"),
+            _c("grad_norm_min", "DOUBLE", "smallest grad_norm of any rank at this step"),
+            _c("grad_norm_max", "DOUBLE", "largest grad_norm of any rank at this step"),
+            _c("grad_norm_spread", "DOUBLE", "(max - min) / max of grad_norm across ranks (0: in sync)"),
+            _c("param_norm_spread", "DOUBLE", "(max - min) / max of param_norm across ranks (0: in sync)"),
+            _c("loss_mean", "DOUBLE", "mean loss across ranks at this step"),
+            _c("loss_spread", "DOUBLE", "(max - min) / max(|loss|) across ranks"),
+        ),
+        f"""
+        WITH g AS (
+            SELECT run_id, stream, step, max(ts_ns) AS ts_ns,
+                   sqrt(sum(grad_norm * grad_norm)) AS grad_norm,
+                   sqrt(sum(param_norm * param_norm)) AS param_norm
+            FROM {{steps}} GROUP BY run_id, stream, step
+        ),
+        la AS (
+            SELECT run_id, stream, step,
+                   arg_max(TRY_CAST(payload::JSON ->> '$.fields.value' AS DOUBLE), seq) AS loss
+            FROM {{events}}
+            WHERE kind = 'annotation' AND payload::JSON ->> 'key' = 'loss'
+            GROUP BY run_id, stream, step
+        ),
+        lm AS (
+            SELECT f.run_id, f.stream, f.step + 1 AS step, arg_max(f.mean, f.seq * 1000000 + f.call) AS loss
+            FROM {{forward_stats}} f
+            JOIN {{modules}} m ON m.run_id = f.run_id AND m.stream = f.stream AND m.module_id = f.module_id
+            WHERE m.depth = 0 AND m.class LIKE '%Loss' AND f.output = 0 AND f.numel = 1
+            GROUP BY f.run_id, f.stream, f.step
+        ),
+        r AS (
+            SELECT g.run_id, g.stream, g.step, g.ts_ns, g.grad_norm, g.param_norm,
+                   coalesce(la.loss, lm.loss) AS loss,
+                   g.stream // {STREAM_STRIDE} AS segment
+            FROM g
+            LEFT JOIN la ON la.run_id = g.run_id AND la.stream = g.stream AND la.step = g.step
+            LEFT JOIN lm ON lm.run_id = g.run_id AND lm.stream = g.stream AND lm.step = g.step
+        )
+        SELECT run_id, stream, (stream % {STREAM_STRIDE})::INTEGER AS rank, segment::INTEGER AS segment,
+               step, make_timestamp(ts_ns // 1000) AS time, grad_norm, param_norm, loss,
+               count(*) OVER w AS ranks,
+               min(grad_norm) OVER w AS grad_norm_min,
+               max(grad_norm) OVER w AS grad_norm_max,
+               (max(grad_norm) OVER w - min(grad_norm) OVER w) / nullif(max(grad_norm) OVER w, 0)
+                   AS grad_norm_spread,
+               (max(param_norm) OVER w - min(param_norm) OVER w) / nullif(max(param_norm) OVER w, 0)
+                   AS param_norm_spread,
+               avg(loss) OVER w AS loss_mean,
+               (max(loss) OVER w - min(loss) OVER w) / nullif(max(abs(loss)) OVER w, 0) AS loss_spread
+        FROM r
+        WINDOW w AS (PARTITION BY run_id, segment, step)
+        """,
+    ),
+    View(
         "annotations",
         "One row per run.annotate(key, **fields) call.",
         (
@@ -452,60 +518,21 @@ VIEWS: tuple[View, ...] = (
 
 VIEWS_BY_NAME: dict[str, View] = {v.name: v for v in VIEWS}
 
-
-def quote_literal(value: str) -> str:
-    """A SQL string literal (run ids are hex, but never trust that in SQL text)."""
-    return "'" + value.replace("'", "''") + "'"
-
-
-def view_sql(view: View, run_id: str | None, snapshot_values: str = NO_VALUES) -> str:
-    """The view's SELECT, over all runs or restricted to ``run_id``.
-
-    ``snapshot_values`` is the relation ``tensor_values`` reads (see
-    ``snapshot_values_sql``); it is built from the already scoped catalog.
-    """
-    sources = {base: f"{SCHEMA}.{base}" for base in BASE_TABLES}
-    sources["runs_live"] = RUNS_LIVE
-    if run_id is not None:
-        scope = quote_literal(run_id)
-        sources = {k: f"(SELECT * FROM {v} WHERE run_id = {scope})" for k, v in sources.items()}
-        sources["snapshot_catalog"] = scoped_catalog(run_id)
-    sources["snapshot_values"] = snapshot_values
-    return view.sql.format(**sources)
-
-
-def scoped_catalog(run_id: str | None) -> str:
-    """The catalog relation, restricted to the contents ``run_id`` snapshotted (when given)."""
-    if run_id is None:
-        return f"{SCHEMA}.snapshot_catalog"
-    return (
-        f"(SELECT * FROM {SCHEMA}.snapshot_catalog WHERE sha256 IN "
-        f"(SELECT sha256 FROM {SCHEMA}.snapshots WHERE run_id = {quote_literal(run_id)}))"
-    )
-
-
-def snapshot_values_sql(directory: str, files_by_dtype: dict[str, list[str]]) -> str:
-    """The (sha256, index, value) relation over native-layout snapshot files.
-
-    ``files_by_dtype`` maps a dtype to catalog ``file`` paths (relative to
-    ``directory``). Files of one dtype share one Parquet schema, so each dtype is
-    one ``read_parquet`` over an explicit list; the hash is taken from the file
-    name so that a ``sha256`` filter prunes files before they are opened.
-    """
-    parts = []
-    for dtype in sorted(files_by_dtype):
-        files = files_by_dtype[dtype]
-        if not files:
-            continue
-        listed = ", ".join(quote_literal(directory.rstrip("/") + "/" + f) for f in files)
-        parts.append(
-            "SELECT regexp_extract(filename, '([0-9a-f]{64})\\.parquet$', 1) AS sha256, "
-            'file_row_number AS "index", value::DOUBLE AS value '
-            f"FROM read_parquet([{listed}], filename = true, file_row_number = true)"
-        )
-    if not parts:
-        return NO_VALUES
-    return "(" + " UNION ALL ".join(parts) + ")"
+__all__ = [
+    "BASE_TABLES",
+    "NO_VALUES",
+    "RUNS_LIVE",
+    "UNSTREAMED",
+    "VIEWS",
+    "VIEWS_BY_NAME",
+    "Column",
+    "View",
+    "quote_literal",
+    "scoped_catalog",
+    "snapshot_values_sql",
+    "view_sql",
+    "views_markdown",
+]
 
 
 def views_markdown() -> str:

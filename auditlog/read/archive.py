@@ -1,0 +1,246 @@
+"""``auditlog verify --archive DIR``: check an archive written by ``auditlog export``.
+
+Needs no store: the files alone. In order, each failure named by file, stream
+and seq:
+
+1. ``manifest.json`` parses, is of a known format and matches its own digest;
+   with a trusted key, ``manifest.sig`` is its valid signature.
+2. Every file the manifest lists has exactly its SHA-256 and size, and no
+   unlisted file lies under ``events/``, ``snapshots/`` or ``tensors/`` (an
+   added stream is a forgery too).
+3. Every stream's events are gap-free from seq 1 and chained (the algorithm of
+   ``auditlog.core.chain``), and end at the head the manifest lists.
+4. ``heads.json`` (when present) is signed by a trusted key and names exactly
+   those heads; each checkpoint in ``checkpoints.parquet`` is signed by a
+   trusted key for the manifest's store id and lies on its stream's chain.
+5. Every tensor content a chained event names is in the catalog, and its file
+   holds the content its hash names (``SnapshotStore.check``).
+
+Without a trusted key the signatures cannot be checked and ``ok`` is False, like
+``verify`` on a store with checkpoints by an unknown key.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from auditlog.core.chain import chain_hash, genesis_hash, row_prefix
+from auditlog.integrity.signing import Checkpoint, HeadStatement, KeyRing, StatementError, Verdict
+from auditlog.read.export import ARCHIVE_FORMAT, manifest_digest
+from auditlog.store.blobs import SnapshotStore, file_digest
+
+_CHECKED_DIRS = ("events", "snapshots", "tensors")
+
+
+@dataclass
+class ArchiveReport:
+    """The outcome of verifying one archive."""
+
+    directory: str
+    run_id: str | None = None
+    events: int = 0
+    streams: dict[int, int] = field(default_factory=dict)
+    files: int = 0
+    tensors: int = 0
+    signatures: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and self.events > 0
+
+
+def verify_archive(directory: Path, keys: KeyRing) -> ArchiveReport:
+    """Verify the archive in ``directory`` (see the module docstring)."""
+    report = ArchiveReport(str(directory))
+    manifest = _manifest(directory, keys, report)
+    if manifest is None:
+        return report
+    report.run_id = str(manifest.get("run_id"))
+    if not _files(directory, manifest, report):
+        return report  # changed files: their contents cannot be trusted to say more
+    named: set[str] = set()
+    heads = _chains(directory, manifest, report, named)
+    _signed_heads(directory, manifest, heads, keys, report)
+    _checkpoints(directory, manifest, heads, keys, report)
+    _tensors(directory, named, report)
+    return report
+
+
+def _manifest(directory: Path, keys: KeyRing, report: ArchiveReport) -> dict[str, Any] | None:
+    path = directory / "manifest.json"
+    try:
+        raw = path.read_bytes()
+        manifest = json.loads(raw)
+    except FileNotFoundError:
+        report.problems.append(f"{str(directory)!r} is not an auditlog archive (no manifest.json)")
+        return None
+    except (OSError, ValueError) as exc:
+        report.problems.append(f"manifest.json is unreadable or not JSON ({exc})")
+        return None
+    if not isinstance(manifest, dict) or manifest.get("format") != ARCHIVE_FORMAT:
+        report.problems.append(f"manifest.json is not an {ARCHIVE_FORMAT} manifest")
+        return None
+    if manifest.get("digest") != manifest_digest(manifest):
+        report.problems.append("manifest.json does not match its own digest (the manifest was modified)")
+        return None
+    signature = directory / "manifest.sig"
+    if signature.exists():
+        try:
+            sig = json.loads(signature.read_text())
+            verdict = keys.check(str(sig["key_fingerprint"]), raw, str(sig["signature"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            verdict = Verdict.INVALID
+        report.signatures += 1
+        if verdict is Verdict.INVALID:
+            report.problems.append("manifest.sig: the signature of manifest.json does not verify (modified)")
+        elif verdict is Verdict.UNKNOWN_KEY:
+            report.problems.append("manifest.sig: signed by a key that is not trusted (pass its public key with --key)")
+    return manifest
+
+
+def _files(directory: Path, manifest: dict[str, Any], report: ArchiveReport) -> bool:
+    listed = {str(f.get("path")): f for f in manifest.get("files") or [] if isinstance(f, dict)}
+    intact = True
+    for relative, entry in sorted(listed.items()):
+        path = directory / relative
+        if not path.is_file():
+            report.problems.append(f"{relative}: missing")
+            intact = False
+        elif path.stat().st_size != entry.get("bytes") or file_digest(path) != entry.get("sha256"):
+            report.problems.append(f"{relative}: its bytes differ from the manifest's SHA-256 (file modified)")
+            intact = False
+        report.files += 1
+    for top in _CHECKED_DIRS:
+        for path in sorted((directory / top).rglob("*")) if (directory / top).is_dir() else []:
+            relative = path.relative_to(directory).as_posix()
+            if path.is_file() and relative not in listed:
+                report.problems.append(f"{relative}: not listed in the manifest (file added)")
+                intact = False
+    return intact
+
+
+def _chains(
+    directory: Path, manifest: dict[str, Any], report: ArchiveReport, named: set[str]
+) -> dict[int, tuple[int, str]]:
+    """Check every stream's chain; returns the heads found, ``stream -> (seq, hash)``, and
+    adds the tensor contents the (chained) events name to ``named``."""
+    run_id = str(manifest["run_id"])
+    heads: dict[int, tuple[int, str]] = {}
+    for entry in manifest.get("streams") or []:
+        stream = int(entry["stream"])
+        path = directory / "events" / f"run_id={run_id}" / f"stream={stream}" / "part-0.parquet"
+        table = pq.read_table(path)
+        prev = genesis_hash(run_id, stream)
+        prefix = row_prefix(run_id, stream)
+        expected = 1
+        for row in table.to_pylist():
+            row.update(run_id=run_id, stream=stream)
+            where = f"stream {stream} seq {row['seq']}"
+            if row["seq"] != expected:
+                report.problems.append(f"{where}: expected seq {expected} (events missing or reordered)")
+                expected = row["seq"]
+            if chain_hash(prev, row, prefix) != row["hash"]:
+                report.problems.append(f"{where} ({row['kind']}): content does not match its recorded hash")
+            prev, expected = row["hash"], expected + 1
+            if row["kind"] in ("snapshot_taken", "construction_sealed"):
+                named |= _named_tensors(row["payload"])
+        count = table.num_rows
+        report.streams[stream] = count
+        report.events += count
+        heads[stream] = (expected - 1, prev)
+        if (entry.get("last_seq"), entry.get("head_hash")) != heads[stream]:
+            report.problems.append(f"stream {stream}: ends at seq {expected - 1}, not at the manifest's head")
+    return heads
+
+
+def _signed_heads(
+    directory: Path, manifest: dict[str, Any], heads: dict[int, tuple[int, str]], keys: KeyRing, report: ArchiveReport
+) -> None:
+    path = directory / "heads.json"
+    if not path.exists():
+        return
+    try:
+        statement = HeadStatement.parse(path.read_text(), "heads.json")
+    except (OSError, StatementError) as exc:
+        report.problems.append(f"heads.json: {exc}")
+        return
+    report.signatures += 1
+    verdict = keys.check(statement.key_fingerprint, statement.message(), statement.signature)
+    if verdict is Verdict.INVALID:
+        report.problems.append("heads.json: the signature does not verify (the statement was modified)")
+    elif verdict is Verdict.UNKNOWN_KEY:
+        report.problems.append("heads.json: signed by a key that is not trusted (pass its public key with --key)")
+    if statement.run_id != manifest["run_id"] or statement.store_id != manifest.get("store_id"):
+        report.problems.append("heads.json is about another run or store than the manifest")
+    signed = {h.stream: (h.seq, h.head_hash) for h in statement.heads}
+    if signed != heads:
+        report.problems.append("heads.json: the signed heads are not the archive's streams and heads")
+
+
+def _checkpoints(
+    directory: Path, manifest: dict[str, Any], heads: dict[int, tuple[int, str]], keys: KeyRing, report: ArchiveReport
+) -> None:
+    path = directory / "checkpoints.parquet"
+    if not path.exists():
+        return
+    run_id, store_id = str(manifest["run_id"]), str(manifest.get("store_id", ""))
+    hashes: dict[int, dict[int, str]] = {}
+    for row in pq.read_table(path).to_pylist():
+        try:
+            checkpoint = Checkpoint.from_row(row)
+        except (ValueError, KeyError) as exc:
+            report.problems.append(f"checkpoints.parquet: a row is garbled ({exc})")
+            continue
+        report.signatures += 1
+        verdict = keys.check(checkpoint.key_fingerprint, checkpoint.statement(store_id), checkpoint.signature)
+        where = f"checkpoint of stream {checkpoint.stream} seq {checkpoint.seq}"
+        if checkpoint.run_id != run_id or verdict is Verdict.INVALID:
+            report.problems.append(f"{where}: the signature does not verify")
+            continue
+        if verdict is Verdict.UNKNOWN_KEY:
+            report.problems.append(f"{where}: signed by a key that is not trusted (pass its public key with --key)")
+        if checkpoint.stream not in hashes:
+            hashes[checkpoint.stream] = _stream_hashes(directory, run_id, checkpoint.stream)
+        if hashes[checkpoint.stream].get(checkpoint.seq) != checkpoint.head_hash:
+            report.problems.append(f"{where}: the signed head is not on the archived chain")
+
+
+def _stream_hashes(directory: Path, run_id: str, stream: int) -> dict[int, str]:
+    path = directory / "events" / f"run_id={run_id}" / f"stream={stream}" / "part-0.parquet"
+    if not path.exists():
+        return {}
+    table = pq.read_table(path, columns=["seq", "hash"])
+    return dict(zip(table.column("seq").to_pylist(), table.column("hash").to_pylist(), strict=True))
+
+
+def _named_tensors(text: str) -> set[str]:
+    """Content hashes a snapshot or seal event names (as ``integrity.snapshots`` reads them)."""
+    try:
+        payload = json.loads(text)
+    except ValueError:
+        return set()
+    if not isinstance(payload, dict):
+        return set()
+    if "snapshot" in payload:
+        items = (payload.get("snapshot") or {}).get("tensors")
+    else:
+        items = payload.get("tensors") if payload.get("stored") else None
+    return {i["sha256"] for i in items or [] if isinstance(i, dict) and isinstance(i.get("sha256"), str)}
+
+
+def _tensors(directory: Path, named: set[str], report: ArchiveReport) -> None:
+    catalog_path = directory / "catalog.parquet"
+    catalog = {r["sha256"]: r for r in pq.read_table(catalog_path).to_pylist()} if catalog_path.exists() else {}
+    files = SnapshotStore(directory / "tensors")
+    for sha in sorted(named):
+        row = catalog.get(sha)
+        what = "not in catalog.parquet" if row is None else "; ".join(files.check(sha, row)) or None
+        report.tensors += 1
+        if what is not None:
+            report.problems.append(f"tensor {sha[:16]}... (tensors/{sha[:2]}/{sha}.parquet): {what}")
