@@ -55,8 +55,8 @@ class AuditlogGroup(click.Group):
             if ctx.meta.get("auditlog.debug"):
                 traceback.print_exc()
             raise CliError(str(exc), exc.exit_code) from exc
-        except KeyboardInterrupt:
-            raise click.Abort() from None
+        except KeyboardInterrupt:  # Ctrl-C: one line and 130, what a shell reports for SIGINT
+            raise CliError("interrupted", 130) from None
         except BrokenPipeError:
             ctx.exit(0)
         except Exception as exc:  # a bug in auditlog: still one line unless --debug

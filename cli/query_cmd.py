@@ -16,6 +16,8 @@ from auditlog.cli.progress import progress_bar
 
 from auditlog.core.errors import UsageError
 
+TABLE_ROWS = 1000
+
 
 @click.command()
 @store_option
@@ -26,12 +28,29 @@ from auditlog.core.errors import UsageError
     metavar="RUN",
     help="Restrict every view to one run (id, prefix, name, latest, latest~N).",
 )
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="Cancel the query after this many seconds (exit 1). Ctrl-C cancels it too (exit 130).",
+)
+@click.option(
+    "--max-rows",
+    type=click.IntRange(min=0),
+    default=TABLE_ROWS,
+    show_default=True,
+    help="Table format: show at most N rows (0: all). JSON and CSV stream every row.",
+)
 @click.argument("sql", metavar="SQL")
-def query(store: str | None, fmt: str, run: str | None, sql: str) -> None:
+def query(
+    store: str | None, fmt: str, run: str | None, timeout: float | None, max_rows: int, sql: str
+) -> None:
     """Answer SQL over the record with DuckDB (read-only; '-' reads SQL from stdin).
 
     The views and their columns: `auditlog schema`. New events are copied into
     the read model (a DuckDB file beside the store) before the query runs.
+    Rows are printed as DuckDB produces them.
 
     \b
     auditlog query "select kind, count(*) from events group by 1"
@@ -45,7 +64,7 @@ def query(store: str | None, fmt: str, run: str | None, sql: str) -> None:
         with progress_bar("updating read model") as progress:
             session = opened.query_session(run, progress)
         with session:
-            result = session.execute(sql)
+            result = session.execute(sql, timeout=timeout)
             columns = _unique(result.columns)
             json_columns = {c for c, t in zip(columns, result.types, strict=True) if t == "JSON"}
 
@@ -54,7 +73,13 @@ def query(store: str | None, fmt: str, run: str | None, sql: str) -> None:
                     record = dict(zip(columns, row, strict=True))
                     yield record if fmt == "table" else _machine(record, json_columns, fmt)
 
-            emit_rows(rows(), columns, fmt)
+            emit_rows(
+                rows(),
+                columns,
+                fmt,
+                cap=max_rows or None,
+                more_hint=" (--max-rows N, 0 for all; --format csv or json streams every row)",
+            )
 
 
 @click.command()

@@ -137,10 +137,13 @@ class Store:
         session, _report = QuerySession.open(ReadModel(self.event_store), run_id, progress)
         return session
 
-    def query(self, sql: str, run: str | None = None) -> list[dict[str, Any]]:
-        """Rows of one read-only SQL statement over the views, as dicts."""
+    def query(self, sql: str, run: str | None = None, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Rows of one read-only SQL statement over the views, as dicts.
+
+        ``timeout``: seconds after which the query is cancelled (``QueryTimeoutError``).
+        """
         with self.query_session(run) as session:
-            result = session.execute(sql)
+            result = session.execute(sql, timeout=timeout)
             return [dict(zip(result.columns, row, strict=True)) for row in result.rows]
 
     def diff(self, run_a: str = "latest~1", run_b: str = "latest", progress: Progress | None = None) -> RunDiff:

@@ -114,6 +114,13 @@ class EventStore(EventQueries):
                 .values(last_seen_ns=time.time_ns())
             )
 
+    def rename_run(self, run_id: str, name: str) -> None:
+        """Name a run that has no name yet (a ``record(name=...)`` joining ``auditlog run``);
+        the recorder also puts the name in the hash chain as an annotation."""
+        runs = schema.runs
+        with self.guard("naming a run"), self.engine.begin() as conn:
+            conn.execute(runs.update().where(runs.c.run_id == run_id, runs.c.name.is_(None)).values(name=name))
+
     def add_blobs(self, rows: Sequence[dict[str, Any]]) -> None:
         """Add catalog rows; a row another process added first is left as it is."""
         blobs = schema.snapshot_blobs
