@@ -20,7 +20,7 @@ KEY_HELP = "Private key [default: $AUDITLOG_KEY or ~/.config/auditlog/signing_ke
 @click.command()
 @store_option
 @click.option("--key", "key_path", default=None, metavar="PRIVATE", help=KEY_HELP)
-@click.argument("run", default="latest", metavar="RUN|all")
+@click.argument("run", default="latest", metavar="[RUN|all]")
 def checkpoint(store: str | None, key_path: str | None, run: str) -> None:
     """Sign the current chain heads of RUN (default: latest; 'all') and store the checkpoints.
 

@@ -23,18 +23,26 @@ def store_option(func: F) -> F:
     )(func)
 
 
-def format_option(func: F) -> F:
-    """``--format table|json|csv``: human table by default, stable JSON/CSV for machines."""
-    return click.option(
-        "--format",
-        "fmt",
-        type=click.Choice(FORMATS),
-        default="table",
-        show_default=True,
-        help="Output format.",
-    )(func)
+def format_option(func: F | None = None, *, formats: tuple[str, ...] = FORMATS) -> Any:
+    """``--format table|json|csv``: human table by default, stable JSON/CSV for machines.
+
+    A command whose output is not rows (a tree, a diff) offers only the formats
+    it has: ``@format_option(formats=("table", "json"))``.
+    """
+
+    def decorate(command: F) -> F:
+        return click.option(
+            "--format",
+            "fmt",
+            type=click.Choice(formats),
+            default="table",
+            show_default=True,
+            help="Output format.",
+        )(command)
+
+    return decorate(func) if func is not None else decorate
 
 
 def run_argument(func: F) -> F:
     """``RUN``: a run id, a unique id prefix, a run name, ``latest`` or ``latest~N``."""
-    return click.argument("run", default="latest", metavar="RUN")(func)
+    return click.argument("run", default="latest", metavar="[RUN]")(func)

@@ -26,6 +26,12 @@ def step_options(func: Any) -> Any:
     )(func)
 
 
+def check_step_or_seq(step: int | None, seq: int | None) -> None:
+    """``--step`` and ``--seq`` both name a point in the run: one at a time."""
+    if step is not None and seq is not None:
+        raise UsageError("--step and --seq both name a point in the run; give one of them")
+
+
 def _where(source: dict[str, Any] | None) -> str | None:
     if not source:
         return None
@@ -95,7 +101,7 @@ def _render(data: dict[str, Any], tree: Tree) -> None:
 
 @click.command()
 @store_option
-@format_option
+@format_option(formats=("table", "json"))
 @run_argument
 @step_options
 @click.option(
@@ -109,6 +115,7 @@ def tree(store: str | None, fmt: str, run: str, step: int | None, seq: int | Non
 
     from auditlog.read.api import open_store
 
+    check_step_or_seq(step, seq)
     with open_store(store) as opened:
         view = opened.run(run)
         state = view.state_at(step=step, seq=seq)
@@ -127,8 +134,6 @@ def tree(store: str | None, fmt: str, run: str, step: int | None, seq: int | Non
     if fmt == "json":
         emit_json(data)
         return
-    if fmt == "csv":
-        raise click.UsageError("tree has no csv format; use --format json")
     out = console()
     for item in data:
         cls = escape(item["class"] or "?")

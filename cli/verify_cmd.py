@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     help="Also prove the record still extends this head statement from `auditlog export-head` "
     "('-' reads stdin; repeatable). RUN defaults to the statement's run.",
 )
-@click.argument("run", required=False, default=None, metavar="RUN|all")
+@click.argument("run", required=False, default=None, metavar="[RUN|all]")
 def verify(
     store: str | None, fmt: str, key_paths: tuple[str, ...], against: tuple[str, ...], run: str | None
 ) -> None:
@@ -60,6 +60,8 @@ def verify(
     with open_store(store) as opened, _progress() as progress:
         reports = opened.verify(run, keys=keys, statements=statements, progress=progress)
     if fmt == "table":
+        if not reports:
+            click.echo(f"no runs in {opened.location.display()}: nothing to verify")
         for report in reports:
             state = "intact" if report.ok else "FAILED"
             counted = f"{report.events} events in {len(report.streams)} stream(s)"

@@ -29,6 +29,7 @@ class Recorder(ConstructionHooks, RootTracking, StructureChecks, ActivityHooks, 
         super().__init__(buffer, policy)
         self._handles: list[RemovableHandle] = []
         self._call_handles: list[RemovableHandle] = []  # per-call hooks, present on sampled steps only
+        self._full_handles: list[RemovableHandle] = []  # the full backward ones among them
         self._full_flag = FullBackwardFlag()
 
     # ------------------------------------------------------------------ install
@@ -57,10 +58,21 @@ class Recorder(ConstructionHooks, RootTracking, StructureChecks, ActivityHooks, 
         add(nn_module.register_module_forward_hook(self._on_forward, always_call=True))
         if not forward_only:
             if self.policy.backward == "full":
-                add(nn_module.register_module_full_backward_pre_hook(self._on_backward_pre))
-                add(nn_module.register_module_full_backward_hook(self._on_full_backward))
+                self._full_handles = [
+                    nn_module.register_module_full_backward_pre_hook(self._on_backward_pre),
+                    nn_module.register_module_full_backward_hook(self._on_full_backward),
+                ]
+                self._call_handles.extend(self._full_handles)
             elif self.policy.backward == "legacy":
                 add(nn_module.register_module_backward_hook(self._on_legacy_backward))
+
+    def drop_full_backward_hooks(self) -> None:
+        """Remove the full backward hooks now; from here on backward is recorded with
+        gradient hooks (modules called later are no longer wrapped by torch)."""
+        super().drop_full_backward_hooks()
+        for handle in self._full_handles:
+            handle.remove()  # idempotent: it may also still sit in _call_handles
+        self._full_handles = []
 
     def _remove_call_hooks(self) -> None:
         while self._call_handles:

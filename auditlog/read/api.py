@@ -45,8 +45,9 @@ class Store:
             rows = store.query("select step, max(grad_norm) from steps group by step", run="latest")
             changes = store.diff("latest~1", "latest")      # what changed between two runs
 
-    Runs are selected by full id, a unique id prefix, a run name (the newest run
-    of that name), ``latest`` or ``latest~N`` (N runs before the latest).
+    Runs are selected by full id, a unique id prefix, a run name (refused as
+    ambiguous when several runs have it), ``latest`` or ``latest~N`` (N runs
+    before the latest).
     """
 
     def __init__(self, store: EventStore) -> None:

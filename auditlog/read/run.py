@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from auditlog.core.errors import AuditlogError, CorruptRecordError, UsageError
+from auditlog.core.naming import Labels, attached_ids, label_state
 from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, replay
 from auditlog.read.runs import RunInfo, list_runs
 from auditlog.store.eventstore import EventStore
@@ -60,7 +61,11 @@ class Run:
         (``activity``) when one of its module calls does. A malformed event is a
         ``CorruptRecordError`` naming it.
         """
+        if step_range is not None:
+            self.check_steps(step_range, stream or 0)
         wanted = None if module is None else self.modules_matching(module)
+        if wanted is not None and not wanted:
+            raise AuditlogError(f"no module of run {self.run_id[:12]} matches {module!r}")
         shown = self.store.location.display()
         for row in self.store.iter_events(self.run_id, kinds=kinds, step_range=step_range, stream=stream):
             event = decode_event(row, shown)
@@ -102,9 +107,17 @@ class Run:
                     }
 
     # ------------------------------------------------------------------ structure
+    def labels(self, stream: int = 0) -> Labels:
+        """Every module's and tensor's name at the end of the run, by the one rule that
+        the views, ``diff`` and ``events`` share (``auditlog.core.naming``)."""
+        construction = list(self.events(kinds=CONSTRUCTION_KINDS, stream=stream))
+        return label_state(self._replay(iter(construction), None), attached_ids(construction))
+
     def model_state(self, upto_seq: int | None = None, stream: int = 0) -> ModelState:
         """The module forest as of ``upto_seq`` (default: the end of the run)."""
-        events = self.events(kinds=CONSTRUCTION_KINDS, stream=stream)
+        return self._replay(self.events(kinds=CONSTRUCTION_KINDS, stream=stream), upto_seq)
+
+    def _replay(self, events: Iterator[dict[str, Any]], upto_seq: int | None) -> ModelState:
         try:
             return replay(events, upto_seq=upto_seq)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -115,7 +128,9 @@ class Run:
         finally:
             # Close the half-read cursor now: an open one keeps its connection checked
             # out, and SQLite then leaves -wal/-shm files beside a store we only read.
-            events.close()  # type: ignore[attr-defined]
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
 
     def boundary(self, step: int | None = None, seq: int | None = None, stream: int = 0) -> int | None:
         """The last seq of "the state right after the N-th optimizer.step() returned".
@@ -123,9 +138,14 @@ class Run:
         Step 0 is the sealed initial state: every event before the first one of
         step 1. ``seq`` is taken as given. Neither: None (the end of the run).
         """
+        if seq is not None and step is not None:
+            raise UsageError("a step and a seq name the point in the run twice; give one of them")
         if seq is not None:
             if seq < 1:
                 raise UsageError(f"bad seq {seq}: sequence numbers start at 1")
+            last_seq = self.store.last_seq(self.run_id, stream) or 0
+            if seq > last_seq:
+                raise UsageError(f"run {self.run_id[:12]} has no seq {seq} (its events are seq 1..{last_seq})")
             return seq
         if step is None:
             return None
@@ -136,9 +156,23 @@ class Run:
             return first - 1 if first is not None else self.store.last_seq(self.run_id, stream)
         found = self.store.step_seq(self.run_id, stream, step)
         if found is None:
+            self.check_steps((step, step), stream)
             last = self.store.max_step(self.run_id, stream) or 0
             raise UsageError(f"run {self.run_id[:12]} has no step {step} (it recorded steps 0..{last})")
         return found
+
+    def check_steps(self, step_range: tuple[int | None, int | None], stream: int = 0) -> None:
+        """A step range that starts after the run's last step is an error naming that step.
+
+        The one rule for every command: a step or seq beyond the run is not an
+        empty answer but a mistake (a range may end beyond the run).
+        """
+        low = step_range[0]
+        if low is None:
+            return
+        last = self.store.max_step(self.run_id, stream) or 0
+        if low > last:
+            raise UsageError(f"run {self.run_id[:12]} has no step {low} (it recorded steps 0..{last})")
 
     def state_at(self, step: int | None = None, seq: int | None = None) -> ModelState:
         """The module forest as of a step or a seq (see ``boundary``)."""
@@ -169,6 +203,9 @@ class Run:
             raise AuditlogError(
                 f"no snapshot of {shown} at {when} (record with snapshot_every, or allow a partial state_dict)"
             )
+        if not any(sha is not None for _, sha in plan):
+            when = f"step {step}" if step is not None else (f"seq {seq}" if seq is not None else "the end")
+            raise AuditlogError(f"no tensor of run {self.run_id[:12]} was snapshotted at {when}; nothing to restore")
         wanted = {sha for _, sha in plan if sha is not None}
         rows = self.store.blob_rows(sorted(wanted))
         snapshots = SnapshotStore(self.store.location.snapshots)

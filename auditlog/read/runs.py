@@ -38,7 +38,12 @@ class RunInfo:
 
     @property
     def duration_s(self) -> float:
-        end = self.ended_ns if self.ended_ns is not None else self.last_seen_ns
+        """Start to end; a crashed run ends when it was last seen (its last event or
+        heartbeat), not when a later recording noticed the crash."""
+        if self.ended_ns is not None and self.status != "crashed":
+            end = self.ended_ns
+        else:
+            end = self.last_seen_ns
         return max(0.0, (end - self.started_ns) / 1e9)
 
     def as_dict(self) -> dict[str, Any]:
@@ -64,6 +69,7 @@ class RunInfo:
 def list_runs(store: EventStore) -> list[RunInfo]:
     """All runs, oldest first, with derived status."""
     counts = store.run_event_counts()
+    activity = store.last_activity_ns()
     # Summaries tolerate damaged rows (verify names them); nothing here may crash.
     started = {e["run_id"]: payload_object(e["payload"]) for e in store.events_of_kind("run_started") if e["stream"] == 0}
     ended_events = {
@@ -92,7 +98,7 @@ def list_runs(store: EventStore) -> list[RunInfo]:
                 steps=int((ended or {}).get("steps") or max_step or 0),
                 host=row["host"],
                 pid=int(row["pid"]),
-                last_seen_ns=int(row["last_seen_ns"]),
+                last_seen_ns=max(int(row["last_seen_ns"]), activity.get(run_id, 0)),
                 exception=None if ended is None else ended.get("exception"),
             )
         )
@@ -121,6 +127,12 @@ def select_run(store: EventStore, selector: str) -> str:
         shown = ", ".join(m[:12] for m in matches[:5])
         raise RunNotFoundError(f"run prefix {selector!r} is ambiguous: matches {len(matches)} runs ({shown})")
     named = [str(r["run_id"]) for r in rows if r.get("name") == selector]
-    if named:
-        return named[-1]
+    if len(named) == 1:
+        return named[0]
+    if named:  # never guess which one was meant: an audit answer must name its run
+        shown = ", ".join(n[:12] for n in named[-5:])
+        raise RunNotFoundError(
+            f"run name {selector!r} is ambiguous: {len(named)} runs have it ({shown}, newest last); "
+            "select one by id"
+        )
     raise RunNotFoundError(f"no run matches {selector!r} (use an id, a unique id prefix, a name or 'latest')")

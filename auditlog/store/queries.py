@@ -88,6 +88,15 @@ class EventQueries:
             )
             return {r[0]: (int(r[1]), _int_or_none(r[2])) for r in rows}
 
+    def last_activity_ns(self) -> dict[str, int]:
+        """``run_id -> time of its newest event other than run_ended`` (when a crashed run
+        was last seen doing something; its ``run_ended`` is written later, by whoever noticed)."""
+        with self.guard("reading event times"), self.engine.connect() as conn:
+            rows = conn.execute(
+                select(_ev.c.run_id, func.max(_ev.c.ts_ns)).where(_ev.c.kind != "run_ended").group_by(_ev.c.run_id)
+            )
+            return {str(r[0]): int(r[1]) for r in rows if r[1] is not None}
+
     def events_of_kind(self, kind: str) -> list[dict[str, Any]]:
         """Every event of one kind across runs (run_started/run_ended summaries)."""
         with self.guard(f"reading {kind} events"), self.engine.connect() as conn:

@@ -108,12 +108,23 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> str:
             check_read_only(con, inner)
             return statement.query
     if kind != duckdb.StatementType.SELECT:
-        name = str(kind).rsplit(".", 1)[-1]
+        name = _statement_name(statement.query, str(kind).rsplit(".", 1)[-1])
+        article = "an" if name[:1] in "AEIOU" else "a"
         raise QueryRefusedError(
             f"only read-only queries are allowed (SELECT, WITH, FROM, DESCRIBE, SHOW, EXPLAIN); "
-            f"refused a {name} statement"
+            f"refused {article} {name} statement"
         )
     return str(statement.query)
+
+
+_FIRST_WORD = re.compile(r"^\s*([A-Za-z_]+)")
+
+
+def _statement_name(query: str, kind: str) -> str:
+    """What a user typed (``INSTALL``, which DuckDB classifies as LOAD), else DuckDB's type."""
+    match = _FIRST_WORD.match(query)
+    word = match.group(1).upper() if match else ""
+    return word if word and word not in ("WITH", "FROM", "SELECT", "EXPLAIN") else kind
 
 
 @dataclass
