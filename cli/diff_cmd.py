@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 import click
+from auditlog.cli.complete import complete_runs
 from auditlog.cli.options import format_option, store_option
 from auditlog.cli.progress import progress_bar
 
@@ -33,8 +34,8 @@ if TYPE_CHECKING:
 )
 @click.option("--atol", type=float, default=None, help="With --values: absolute tolerance (torch.allclose).")
 @click.option("--rtol", type=float, default=None, help="With --values: relative tolerance (torch.allclose).")
-@click.argument("run_a", default="latest~1", metavar="[RUN_A]")
-@click.argument("run_b", default="latest", metavar="[RUN_B]")
+@click.argument("run_a", default="latest~1", metavar="[RUN_A]", shell_complete=complete_runs)
+@click.argument("run_b", default="latest", metavar="[RUN_B]", shell_complete=complete_runs)
 def diff(
     store: str | None,
     fmt: str,

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import click
+from auditlog.cli.complete import complete_kinds
 from auditlog.cli.options import format_option, run_argument, store_option
 from auditlog.cli.output import emit_rows
 
@@ -98,7 +99,9 @@ def _num(value: Any) -> str:
 @store_option
 @format_option
 @run_argument
-@click.option("--kind", "kinds", multiple=True, metavar="KIND", help="Only these kinds (repeatable).")
+@click.option(
+    "--kind", "kinds", multiple=True, metavar="KIND", shell_complete=complete_kinds, help="Only these kinds (repeatable)."
+)
 @click.option(
     "--module",
     "module_glob",

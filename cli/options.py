@@ -45,4 +45,6 @@ def format_option(func: F | None = None, *, formats: tuple[str, ...] = FORMATS) 
 
 def run_argument(func: F) -> F:
     """``RUN``: a run id, a unique id prefix, a run name, ``latest`` or ``latest~N``."""
-    return click.argument("run", default="latest", metavar="[RUN]")(func)
+    from auditlog.cli.complete import complete_runs
+
+    return click.argument("run", default="latest", metavar="[RUN]", shell_complete=complete_runs)(func)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import click
+from auditlog.cli.complete import complete_runs, complete_views
 from auditlog.cli.options import format_option, store_option
 from auditlog.cli.output import emit_rows
 from auditlog.cli.progress import progress_bar
@@ -26,6 +27,7 @@ TABLE_ROWS = 1000
     "--run",
     default=None,
     metavar="RUN",
+    shell_complete=complete_runs,
     help="Restrict every view to one run (id, prefix, name, latest, latest~N).",
 )
 @click.option(
@@ -84,7 +86,7 @@ def query(
 
 @click.command()
 @format_option
-@click.argument("view", required=False, metavar="[VIEW]")
+@click.argument("view", required=False, metavar="[VIEW]", shell_complete=complete_views)
 def schema(fmt: str, view: str | None) -> None:
     """The views `auditlog query` answers from: their columns, types and meaning."""
     from auditlog.store.readmodel.views import VIEWS, VIEWS_BY_NAME

@@ -127,7 +127,7 @@ def run(
     exit_code = 0
     try:
         held.release()  # from here Ctrl-C interrupts the script, as under python
-        run_target(target, list(args), as_module)
+        script_globals = run_target(target, list(args), as_module)  # kept alive until the run ends
     except RecordingFailedError as exc:
         recording.stop(exc)
         raise
@@ -150,6 +150,7 @@ def run(
         exit_code = 1
     else:
         recording.stop(None)
+        del script_globals
     ctx.exit(exit_code)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+from auditlog.cli.complete import complete_runs_or_all
 from auditlog.cli.options import format_option, store_option
 from auditlog.cli.output import emit_rows
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     help="Also prove the record still extends this head statement from `auditlog export-head` "
     "('-' reads stdin; repeatable). RUN defaults to the statement's run.",
 )
-@click.argument("run", required=False, default=None, metavar="[RUN|all]")
+@click.argument("run", required=False, default=None, metavar="[RUN|all]", shell_complete=complete_runs_or_all)
 def verify(
     store: str | None, fmt: str, key_paths: tuple[str, ...], against: tuple[str, ...], run: str | None
 ) -> None:

@@ -248,7 +248,7 @@ class Run:
         distinct content stored tells the deduplication.
         """
         events = list(self.events(kinds=["snapshot_taken", "construction_sealed"]))
-        names = self.model_state().module_names()
+        labels = self.labels()
         catalog = self.store.blob_rows(sorted({t["sha256"] for e in events for t in _snapshot_tensors(e)}))
         rows: list[dict[str, Any]] = []
         for event in events:
@@ -259,14 +259,13 @@ class Run:
             payload = event["payload"]
             sealed = event["kind"] == "construction_sealed"
             new = int((payload.get("snapshot") or {}).get("new_bytes", logical if sealed else 0))
-            module_names = names.get(event["module_id"] or -1) or []
             rows.append(
                 {
                     "seq": event["seq"],
                     "step": event["step"],
                     "trigger": "sealed" if sealed else payload.get("trigger"),
                     "tag": payload.get("tag"),
-                    "module": (module_names[0] or "(root)") if module_names else None,
+                    "module": labels.module_label(event["module_id"]),
                     "tensors": len(tensors),
                     "logical_bytes": logical,
                     "new_bytes": new,

@@ -23,6 +23,7 @@ import runpy
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 from auditlog.core.errors import AuditlogError
 
@@ -81,26 +82,29 @@ def _builtin_spec(name: str) -> importlib.machinery.ModuleSpec | None:
     return None
 
 
-def run_target(target: str, args: list[str], as_module: bool) -> None:
-    """Execute the target in this process; exceptions propagate to the caller."""
+def run_target(target: str, args: list[str], as_module: bool) -> dict[str, Any]:
+    """Execute the target in this process; exceptions propagate to the caller.
+
+    Returns the script's globals: the caller keeps them until the recording has
+    ended, so a model held in a global is still alive for the run-end snapshot
+    (as it is at the end of ``with auditlog.record():`` in a script).
+    """
     if as_module:
         # run_module(alter_sys=True) sets argv[0] to the module's file, as python -m does.
         sys.argv = [target, *args]
         sys.path.insert(0, os.getcwd())
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
-        return
+        return runpy.run_module(target, run_name="__main__", alter_sys=True)
     sys.argv = [target, *args]  # argv[0] as typed
     path = Path(target).absolute()
     if path.is_dir() or path.suffix not in ("", ".py", ".pyw"):
         # A directory or zip file with __main__.py, or compiled code: runpy knows
         # these; given the path as typed it sets argv[0] and sys.path[0] to it.
-        runpy.run_path(target, run_name="__main__")
-        return
+        return runpy.run_path(target, run_name="__main__")
     sys.path.insert(0, str(path.parent))
-    _exec_script(path)
+    return _exec_script(path)
 
 
-def _exec_script(path: Path) -> None:
+def _exec_script(path: Path) -> dict[str, Any]:
     """Run a source file as ``__main__`` with ``__file__`` and code paths absolute (python 3.9+)."""
     with io.open_code(str(path)) as handle:
         source = handle.read()
@@ -117,6 +121,7 @@ def _exec_script(path: Path) -> None:
     finally:
         if previous is not None:
             sys.modules["__main__"] = previous
+    return main.__dict__
 
 
 def user_traceback(exc: BaseException) -> BaseException:

@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from auditlog.core.errors import StoreError, StoreMissingError, StoreUnavailableError, one_line
 from auditlog.store import schema
 from auditlog.store.location import StoreLocation, resolve_store
-from auditlog.store.opening import check_revision, existing_revision, make_engine
+from auditlog.store.opening import check_revision, existing_revision, make_engine, read_only_query
 from auditlog.store.queries import EventQueries
 
 EVENT_COLUMNS = (
@@ -35,10 +35,13 @@ _EVENT_VALUES = operator.itemgetter(*EVENT_COLUMNS)
 class EventStore(EventQueries):
     """An open, validated event store."""
 
-    def __init__(self, location: StoreLocation, engine: Engine, revision: str) -> None:
+    def __init__(
+        self, location: StoreLocation, engine: Engine, revision: str, read_only: str | None = None
+    ) -> None:
         self.location = location
         self.engine = engine
         self.revision = revision
+        self.read_only = read_only  # URI parameters of a store on read-only media, else None
         self._insert_sql = _insert_statement(engine.dialect.paramstyle)
 
     # ------------------------------------------------------------------ open
@@ -65,7 +68,14 @@ class EventStore(EventQueries):
             create_store(location)
             revision = schema.HEAD_REVISION
         check_revision(revision, shown, allow_old=allow_old)
-        return cls(location, make_engine(location, synchronous), revision)
+        # Reading an archive on read-only media: SQLite must not try to create -shm.
+        read_only = None if create else read_only_query(location, shown)
+        return cls(location, make_engine(location, synchronous, read_only), revision, read_only)
+
+    def sqlite_read_uri(self) -> str:
+        """A ``file:`` URI that reads the SQLite file and can never write it."""
+        assert self.location.database is not None
+        return self.location.database.absolute().as_uri() + "?" + (self.read_only or "mode=ro")
 
     # ------------------------------------------------------------------ write
     def create_run(

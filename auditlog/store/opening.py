@@ -9,6 +9,7 @@ naming the store and the cause.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import uuid
 from pathlib import Path
@@ -93,6 +94,32 @@ def _check_not_truncated(path: Path, header: bytes, size: int, shown: str) -> No
         )
 
 
+def read_only_query(location: StoreLocation, shown: str) -> str | None:
+    """How to read a SQLite store whose directory cannot be written (an archive on
+    read-only media), as URI parameters; None when it is writable.
+
+    A WAL database normally needs to create ``-shm`` beside it, even to read.
+    Without a ``-wal`` file (or with an empty one) the database file holds
+    everything, so it is opened ``immutable`` (no locks, no sidecar files); with
+    both ``-wal`` and ``-shm``, SQLite reads them read-only. A ``-wal`` without
+    ``-shm`` cannot be read in place: refused, with what to do.
+    """
+    database = location.database
+    if database is None or not location.is_sqlite:
+        return None
+    if os.access(database.parent, os.W_OK):
+        return None
+    wal, shm = (database.with_name(database.name + suffix) for suffix in ("-wal", "-shm"))
+    if not wal.exists() or wal.stat().st_size == 0:
+        return "mode=ro&immutable=1"
+    if shm.exists():
+        return "mode=ro"
+    raise StoreError(
+        f"store {shown!r} is read-only and its newest events are in {wal.name} without {shm.name}; "
+        "SQLite cannot read them in place: copy the store to a writable directory"
+    )
+
+
 def check_revision(revision: str, shown: str, allow_old: bool = False) -> None:
     """Refuse a store whose schema this version of auditlog cannot read or write."""
     if revision not in schema.KNOWN_REVISIONS:
@@ -107,16 +134,20 @@ def check_revision(revision: str, shown: str, allow_old: bool = False) -> None:
         )
 
 
-def make_engine(location: StoreLocation, synchronous: str = "NORMAL") -> Engine:
+def make_engine(location: StoreLocation, synchronous: str = "NORMAL", read_only: str | None = None) -> Engine:
     """A SQLAlchemy engine with the SQLite pragmas (the only dialect-specific SQL).
 
     WAL with ``synchronous=NORMAL`` survives a process crash (committed
     transactions are in the WAL) but may lose the last commits on power loss;
-    ``FULL`` syncs the WAL on every commit.
+    ``FULL`` syncs the WAL on every commit. ``read_only``: URI parameters from
+    ``read_only_query`` for a store that cannot be written.
     """
     if synchronous not in ("NORMAL", "FULL"):
         raise ValueError(synchronous)
-    engine = create_engine(location.url)
+    url = location.url
+    if read_only is not None and location.database is not None:
+        url = f"sqlite:///file:{quote(str(location.database))}?{read_only}&uri=true"
+    engine = create_engine(url)
     if engine.dialect.name == "sqlite":
 
         def on_connect(dbapi_conn: Any, _record: Any) -> None:
