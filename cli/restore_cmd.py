@@ -62,7 +62,6 @@ def restore(
         state = view.state_dict(step=step, seq=seq, root=root, allow_partial=allow_partial)
     fd, tmp = tempfile.mkstemp(prefix=".auditlog-restore-", suffix=output.suffix, dir=parent)
     os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # a new file as any program makes it, not mkstemp's 0600
     try:
         if kind == "safetensors":
             from safetensors.torch import save_file
@@ -79,6 +78,7 @@ def restore(
             import torch
 
             torch.save(state, tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # a new file as any program makes it, not mkstemp's 0600
         os.replace(tmp, output)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

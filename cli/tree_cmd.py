@@ -81,7 +81,8 @@ def tree_json(state: ModelState, module_id: int, name: str) -> dict[str, Any]:
 
 
 def _render(data: dict[str, Any], tree: Tree) -> None:
-    from rich.markup import escape  # names are data: "[bold]" in a module name stays text
+    # Pieces, never markup: "[bold]" or a trailing backslash in a name stays text.
+    from rich.text import Text
 
     for kind in ("parameters", "buffers"):
         for t in data[kind]:
@@ -90,13 +91,13 @@ def _render(data: dict[str, Any], tree: Tree) -> None:
                 flags.append("buffer" + ("" if t["persistent"] is not False else ", not persistent"))
             elif t["requires_grad"] is False:
                 flags.append("frozen")
-            sha = f" [dim]{t['sha256'][:10]}@{t['snapshot_step']}[/dim]" if t["sha256"] else ""
             extra = f" ({', '.join(flags)})" if flags else ""
-            tree.add(f"[cyan]{escape(t['name'])}[/cyan] {t['shape']} {escape(str(t['dtype']))}{extra}{sha}")
+            sha = (f" {t['sha256'][:10]}@{t['snapshot_step']}", "dim") if t["sha256"] else ""
+            tree.add(Text.assemble((t["name"], "cyan"), f" {t['shape']} {t['dtype']}{extra}", sha))
     for child in data["children"]:
-        cls = escape((child["class"] or "?").rsplit(".", 1)[-1])
-        where = f" [dim]{escape(child['source'])}[/dim]" if child["source"] else ""
-        _render(child, tree.add(f"[bold]{escape(child['name'])}[/bold] ({cls}){where}"))
+        cls = (child["class"] or "?").rsplit(".", 1)[-1]
+        where = (f" {child['source']}", "dim") if child["source"] else ""
+        _render(child, tree.add(Text.assemble((child["name"], "bold"), f" ({cls})", where)))
 
 
 @click.command()
@@ -110,7 +111,7 @@ def _render(data: dict[str, Any], tree: Tree) -> None:
 )
 def tree(store: str | None, fmt: str, run: str, step: int | None, seq: int | None, root: str | None) -> None:
     """Show RUN's module tree: names, classes, shapes, dtypes, where each was built."""
-    from rich.markup import escape
+    from rich.text import Text
     from rich.tree import Tree
 
     from auditlog.read.api import open_store
@@ -136,8 +137,8 @@ def tree(store: str | None, fmt: str, run: str, step: int | None, seq: int | Non
         return
     out = console()
     for item in data:
-        cls = escape(item["class"] or "?")
-        where = f" [dim]{escape(item['source'])}[/dim]" if item["source"] else ""
-        top = Tree(f"[bold]{cls.rsplit('.', 1)[-1]}[/bold] [dim]{cls}[/dim]{where}")
+        cls = item["class"] or "?"
+        where = (f" {item['source']}", "dim") if item["source"] else ""
+        top = Tree(Text.assemble((cls.rsplit(".", 1)[-1], "bold"), " ", (cls, "dim"), where))
         _render(item, top)
-        out.print(top)
+        out.print(top, highlight=False)

@@ -61,6 +61,8 @@ class EventStore(EventQueries):
         """
         location = store if isinstance(store, StoreLocation) else resolve_store(store)
         shown = location.display()
+        # Reading an archive on read-only media: SQLite must not try to create -shm.
+        read_only = None if create else read_only_query(location, shown)
         revision = existing_revision(location, shown, create)
         if revision is None:
             from auditlog.store.migrate import create_store  # Alembic: only to create
@@ -68,8 +70,6 @@ class EventStore(EventQueries):
             create_store(location)
             revision = schema.HEAD_REVISION
         check_revision(revision, shown, allow_old=allow_old)
-        # Reading an archive on read-only media: SQLite must not try to create -shm.
-        read_only = None if create else read_only_query(location, shown)
         return cls(location, make_engine(location, synchronous, read_only), revision, read_only)
 
     def sqlite_read_uri(self) -> str:

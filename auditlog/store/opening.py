@@ -55,7 +55,8 @@ def sqlite_revision(path: Path, shown: str) -> str:
     # they exist, a normal read-only connection uses them and creates nothing.
     sidecars = [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
     immutable = not any(p.exists() for p in sidecars)
-    uri = f"file:{quote(str(path))}?mode=ro" + ("&immutable=1" if immutable else "")
+    params = _read_only_params(path, shown)  # a read-only directory: what SQLite can do there
+    uri = f"file:{quote(str(path))}?" + (params or ("mode=ro&immutable=1" if immutable else "mode=ro"))
     try:
         conn = sqlite3.connect(uri, uri=True)
         try:
@@ -107,6 +108,10 @@ def read_only_query(location: StoreLocation, shown: str) -> str | None:
     database = location.database
     if database is None or not location.is_sqlite:
         return None
+    return _read_only_params(database, shown)
+
+
+def _read_only_params(database: Path, shown: str) -> str | None:
     if os.access(database.parent, os.W_OK):
         return None
     wal, shm = (database.with_name(database.name + suffix) for suffix in ("-wal", "-shm"))
