@@ -265,7 +265,7 @@ class Run:
                     "step": event["step"],
                     "trigger": "sealed" if sealed else payload.get("trigger"),
                     "tag": payload.get("tag"),
-                    "module": labels.module_label(event["module_id"]),
+                    "module": _snapshot_owner(event["module_id"], tensors, labels),
                     "tensors": len(tensors),
                     "logical_bytes": logical,
                     "new_bytes": new,
@@ -324,6 +324,19 @@ def pick_snapshot(history: list[tuple[int, int, str]], step: int | None, end: in
     if at_or_before:
         return at_or_before[-1][2]
     return same[0][2] if same else None
+
+
+def _snapshot_owner(module_id: int | None, tensors: list[dict[str, Any]], labels: Labels) -> str | None:
+    """The module a snapshot is of; for a seal at an optimizer step (no module of its
+    own), the root(s) its tensors belong to."""
+    if module_id is not None:
+        return labels.module_label(module_id)
+    roots = {
+        labels.modules[found.module_id].root
+        for found in (labels.tensors.get(int(t.get("tensor_id") or -1)) for t in tensors)
+        if found is not None and found.module_id in labels.modules
+    }
+    return ", ".join(sorted(roots)) or None
 
 
 def _snapshot_tensors(event: dict[str, Any]) -> list[dict[str, Any]]:
