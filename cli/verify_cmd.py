@@ -124,12 +124,20 @@ def _read_statement(source: str) -> SourcedStatement:
 @contextlib.contextmanager
 def _progress() -> Iterator[Callable[[str], Callable[[int], None]] | None]:
     """A per-run progress bar on a terminal; nothing in pipes."""
-    from rich.progress import Progress
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     if not sys.stderr.isatty():
         yield None
         return
-    with Progress(transient=True) as bar:
+    # A run id is data (a tampered store can hold anything there): never markup.
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), TaskProgressColumn(), TimeRemainingColumn())
+    with Progress(*columns, transient=True) as bar:
 
         def for_run(run_id: str) -> Callable[[int], None]:
             task = bar.add_task(f"verifying {run_id[:12]}", total=None)

@@ -86,7 +86,7 @@ def generate_key_pair(private_path: Path | None = None) -> KeyPair:
         if path.exists() or path.is_symlink():
             raise KeyFileError(
                 f"{str(path)!r} already exists; refusing to overwrite a key "
-                "(checkpoints signed with it would no longer verify); choose another path with -o"
+                "(checkpoints signed with it would no longer verify); choose another path (`auditlog keygen -o PATH`)"
             )
     key = Ed25519PrivateKey.generate()
     private_pem = key.private_bytes(

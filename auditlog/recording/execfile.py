@@ -137,9 +137,7 @@ def user_traceback(exc: BaseException) -> BaseException:
 
 
 def _is_ours(filename: str) -> bool:
-    import auditlog
-
-    package = os.path.dirname(os.path.abspath(auditlog.__file__ or "")) + os.sep
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # auditlog/
     cli = _cli_directory()
     return (
         filename.startswith(package)

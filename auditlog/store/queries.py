@@ -95,7 +95,8 @@ class EventQueries:
             rows = conn.execute(
                 select(_ev.c.run_id, func.max(_ev.c.ts_ns)).where(_ev.c.kind != "run_ended").group_by(_ev.c.run_id)
             )
-            return {str(r[0]): int(r[1]) for r in rows if r[1] is not None}
+            found = {str(r[0]): _int_or_none(r[1]) for r in rows}
+            return {run_id: ns for run_id, ns in found.items() if ns is not None}  # damaged rows: verify's to name
 
     def events_of_kind(self, kind: str) -> list[dict[str, Any]]:
         """Every event of one kind across runs (run_started/run_ended summaries)."""
