@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 import click
+from auditlog.cli.complete import complete_runs
 from auditlog.cli.options import format_option, store_option
 from auditlog.cli.progress import progress_bar
 
@@ -18,7 +19,13 @@ if TYPE_CHECKING:
 
 @click.command()
 @store_option
-@format_option
+@format_option(formats=("table", "json"))
+@click.option(
+    "--exit-code",
+    "exit_code",
+    is_flag=True,
+    help="Exit 1 when the runs differ and 0 when they do not, as `git diff --exit-code`.",
+)
 @click.option(
     "--values",
     "values",
@@ -27,11 +34,12 @@ if TYPE_CHECKING:
 )
 @click.option("--atol", type=float, default=None, help="With --values: absolute tolerance (torch.allclose).")
 @click.option("--rtol", type=float, default=None, help="With --values: relative tolerance (torch.allclose).")
-@click.argument("run_a", default="latest~1", metavar="RUN_A")
-@click.argument("run_b", default="latest", metavar="RUN_B")
+@click.argument("run_a", default="latest~1", metavar="[RUN_A]", shell_complete=complete_runs)
+@click.argument("run_b", default="latest", metavar="[RUN_B]", shell_complete=complete_runs)
 def diff(
     store: str | None,
     fmt: str,
+    exit_code: bool,
     values: bool,
     atol: float | None,
     rtol: float | None,
@@ -43,13 +51,14 @@ def diff(
     Construction (modules, parameters, buffers: added, removed, renamed, changed
     class, shape, dtype, requires_grad, initial values, source line),
     hyperparameters, code version (git commit, dirty) and run metadata.
+    A source line that only moved (same file) is listed as moved, apart from
+    real changes. With --exit-code: exit 1 when anything differs (moves and
+    redrawn initial values included), else 0.
     With --values, also the first divergence of the stored tensor values over
     the steps both runs snapshotted (bitwise, or beyond --atol/--rtol).
     """
     from auditlog.read.api import open_store
 
-    if fmt == "csv":
-        raise UsageError("diff has no CSV form; use --format table or json")
     if (atol is not None or rtol is not None) and not values:
         raise UsageError("--atol/--rtol compare values; add --values")
     for option, given in (("--atol", atol), ("--rtol", rtol)):
@@ -68,7 +77,9 @@ def diff(
             document["values"] = found.as_dict()
             document["identical"] = result.identical and found.identical
         sys.stdout.write(json.dumps(document, ensure_ascii=False, indent=2, default=str) + "\n")
-        return
-    from auditlog.cli.diff_render import render
+    else:
+        from auditlog.cli.diff_render import render
 
-    render(result, found)
+        render(result, found)
+    if exit_code and not (result.identical and (found is None or found.identical)):
+        click.get_current_context().exit(1)

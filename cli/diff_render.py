@@ -1,7 +1,8 @@
 """How ``auditlog diff`` draws a ``RunDiff``: both runs, each section's changes, a total.
 
 Imported only when a diff is drawn (rich and the diff types are not needed to
-start the CLI). Every value is escaped: names and arguments are data, not markup.
+start the CLI). Nothing is Rich markup: lines are assembled from ``Text`` pieces,
+so names and arguments (``[/x]``, a trailing backslash) are shown as they are.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import json
 from typing import Any
 
 from auditlog.cli.output import console
-from rich.markup import escape
+from rich.text import Text
 
 from auditlog.core.naming import short_class
 from auditlog.read.diff import Change, RunDiff, RunSide
@@ -21,6 +22,7 @@ SYMBOLS = {
     "removed": ("-", "red"),
     "changed": ("~", "yellow"),
     "renamed": ("→", "cyan"),
+    "moved": ("↕", "blue"),
 }
 TITLES = {
     "code": "Code version",
@@ -31,13 +33,19 @@ TITLES = {
     "metadata": "Run metadata",
 }
 
+Piece = str | tuple[str, str]
+
+
+def line(*pieces: Piece) -> Text:
+    """One output line from plain strings and ``(text, style)`` pairs; never parsed as markup."""
+    return Text.assemble(*pieces)
 
 
 def render(result: RunDiff, values: ValuesDiff | None = None) -> None:
     """The human summary: both runs, then each section's differences, then a total."""
     out = console()
     for letter, side in (("A", result.a), ("B", result.b)):
-        out.print(f"[bold]run {letter}[/bold]  {escape(_side(side))}", highlight=False)
+        out.print(line((f"run {letter}", "bold"), "  ", _side(side)), highlight=False)
     out.print()
     for section, title in TITLES.items():
         changes = result.section(section)
@@ -45,18 +53,22 @@ def render(result: RunDiff, values: ValuesDiff | None = None) -> None:
             _render_code(out, result, changes)
             continue
         if not changes:
-            out.print(f"[bold]{title}[/bold]  [dim]no differences[/dim]", highlight=False)
+            out.print(line((title, "bold"), "  ", ("no differences", "dim")), highlight=False)
             continue
-        out.print(f"[bold]{title}[/bold]  {escape(_counts(changes))}", highlight=False)
-        for line in _lines(section, changes):
-            out.print("  " + line, highlight=False)
+        out.print(line((title, "bold"), "  ", _counts(changes)), highlight=False)
+        for shown_line in _lines(section, changes):
+            out.print(line("  ", shown_line), highlight=False)
     if result.init_values_differ:
+        count = len(result.init_values_differ)
         shown = ", ".join(result.init_values_differ[:8])
-        more = len(result.init_values_differ) - 8
+        more = count - 8
         out.print(
-            f"[bold]Initial values[/bold]  {len(result.init_values_differ)} tensors were drawn again from "
-            f"the same distribution (the random generator was consumed differently): "
-            f"{escape(shown)}{f' and {more} more' if more > 0 else ''}",
+            line(
+                ("Initial values", "bold"),
+                f"  {_plural(count, 'tensor')} {'was' if count == 1 else 'were'} drawn again from "
+                "the same distribution (the random generator was consumed differently): "
+                f"{shown}{f' and {more} more' if more > 0 else ''}",
+            ),
             highlight=False,
         )
     if values is not None:
@@ -66,7 +78,7 @@ def render(result: RunDiff, values: ValuesDiff | None = None) -> None:
     if values is not None and values.first is not None:
         first = values.first
         summary = "; ".join(p for p in (summary, f"values diverge at step {first.step} ({first.tensor})") if p)
-    out.print(f"[bold]{escape(summary)}[/bold]" if summary else "[bold]no differences[/bold]")
+    out.print(line((summary or "no differences", "bold")), highlight=False)
 
 
 def _steps(steps: list[int]) -> str:
@@ -86,42 +98,42 @@ def _render_values(out: Any, values: ValuesDiff) -> None:
     """The Values section: which steps were compared, and the first divergence."""
     how = "bitwise" if values.mode == "bitwise" else f"atol {values.atol:g}, rtol {values.rtol:g}"
     out.print(
-        f"[bold]Values[/bold]  ({how}) compared steps {escape(_steps(values.steps_compared))}: "
-        f"{values.compared} tensor values, {values.equal_hashes} equal by hash",
+        line(
+            ("Values", "bold"),
+            f"  ({how}) compared steps {_steps(values.steps_compared)}: "
+            f"{_plural(values.compared, 'tensor value')}, {values.equal_hashes} equal by hash",
+        ),
         highlight=False,
     )
     if values.steps_only_a or values.steps_only_b:
-        out.print(
-            f"  [dim]not compared: steps only in run A {escape(_steps(values.steps_only_a))}; "
-            f"only in run B {escape(_steps(values.steps_only_b))}[/dim]",
-            highlight=False,
+        text = (
+            f"not compared: steps only in run A {_steps(values.steps_only_a)}; "
+            f"only in run B {_steps(values.steps_only_b)}"
         )
+        out.print(line("  ", (text, "dim")), highlight=False)
     if values.tensors_only_a or values.tensors_only_b:
-        out.print(
-            f"  [dim]tensors only in run A: {escape(', '.join(values.tensors_only_a) or 'none')}; "
-            f"only in run B: {escape(', '.join(values.tensors_only_b) or 'none')}[/dim]",
-            highlight=False,
+        text = (
+            f"tensors only in run A: {', '.join(values.tensors_only_a) or 'none'}; "
+            f"only in run B: {', '.join(values.tensors_only_b) or 'none'}"
         )
+        out.print(line("  ", (text, "dim")), highlight=False)
     first = values.first
     if first is None:
         verdict = "no value differences" if values.steps_compared else "no step was snapshotted by both runs"
-        out.print(f"  [dim]{verdict}[/dim]", highlight=False)
+        out.print(line("  ", (verdict, "dim")), highlight=False)
         return
     named = first.tensor if first.a.name == first.b.name else f"{first.a.name} → {first.b.name}"
-    out.print(f"  [yellow]~ first divergence: step {first.step}, {escape(named)}[/yellow]", highlight=False)
+    out.print(line("  ", (f"~ first divergence: step {first.step}, {named}", "yellow")), highlight=False)
     if first.reason != "values":
-        out.print(
-            f"    {first.reason} {escape(_short(getattr(first.a, first.reason)))} → "
-            f"{escape(_short(getattr(first.b, first.reason)))}",
-            highlight=False,
-        )
+        text = f"    {first.reason} {_short(getattr(first.a, first.reason))} → {_short(getattr(first.b, first.reason))}"
+        out.print(line(text), highlight=False)
     for letter, side in (("A", first.a), ("B", first.b)):
         out.print(
-            f"    run {letter}: norm {_short(side.norm)}  mean {_short(side.mean)}  sha256 {side.sha256[:12]}",
+            line(f"    run {letter}: norm {_short(side.norm)}  mean {_short(side.mean)}  sha256 {side.sha256[:12]}"),
             highlight=False,
         )
     if first.max_abs_diff is not None:
-        out.print(f"    max |a-b| {_short(first.max_abs_diff)}", highlight=False)
+        out.print(line(f"    max |a-b| {_short(first.max_abs_diff)}"), highlight=False)
 
 
 def _side(side: RunSide) -> str:
@@ -144,14 +156,14 @@ def _render_code(out: Any, result: RunDiff, changes: list[Change]) -> None:
     if not changes:
         commit = git_a.get("commit")
         same = f"same commit {commit[:10]}" if commit else "no git commit on either side"
-        out.print(f"[bold]{TITLES['code']}[/bold]  [dim]{escape(same)}[/dim]", highlight=False)
+        out.print(line((TITLES["code"], "bold"), "  ", (same, "dim")), highlight=False)
         return
-    out.print(f"[bold]{TITLES['code']}[/bold]", highlight=False)
+    out.print(line((TITLES["code"], "bold")), highlight=False)
     for change in changes:
         width = max(len(key) for key in change.fields)
         for key, (a, b) in change.fields.items():
             out.print(
-                f"  [yellow]~ {escape(key.ljust(width))}[/yellow]  {escape(_value(key, a))} → {escape(_value(key, b))}",
+                line("  ", (f"~ {key.ljust(width)}", "yellow"), f"  {_value(key, a)} → {_value(key, b)}"),
                 highlight=False,
             )
 
@@ -182,8 +194,12 @@ def _summary(result: RunDiff) -> str:
     return "; ".join(parts)
 
 
-def _lines(section: str, changes: list[Change]) -> list[str]:
-    """One markup line per change; descendants of added/removed modules fold into their ancestor."""
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _lines(section: str, changes: list[Change]) -> list[Text]:
+    """One line per change; descendants of added/removed modules fold into their ancestor."""
     folded = _folded(changes)
     lines = []
     width = max((len(c.new_name or c.name) for c in changes), default=0)
@@ -197,7 +213,7 @@ def _lines(section: str, changes: list[Change]) -> list[str]:
         else:
             name = change.name
         detail = _detail(section, change)
-        lines.append(f"[{color}]{symbol} {escape(name.ljust(width))}[/{color}]  {escape(detail)}")
+        lines.append(line((f"{symbol} {name.ljust(width)}", color), f"  {detail}" if detail else ""))
     return lines
 
 
@@ -224,7 +240,10 @@ def _detail(section: str, change: Change) -> str:
         if section == "hyperparameters":
             return short_class(item.get("class"))
         return ""
-    parts = [f"{key} {_value(key, a)} → {_value(key, b)}" for key, (a, b) in change.fields.items()]
+    parts = [
+        f"{key + ' ' if key != change.name else ''}{_value(key, a)} → {_value(key, b)}"
+        for key, (a, b) in change.fields.items()
+    ]
     if change.change == "renamed" and not parts:
         item = change.b or {}
         return f"{short_class(item.get('class'))}  {item.get('source') or ''}  same class, contents and source".rstrip()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+from auditlog.cli.complete import complete_kinds
 from auditlog.cli.options import format_option, rank_option, run_argument, store_option
 from auditlog.cli.output import emit_rows
 
@@ -14,7 +16,11 @@ from auditlog.core.errors import UsageError
 from auditlog.core.kinds import KINDS
 from auditlog.core.values import iso
 
+if TYPE_CHECKING:
+    from auditlog.core.naming import Labels
+
 COLUMNS = ("seq", "step", "kind", "module", "tensor", "summary")
+TABLE_ROWS = 1000
 _RANGE = re.compile(r"^\s*(\d*)\s*(?::\s*(\d*)\s*)?$")
 
 
@@ -64,7 +70,13 @@ def summarize(kind: str, p: dict[str, Any]) -> str:
         return " ".join(p.get("argv") or [])[:80]
     if kind == "run_ended":
         exc = p.get("exception") or {}
-        return f"{p.get('status')} exit={p.get('exit_code')}" + (f" {exc.get('type')}: {exc.get('message')}" if exc else "")
+        code = p.get("exit_code")
+        head = f"{p.get('status')} exit={code}" if code is not None else f"{p.get('status')} (exit code unknown)"
+        if p.get("detected_by"):
+            head += f", detected by run {str(p['detected_by'])[:12]}"
+        if exc:
+            head += f" {exc.get('type')}" + (f": {exc.get('message')}" if exc.get("message") else "")
+        return head
     if kind == "snapshot_taken":
         snap = p.get("snapshot") or {}
         return f"{p.get('trigger')}{' ' + repr(p['tag']) if p.get('tag') else ''}: {len(snap.get('tensors', []))} tensors, {snap.get('new_bytes', 0)} new bytes"
@@ -87,7 +99,9 @@ def _num(value: Any) -> str:
 @store_option
 @format_option
 @run_argument
-@click.option("--kind", "kinds", multiple=True, metavar="KIND", help="Only these kinds (repeatable).")
+@click.option(
+    "--kind", "kinds", multiple=True, metavar="KIND", shell_complete=complete_kinds, help="Only these kinds (repeatable)."
+)
 @click.option(
     "--module",
     "module_glob",
@@ -109,7 +123,12 @@ def events(
     limit: int | None,
     rank: int | None,
 ) -> None:
-    """Show the events of RUN (default: latest); a multi-rank run's streams one after the other."""
+    """Show the events of RUN (default: latest); a multi-rank run's streams one after the other.
+
+    Modules and tensors are named as in `auditlog query` and `auditlog diff`.
+    A --step beyond the run, or a --module glob that names no module, is an
+    error; filters that match no event say so on stderr.
+    """
     from auditlog.read.api import open_store
 
     unknown = [k for k in kinds if k not in KINDS]
@@ -119,37 +138,44 @@ def events(
     with open_store(store) as opened:
         view = opened.run(run, rank)
         streams = view.rank_streams()
-        # Names first, for every stream shown: replay reads (and may refuse) the
-        # construction events before any cursor over the events is open.
-        names = {stream: _names(view, stream) for stream in streams}
+        # Names for every stream shown (ids are per process: each rank numbered its own).
+        labels = {stream: view.labels(stream) for stream in streams}
+        found = view.events(kinds=list(kinds) or None, step_range=step_range, module=module_glob)
+        first = next(found, None)  # a bad filter is an error before any output
+        if first is None:
+            click.echo(f"auditlog: no event of run {view.run_id[:12]} matches these filters", err=True)
 
         def rows() -> Iterator[dict[str, Any]]:
-            found = view.events(kinds=list(kinds) or None, step_range=step_range, module=module_glob)
+            if first is None:
+                return
             try:
-                for shown, event in enumerate(found):
+                for shown, event in enumerate(itertools.chain([first], found)):
                     if limit is not None and shown >= limit:
                         return
-                    yield _row(event, fmt, *(names.get(event["stream"]) or _names(view, event["stream"])))
+                    stream = event["stream"]
+                    if stream not in labels:
+                        labels[stream] = view.labels(stream)
+                    yield _row(event, fmt, labels[stream])
             finally:
                 found.close()  # type: ignore[attr-defined]  # release the cursor (and SQLite's -wal/-shm)
 
         columns = (("stream", *COLUMNS) if len(streams) > 1 else COLUMNS) if fmt == "table" else JSON_COLUMNS
-        emit_rows(rows(), columns, fmt)
-
-
-def _names(view: Any, stream: int) -> tuple[dict[int, list[str]], dict[int, list[str]], Any]:
-    """Module and tensor names of one stream (ids are per process: each rank numbered its own)."""
-    state = view.model_state(stream=stream)
-    return state.module_names(), state.tensor_names(), state
+        emit_rows(
+            rows(),
+            columns,
+            fmt,
+            cap=None if limit is not None else TABLE_ROWS,
+            more_hint=" (--limit N, --kind, --step or --module to choose; --format csv or json streams every event)",
+        )
 
 
 JSON_COLUMNS = ("run_id", "stream", "seq", "time", "kind", "step", "module_id", "module", "tensor_id", "tensor", "snapshot", "hash", "payload")
 
 
-def _row(event: dict[str, Any], fmt: str, module_names: dict[int, list[str]], tensor_names: dict[int, list[str]], state: Any) -> dict[str, Any]:
+def _row(event: dict[str, Any], fmt: str, labels: Labels) -> dict[str, Any]:
     module_id, tensor_id = event["module_id"], event["tensor_id"]
-    module = _module_label(module_id, module_names, state)
-    tensor = ", ".join(tensor_names.get(tensor_id, [])) if tensor_id is not None else None
+    module = _module_label(module_id, labels)
+    tensor = _tensor_label(tensor_id, labels)
     if fmt == "table":
         return {
             "stream": event["stream"],
@@ -157,7 +183,7 @@ def _row(event: dict[str, Any], fmt: str, module_names: dict[int, list[str]], te
             "step": event["step"],
             "kind": event["kind"],
             "module": module,
-            "tensor": tensor or (f"#{tensor_id}" if tensor_id is not None else None),
+            "tensor": tensor,
             "summary": summarize(event["kind"], event["payload"]),
         }
     return {
@@ -177,12 +203,15 @@ def _row(event: dict[str, Any], fmt: str, module_names: dict[int, list[str]], te
     }
 
 
-def _module_label(module_id: int | None, module_names: dict[int, list[str]], state: Any) -> str | None:
+def _module_label(module_id: int | None, labels: Labels) -> str | None:
     if module_id is None:
         return None
-    names = module_names.get(module_id)
-    node = state.modules.get(module_id)
-    cls = (node.cls or "?").rsplit(".", 1)[-1] if node is not None else "?"
-    if names:
-        return names[0] if names[0] else f"({cls})"
-    return f"#{module_id} {cls} (detached)"
+    found = labels.modules.get(module_id)
+    return found.label if found is not None else f"#{module_id}"
+
+
+def _tensor_label(tensor_id: int | None, labels: Labels) -> str | None:
+    if tensor_id is None:
+        return None
+    found = labels.tensors.get(tensor_id)
+    return found.label if found is not None else f"#{tensor_id}"

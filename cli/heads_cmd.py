@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import click
+from auditlog.cli.complete import complete_runs_or_all
 from auditlog.cli.options import run_argument, store_option
 
 from auditlog.core.errors import AuditlogError, IntegrityError
@@ -20,7 +21,7 @@ KEY_HELP = "Private key [default: $AUDITLOG_KEY or ~/.config/auditlog/signing_ke
 @click.command()
 @store_option
 @click.option("--key", "key_path", default=None, metavar="PRIVATE", help=KEY_HELP)
-@click.argument("run", default="latest", metavar="RUN|all")
+@click.argument("run", default="latest", metavar="[RUN|all]", shell_complete=complete_runs_or_all)
 def checkpoint(store: str | None, key_path: str | None, run: str) -> None:
     """Sign the current chain heads of RUN (default: latest; 'all') and store the checkpoints.
 

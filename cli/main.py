@@ -59,8 +59,8 @@ class AuditlogGroup(click.Group):
             if ctx.meta.get("auditlog.debug"):
                 traceback.print_exc()
             raise CliError(str(exc), exc.exit_code) from exc
-        except KeyboardInterrupt:
-            raise click.Abort() from None
+        except KeyboardInterrupt:  # Ctrl-C: one line and 130, what a shell reports for SIGINT
+            raise CliError("interrupted", 130) from None
         except BrokenPipeError:
             ctx.exit(0)
         except Exception as exc:  # a bug in auditlog: still one line unless --debug
@@ -78,9 +78,15 @@ class AuditlogGroup(click.Group):
 def cli(ctx: click.Context, debug: bool) -> None:
     """Record how a PyTorch model is built and trained; query and verify the record.
 
-    Runs are selected by id, unique id prefix, name, 'latest' or 'latest~N'.
+    Runs are selected by id, unique id prefix, name (refused when several runs
+    have it), 'latest' or 'latest~N'.
     Exit codes: 0 ok, 1 error, 2 usage, 3 store refused, 4 verify failed,
     5 recording failed (--on-error fail), 130 interrupted.
+
+    Shell completion (commands, options, run ids and names, event kinds):
+    add to ~/.bashrc: eval "$(_AUDITLOG_COMPLETE=bash_source auditlog)";
+    zsh: zsh_source in ~/.zshrc; fish: _AUDITLOG_COMPLETE=fish_source auditlog
+    | source, in ~/.config/fish/completions/auditlog.fish.
     """
     ctx.meta["auditlog.debug"] = debug
 

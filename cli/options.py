@@ -53,21 +53,31 @@ def _with_snapshots(ctx: click.Context, _param: click.Parameter, value: str | No
     return resolve_store(value, snapshots)
 
 
-def format_option(func: F) -> F:
-    """``--format table|json|csv``: human table by default, stable JSON/CSV for machines."""
-    return click.option(
-        "--format",
-        "fmt",
-        type=click.Choice(FORMATS),
-        default="table",
-        show_default=True,
-        help="Output format.",
-    )(func)
+def format_option(func: F | None = None, *, formats: tuple[str, ...] = FORMATS) -> Any:
+    """``--format table|json|csv``: human table by default, stable JSON/CSV for machines.
+
+    A command whose output is not rows (a tree, a diff) offers only the formats
+    it has: ``@format_option(formats=("table", "json"))``.
+    """
+
+    def decorate(command: F) -> F:
+        return click.option(
+            "--format",
+            "fmt",
+            type=click.Choice(formats),
+            default="table",
+            show_default=True,
+            help="Output format.",
+        )(command)
+
+    return decorate(func) if func is not None else decorate
 
 
 def run_argument(func: F) -> F:
     """``RUN``: a run id, a unique id prefix, a run name, ``latest`` or ``latest~N``."""
-    return click.argument("run", default="latest", metavar="RUN")(func)
+    from auditlog.cli.complete import complete_runs
+
+    return click.argument("run", default="latest", metavar="[RUN]", shell_complete=complete_runs)(func)
 
 
 def rank_option(func: F) -> F:

@@ -23,8 +23,15 @@ def emit_rows(
     columns: Sequence[str],
     fmt: str,
     title: str | None = None,
+    cap: int | None = None,
+    more_hint: str = "",
 ) -> int:
-    """Write ``rows`` in ``fmt``; returns how many were written."""
+    """Write ``rows`` in ``fmt``; returns how many were written.
+
+    JSON and CSV stream every row. A table has to see all its rows before it
+    can size its columns, so with ``cap`` it shows at most that many and says
+    on stderr that more were left out (``more_hint`` says how to see them).
+    """
     count = 0
     if fmt == "json":
         out = sys.stdout
@@ -47,10 +54,16 @@ def emit_rows(
     table = Table(title=None if title is None else Text(title), show_lines=False, header_style="bold")
     for column in columns:
         table.add_column(Text(column), overflow="fold")
+    more = False
     for row in rows:
+        if cap is not None and count >= cap:
+            more = True
+            break
         table.add_row(*(Text(_cell(row.get(c))) for c in columns))
         count += 1
     console().print(table)
+    if more:
+        sys.stderr.write(f"auditlog: showing the first {count} rows; more were left out{more_hint}\n")
     return count
 
 

@@ -10,11 +10,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import click
+from auditlog.cli.complete import complete_runs, complete_views
 from auditlog.cli.options import format_option, rank_option, store_option
 from auditlog.cli.output import emit_rows
 from auditlog.cli.progress import progress_bar
 
 from auditlog.core.errors import UsageError
+
+TABLE_ROWS = 1000
 
 
 @click.command()
@@ -24,18 +27,43 @@ from auditlog.core.errors import UsageError
     "--run",
     default=None,
     metavar="RUN",
+    shell_complete=complete_runs,
     help="Restrict every view to one run (id, prefix, name, latest, latest~N).",
 )
 @rank_option
 @click.option("--rebuild", is_flag=True, help="Rebuild the read model from the store before answering.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="Cancel the query after this many seconds (exit 1). Ctrl-C cancels it too (exit 130).",
+)
+@click.option(
+    "--max-rows",
+    type=click.IntRange(min=0),
+    default=TABLE_ROWS,
+    show_default=True,
+    help="Table format: show at most N rows (0: all). JSON and CSV stream every row.",
+)
 @click.argument("sql", metavar="SQL")
-def query(store: str | None, fmt: str, run: str | None, rank: int | None, rebuild: bool, sql: str) -> None:
+def query(
+    store: str | None,
+    fmt: str,
+    run: str | None,
+    rank: int | None,
+    rebuild: bool,
+    timeout: float | None,
+    max_rows: int,
+    sql: str,
+) -> None:
     """Answer SQL over the record with DuckDB (read-only; '-' reads SQL from stdin).
 
     The views and their columns: `auditlog schema`. New events are copied into
     the read model (a DuckDB file beside the store) before the query runs; it
     is rebuilt when it no longer matches the store's chain heads or its seal.
-    The read model is a cache, not evidence: `auditlog verify` is.
+    The read model is a cache, not evidence: `auditlog verify` is. Rows are
+    printed as DuckDB produces them.
 
     \b
     auditlog query "select kind, count(*) from events group by 1"
@@ -53,7 +81,7 @@ def query(store: str | None, fmt: str, run: str | None, rank: int | None, rebuil
                 for sha, why in sorted(session.left_out.items()):
                     click.echo(f"warning: snapshot {sha[:16]}... left out of tensor_values: {why} "
                                "(run `auditlog verify`)", err=True)
-            result = session.execute(sql)
+            result = session.execute(sql, timeout=timeout)
             columns = _unique(result.columns)
             json_columns = {c for c, t in zip(columns, result.types, strict=True) if t == "JSON"}
 
@@ -62,12 +90,18 @@ def query(store: str | None, fmt: str, run: str | None, rank: int | None, rebuil
                     record = dict(zip(columns, row, strict=True))
                     yield record if fmt == "table" else _machine(record, json_columns, fmt)
 
-            emit_rows(rows(), columns, fmt)
+            emit_rows(
+                rows(),
+                columns,
+                fmt,
+                cap=max_rows or None,
+                more_hint=" (--max-rows N, 0 for all; --format csv or json streams every row)",
+            )
 
 
 @click.command()
 @format_option
-@click.argument("view", required=False, metavar="[VIEW]")
+@click.argument("view", required=False, metavar="[VIEW]", shell_complete=complete_views)
 def schema(fmt: str, view: str | None) -> None:
     """The views `auditlog query` answers from: their columns, types and meaning."""
     from auditlog.store.readmodel.views import VIEWS, VIEWS_BY_NAME

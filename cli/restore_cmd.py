@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
 
 import click
 from auditlog.cli.options import run_argument, store_option
-from auditlog.cli.tree_cmd import step_options
+from auditlog.cli.tree_cmd import check_step_or_seq, step_options
 
-from auditlog.core.errors import AuditlogError
+from auditlog.core.errors import AuditlogError, UsageError
 
-FORMATS = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch"}
+FORMATS = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch"}
+KEY_ORDER = "auditlog.key_order"  # safetensors metadata: the state_dict's key order (its header sorts keys)
 
 
 @click.command()
 @store_option
 @run_argument
 @step_options
-@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="File to write (.safetensors, .pt, .pth).")
+@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="File to write (.safetensors, .pt, .pth; another extension needs --format). Its directory must exist.")
 @click.option("--format", "fmt", type=click.Choice(["safetensors", "torch"]), default=None, help="Output format (default: from the file extension).")
 @click.option("--root", default=None, metavar="CLASS", help="Root module by class name (default: the one with the most parameters).")
 @click.option("--allow-partial", is_flag=True, help="Write what was snapshotted even if some tensors were not.")
@@ -35,21 +37,30 @@ def restore(
     allow_partial: bool,
     force: bool,
 ) -> None:
-    """Rebuild RUN's state_dict at --step N (or --seq N, default: the end) into a file."""
-    import torch
+    """Rebuild RUN's state_dict at --step N (or --seq N, default: the end) into a file.
 
+    The file is created as any new file is (mode from the umask). A .safetensors
+    file lists its tensors sorted by name; the state_dict's own key order is kept
+    in its metadata under "auditlog.key_order" (a JSON list).
+    """
     from auditlog.read.api import open_store
 
+    check_step_or_seq(step, seq)
     kind = fmt or FORMATS.get(output.suffix.lower())
     if kind is None:
-        raise AuditlogError(f"cannot tell the format of {str(output)!r}: use .safetensors or .pt, or --format")
+        raise UsageError(
+            f"cannot tell the format of {str(output)!r} from its extension: "
+            "name it .safetensors, .pt or .pth, or give --format"
+        )
     if output.exists() and not force:
         raise AuditlogError(f"{str(output)!r} exists; pass --force to overwrite it")
+    parent = output.absolute().parent
+    if not parent.is_dir():
+        raise AuditlogError(f"directory {str(output.parent)!r} does not exist; create it first")
     with open_store(store) as opened:
         view = opened.run(run)
         state = view.state_dict(step=step, seq=seq, root=root, allow_partial=allow_partial)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="auditlog-restore-", suffix=output.suffix, dir=output.parent)
+    fd, tmp = tempfile.mkstemp(prefix=".auditlog-restore-", suffix=output.suffix, dir=parent)
     os.close(fd)
     try:
         if kind == "safetensors":
@@ -61,12 +72,22 @@ def restore(
             for key, tensor in state.items():
                 unique[key] = tensor.clone() if id(tensor) in seen else tensor
                 seen.add(id(tensor))
-            save_file({k: v.contiguous() for k, v in unique.items()}, tmp, metadata={"auditlog.run": view.run_id})
+            metadata = {"auditlog.run": view.run_id, KEY_ORDER: json.dumps(list(unique))}
+            save_file({k: v.contiguous() for k, v in unique.items()}, tmp, metadata=metadata)
         else:
+            import torch
+
             torch.save(state, tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # a new file as any program makes it, not mkstemp's 0600
         os.replace(tmp, output)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     when = f"step {step}" if step is not None else (f"seq {seq}" if seq is not None else "end of run")
     click.echo(f"wrote {len(state)} tensors of run {view.run_id[:12]} at {when} to {output}")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

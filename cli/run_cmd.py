@@ -6,11 +6,13 @@ import os
 import signal
 import sys
 import traceback
+from types import FrameType
+from typing import Any
 
 import click
 from auditlog.cli.options import store_option
 
-from auditlog.core.errors import RecordingFailedError
+from auditlog.core.errors import CommandInterrupted, RecordingFailedError
 from auditlog.core.policy import BACKWARD_MECHANISMS, DURABILITY, ON_ERROR
 
 
@@ -96,31 +98,37 @@ def run(
     """Record SCRIPT (or, with -m, MODULE) run with ARGS, exactly as python would run it.
 
     The script's exit code is auditlog's exit code; its traceback is printed as
-    Python would print it.
+    Python would print it. Ctrl-C before the script starts: exit 130, one line.
     """
-    from auditlog.core.policy import make_policy
-    from auditlog.recording.execfile import exit_status, run_target, script_path
-    from auditlog.recording.session import Recording, Terminated
+    held = _HeldInterrupts()
+    try:
+        from auditlog.core.policy import make_policy
+        from auditlog.recording.execfile import exit_status, run_target, script_path, user_traceback
+        from auditlog.recording.session import Recording, Terminated
 
-    chosen = make_policy(
-        policy,
-        backward=backward,
-        activity_every=activity_every,
-        norms_every=norms_every,
-        snapshot_every=snapshot_every,
-        durability=durability,
-        on_error=on_error,
-    )  # a bad policy is refused before anything else happens
-    code_path = script_path(target, as_module)
-    recording = Recording(
-        store,
-        name,
-        policy=chosen,
-        code_path=code_path,
-        argv=[target, *args],
-        shard=shard,
-    )
-    recording.start()
+        chosen = make_policy(
+            policy,
+            backward=backward,
+            activity_every=activity_every,
+            norms_every=norms_every,
+            snapshot_every=snapshot_every,
+            durability=durability,
+            on_error=on_error,
+        )  # a bad policy is refused before anything else happens
+        code_path = script_path(target, as_module)
+        held.check()  # Ctrl-C so far: no run is recorded
+        recording = Recording(
+            store, name, policy=chosen, code_path=code_path, argv=[target, *args], joinable=True, shard=shard
+        )
+        recording.start()
+    except BaseException:
+        held.release(reraise=False)
+        raise
+    if held.pending:
+        recording.stop(KeyboardInterrupt())
+        held.release(reraise=False)
+        shown_id = f" (run {recording.run_id[:12]} recorded as interrupted)" if recording.run_id else ""
+        raise CommandInterrupted(f"interrupted before {target} started{shown_id}")
     if recording.disabled is None:
         shown = recording.store.location.display() if recording.store else store
         launch = recording.launch
@@ -128,7 +136,8 @@ def run(
         click.echo(f"auditlog: recording run {recording.run_id}{rank} into {shown}", err=True)
     exit_code = 0
     try:
-        run_target(target, list(args), as_module)
+        held.release()  # from here Ctrl-C interrupts the script, as under python
+        script_globals = run_target(target, list(args), as_module)  # kept alive until the run ends
     except RecordingFailedError as exc:
         recording.stop(exc)
         raise
@@ -142,35 +151,55 @@ def run(
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)  # what the interpreter prints for sys.exit("message")
     except KeyboardInterrupt as exc:
-        recording.stop(exc)
-        traceback.print_exc()
+        recording.stop(user_traceback(exc))
+        traceback.print_exception(exc)
         exit_code = 130
     except BaseException as exc:
-        recording.stop(exc)
-        _print_user_traceback(exc)
+        recording.stop(user_traceback(exc))
+        traceback.print_exception(exc)
         exit_code = 1
     else:
         recording.stop(None)
+        del script_globals
     ctx.exit(exit_code)
 
 
-def _print_user_traceback(exc: BaseException) -> None:
-    """Print the traceback as Python would, without auditlog's own frames on top."""
-    tb = exc.__traceback__
-    while tb is not None and _is_ours(tb.tb_frame.f_code.co_filename):
-        tb = tb.tb_next
-    traceback.print_exception(type(exc), exc, tb)
+class _HeldInterrupts:
+    """Ctrl-C held back while the recording starts (imports, store, hooks).
 
+    An interrupt there would otherwise surface as a traceback from inside torch
+    or SQLAlchemy, or leave a half-registered run. Held, it is acted on at a
+    point where the outcome is clear: before the run exists (no run), or right
+    after (the run ends as interrupted).
+    """
 
-def _is_ours(filename: str) -> bool:
-    import auditlog.cli
+    def __init__(self) -> None:
+        self.pending = False
+        self._held = False
+        self._previous: Any = None
+        try:
+            previous = signal.getsignal(signal.SIGINT)
+            if previous is signal.SIG_IGN:  # started with Ctrl-C ignored (nohup, background job): keep it so
+                return
+            self._previous = signal.signal(signal.SIGINT, self._note)
+            self._held = True
+        except ValueError:  # not the main thread (tests driving the CLI in a thread)
+            pass
 
-    import auditlog
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        self.pending = True
 
-    ours = tuple(
-        os.path.dirname(os.path.abspath(mod.__file__ or "")) + os.sep for mod in (auditlog, auditlog.cli)
-    )
-    return filename.startswith(ours) or filename in ("<frozen runpy>",) or filename.endswith("click/core.py")
+    def check(self) -> None:
+        if self.pending:
+            raise KeyboardInterrupt
+
+    def release(self, reraise: bool = True) -> None:
+        """Give Ctrl-C back; one that came in between is raised now (``reraise``)."""
+        if self._held:
+            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.default_int_handler)
+            self._held = False
+        if reraise:
+            self.check()
 
 
 def _die_by_sigterm() -> None:

@@ -26,6 +26,12 @@ def step_options(func: Any) -> Any:
     )(func)
 
 
+def check_step_or_seq(step: int | None, seq: int | None) -> None:
+    """``--step`` and ``--seq`` both name a point in the run: one at a time."""
+    if step is not None and seq is not None:
+        raise UsageError("--step and --seq both name a point in the run; give one of them")
+
+
 def _where(source: dict[str, Any] | None) -> str | None:
     if not source:
         return None
@@ -76,7 +82,8 @@ def tree_json(state: ModelState, module_id: int, name: str) -> dict[str, Any]:
 
 
 def _render(data: dict[str, Any], tree: Tree) -> None:
-    from rich.markup import escape  # names are data: "[bold]" in a module name stays text
+    # Pieces, never markup: "[bold]" or a trailing backslash in a name stays text.
+    from rich.text import Text
 
     for kind in ("parameters", "buffers"):
         for t in data[kind]:
@@ -85,18 +92,18 @@ def _render(data: dict[str, Any], tree: Tree) -> None:
                 flags.append("buffer" + ("" if t["persistent"] is not False else ", not persistent"))
             elif t["requires_grad"] is False:
                 flags.append("frozen")
-            sha = f" [dim]{t['sha256'][:10]}@{t['snapshot_step']}[/dim]" if t["sha256"] else ""
             extra = f" ({', '.join(flags)})" if flags else ""
-            tree.add(f"[cyan]{escape(t['name'])}[/cyan] {t['shape']} {escape(str(t['dtype']))}{extra}{sha}")
+            sha = (f" {t['sha256'][:10]}@{t['snapshot_step']}", "dim") if t["sha256"] else ""
+            tree.add(Text.assemble((t["name"], "cyan"), f" {t['shape']} {t['dtype']}{extra}", sha))
     for child in data["children"]:
-        cls = escape((child["class"] or "?").rsplit(".", 1)[-1])
-        where = f" [dim]{escape(child['source'])}[/dim]" if child["source"] else ""
-        _render(child, tree.add(f"[bold]{escape(child['name'])}[/bold] ({cls}){where}"))
+        cls = (child["class"] or "?").rsplit(".", 1)[-1]
+        where = (f" {child['source']}", "dim") if child["source"] else ""
+        _render(child, tree.add(Text.assemble((child["name"], "bold"), f" ({cls})", where)))
 
 
 @click.command()
 @store_option
-@format_option
+@format_option(formats=("table", "json"))
 @run_argument
 @step_options
 @click.option(
@@ -111,11 +118,12 @@ def tree(
 
     A multi-rank run shows rank 0's stream unless --rank says otherwise.
     """
-    from rich.markup import escape
+    from rich.text import Text
     from rich.tree import Tree
 
     from auditlog.read.api import open_store
 
+    check_step_or_seq(step, seq)
     with open_store(store) as opened:
         view = opened.run(run, rank)
         state = view.state_at(step=step, seq=seq)
@@ -134,13 +142,11 @@ def tree(
     if fmt == "json":
         emit_json(data)
         return
-    if fmt == "csv":
-        raise click.UsageError("tree has no csv format; use --format json")
     out = console()
     for item in data:
-        cls = escape(item["class"] or "?")
-        where = f" [dim]{escape(item['source'])}[/dim]" if item["source"] else ""
-        wrapped = "".join(f" [dim](in {escape(w.rsplit('.', 1)[-1])})[/dim]" for w in item["wrapped_by"])
-        top = Tree(f"[bold]{cls.rsplit('.', 1)[-1]}[/bold] [dim]{cls}[/dim]{wrapped}{where}")
+        cls = item["class"] or "?"
+        where = (f" {item['source']}", "dim") if item["source"] else ""
+        wrapped = "".join(f" (in {w.rsplit('.', 1)[-1]})" for w in item["wrapped_by"])
+        top = Tree(Text.assemble((cls.rsplit(".", 1)[-1], "bold"), " ", (cls, "dim"), (wrapped, "dim"), where))
         _render(item, top)
-        out.print(top)
+        out.print(top, highlight=False)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+from auditlog.cli.complete import complete_runs_or_all
 from auditlog.cli.options import format_option, store_option
 from auditlog.cli.output import emit_rows
 
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     metavar="DIR",
     help="Verify an archive written by `auditlog export` instead of a store (no store needed).",
 )
-@click.argument("run", required=False, default=None, metavar="RUN|all")
+@click.argument("run", required=False, default=None, metavar="[RUN|all]", shell_complete=complete_runs_or_all)
 def verify(
     store: str | None,
     fmt: str,
@@ -83,6 +84,8 @@ def verify(
     with open_store(store) as opened, _progress() as progress:
         reports = opened.verify(run, keys=keys, statements=statements, progress=progress)
     if fmt == "table":
+        if not reports:
+            click.echo(f"no runs in {opened.location.display()}: nothing to verify")
         for report in reports:
             state = "intact" if report.ok else "FAILED"
             counted = f"{report.events} events in {len(report.streams)} stream(s)"
@@ -150,12 +153,20 @@ def _read_statement(source: str) -> SourcedStatement:
 @contextlib.contextmanager
 def _progress() -> Iterator[Callable[[str], Callable[[int], None]] | None]:
     """A per-run progress bar on a terminal; nothing in pipes."""
-    from rich.progress import Progress
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     if not sys.stderr.isatty():
         yield None
         return
-    with Progress(transient=True) as bar:
+    # A run id is data (a tampered store can hold anything there): never markup.
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), TaskProgressColumn(), TimeRemainingColumn())
+    with Progress(*columns, transient=True) as bar:
 
         def for_run(run_id: str) -> Callable[[int], None]:
             task = bar.add_task(f"verifying {run_id[:12]}", total=None)

@@ -62,20 +62,37 @@ def test_roots_without_descendants_do_not_prefix_the_model(store: Path) -> None:
     assert sorted(t.label for t in labels.tensors.values()) == ["0.bias", "0.weight"]
 
 
-def test_several_model_roots_are_prefixed_and_duplicate_roots_numbered(store: Path) -> None:
-    def build() -> tuple[nn.Module, nn.Module]:
+def test_the_largest_model_keeps_plain_names_others_are_prefixed_and_numbered(store: Path) -> None:
+    def build() -> tuple[nn.Module, nn.Module, nn.Module]:
         torch.manual_seed(0)
+        small = nn.Sequential(nn.Linear(2, 3))
+        big = nn.Sequential(nn.Linear(3, 1), nn.Linear(1, 1))
+        tie = nn.Sequential(nn.Linear(3, 1))
+        return small, big, tie
+
+    labels, _ = _labels(store, build)
+    assert {m.label for m in labels.modules.values()} == {
+        "(Sequential)",
+        "(Sequential).0",
+        "(Sequential)#2",
+        "(Sequential)#3",
+        "(Sequential)#3.0",
+        "0",
+        "1",
+    }
+    shapes = {t.label: t.info.shape for t in labels.tensors.values()}
+    assert shapes["(Sequential).0.weight"] == [3, 2]
+    assert shapes["0.weight"] == [1, 3]
+    assert shapes["(Sequential)#3.0.weight"] == [1, 3]
+
+
+def test_on_a_tie_the_first_model_keeps_plain_names(store: Path) -> None:
+    def build() -> tuple[nn.Module, nn.Module]:
         return nn.Sequential(nn.Linear(2, 3)), nn.Sequential(nn.Linear(3, 1))
 
     labels, _ = _labels(store, build)
-    assert sorted(m.label for m in labels.modules.values()) == [
-        "(Sequential)",
-        "(Sequential)#2",
-        "(Sequential)#2.0",
-        "(Sequential).0",
-    ]
     shapes = {t.label: t.info.shape for t in labels.tensors.values()}
-    assert shapes["(Sequential).0.weight"] == [3, 2]
+    assert shapes["0.weight"] == [3, 2]
     assert shapes["(Sequential)#2.0.weight"] == [1, 3]
 
 

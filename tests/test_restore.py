@@ -126,7 +126,7 @@ def test_restore_refuses_steps_without_snapshots_naming_tensors(store: Path, tmp
     bad_step = invoke("restore", "--store", str(store), "--step", "9", "-o", str(out))
     assert bad_step.exit_code == 2 and "no step 9" in bad_step.stderr
     bad_ext = invoke("restore", "--store", str(store), "-o", str(tmp_path / "x.txt"))
-    assert bad_ext.exit_code == 1 and "format" in bad_ext.stderr
+    assert bad_ext.exit_code == 2 and "format" in bad_ext.stderr
 
 
 def test_restore_allow_partial_skips_unsnapshotted(store: Path, tmp_path: Path) -> None:

@@ -111,6 +111,7 @@ class ActivityHooks(RecorderBase):
             module = unwrap_compiled(module)  # torch.compile wrapper: count once
             stack = self.call_stack()
             if not stack and self._scanned.get(module) != self._registrations:
+                self.check_in_place(module, subtree=True)  # built before recording: seen now
                 self.seal(module, "first_forward")  # also remembers it as a root
             stack.append(module)
         except Exception as exc:

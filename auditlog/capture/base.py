@@ -18,6 +18,9 @@ Rules every hook follows (DESIGN.md):
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
+import sys
 import threading
 import time
 import warnings
@@ -145,6 +148,31 @@ class RecorderBase:
                 )
         except Exception:  # -W error turns the warning into an exception: swallow it
             pass
+
+    # ------------------------------------------------------------------ backward=full safety
+    def check_in_place(self, module: torch.nn.Module, subtree: bool) -> None:
+        """With ``backward="full"``, an in-place module (``ReLU(inplace=True)``) would make
+        torch stop training ("Output 0 of BackwardHookFunction is a view and is being
+        modified inplace"). Seen before it runs, backward is recorded with gradient
+        hooks instead (``grad``), with one notice and a ``recorder_error`` event."""
+        if self.policy.backward != "full":
+            return
+        for found in module.modules() if subtree else (module,):
+            if getattr(found, "inplace", False) is True:
+                culprit = f"{type(found).__name__}(inplace=True)"
+                message = (
+                    f"backward=full cannot record a model with an in-place module ({culprit}); "
+                    "recording backward with gradient hooks (backward=grad) instead"
+                )
+                self.drop_full_backward_hooks()
+                self.emit("recorder_error", payload={"where": "backward", "type": "InPlaceModule", "message": message})
+                with contextlib.suppress(Exception):
+                    sys.stderr.write(f"auditlog: {message}\n")
+                return
+
+    def drop_full_backward_hooks(self) -> None:
+        """Switch to ``backward="grad"`` (the recorder removes its full backward hooks)."""
+        self.policy = dataclasses.replace(self.policy, backward="grad")
 
     # ------------------------------------------------------------------ identity
     def module_id(self, module: torch.nn.Module) -> int:

@@ -54,6 +54,10 @@ class ConstructionHooks(RecorderBase):
                 # before recording, or a deepcopy (TransformerEncoder clones its
                 # layer that way). Record its subtree as adopted first.
                 self.adopt(child)
+                if child is not None:
+                    self.check_in_place(child, subtree=True)
+            elif child is not None:
+                self.check_in_place(child, subtree=False)
             self.register_child(parent, name, child)
         except Exception as exc:
             self.fault("module_registration_hook", exc)

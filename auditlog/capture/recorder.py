@@ -79,6 +79,15 @@ class Recorder(ConstructionHooks, RootTracking, StructureChecks, ActivityHooks, 
             self._hooks.install(kind, hook, register, always_called=kind == "forward")
             self._call_kinds.append(kind)
 
+    def drop_full_backward_hooks(self) -> None:
+        """Remove the full backward hooks now; from here on backward is recorded with
+        gradient hooks (modules called later are no longer wrapped by torch)."""
+        super().drop_full_backward_hooks()
+        for kind in ("full_backward_pre", "full_backward"):
+            if kind in self._call_kinds:
+                self._hooks.uninstall(kind)
+                self._call_kinds.remove(kind)
+
     def _remove_call_hooks(self) -> None:
         while self._call_kinds:
             self._hooks.uninstall(self._call_kinds.pop())

@@ -70,6 +70,12 @@ class RecordingFailedError(AuditlogError):
     exit_code = 5
 
 
+class CommandInterrupted(AuditlogError):
+    """Ctrl-C (SIGINT) stopped a command. Exit code 130, as a shell reports a SIGINT death."""
+
+    exit_code = 130
+
+
 class RecordingActiveError(AuditlogError):
     """A second ``record()`` while one is active: hooks would be doubled, so it is refused."""
 

@@ -68,7 +68,8 @@ _KINDS = [
         {
             "status": "completed | failed | interrupted | crashed",
             "exit_code": "process exit code when known",
-            "exception": "{type, message, traceback} for failed runs, else null",
+            "exception": "{type, message, traceback} for failed runs and Ctrl-C (KeyboardInterrupt), "
+            "the traceback as python prints it; else null",
             "signal": "signal name for interrupted runs (SIGINT, SIGTERM), else null",
             "steps": "optimizer steps completed",
             "seeds": "{torch_initial_seed} at end (reflects torch.manual_seed calls)",
@@ -163,7 +164,9 @@ _KINDS = [
         "Contents are stored once per distinct hash in snapshots/ (Parquet) and listed "
         "in the snapshot_blobs catalog, so the hash chain covers them.",
         {
-            "trigger": "step (every N optimizer steps) | explicit (run.snapshot) | run_end",
+            "trigger": "step (every N optimizer steps) | explicit (run.snapshot) | run_end | released "
+            "(the last values of a model garbage-collected before the run ended, e.g. a local of main(): "
+            "its run-end snapshot)",
             "tag": "user label for explicit snapshots, else null",
             "snapshot": "{tensors: [{tensor_id, sha256, shard}], new_bytes: bytes newly stored, "
             "copied_bytes: bytes copied and hashed (every tensor, every time: unchanged content "

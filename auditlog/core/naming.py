@@ -9,12 +9,15 @@ decides them once, for both:
 
 - a root module is ``(ShortClass)``, with ``#2``, ``#3`` ... for later roots of
   the same class (the ``auditlog events`` command shows roots the same way);
-- when only one root has descendants (the usual case: the model, plus loss
-  modules without parameters), its descendants keep their plain
-  ``named_modules`` paths (``body.0``, ``head.weight``), exactly what
-  ``model.named_parameters()`` prints;
-- when several roots have descendants (a GAN, a teacher and a student), every
-  descendant is prefixed with its root's label: ``(Generator).fc``;
+- the model root holding the most parameters (the first of them on a tie: the
+  root ``auditlog tree`` and ``restore`` choose) keeps plain ``named_modules``
+  paths for its descendants (``body.0``, ``head.weight``), exactly what
+  ``model.named_parameters()`` prints; this is the usual case of one model plus
+  loss modules, and also of a model built from a template layer that stays a
+  root of its own (``nn.TransformerEncoder(layer, n)`` copies ``layer``);
+- the descendants of every other root with descendants (the smaller of a GAN's
+  two networks, a teacher beside a student, that template layer) are prefixed
+  with their root's label: ``(TransformerEncoderLayer).linear1``;
 - a module that was once attached and is no longer (``del model.fc``, or a name
   given to another module) is a root of its own now, labelled
   ``(detached Linear)``; it never counts as a model root, and what hangs below
@@ -91,6 +94,10 @@ def _has_descendants(node: ModuleNode) -> bool:
     return any(m is not None for m in members)
 
 
+def _parameter_count(state: ModelState, root: int) -> int:
+    return sum(1 for _ in state.named_parameters(root))
+
+
 def _walk(state: ModelState, root: int) -> Iterator[tuple[str, int, int | None, str | None, int]]:
     """Every path to every module under ``root``, depth-first in registration order.
 
@@ -142,7 +149,7 @@ def label_state(state: ModelState, attached: set[int] | None = None) -> Labels:
         count = seen_classes[base]
         root_labels[root] = base if count == 1 else f"{base}#{count}"
     models = [r for r in roots if r not in detached and _has_descendants(state.modules[r])]
-    plain = set(models) if len(models) == 1 else set()
+    plain = {max(models, key=lambda r: (_parameter_count(state, r), -models.index(r)))} if models else set()
 
     def name_of(root: int, path: str) -> str:
         if not path:

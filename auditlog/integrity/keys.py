@@ -86,7 +86,7 @@ def generate_key_pair(private_path: Path | None = None) -> KeyPair:
         if path.exists() or path.is_symlink():
             raise KeyFileError(
                 f"{str(path)!r} already exists; refusing to overwrite a key "
-                "(checkpoints signed with it would no longer verify); choose another path with -o"
+                "(checkpoints signed with it would no longer verify); choose another path (`auditlog keygen -o PATH`)"
             )
     key = Ed25519PrivateKey.generate()
     private_pem = key.private_bytes(
@@ -126,9 +126,9 @@ def _read_key_file(path: Path, what: str) -> bytes:
         with path.open("rb") as handle:
             data = handle.read(MAX_KEY_BYTES + 1)
     except FileNotFoundError:
-        raise KeyFileError(
-            f"no {what} at {shown!r} (create a key pair with `auditlog keygen`, or pass --key)"
-        ) from None
+        # Only a signer is helped by making a key; a verifier needs the signer's public key.
+        hint = " (create a key pair with `auditlog keygen`)" if what == "private key" else ""
+        raise KeyFileError(f"no {what} at {shown!r}: no such file{hint}") from None
     except OSError as exc:
         raise KeyFileError(f"cannot read {what} {shown!r}: {exc.strerror or exc}") from exc
     if len(data) > MAX_KEY_BYTES:

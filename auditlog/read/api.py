@@ -45,8 +45,9 @@ class Store:
             rows = store.query("select step, max(grad_norm) from steps group by step", run="latest")
             changes = store.diff("latest~1", "latest")      # what changed between two runs
 
-    Runs are selected by full id, a unique id prefix, a run name (the newest run
-    of that name), ``latest`` or ``latest~N`` (N runs before the latest).
+    Runs are selected by full id, a unique id prefix, a run name (refused as
+    ambiguous when several runs have it), ``latest`` or ``latest~N`` (N runs
+    before the latest).
     """
 
     def __init__(self, store: EventStore) -> None:
@@ -147,10 +148,15 @@ class Store:
         session, _report = QuerySession.open(ReadModel(self.event_store), run_id, progress, rank, rebuild)
         return session
 
-    def query(self, sql: str, run: str | None = None, rank: int | None = None) -> list[dict[str, Any]]:
-        """Rows of one read-only SQL statement over the views, as dicts."""
+    def query(
+        self, sql: str, run: str | None = None, rank: int | None = None, timeout: float | None = None
+    ) -> list[dict[str, Any]]:
+        """Rows of one read-only SQL statement over the views, as dicts.
+
+        ``timeout``: seconds after which the query is cancelled (``QueryTimeoutError``).
+        """
         with self.query_session(run, rank=rank) as session:
-            result = session.execute(sql)
+            result = session.execute(sql, timeout=timeout)
             return [dict(zip(result.columns, row, strict=True)) for row in result.rows]
 
     def diff(self, run_a: str = "latest~1", run_b: str = "latest", progress: Progress | None = None) -> RunDiff:

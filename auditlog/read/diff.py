@@ -8,7 +8,8 @@ alone, as data (``RunDiff``); the CLI renders it.
   views label it (``auditlog.core.naming``). Modules, parameters and buffers are
   aligned by qualified name: present on one side only is added/removed; on both
   sides, class, shape, dtype, device, requires_grad/persistent, source location
-  and initial values are compared. A module that disappeared under one name and
+  and initial values are compared; a difference in the source line alone (same
+  file) is a ``moved`` change, reported apart from real changes. A module that disappeared under one name and
   appeared under another with the same class, the same subtree (classes, tensor
   names, shapes, dtypes) and the same source file and function is reported as a
   probable **rename**, and its contents are compared under the new name instead
@@ -78,7 +79,7 @@ class Change:
 
     section: str
     name: str
-    change: str  # added | removed | changed | renamed
+    change: str  # added | removed | changed | renamed | moved (only the source line differs)
     fields: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     a: dict[str, Any] | None = None
     b: dict[str, Any] | None = None
@@ -395,11 +396,20 @@ def _compare_items(
         if old_name != new_name and section == "modules" and old_name in renames:
             changes.append(Change(section, old_name, "renamed", fields, item_a, item_b, new_name=new_name))
         elif fields:
-            changes.append(Change(section, new_name, "changed", fields, item_a, item_b))
+            kind = "moved" if _only_moved(fields) else "changed"
+            changes.append(Change(section, new_name, kind, fields, item_a, item_b))
     for name, item_b in items_b.items():
         if name not in mapped:
             changes.append(Change(section, name, "added", b=item_b))
     return changes
+
+
+def _only_moved(fields: dict[str, tuple[Any, Any]]) -> bool:
+    """Only the line of the source changed (same file): code moved, the model did not."""
+    if set(fields) != {"source"}:
+        return False
+    a, b = fields["source"]
+    return isinstance(a, str) and isinstance(b, str) and a.rsplit(":", 1)[0] == b.rsplit(":", 1)[0]
 
 
 def _compare_init(
@@ -483,8 +493,14 @@ def _compare_metadata(a: RunFacts, b: RunFacts) -> list[Change]:
     changes: list[Change] = []
     for key in METADATA_STARTED:
         value_a, value_b = _dotted(a.started, key), _dotted(b.started, key)
-        if value_a != value_b:
-            changes.append(Change("metadata", key, "changed", {key: (value_a, value_b)}))
+        if value_a == value_b:
+            continue
+        if isinstance(value_a, dict) and isinstance(value_b, dict):  # the policy: only the keys that differ
+            keys = [k for k in {**value_a, **value_b} if value_a.get(k) != value_b.get(k)]
+            fields = {k: (value_a.get(k), value_b.get(k)) for k in keys}
+        else:
+            fields = {key: (value_a, value_b)}
+        changes.append(Change("metadata", key, "changed", fields, a={key: value_a}, b={key: value_b}))
     for key in METADATA_ENDED:
         value_a, value_b = _dotted(a.ended, key), _dotted(b.ended, key)
         if value_a != value_b:

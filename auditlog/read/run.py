@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from auditlog.core.errors import AuditlogError, CorruptRecordError, UsageError
+from auditlog.core.naming import Labels, attached_ids, label_state
 from auditlog.core.ranks import split_stream
 from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, replay
 from auditlog.read.runs import RunInfo, list_runs
@@ -101,6 +102,8 @@ class Run:
         (``activity``) when one of its module calls does. A malformed event is a
         ``CorruptRecordError`` naming it.
         """
+        if step_range is not None:
+            self.check_steps(step_range, self.stream if stream is None else stream)
         shown = self.store.location.display()
         streams: list[int | None]
         if stream is not None:
@@ -111,6 +114,8 @@ class Run:
             streams = list(self.rank_streams())
         else:
             streams = [None]  # one query, every stream in (stream, seq) order
+        if module is not None and not any(self.modules_matching(module, s) for s in streams if s is not None):
+            raise AuditlogError(f"no module of run {self.run_id[:12]} matches {module!r}")
         for one in streams:
             wanted = None if module is None or one is None else self.modules_matching(module, one)
             for row in self.store.iter_events(self.run_id, kinds=kinds, step_range=step_range, stream=one):
@@ -153,10 +158,18 @@ class Run:
                     }
 
     # ------------------------------------------------------------------ structure
+    def labels(self, stream: int | None = None) -> Labels:
+        """Every module's and tensor's name at the end of the run, by the one rule that
+        the views, ``diff`` and ``events`` share (``auditlog.core.naming``)."""
+        construction = list(self.events(kinds=CONSTRUCTION_KINDS, stream=self.stream if stream is None else stream))
+        return label_state(self._replay(iter(construction), None), attached_ids(construction))
+
     def model_state(self, upto_seq: int | None = None, stream: int | None = None) -> ModelState:
         """The module forest as of ``upto_seq`` (default: the end of the run) in one
         stream (default: ``self.stream``)."""
-        events = self.events(kinds=CONSTRUCTION_KINDS, stream=self.stream if stream is None else stream)
+        return self._replay(self.events(kinds=CONSTRUCTION_KINDS, stream=self.stream if stream is None else stream), upto_seq)
+
+    def _replay(self, events: Iterator[dict[str, Any]], upto_seq: int | None) -> ModelState:
         try:
             return replay(events, upto_seq=upto_seq)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -167,7 +180,9 @@ class Run:
         finally:
             # Close the half-read cursor now: an open one keeps its connection checked
             # out, and SQLite then leaves -wal/-shm files beside a store we only read.
-            events.close()  # type: ignore[attr-defined]
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
 
     def boundary(self, step: int | None = None, seq: int | None = None, stream: int | None = None) -> int | None:
         """The last seq of "the state right after the N-th optimizer.step() returned".
@@ -175,13 +190,18 @@ class Run:
         Step 0 is the sealed initial state: every event before the first one of
         step 1. ``seq`` is taken as given. Neither: None (the end of the run).
         """
+        if seq is not None and step is not None:
+            raise UsageError("a step and a seq name the point in the run twice; give one of them")
+        stream = self.stream if stream is None else stream
         if seq is not None:
             if seq < 1:
                 raise UsageError(f"bad seq {seq}: sequence numbers start at 1")
+            last_seq = self.store.last_seq(self.run_id, stream) or 0
+            if seq > last_seq:
+                raise UsageError(f"run {self.run_id[:12]} has no seq {seq} (its events are seq 1..{last_seq})")
             return seq
         if step is None:
             return None
-        stream = self.stream if stream is None else stream
         if step < 0:
             raise UsageError(f"bad step {step}: steps are >= 0")
         if step == 0:
@@ -189,9 +209,23 @@ class Run:
             return first - 1 if first is not None else self.store.last_seq(self.run_id, stream)
         found = self.store.step_seq(self.run_id, stream, step)
         if found is None:
+            self.check_steps((step, step), stream)
             last = self.store.max_step(self.run_id, stream) or 0
             raise UsageError(f"run {self.run_id[:12]} has no step {step} (it recorded steps 0..{last})")
         return found
+
+    def check_steps(self, step_range: tuple[int | None, int | None], stream: int = 0) -> None:
+        """A step range that starts after the run's last step is an error naming that step.
+
+        The one rule for every command: a step or seq beyond the run is not an
+        empty answer but a mistake (a range may end beyond the run).
+        """
+        low = step_range[0]
+        if low is None:
+            return
+        last = self.store.max_step(self.run_id, stream) or 0
+        if low > last:
+            raise UsageError(f"run {self.run_id[:12]} has no step {low} (it recorded steps 0..{last})")
 
     def state_at(self, step: int | None = None, seq: int | None = None) -> ModelState:
         """The module forest as of a step or a seq (see ``boundary``)."""
@@ -230,8 +264,8 @@ class Run:
                 f"no snapshot of {shown} at {when} (record with snapshot_every, or allow a partial state_dict)"
             )
         if len(missing) == len(plan):
-            what = "no tensor of the model was snapshotted" if plan else "the model has no parameters or buffers"
-            raise AuditlogError(f"{what} at {when}: nothing to restore")
+            what = f"no tensor of run {self.run_id[:12]} was snapshotted" if plan else "the model has no parameters or buffers"
+            raise AuditlogError(f"{what} at {when}; nothing to restore")
         # Every value is read back and its content hash compared with the hash the
         # chain recorded: a file replaced under a hash is an IntegrityError naming it.
         snapshots = SnapshotStore(self.store.location.snapshots)
@@ -283,7 +317,7 @@ class Run:
         distinct content stored tells the deduplication.
         """
         events = list(self.events(kinds=["snapshot_taken", "construction_sealed"]))
-        names = self.model_state().module_names()
+        labels = self.labels()
         catalog = self.store.blob_rows(sorted({t["sha256"] for e in events for t in _snapshot_tensors(e)}))
         rows: list[dict[str, Any]] = []
         for event in events:
@@ -294,14 +328,13 @@ class Run:
             payload = event["payload"]
             sealed = event["kind"] == "construction_sealed"
             new = int((payload.get("snapshot") or {}).get("new_bytes", logical if sealed else 0))
-            module_names = names.get(event["module_id"] or -1) or []
             rows.append(
                 {
                     "seq": event["seq"],
                     "step": event["step"],
                     "trigger": "sealed" if sealed else payload.get("trigger"),
                     "tag": payload.get("tag"),
-                    "module": (module_names[0] or "(root)") if module_names else None,
+                    "module": _snapshot_owner(event["module_id"], tensors, labels),
                     "tensors": len(tensors),
                     "logical_bytes": logical,
                     "new_bytes": new,
@@ -381,6 +414,19 @@ def pick_entry(
     if at_or_before:
         return at_or_before[-1][1], at_or_before[-1][2]
     return (same[0][1], same[0][2]) if same else None
+
+
+def _snapshot_owner(module_id: int | None, tensors: list[dict[str, Any]], labels: Labels) -> str | None:
+    """The module a snapshot is of; for a seal at an optimizer step (no module of its
+    own), the root(s) its tensors belong to."""
+    if module_id is not None:
+        return labels.module_label(module_id)
+    roots = {
+        labels.modules[found.module_id].root
+        for found in (labels.tensors.get(int(t.get("tensor_id") or -1)) for t in tensors)
+        if found is not None and found.module_id in labels.modules
+    }
+    return ", ".join(sorted(roots)) or None
 
 
 def _snapshot_tensors(event: dict[str, Any]) -> list[dict[str, Any]]:

@@ -59,7 +59,12 @@ class RunInfo:
 
     @property
     def duration_s(self) -> float:
-        end = self.ended_ns if self.ended_ns is not None else self.last_seen_ns
+        """Start to end; a crashed run ends when it was last seen (its last event or
+        heartbeat), not when a later recording noticed the crash."""
+        if self.ended_ns is not None and self.status != "crashed":
+            end = self.ended_ns
+        else:
+            end = self.last_seen_ns
         return max(0.0, (end - self.started_ns) / 1e9)
 
     def as_dict(self) -> dict[str, Any]:
@@ -118,6 +123,17 @@ def chained_runs(store: EventStore) -> list[ChainedRun]:
     for run_id, first in store.run_first_times().items():
         if run_id not in found:
             found[run_id] = ChainedRun(run_id, 0, first, {})
+    # A script's own record(name=...) joining `auditlog run` names the run in the
+    # chain with an ``auditlog.record`` annotation (when run_started had no name).
+    for event in store.events_of_kind("annotation"):
+        known = found.get(event.get("run_id"))  # type: ignore[arg-type]
+        payload = payload_object(event.get("payload"))
+        value = payload.get("fields")
+        fields: dict[str, Any] = value if isinstance(value, dict) else {}
+        if known is not None and known.name is None and payload.get("key") == "auditlog.record":
+            name = fields.get("name")
+            if isinstance(name, str):
+                found[known.run_id] = ChainedRun(known.run_id, known.stream, known.started_ns, {**known.meta, "name": name})
     return sorted(found.values(), key=lambda r: (r.started_ns, r.run_id))
 
 
@@ -133,6 +149,7 @@ def list_runs(store: EventStore) -> list[RunInfo]:
     time) from the runs index, which is not evidence.
     """
     counts = store.run_event_counts()
+    activity = store.last_activity_ns()
     # Summaries tolerate damaged rows (verify names them); nothing here may crash.
     started: dict[str, dict[int, dict[str, Any]]] = {}
     for event in store.events_of_kind("run_started"):
@@ -182,7 +199,7 @@ def list_runs(store: EventStore) -> list[RunInfo]:
                 steps=int(steps),
                 host=host,
                 pid=pid,
-                last_seen_ns=int(row["last_seen_ns"]),
+                last_seen_ns=max(int(row["last_seen_ns"]), activity.get(run_id, 0)),
                 exception=None if deciding is None else deciding.get("exception"),
                 world_size=live.world_size,
                 streams=len(live.streams) or 1,
@@ -225,6 +242,12 @@ def select_run(store: EventStore, selector: str) -> str:
         shown = ", ".join(m[:12] for m in matches[:5])
         raise RunNotFoundError(f"run prefix {selector!r} is ambiguous: matches {len(matches)} runs ({shown})")
     named = [r.run_id for r in rows if r.name == selector]
-    if named:
-        return named[-1]
+    if len(named) == 1:
+        return named[0]
+    if named:  # never guess which one was meant: an audit answer must name its run
+        shown = ", ".join(n[:12] for n in named[-5:])
+        raise RunNotFoundError(
+            f"run name {selector!r} is ambiguous: {len(named)} runs have it ({shown}, newest last); "
+            "select one by id"
+        )
     raise RunNotFoundError(f"no run matches {selector!r} (use an id, a unique id prefix, a name or 'latest')")

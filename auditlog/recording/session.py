@@ -5,6 +5,9 @@ installs the global hooks, and on exit removes exactly those hooks, seals what
 was never sealed, writes ``run_ended`` with the outcome and flushes. Only one
 recording may be active in a process: global hooks are process-wide, so a
 second one would double every event; it is refused with ``RecordingActiveError``.
+The one exception is a script run by ``auditlog run`` that calls ``record()``
+itself (it works under ``python``, so it must work there too): the outer
+recording is ``joinable`` and the inner one joins it (see ``Recording._join``).
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ class Recording(contextlib.ContextDecorator):
         handle_sigterm: bool = True,
         argv: list[str] | None = None,
         shard: bool | None = None,
+        joinable: bool = False,
         **overrides: Any,
     ) -> None:
         self.store_spec = store if isinstance(store, StoreLocation) or store is None else os.fspath(store)
@@ -97,6 +101,10 @@ class Recording(contextlib.ContextDecorator):
         self.handle_sigterm = handle_sigterm
         self.argv = argv
         self.shard = shard
+        self.joinable = joinable
+        self.options_given = store is not None or policy is not None or bool(overrides)
+        self.joined: Recording | None = None
+        self._join_noticed = False
         self.run_id: str | None = None
         self.stream = 0
         self.launch: Launch | None = None
@@ -124,6 +132,8 @@ class Recording(contextlib.ContextDecorator):
         """Begin recording (what ``with`` does on entry)."""
         global _active
         with _active_lock:
+            if _active is not None and _active.joinable and _active.joined is None:
+                return self._join(_active)
             if _active is not None:
                 raise RecordingActiveError(
                     f"a recording is already active in this process (run {_active.run_id}); "
@@ -181,9 +191,46 @@ class Recording(contextlib.ContextDecorator):
         self._install_sigterm()
         return self
 
+    def _join(self, outer: Recording) -> Recording:
+        """Join ``outer`` (the recording of ``auditlog run``) instead of starting a second one.
+
+        The run stays one run: this object's ``annotate``/``seal``/``snapshot``/
+        ``flush`` go to it, and leaving the block ends nothing. A name given here
+        names the run when ``auditlog run`` gave none (the runs index row, and an
+        ``auditlog.record`` annotation puts it in the hash chain); store and policy
+        options are ignored, since the hooks are already installed. One notice
+        per process says so.
+        """
+        self.joined = outer
+        self.disabled = outer.disabled
+        self.run_id, self.stream, self.store = outer.run_id, outer.stream, outer.store
+        self.recorder, self.writer, self._ended = outer.recorder, outer.writer, False
+        notes = []
+        if self.name is not None and outer.name is None and outer.recorder is not None and outer.store is not None:
+            outer.name = self.name
+            with contextlib.suppress(AuditlogError):  # a store failure is the writer's to report
+                outer.store.rename_run(outer.run_id or "", self.name)
+            outer.recorder.emit("annotation", payload={"key": "auditlog.record", "fields": {"name": self.name}})
+            notes.append(f"named {self.name!r}")
+        elif self.name is not None and self.name != outer.name:
+            notes.append(f"name {self.name!r} ignored (the run is named {outer.name!r})")
+        if self.options_given:
+            notes.append("store and policy options of record() ignored")
+        if not outer._join_noticed:
+            outer._join_noticed = True
+            shown = (outer.run_id or "")[:12]
+            _warn_once(
+                f"auditlog: record() joins the recording of `auditlog run` (run {shown})"
+                + (f"; {'; '.join(notes)}" if notes else "")
+            )
+        return self
+
     def stop(self, exc: BaseException | None = None) -> None:
         """End recording with the outcome implied by ``exc`` (None: completed)."""
         global _active
+        if self.joined is not None:  # the outer recording ends the run
+            self._ended = True
+            return
         if self._ended or self.recorder is None or self.writer is None:
             return
         self._ended = True
@@ -271,7 +318,7 @@ class Recording(contextlib.ContextDecorator):
     def _require(self) -> Recorder:
         if self.disabled is not None:
             return _NullRecorder()  # type: ignore[return-value]
-        if self.recorder is None or self._ended:
+        if self.recorder is None or self._ended or (self.joined is not None and self.joined._ended):
             raise AuditlogError("this recording is not active")
         return self.recorder
 
@@ -312,8 +359,8 @@ def _outcome(exc: BaseException | None) -> dict[str, Any]:
         return {"status": "completed", "exit_code": 0, "exception": None, "signal": None}
     if isinstance(exc, Terminated):
         return {"status": "interrupted", "exit_code": exc.code, "exception": None, "signal": "SIGTERM"}
-    if isinstance(exc, KeyboardInterrupt):
-        return {"status": "interrupted", "exit_code": 130, "exception": None, "signal": "SIGINT"}
+    if isinstance(exc, KeyboardInterrupt):  # the traceback python prints for Ctrl-C, kept too
+        return {"status": "interrupted", "exit_code": 130, "exception": _described(exc), "signal": "SIGINT"}
     if isinstance(exc, SystemExit):
         status = exit_status(exc)
         if status == 0:
@@ -324,13 +371,12 @@ def _outcome(exc: BaseException | None) -> dict[str, Any]:
             "exception": {"type": "SystemExit", "message": str(exc.code), "traceback": None},
             "signal": None,
         }
+    return {"status": "failed", "exit_code": 1, "exception": _described(exc), "signal": None}
+
+
+def _described(exc: BaseException) -> dict[str, Any]:
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return {
-        "status": "failed",
-        "exit_code": 1,
-        "exception": {"type": type(exc).__name__, "message": str(exc), "traceback": text[-20000:]},
-        "signal": None,
-    }
+    return {"type": type(exc).__name__, "message": str(exc), "traceback": text[-20000:]}
 
 
 def record(

@@ -31,7 +31,7 @@ from auditlog.core.errors import (
 )
 from auditlog.store import schema
 from auditlog.store.location import StoreLocation, resolve_store
-from auditlog.store.opening import check_revision, existing_revision, make_engine
+from auditlog.store.opening import check_revision, existing_revision, make_engine, read_only_query
 from auditlog.store.queries import EventQueries
 from auditlog.store.schema import SNAPSHOTS_META
 
@@ -44,10 +44,13 @@ _EVENT_VALUES = operator.itemgetter(*EVENT_COLUMNS)
 class EventStore(EventQueries):
     """An open, validated event store."""
 
-    def __init__(self, location: StoreLocation, engine: Engine, revision: str) -> None:
+    def __init__(
+        self, location: StoreLocation, engine: Engine, revision: str, read_only: str | None = None
+    ) -> None:
         self.location = location
         self.engine = engine
         self.revision = revision
+        self.read_only = read_only  # URI parameters of a store on read-only media, else None
         self._insert_sql = _insert_statement(engine.dialect.paramstyle)
 
     # ------------------------------------------------------------------ open
@@ -67,6 +70,8 @@ class EventStore(EventQueries):
         """
         location = store if isinstance(store, StoreLocation) else resolve_store(store)
         shown = location.display()
+        # Reading an archive on read-only media: SQLite must not try to create -shm.
+        read_only = None if create else read_only_query(location, shown)
         revision = existing_revision(location, shown, create)
         shared = location.directory is None and location.database is None
         if revision is None:
@@ -80,12 +85,17 @@ class EventStore(EventQueries):
             create_store(location)
             revision = schema.HEAD_REVISION
         check_revision(revision, shown, allow_old=allow_old)
-        opened = cls(location, make_engine(location, synchronous), revision)
+        opened = cls(location, make_engine(location, synchronous, read_only), revision, read_only)
         if shared and not location.snapshots_given:
             recorded = opened.meta().get(SNAPSHOTS_META)
             if recorded:
                 opened.location = dataclasses.replace(location, snapshots=Path(recorded), snapshots_given=True)
         return opened
+
+    def sqlite_read_uri(self) -> str:
+        """A ``file:`` URI that reads the SQLite file and can never write it."""
+        assert self.location.database is not None
+        return self.location.database.absolute().as_uri() + "?" + (self.read_only or "mode=ro")
 
     # ------------------------------------------------------------------ write
     def create_run(
@@ -158,6 +168,12 @@ class EventStore(EventQueries):
         """Insert already chained events in one transaction (``auditlog combine``)."""
         with self.guard("copying events"), self.engine.begin() as conn:
             conn.exec_driver_sql(self._insert_sql, [_EVENT_VALUES(r) for r in rows])
+    def rename_run(self, run_id: str, name: str) -> None:
+        """Name a run that has no name yet (a ``record(name=...)`` joining ``auditlog run``);
+        the recorder also puts the name in the hash chain as an annotation."""
+        runs = schema.runs
+        with self.guard("naming a run"), self.engine.begin() as conn:
+            conn.execute(runs.update().where(runs.c.run_id == run_id, runs.c.name.is_(None)).values(name=name))
 
     def add_blobs(self, rows: Sequence[dict[str, Any]]) -> None:
         """Add catalog rows; a row another process added first is left as it is."""

@@ -9,6 +9,7 @@ naming the store and the cause.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import uuid
 from pathlib import Path
@@ -54,7 +55,8 @@ def sqlite_revision(path: Path, shown: str) -> str:
     # they exist, a normal read-only connection uses them and creates nothing.
     sidecars = [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
     immutable = not any(p.exists() for p in sidecars)
-    uri = f"file:{quote(str(path))}?mode=ro" + ("&immutable=1" if immutable else "")
+    params = _read_only_params(path, shown)  # a read-only directory: what SQLite can do there
+    uri = f"file:{quote(str(path))}?" + (params or ("mode=ro&immutable=1" if immutable else "mode=ro"))
     try:
         conn = sqlite3.connect(uri, uri=True)
         try:
@@ -93,6 +95,36 @@ def _check_not_truncated(path: Path, header: bytes, size: int, shown: str) -> No
         )
 
 
+def read_only_query(location: StoreLocation, shown: str) -> str | None:
+    """How to read a SQLite store whose directory cannot be written (an archive on
+    read-only media), as URI parameters; None when it is writable.
+
+    A WAL database normally needs to create ``-shm`` beside it, even to read.
+    Without a ``-wal`` file (or with an empty one) the database file holds
+    everything, so it is opened ``immutable`` (no locks, no sidecar files); with
+    both ``-wal`` and ``-shm``, SQLite reads them read-only. A ``-wal`` without
+    ``-shm`` cannot be read in place: refused, with what to do.
+    """
+    database = location.database
+    if database is None or not location.is_sqlite:
+        return None
+    return _read_only_params(database, shown)
+
+
+def _read_only_params(database: Path, shown: str) -> str | None:
+    if os.access(database.parent, os.W_OK):
+        return None
+    wal, shm = (database.with_name(database.name + suffix) for suffix in ("-wal", "-shm"))
+    if not wal.exists() or wal.stat().st_size == 0:
+        return "mode=ro&immutable=1"
+    if shm.exists():
+        return "mode=ro"
+    raise StoreError(
+        f"store {shown!r} is read-only and its newest events are in {wal.name} without {shm.name}; "
+        "SQLite cannot read them in place: copy the store to a writable directory"
+    )
+
+
 def check_revision(revision: str, shown: str, allow_old: bool = False) -> None:
     """Refuse a store whose schema this version of auditlog cannot read or write."""
     if revision not in schema.KNOWN_REVISIONS:
@@ -107,17 +139,21 @@ def check_revision(revision: str, shown: str, allow_old: bool = False) -> None:
         )
 
 
-def make_engine(location: StoreLocation, synchronous: str = "NORMAL") -> Engine:
+def make_engine(location: StoreLocation, synchronous: str = "NORMAL", read_only: str | None = None) -> Engine:
     """A SQLAlchemy engine with the SQLite pragmas (the only dialect-specific SQL).
 
     WAL with ``synchronous=NORMAL`` survives a process crash (committed
     transactions are in the WAL) but may lose the last commits on power loss;
-    ``FULL`` syncs the WAL on every commit.
+    ``FULL`` syncs the WAL on every commit. ``read_only``: URI parameters from
+    ``read_only_query`` for a store that cannot be written.
     """
     if synchronous not in ("NORMAL", "FULL"):
         raise ValueError(synchronous)
+    url = location.url
+    if read_only is not None and location.database is not None:
+        url = f"sqlite:///file:{quote(str(location.database))}?{read_only}&uri=true"
     try:
-        engine = create_engine(location.url)
+        engine = create_engine(url)
     except ImportError as exc:  # the dialect's driver (psycopg) is an optional extra
         raise StoreError(missing_driver(location, exc)) from exc
     except (SQLAlchemyError, ValueError) as exc:  # a malformed URL, an unknown dialect

@@ -109,6 +109,15 @@ class EventQueries:
         with self.guard("reading runs"), self.engine.connect() as conn:
             rows = conn.execute(select(_ev.c.run_id, func.min(_ev.c.ts_ns)).group_by(_ev.c.run_id))
             return {r[0]: int(r[1]) for r in rows if isinstance(r[0], str) and isinstance(r[1], int)}
+    def last_activity_ns(self) -> dict[str, int]:
+        """``run_id -> time of its newest event other than run_ended`` (when a crashed run
+        was last seen doing something; its ``run_ended`` is written later, by whoever noticed)."""
+        with self.guard("reading event times"), self.engine.connect() as conn:
+            rows = conn.execute(
+                select(_ev.c.run_id, func.max(_ev.c.ts_ns)).where(_ev.c.kind != "run_ended").group_by(_ev.c.run_id)
+            )
+            found = {str(r[0]): _int_or_none(r[1]) for r in rows}
+            return {run_id: ns for run_id, ns in found.items() if ns is not None}  # damaged rows: verify's to name
 
     def events_of_kind(self, kind: str) -> list[dict[str, Any]]:
         """Every event of one kind across runs (run_started/run_ended summaries)."""
@@ -127,7 +136,8 @@ class EventQueries:
         """The stream numbers (ranks) a run has events in."""
         with self.guard("listing streams"), self.engine.connect() as conn:
             rows = conn.execute(select(_ev.c.stream).where(_ev.c.run_id == run_id).distinct())
-            return sorted(int(r[0]) for r in rows)
+            # A garbled stream value (not a number) is not a stream: verify names it.
+            return sorted(int(r[0]) for r in rows if _int_or_none(r[0]) is not None)
 
     def stream_event_counts(self, run_id: str) -> list[tuple[Any, int]]:
         """``(stream value as stored, events)`` per stream: verify reports a garbled stream value."""

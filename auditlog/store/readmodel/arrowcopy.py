@@ -142,10 +142,8 @@ def _normalize(batch: pa.RecordBatch) -> pa.RecordBatch:
 def _adbc_sqlite_batches(store: EventStore, after_id: int, upto_id: int) -> Iterator[pa.RecordBatch]:
     import adbc_driver_sqlite.dbapi as adbc_sqlite
 
-    database = store.location.database
-    assert database is not None
     # Read-only URI: the copy must never be able to write the record.
-    uri = database.absolute().as_uri() + "?mode=ro"
+    uri = store.sqlite_read_uri()
     wanted = ", ".join("coalesce(snapshot, '') AS snapshot" if c == "snapshot" else c for c in EVENT_COLUMNS)
     query = f"SELECT {wanted} FROM events WHERE id > ? AND id <= ? ORDER BY id"
     try:

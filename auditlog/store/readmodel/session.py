@@ -42,10 +42,12 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -73,11 +75,16 @@ class QueryError(AuditlogError):
     """DuckDB could not run the SQL (syntax, unknown column, refused file access). Exit code 1."""
 
 
+class QueryTimeoutError(QueryError):
+    """The query ran past its time limit and was cancelled. Exit code 1."""
+
+
 # EXPLAIN's statement type hides what it explains; the explained statement is
 # parsed again on its own. A prefix this regex cannot strip (a comment before
 # EXPLAIN, say) stays EXPLAIN and is refused: failing closed.
 _EXPLAIN_PREFIX = re.compile(r"^\s*explain\s+(analyze\s+)?", re.IGNORECASE)
 _RUN_ID = re.compile(r"^[0-9A-Za-z_-]{1,64}$")
+_T = TypeVar("_T")
 
 
 def allowed_directories(location: StoreLocation) -> list[str]:
@@ -107,12 +114,23 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> str:
             check_read_only(con, inner)
             return statement.query
     if kind != duckdb.StatementType.SELECT:
-        name = str(kind).rsplit(".", 1)[-1]
+        name = _statement_name(statement.query, str(kind).rsplit(".", 1)[-1])
+        article = "an" if name[:1] in "AEIOU" else "a"
         raise QueryRefusedError(
             f"only read-only queries are allowed (SELECT, WITH, FROM, DESCRIBE, SHOW, EXPLAIN); "
-            f"refused a {name} statement"
+            f"refused {article} {name} statement"
         )
     return str(statement.query)
+
+
+_FIRST_WORD = re.compile(r"^\s*([A-Za-z_]+)")
+
+
+def _statement_name(query: str, kind: str) -> str:
+    """What a user typed (``INSTALL``, which DuckDB classifies as LOAD), else DuckDB's type."""
+    match = _FIRST_WORD.match(query)
+    word = match.group(1).upper() if match else ""
+    return word if word and word not in ("WITH", "FROM", "SELECT", "EXPLAIN") else kind
 
 
 @dataclass
@@ -268,11 +286,18 @@ class QuerySession:
         self.con.unregister("runs_live_rows")
 
     # ------------------------------------------------------------------ use
-    def execute(self, sql: str) -> QueryResult:
-        """Run one read-only statement; DuckDB errors become one-line ``QueryError``."""
+    def execute(self, sql: str, timeout: float | None = None) -> QueryResult:
+        """Run one read-only statement; DuckDB errors become one-line ``QueryError``.
+
+        DuckDB does not look at Python's signals while it works, so the statement
+        runs (and each batch of rows is fetched) in a worker thread while this one
+        waits: Ctrl-C (``KeyboardInterrupt``) or the end of ``timeout`` seconds
+        cancels it with DuckDB's ``interrupt()``. Rows are fetched as they are read.
+        """
         statement = check_read_only(self.con, sql)
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            cursor = self.con.execute(statement)
+            cursor = self._watched(lambda: self.con.execute(statement), deadline, timeout)
         except duckdb.PermissionException as exc:
             raise QueryError(f"{one_line(exc)} (queries read the record's views, no other files)") from exc
         except duckdb.Error as exc:
@@ -284,7 +309,7 @@ class QuerySession:
         def rows() -> Iterator[tuple[Any, ...]]:
             while True:
                 try:
-                    batch = cursor.fetchmany(2048)
+                    batch = self._watched(lambda: cursor.fetchmany(2048), deadline, timeout)
                 except duckdb.Error as exc:
                     raise QueryError(one_line(exc)) from exc
                 if not batch:
@@ -292,6 +317,45 @@ class QuerySession:
                 yield from batch
 
         return QueryResult(columns, types, rows())
+
+    def _watched(self, work: Callable[[], _T], deadline: float | None, timeout: float | None) -> _T:
+        """``work()`` in a worker thread, cancelled by Ctrl-C or the deadline.
+
+        The wait is on an ``Event``, not ``Thread.join``: a join interrupted by
+        Ctrl-C can afterwards report a running thread as finished (CPython < 3.13).
+        """
+        done: list[_T] = []
+        failed: list[BaseException] = []
+        finished = threading.Event()
+
+        def run() -> None:
+            try:
+                done.append(work())
+            except BaseException as exc:  # handed to the waiting thread
+                failed.append(exc)
+            finally:
+                finished.set()
+
+        threading.Thread(target=run, name="auditlog-query", daemon=True).start()
+        try:
+            while not finished.is_set():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    self._cancel(finished)
+                    raise QueryTimeoutError(f"query cancelled: it ran past its time limit of {timeout:g} s")
+                finished.wait(0.1 if left is None else min(0.1, left))
+        except KeyboardInterrupt:
+            self._cancel(finished)
+            raise
+        if failed:
+            raise failed[0]
+        return done[0]
+
+    def _cancel(self, finished: threading.Event) -> None:
+        """Interrupt DuckDB and wait until the worker has let go of the connection."""
+        while not finished.is_set():
+            self.con.interrupt()
+            finished.wait(0.1)
 
     def close(self) -> None:
         self._resources.close()

@@ -477,7 +477,12 @@ VIEWS: tuple[View, ...] = (
             _SEQ,
             _STEP,
             _TIME,
-            _c("trigger", "VARCHAR", "sealed | step (every N steps) | explicit (run.snapshot) | run_end"),
+            _c(
+                "trigger",
+                "VARCHAR",
+                "sealed | step (every N steps) | explicit (run.snapshot) | run_end | released "
+                "(a model garbage-collected before the run ended: its last values)",
+            ),
             _c("tag", "VARCHAR", "user label of an explicit snapshot"),
             _c("tensor_id", "BIGINT", "tensor identity within the run's stream"),
             _c("tensor", "VARCHAR", "qualified parameter or buffer name from replay"),
