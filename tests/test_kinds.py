@@ -21,15 +21,19 @@ def test_readme_embeds_the_generated_kinds_reference() -> None:
 
 
 def test_every_emitted_kind_and_field_is_documented(store: Path) -> None:
-    with auditlog.record(store, backward="grad") as run:
+    with auditlog.record(store, backward="grad", nonfinite_check=True) as run:
         model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+        loss_fn = nn.MSELoss()  # metrics: the loss of every step
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        model(torch.randn(3, 2)).sum().backward()
+        loss_fn(model(torch.randn(3, 2)), torch.zeros(3, 2)).backward()
         opt.step()
         model[1].weight.requires_grad_(False)  # no hook: found by the structural check
         model(torch.randn(3, 2)).sum().backward()
         opt.step()
         run.annotate("note", text="hello")
+        run.log(acc=0.5)
+        (model(torch.randn(3, 2)).sum() * float("nan")).backward()  # nonfinite_found
+        opt.step()
     with auditlog.open(store) as s:
         events = list(s.run().events())
     seen = {e["kind"] for e in events}

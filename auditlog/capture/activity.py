@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from auditlog.capture.base import ACTIVITY_FLUSH, MAX_TENSORS, RecorderBase, class_name
+from auditlog.capture.payloads import NonFiniteInputs
 from auditlog.capture.torch_compat import compile_guard, tensor_version, unwrap_compiled
 from auditlog.core.chain import Clean
 from auditlog.core.tensors import StatsRecord, activity_stats, batch_records
@@ -61,36 +62,71 @@ class ActivityHooks(RecorderBase):
     @compile_guard
     def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
         try:
+            called = module
             module = unwrap_compiled(module)  # torch.compile wrapper: count once
             stack = self.call_stack()
             if not stack and self._scanned.get(module) != self._registrations:
                 self.seal(module, "first_forward")  # also remembers it as a root
+            self.watch_call(called, not stack)  # loss modules and roots: metrics.py
+            if self.sampling and self.policy.activity and self._selected_module(module, self.module_id(module)):
+                self._inputs[(id(module), len(stack))] = self._input_check(args)
             stack.append(module)
         except Exception as exc:
             self.fault("forward_pre_hook", exc)
         return None
+
+    def _input_check(self, args: Any) -> int | NonFiniteInputs | None:
+        """NaN/Inf elements in a call's positional input tensors (the first 4), so that
+        ``auditlog nonfinite`` can tell a module that produced a NaN from one that was
+        handed it. An input that is an earlier call's output (same tensor, same
+        version) reuses that call's statistics; others cost one norm."""
+        parts: list[dict[str, Any] | StatsRecord] = []
+        for tensor in tensors_in(args, MAX_TENSORS)[:MAX_TENSORS]:
+            if not (tensor.is_floating_point() or tensor.is_complex()):
+                continue  # integers and booleans are always finite
+            seen = self._outputs_seen.get(id(tensor))
+            if seen is not None and seen[0]() is tensor and seen[1] == tensor_version(tensor):
+                parts.append(seen[2])
+            else:
+                parts.append(activity_stats(tensor, full=False))
+        if not parts:
+            return None
+        if all(isinstance(p, dict) for p in parts):
+            return NonFiniteInputs(parts).resolve()  # plain numbers (CPU): add them up now
+        return NonFiniteInputs(parts)
 
     @compile_guard
     def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         try:
             module = unwrap_compiled(module)
             stack = self.call_stack()
+            depth = len(stack) - 1
             if stack and stack[-1] is module:
                 stack.pop()
             elif module in stack:
-                del stack[len(stack) - 1 - stack[::-1].index(module) :]
+                depth = len(stack) - 1 - stack[::-1].index(module)
+                del stack[depth:]
+            inputs = self._inputs.pop((id(module), depth), None) if self._inputs else None
             if not (self.sampling and self.policy.activity):
                 return None
             module_id = self.module_id(module)
             if not self._selected_module(module, module_id):
                 return None
             if output is None:
-                self._add_activity(self.step, "forward", {"module_id": module_id, "n_outputs": 0, "outputs": [], "error": True})
+                self._add_activity(
+                    self.step,
+                    "forward",
+                    {"module_id": module_id, "n_outputs": 0, "outputs": [], "input_nonfinite": inputs, "error": True},
+                )
                 return None
             tensors = tensors_in(output)
             full = self.policy.stats == "full"
             stats = [self._output_stats(t, full) for t in tensors[:MAX_TENSORS]]
-            self._add_activity(self.step, "forward", {"module_id": module_id, "n_outputs": len(tensors), "outputs": stats})
+            self._add_activity(
+                self.step,
+                "forward",
+                {"module_id": module_id, "n_outputs": len(tensors), "outputs": stats, "input_nonfinite": inputs},
+            )
             if self.policy.backward == "grad" and torch.is_grad_enabled():
                 self._hook_gradients(module_id, tensors)
         except Exception as exc:
@@ -108,6 +144,7 @@ class ActivityHooks(RecorderBase):
         """Emit the held module activity: one ``activity`` event per step it belongs to."""
         self._outputs_seen.clear()
         self._grads_hooked.clear()
+        self._inputs.clear()
         activity = self._activity
         by_step: dict[int, dict[str, list[Any]]] = {}
         for _ in range(len(activity)):
@@ -124,6 +161,13 @@ class ActivityHooks(RecorderBase):
                 for key in ("outputs", "grad_outputs", "grad_inputs")
                 for stats in entry.get(key, ())
                 if type(stats) is StatsRecord
+            ]
+            lazy += [
+                part
+                for entry in calls["forward"]
+                if type(entry.get("input_nonfinite")) is NonFiniteInputs
+                for part in entry["input_nonfinite"].parts
+                if type(part) is StatsRecord
             ]
             if lazy:
                 batch_records(lazy)  # device statistics: one readback per step on the writer
@@ -143,7 +187,7 @@ class ActivityHooks(RecorderBase):
         version = tensor_version(tensor)
         if seen is not None and seen[0]() is tensor and seen[1] == version:
             return seen[2]
-        stats = activity_stats(tensor, full)
+        stats = activity_stats(tensor, full, units=full)
         self._outputs_seen[id(tensor)] = (weakref.ref(tensor), version, stats)
         return stats
 

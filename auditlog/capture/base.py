@@ -6,6 +6,10 @@ structural checks (``structure.py``), module activity (``activity.py``) and
 optimizer steps (``optimizer.py``). They share the state defined here; the few
 calls that cross concerns are declared here and implemented by their mixin.
 
+Forensics: metrics (``metrics.py``: the loss every step, user-logged values),
+FLOPs of one step (``flops.py``) and the first non-finite gradient
+(``nonfinite.py``) are mixins too.
+
 Rules every hook follows (DESIGN.md):
 - return ``None``: a non-None return value would replace the tensor or parameter;
 - never raise into user code: faults become ``recorder_error`` records and one
@@ -88,6 +92,8 @@ class RecorderBase:
         # is hooked (weakly held; cleared at every flush).
         self._outputs_seen: dict[int, tuple[weakref.ref[torch.Tensor], int, dict[str, Any] | StatsRecord]] = {}
         self._grads_hooked: dict[int, tuple[weakref.ref[torch.Tensor], int, list[int]]] = {}
+        # input NaN/Inf checks of the calls in progress, by (id(module), depth in the call stack)
+        self._inputs: dict[tuple[int, int], Any] = {}
         self._selected: dict[int, bool] = {}
         self._names: dict[int, list[str]] = {}
         self._selected_at = -1
@@ -220,6 +226,27 @@ class RecorderBase:
         raise NotImplementedError
 
     def update_call_hooks(self) -> None:
+        raise NotImplementedError
+
+    def watch_call(self, called: torch.nn.Module, root_call: bool) -> None:
+        raise NotImplementedError
+
+    def flush_metrics(self) -> None:
+        raise NotImplementedError
+
+    def flops_root_started(self, module: torch.nn.Module) -> None:
+        raise NotImplementedError
+
+    def stop_flops(self, closed_by: str) -> None:
+        raise NotImplementedError
+
+    def check_before_step(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def check_after_step(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def last_loss(self) -> Any:
         raise NotImplementedError
 
 

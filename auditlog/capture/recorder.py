@@ -15,6 +15,9 @@ from torch.utils.hooks import RemovableHandle
 from auditlog.capture.activity import ActivityHooks
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.construction import ConstructionHooks
+from auditlog.capture.flops import FlopCounting
+from auditlog.capture.metrics import MetricHooks
+from auditlog.capture.nonfinite import NonFiniteWatch
 from auditlog.capture.optimizer import OptimizerHooks
 from auditlog.capture.roots import RootTracking
 from auditlog.capture.structure import StructureChecks
@@ -22,7 +25,16 @@ from auditlog.capture.torch_compat import FullBackwardFlag
 from auditlog.core.policy import Policy
 
 
-class Recorder(ConstructionHooks, RootTracking, StructureChecks, ActivityHooks, OptimizerHooks):
+class Recorder(
+    ConstructionHooks,
+    RootTracking,
+    StructureChecks,
+    ActivityHooks,
+    OptimizerHooks,
+    MetricHooks,
+    FlopCounting,
+    NonFiniteWatch,
+):
     """Installs the global hooks and emits records for one run onto a ``RecordBuffer``."""
 
     def __init__(self, buffer: RecordBuffer, policy: Policy | None = None) -> None:
@@ -66,6 +78,7 @@ class Recorder(ConstructionHooks, RootTracking, StructureChecks, ActivityHooks, 
         while self._call_handles:
             self._call_handles.pop().remove()
         self.call_stack().clear()
+        self._inputs.clear()
 
     def update_call_hooks(self) -> None:
         """Per-call hooks present exactly when the coming step is sampled."""
@@ -77,6 +90,8 @@ class Recorder(ConstructionHooks, RootTracking, StructureChecks, ActivityHooks, 
     def remove(self) -> None:
         """Remove exactly the hooks this recorder installed, and torch's flag as it was."""
         self._remove_call_hooks()
+        self.remove_metric_hooks()
+        self.stop_flops("run_end")
         while self._handles:
             self._handles.pop().remove()
         self._full_flag.restore()
@@ -84,6 +99,7 @@ class Recorder(ConstructionHooks, RootTracking, StructureChecks, ActivityHooks, 
     # ------------------------------------------------------------------ end
     def finish(self) -> None:
         """Run end: seal what was never sealed, check structure, take the final snapshot."""
+        self.flush_metrics()
         self.flush_activity()
         if self._unsealed:
             self.seal(None, "run_end")

@@ -118,6 +118,28 @@ def foreach_sub_(targets: list[torch.Tensor], others: list[torch.Tensor]) -> Non
     torch._foreach_sub_(targets, others)
 
 
+# --------------------------------------------------------------------------- losses and FLOPs
+def is_loss_module(module: torch.nn.Module) -> bool:
+    """Is this one of torch's loss modules (``torch.nn.modules.loss._Loss``, the base of
+    ``CrossEntropyLoss``, ``MSELoss`` ...; private by name, torch 1.0-2.13)?"""
+    return isinstance(module, _LOSS)
+
+
+_LOSS = torch.nn.modules.loss._Loss
+
+
+def innermost_dispatch_mode() -> Any:
+    """The innermost active ``TorchDispatchMode`` on this thread, or None
+    (``torch.utils._python_dispatch._get_current_dispatch_mode``, torch 2.0-2.13).
+
+    A mode entered in one hook and left in another must be the innermost one
+    when it is left: leaving pops whatever is innermost.
+    """
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode()
+
+
 # --------------------------------------------------------------------------- global hook state
 class FullBackwardFlag:
     """torch's module-level note of which kind of global backward hook is in use.
@@ -159,4 +181,6 @@ REQUIRED = {
     "torch._foreach_copy_": lambda: torch._foreach_copy_,
     "torch._foreach_sub_": lambda: torch._foreach_sub_,
     "torch.compiler.is_compiling": lambda: torch.compiler.is_compiling,
+    "torch.nn.modules.loss._Loss": lambda: torch.nn.modules.loss._Loss,
+    "torch.utils._python_dispatch._get_current_dispatch_mode": innermost_dispatch_mode,
 }

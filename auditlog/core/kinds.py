@@ -133,7 +133,10 @@ _KINDS = [
         "Contents are stored once per distinct hash in snapshots/ (Parquet) and listed "
         "in the snapshot_blobs catalog, so the hash chain covers them.",
         {
-            "trigger": "step (every N optimizer steps) | explicit (run.snapshot) | run_end",
+            "trigger": "step (every N optimizer steps) | explicit (run.snapshot) | run_end | released "
+            "(the root was garbage-collected) | last_finite (the values before the first non-finite "
+            "gradients were applied, or, keep_finite_state, the parameters before the step that made "
+            "them non-finite; module_id null then)",
             "tag": "user label for explicit snapshots, else null",
             "snapshot": "{tensors: [{tensor_id, sha256}], new_bytes: bytes newly stored, "
             "copied_bytes: bytes copied and hashed (every tensor, every time: unchanged content "
@@ -167,7 +170,10 @@ _KINDS = [
         "\"NaN\"/\"Infinity\"/\"-Infinity\".",
         {
             "forward": "list of {module_id, n_outputs, outputs: statistics of the first 4 output "
-            "tensors, error: true when forward raised (always_call hook)}",
+            "tensors (with policy stats=full also zeros: elements exactly 0, units and dead_units: "
+            "features (last dimension; channels from 4-D on) that were 0 throughout the batch), "
+            "input_nonfinite: NaN/Inf elements in the first 4 positional input tensors (null when "
+            "the call had none), error: true when forward raised (always_call hook)}",
             "backward": "list of {module_id, mechanism: grad (tensor hooks on outputs, default) | "
             "full | legacy, grad_outputs: statistics of gradients w.r.t. the outputs, grad_inputs: "
             "w.r.t. the inputs (full/legacy only)}",
@@ -187,6 +193,46 @@ _KINDS = [
             "the policy's norms_every skips)",
             "param_norm": "L2 norm of each parameter after the step (null on skipped steps)",
             "nonfinite_grads": "number of parameters whose gradient norm was not finite",
+        },
+    ),
+    Kind(
+        "metrics",
+        "Scalar metrics: the training loss recorded with no code change (the output of every "
+        "loss module call, and a root module's output that carries a loss, e.g. Hugging Face "
+        "ModelOutput.loss), emitted once per step before its activity and optimizer_step events; "
+        "and values logged with auditlog.log(...), emitted at once. step is the optimizer steps "
+        "completed when the value was computed (the loss of the first iteration is step 0).",
+        {
+            "metrics": "list of {name: loss | eval_loss (a loss that required no grad) | the "
+            "user's name, value: number (NaN/Infinity as text), origin: loss_module | "
+            "model_output | user, module_id: the module that returned it (null for user values), "
+            "step: the step the user gave to auditlog.log (absent when not given)}",
+        },
+    ),
+    Kind(
+        "flops",
+        "Training FLOPs of one step, counted with torch.utils.flop_counter.FlopCounterMode from "
+        "the first root forward with gradients enabled to the next optimizer step's pre hook "
+        "(forwards, loss and backward; not the optimizer update). step is the step measured.",
+        {
+            "flops": "floating-point operations counted (a multiply-add counts 2)",
+            "by_operator": "{aten operator: FLOPs}",
+            "forwards": "root forward calls inside the counted window",
+            "closed_by": "optimizer_step | forward_limit (64 root forwards without an optimizer "
+            "step) | run_end",
+        },
+    ),
+    Kind(
+        "nonfinite_found",
+        "The first non-finite gradient, loss or parameter, caught by the policy options "
+        "nonfinite_check (in the optimizer's pre hook, before the update) or keep_finite_state "
+        "(after the update). Followed by a snapshot_taken with trigger last_finite.",
+        {
+            "where": "gradients | loss | parameters",
+            "loss": "the step's last training loss recorded, when known",
+            "gradients": "list of {tensor_id, stats}: full statistics of every parameter's "
+            "gradient at that step (empty for where=parameters); " + STATS_DOC,
+            "snapshot": "true when a last_finite snapshot follows",
         },
     ),
     Kind(

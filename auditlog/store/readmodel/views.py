@@ -42,6 +42,7 @@ BASE_TABLES: tuple[str, ...] = (
     "tensors",
     "snapshots",
     "snapshot_catalog",
+    "metrics",
 )
 RUNS_LIVE = "_runs_live"
 
@@ -349,11 +350,17 @@ VIEWS: tuple[View, ...] = (
             _c("output", "INTEGER", "index of the output tensor (0-based)"),
             _c("n_outputs", "BIGINT", "number of tensors the call returned"),
             *_stats("", "output"),
+            _c("zeros", "BIGINT", "elements exactly 0 (policy stats=full)"),
+            _c("units", "BIGINT", "features of the output: its last dimension (2-D, 3-D) or dimension 1 (4-D on)"),
+            _c("dead_units", "BIGINT", "units that were exactly 0 throughout the batch (a ReLU that never fired)"),
+            _c("input_nonfinite", "BIGINT", "NaN/Inf elements in the call's first 4 positional input "
+               "tensors (the same for every output row of the call; null when it had none)"),
         ),
         """
         SELECT f.run_id, f.stream, f.seq, f.step, make_timestamp(f.ts_ns // 1000) AS time,
                f.call, f.module_id, f.module, f.output, f.n_outputs, f.shape, f.dtype, f.numel, f.norm,
-               f.mean, f.std, f.min, f.max, f.nan, f.inf
+               f.mean, f.std, f.min, f.max, f.nan, f.inf, f.zeros, f.units, f.dead_units,
+               f.input_nonfinite
         FROM {forward_stats} f
         """,
     ),
@@ -381,6 +388,32 @@ VIEWS: tuple[View, ...] = (
                b.numel, b.grad_norm, b.grad_mean, b.grad_std, b.grad_min, b.grad_max,
                b.grad_nan, b.grad_inf
         FROM {backward_stats} b
+        """,
+    ),
+    View(
+        "metrics",
+        "One row per recorded metric value: the training loss recorded with no code change "
+        "(loss modules, model outputs carrying a loss) and values logged with auditlog.log().",
+        (
+            _RUN,
+            _STREAM,
+            _SEQ,
+            _c("step", "BIGINT", "the step the value belongs to: the user's step= when given, else the "
+               "optimizer steps completed when it was computed (the first iteration's loss is step 0)"),
+            _TIME,
+            _c("name", "VARCHAR", "loss | eval_loss (computed without grad) | the name given to auditlog.log"),
+            _c("value", "DOUBLE", "the value (NaN/inf when it was not finite)"),
+            _c("origin", "VARCHAR", "loss_module | model_output | user"),
+            _MODULE_ID,
+            _c("module", "VARCHAR", "the module whose output it was (null for user values)"),
+            _c("run_step", "BIGINT", "optimizer steps completed when it was recorded"),
+            _c("position", "INTEGER", "position in its event (0-based)"),
+        ),
+        """
+        SELECT m.run_id, m.stream, m.seq, coalesce(m.user_step, m.step) AS step,
+               make_timestamp(m.ts_ns // 1000) AS time, m.name, m.value, m.origin, m.module_id,
+               m.module, m.step AS run_step, m.position
+        FROM {metrics} m
         """,
     ),
     View(
