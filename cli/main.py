@@ -17,7 +17,10 @@ from auditlog.cli import (
     events_cmd,
     heads_cmd,
     keys_cmd,
+    metrics_cmd,
+    plot_cmd,
     query_cmd,
+    report_cmd,
     restore_cmd,
     run_cmd,
     runs_cmd,
@@ -94,6 +97,10 @@ cli.add_command(restore_cmd.restore)
 cli.add_command(query_cmd.query)
 cli.add_command(query_cmd.schema)
 cli.add_command(diff_cmd.diff)
+cli.add_command(metrics_cmd.metrics)
+cli.add_command(metrics_cmd.nonfinite)
+cli.add_command(plot_cmd.plot)
+cli.add_command(report_cmd.report)
 
 
 def main() -> None:
