@@ -105,7 +105,7 @@ class NonFiniteWatch(RecorderBase):
         roots = self.live_roots()
         self.emit(
             "nonfinite_found",
-            payload={"where": where, "loss": loss, "gradients": gradients, "snapshot": bool(roots)},
+            payload={"where": where, "loss": loss, "gradients": gradients, "parameters": [], "snapshot": bool(roots)},
         )
         if roots:
             self.snapshot(roots, "last_finite")
@@ -117,9 +117,12 @@ class NonFiniteWatch(RecorderBase):
         if self._nonfinite_found or copies is None or len(copies) != len(params):
             return
         with torch.no_grad():
-            if _finite(norms_of([p.detach() for p in params])):
+            norms = norms_of([p.detach() for p in params])
+            if norms is None or _finite(norms):
                 return
             self._nonfinite_found = True
+            flags = torch.isfinite(norms).tolist()
+            bad = sorted({self.tensors.get(p)[0] for p, ok in zip(params, flags, strict=True) if not ok})
             items = []
             seen: set[int] = set()
             for param, copy in zip(params, copies, strict=True):
@@ -130,7 +133,7 @@ class NonFiniteWatch(RecorderBase):
         before = self.step - 1  # the copy holds the state after the previous step
         self.emit(
             "nonfinite_found",
-            payload={"where": "parameters", "loss": self.last_loss(), "gradients": [], "snapshot": True},
+            payload={"where": "parameters", "loss": None, "gradients": [], "parameters": bad, "snapshot": True},
             step=before,
         )
         self.emit(

@@ -232,6 +232,7 @@ _KINDS = [
             "loss": "the step's last training loss recorded, when known",
             "gradients": "list of {tensor_id, stats}: full statistics of every parameter's "
             "gradient at that step (empty for where=parameters); " + STATS_DOC,
+            "parameters": "for where=parameters: ids of the parameters the step left non-finite",
             "snapshot": "true when a last_finite snapshot follows",
         },
     ),

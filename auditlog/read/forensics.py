@@ -35,6 +35,7 @@ next time instead of guessing.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import shlex
 from collections.abc import Iterator
@@ -227,7 +228,7 @@ def _forward(finding: Finding, calls: list[dict[str, Any]], first: int, tree: _T
     shown = _call(producer)
     finding.producer, finding.producer_role = shown, role
     ancestors = set(chain)
-    later = [c for c in calls[first + 1 :] if _nonfinite_out(c) and c is not producer]
+    later = [c for c in calls[first:] if _nonfinite_out(c) and c is not producer]
     finding.enclosing = [_call(c) for c in later if c["module_id"] in ancestors]
     finding.propagators = [_call(c) for c in later if c["module_id"] not in ancestors]
     name = producer["module"]
@@ -322,6 +323,14 @@ def _without_activity(finding: Finding, q: ForensicQueries, step: int, activity:
     losses = [m for m in q.metrics_at(step) if m["name"] == "loss"]
     loss_bad = any(not finite(m["value"]) for m in losses)
     finding.parameters = q.nonfinite_parameters(step + 1)
+    caught = next((json.loads(c["payload"]) for c in q.caught() if c["step"] == step), None)
+    if caught is not None and not finding.parameters:
+        names = q.parameter_names()
+        ids = caught.get("parameters") or [
+            g["tensor_id"] for g in caught.get("gradients") or []
+            if int((g.get("stats") or {}).get("nan", 0)) + int((g.get("stats") or {}).get("inf", 0))
+        ]
+        finding.parameters = [{"parameter": names.get(int(i), f"tensor {i}")} for i in ids]
     recorded = step in activity["forward"]
     if recorded and loss_bad:
         finding.phase = "loss"
@@ -331,9 +340,10 @@ def _without_activity(finding: Finding, q: ForensicQueries, step: int, activity:
             "computation (a function, or code after the last module call) produced it."
         )
         return
-    if evidence.get("gradients") is None and evidence.get("loss") is None and (
+    through_update = evidence.get("gradients") is None and evidence.get("loss") is None and (
         evidence.get("parameters") == step or evidence.get("updates") == step
-    ):
+    )
+    if through_update or (caught is not None and caught.get("where") == "parameters"):
         finding.phase = "update"
         finding.decided = True
         finding.explanation.append(
@@ -341,11 +351,19 @@ def _without_activity(finding: Finding, q: ForensicQueries, step: int, activity:
             "non-finite (a learning rate or update too large for the values)."
         )
         return
-    if loss_bad:
-        finding.phase = "forward"
-    elif evidence.get("gradients") == step:
-        finding.phase = "backward"
-    what_bad = "the loss" if loss_bad else ("gradients" if evidence.get("gradients") == step else "a metric")
+    bad_gradients = evidence.get("gradients") == step or (caught is not None and caught.get("where") == "gradients")
+    if loss_bad or (caught is not None and caught.get("where") == "loss"):
+        finding.phase, what_bad = "forward", "the loss"
+    elif bad_gradients:
+        finding.phase, what_bad = "backward", "gradients"
+    else:
+        what_bad = "a metric"
+    if caught is not None:
+        finding.explanation.append(
+            f"step {step}: caught before the update (nonfinite_check): full gradient statistics and the "
+            "parameters before the update are in the record (auditlog events --kind nonfinite_found; "
+            f"auditlog restore --step {step})."
+        )
     have = "forward but no backward activity" if recorded else "no module activity"
     finding.next_time = _record_next_time(q, step)
     finding.explanation.append(

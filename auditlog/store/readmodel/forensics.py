@@ -210,6 +210,15 @@ class ForensicQueries:
             [optimizer_step],
         )
 
+    def caught(self) -> list[dict[str, Any]]:
+        """``nonfinite_found`` events (policy nonfinite_check / keep_finite_state), in order."""
+        return self.events_of("nonfinite_found")
+
+    def parameter_names(self) -> dict[int, str]:
+        """Parameter names by tensor id."""
+        return {int(r["tensor_id"]): str(r["parameter"]) for r in self.rows(
+            "SELECT tensor_id, parameter FROM parameters WHERE stream = 0")}
+
     def metrics_at(self, step: int) -> list[dict[str, Any]]:
         return self.rows(
             "SELECT name, value, origin, module FROM metrics WHERE run_step = ? ORDER BY seq, position", [step]
