@@ -99,17 +99,17 @@ def _heatmap(ax: Any, panel: Panel, figure: Any, matplotlib: Any, np: Any) -> No
     if panel.scale == "log":
         shown = np.where(data > 0, data, np.nan)
         shown = np.log10(shown)
-        cmap, norm, label = colors["viridis"].copy(), None, f"log10 {panel.title.lower()}"
+        cmap, norm, label = colors["viridis"], None, f"log10 {panel.title.lower()}"
     elif panel.scale == "diverging":
         shown = data
         limit = float(np.nanmax(np.abs(data))) if np.isfinite(data).any() else 1.0
-        cmap = colors["PuOr_r"].copy()
+        cmap = colors["PuOr_r"]
         norm = matplotlib.colors.Normalize(vmin=-limit or -1.0, vmax=limit or 1.0)
     elif panel.scale == "fraction":
-        shown, cmap, norm = data, colors["Blues"].copy(), matplotlib.colors.Normalize(vmin=0.0, vmax=1.0)
+        shown, cmap, norm = data, colors["Blues"], matplotlib.colors.Normalize(vmin=0.0, vmax=1.0)
     else:
-        shown, cmap, norm = data, colors["viridis"].copy(), None
-    cmap.set_bad("#dddddd")
+        shown, cmap, norm = data, colors["viridis"], None
+    cmap = cmap.with_extremes(bad="#dddddd")
     image = ax.imshow(np.ma.masked_invalid(shown), aspect="auto", interpolation="nearest", cmap=cmap, norm=norm)
     if bad.any():
         red = matplotlib.colors.ListedColormap(["#d62728"])

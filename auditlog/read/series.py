@@ -8,7 +8,8 @@ check.
 
 Hundreds of modules do not fit as rows. Past ``max_rows`` modules are grouped
 by name prefix: the deepest prefix depth (``body.3.attn`` has depth 3) whose
-groups fit is used, and a group's value is what its members add up to: the L2
+groups fit is used (and when even the top-level names are too many, consecutive
+runs of them: ``0…4``), and a group's value is what its members add up to: the L2
 norm of all their parameters for norms (so the rows still mean what they say),
 the mean of the members for activations and dead units. The panel's note says
 so.
@@ -88,7 +89,15 @@ def group_names(names: list[str], max_rows: int) -> tuple[dict[str, str], int | 
         mapping = {n: ".".join(n.split(".")[:depth]) for n in names}
         if len(set(mapping.values())) <= max_rows:
             return mapping, depth
-    return {n: n.split(".")[0] for n in names}, 1
+    # Too many top-level names even so (a flat stack of layers): consecutive ranges of them.
+    tops = sorted({n.split(".")[0] for n in names}, key=natural_key)
+    size = math.ceil(len(tops) / max_rows)
+    label = {}
+    for start in range(0, len(tops), size):
+        chunk = tops[start : start + size]
+        for top in chunk:
+            label[top] = chunk[0] if len(chunk) == 1 else f"{chunk[0]}…{chunk[-1]}"
+    return {n: label[n.split(".")[0]] for n in names}, 0
 
 
 def _heatmap(
@@ -110,7 +119,9 @@ def _heatmap(
     rows = sorted({mapping[n] for n in names}, key=natural_key)
     steps = sorted({s for _, s in grouped})
     note = ""
-    if depth is not None:
+    if depth == 0:
+        note = f"{len(names)} modules grouped into {len(rows)} rows of consecutive top-level modules"
+    elif depth is not None:
         note = f"{len(names)} modules grouped by name prefix at depth {depth} into {len(rows)} rows"
     cells = {key: combine(members) for key, members in grouped.items()}
     return Panel(title, "heatmap", ylabel=ylabel, scale=scale, rows=rows, steps=steps, cells=cells, note=note)
