@@ -242,3 +242,26 @@ def test_keep_finite_state_keeps_the_parameters_before_an_exploding_update(store
     assert events[0]["payload"]["where"] == "parameters"
     assert all(torch.equal(restored[k], good[k]) for k in good)
     assert found["phase"] == "update" and found["step"] == 3, found
+
+
+def test_forensic_options_leave_training_bitwise_identical(store: Path) -> None:
+    """Loss hooks, FLOP counting, input checks, the pre-step check and the per-step copy change nothing."""
+    from helpers import load_example
+
+    mlp = load_example("train_mlp")
+
+    def run() -> list[bytes]:
+        torch.manual_seed(0)
+        model = mlp.build_model()
+        mlp.train(model, epochs=1, quiet=True)
+        return [p.detach().numpy().tobytes() for p in model.parameters()]
+
+    plain = run()
+    rng = torch.get_rng_state()
+    with auditlog.record(store, policy="debug", keep_finite_state=True):
+        recorded = run()
+        assert torch.equal(torch.get_rng_state(), rng)
+    assert plain == recorded
+    with auditlog.open(store) as s:
+        kinds = {e["kind"] for e in s.run().events(kinds=["metrics", "flops"])}
+    assert kinds == {"metrics", "flops"}
