@@ -185,3 +185,26 @@ def test_flops_of_one_step_match_torch_flop_counter(store: Path) -> None:
     assert payload["flops"] == counter.get_total_flops() > 0
     assert payload["closed_by"] == "optimizer_step" and payload["forwards"] == 1 and events[0]["step"] == 0
     assert "aten.convolution" in payload["by_operator"]
+
+
+def test_flop_counting_never_pops_a_mode_the_user_entered_inside_it(store: Path) -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    with auditlog.record(store):
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss = model(torch.randn(3, 4)).sum()  # counting starts here
+        with Passthrough() as mode:
+            loss.backward()
+            opt.step()  # ours is not the innermost mode: it stays, theirs is untouched
+            assert _get_current_dispatch_mode() is mode
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()  # now it can close
+        assert _get_current_dispatch_mode() is None
+    with auditlog.open(store) as s:
+        (event,) = list(s.run().events(kinds=["flops"]))
+    assert event["payload"]["closed_by"] == "optimizer_step" and event["payload"]["forwards"] == 2

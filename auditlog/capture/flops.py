@@ -60,8 +60,10 @@ class FlopCounting(RecorderBase):
             return
         from torch.utils.flop_counter import FlopCounterMode
 
+        self._flops_done = True  # one attempt: a failure here is recorded, never retried every step
         counter = FlopCounterMode(display=False)
         counter.__enter__()  # type: ignore[no-untyped-call]
+        self._flops_done = False
         self._flop_counter = counter
         self._flop_thread = threading.get_ident()
         self._flop_step = self.step
@@ -72,11 +74,15 @@ class FlopCounting(RecorderBase):
         counter = self._flop_counter
         if counter is None or threading.get_ident() != self._flop_thread:
             return
-        if innermost_dispatch_mode() is not counter.mode:
-            return  # someone's mode is inside ours: leaving now would pop theirs
-        self._flop_counter = None
-        self._flops_done = True
-        counter.__exit__(None, None, None)
+        try:
+            if innermost_dispatch_mode() is not counter.mode:
+                return  # someone's mode is inside ours: leaving now would pop theirs
+            self._flop_counter = None
+            self._flops_done = True
+            counter.__exit__(None, None, None)
+        except Exception as exc:  # never into user code (recorder.remove calls this too)
+            self.fault("flop_counter", exc)
+            return
         by_op = {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
         self.emit(
             "flops",
