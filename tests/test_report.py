@@ -192,3 +192,26 @@ def test_compare_page_shows_the_diff_and_both_curves(tmp_path: Path) -> None:
     assert page.count("data:image/png;base64,") == 1 and external_references(page) == []
     same = invoke("report", "--store", str(store), first, "--compare", first, "-o", str(tmp_path / "same.html"))
     assert same.exit_code == 0 and "identical construction and settings" in (tmp_path / "same.html").read_text()
+
+
+def test_report_carries_the_signed_verdict_and_a_failed_one(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlite3
+
+    key = tmp_path / "keys" / "signing_key"
+    assert invoke("keygen", "-o", str(key)).exit_code == 0
+    monkeypatch.setenv("AUDITLOG_KEY", str(key))  # signs while recording; its .pub is trusted when reading
+    run_id, _ = record_training(store, steps=2)
+    out = tmp_path / "signed.html"
+    assert invoke("report", "--store", str(store), "-o", str(out)).exit_code == 0
+    page = out.read_text()
+    assert "signed checkpoint(s): intact" in page and "No signed checkpoint" not in page
+    conn = sqlite3.connect(store / "events.db")
+    conn.execute("delete from events where run_id=? and seq > (select max(seq) - 2 from events where run_id=?)",
+                 (run_id, run_id))
+    conn.commit()
+    conn.close()
+    assert invoke("report", "--store", str(store), "-o", str(out)).exit_code == 0  # a report still comes out
+    page = out.read_text()
+    assert "record NOT verified" in page and "FAILED" in page and "cut off" in page
