@@ -1,7 +1,7 @@
 """auditlog: an event-sourced, tamper-evident audit log of PyTorch model building and training.
 
 Public API: ``record`` (context manager / decorator) and ``current`` (the active
-recording), ``open`` (read a store), ``tensor_hash``, and the exception
+recording), ``log`` (metrics into the active recording), ``open`` (read a store), ``tensor_hash``, and the exception
 hierarchy in ``auditlog.core.errors`` (``AuditlogError`` and subclasses).
 
 ``import auditlog`` is cheap: the names below are imported on first use, so a
@@ -20,17 +20,18 @@ from auditlog.core.version import __version__
 if TYPE_CHECKING:
     from auditlog.core.tensors import tensor_hash
     from auditlog.read.api import open
-    from auditlog.recording.session import Recording, current, record
+    from auditlog.recording.session import Recording, current, log, record
 
 _LAZY = {
     "open": "auditlog.read.api",
     "record": "auditlog.recording.session",
     "current": "auditlog.recording.session",
+    "log": "auditlog.recording.session",
     "Recording": "auditlog.recording.session",
     "tensor_hash": "auditlog.core.tensors",
 }
 
-__all__ = ["AuditlogError", "Recording", "__version__", "current", "open", "record", "tensor_hash"]
+__all__ = ["AuditlogError", "Recording", "__version__", "current", "log", "open", "record", "tensor_hash"]
 
 
 def __getattr__(name: str) -> Any:

@@ -20,8 +20,11 @@ from auditlog.cli import (
     export_cmd,
     heads_cmd,
     keys_cmd,
+    metrics_cmd,
+    plot_cmd,
     proofs_cmd,
     query_cmd,
+    report_cmd,
     restore_cmd,
     run_cmd,
     runs_cmd,
@@ -111,6 +114,10 @@ cli.add_command(attest_cmd.attest)
 cli.add_command(attest_cmd.verify_attestation)
 cli.add_command(combine_cmd.combine)
 cli.add_command(export_cmd.export)
+cli.add_command(metrics_cmd.metrics)
+cli.add_command(metrics_cmd.nonfinite)
+cli.add_command(plot_cmd.plot)
+cli.add_command(report_cmd.report)
 
 
 def main() -> None:

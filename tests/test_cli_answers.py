@@ -380,7 +380,7 @@ def test_item23_shell_completion_offers_runs_names_and_kinds(
     store, run_id = plain
     offered = _complete(f"auditlog events --store {store} ", monkeypatch)
     assert offered == ["latest", run_id, "plain"]
-    assert _complete(f"auditlog verify --store {store} a", monkeypatch) == ["all"]
+    assert _complete(f"auditlog verify --store {store} al", monkeypatch) == ["all"]  # "l": no run id starts so
     assert _complete(f"auditlog events --store {store} {run_id[:6]}", monkeypatch) == [run_id]
     assert _complete("auditlog events --kind run_", monkeypatch) == ["run_started", "run_ended"]
     assert _complete("auditlog schema st", monkeypatch) == ["steps"]

@@ -19,16 +19,21 @@ def test_every_emitted_kind_and_field_is_documented(store: Path) -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the hooks_removed warning
-            with auditlog.record(store, backward="grad") as run:
+            with auditlog.record(store, backward="grad", nonfinite_check=True) as run:
                 model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+                loss_fn = nn.MSELoss()  # metrics: the loss of every step
                 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-                nn.DataParallel(model)(torch.randn(3, 2)).sum().backward()  # module_wrapped (CPU: calls the model)
+                # module_wrapped (CPU: DataParallel calls the model)
+                loss_fn(nn.DataParallel(model)(torch.randn(3, 2)), torch.zeros(3, 2)).backward()
                 opt.step()
                 model[1].weight.requires_grad_(False)  # no hook: found by the structural check
                 nn_module._global_module_registration_hooks = OrderedDict()  # other code drops our hook
                 model(torch.randn(3, 2)).sum().backward()
                 opt.step()
                 run.annotate("note", text="hello")
+                run.log(acc=0.5)
+                (model(torch.randn(3, 2)).sum() * float("nan")).backward()  # nonfinite_found
+                opt.step()
     finally:
         nn_module._global_module_registration_hooks = registration_hooks
     with auditlog.open(store) as s:

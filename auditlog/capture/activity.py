@@ -23,7 +23,14 @@ from typing import Any
 
 import torch
 
-from auditlog.capture.base import ACTIVITY_FLUSH, MAX_TENSORS, RecorderBase, class_name
+from auditlog.capture.base import (
+    ACTIVITY_FLUSH,
+    MAX_TENSORS,
+    InertWhenCopied,
+    RecorderBase,
+    class_name,
+)
+from auditlog.capture.payloads import NonFiniteInputs
 from auditlog.capture.torch_compat import (
     call_guard,
     local_view,
@@ -53,7 +60,7 @@ def tensors_in(value: Any, limit: int = 64) -> list[torch.Tensor]:
     return found
 
 
-class GradTap:
+class GradTap(InertWhenCopied):
     """The recorder's gradient hook on one module output.
 
     It lives in the tensor's own hook table (``Tensor.register_hook``), which is
@@ -108,15 +115,42 @@ class ActivityHooks(RecorderBase):
         try:
             if parallel_wrapper_attr(module) is not None:
                 return None  # DDP/FSDP wrapper: the model's own call follows and is recorded
+            called = module
             module = unwrap_compiled(module)  # torch.compile wrapper: count once
             stack = self.call_stack()
             if not stack and self._scanned.get(module) != self._registrations:
                 self.check_in_place(module, subtree=True)  # built before recording: seen now
                 self.seal(module, "first_forward")  # also remembers it as a root
+            self.watch_call(called, not stack)  # loss modules and roots: metrics.py
+            if not stack:
+                self.root_entered(called)  # the outermost call: FLOPs (never of a compiled model), a loss
+            if self.sampling and self.policy.activity and self._selected_module(module, self.module_id(module)):
+                self._inputs[(id(module), len(stack))] = self._input_check(args)
             stack.append(module)
         except Exception as exc:
             self.fault("forward_pre_hook", exc)
         return None
+
+    def _input_check(self, args: Any) -> int | NonFiniteInputs | None:
+        """NaN/Inf elements in a call's positional input tensors (the first 4), so that
+        ``auditlog nonfinite`` can tell a module that produced a NaN from one that was
+        handed it. An input that is an earlier call's output (same tensor, same
+        version: our gradient tap on it says so) reuses that call's statistics;
+        others cost one norm."""
+        parts: list[dict[str, Any] | StatsRecord] = []
+        for tensor in tensors_in(args, MAX_TENSORS)[:MAX_TENSORS]:
+            if not (tensor.is_floating_point() or tensor.is_complex()):
+                continue  # integers and booleans are always finite
+            tap = self._tap_on(tensor)
+            if tap is not None and tap.stats is not None and tap.version == tensor_version(tensor):
+                parts.append(tap.stats)
+            else:
+                parts.append(activity_stats(local_view(tensor), full=False))
+        if not parts:
+            return None
+        if all(isinstance(p, dict) for p in parts):
+            return NonFiniteInputs(parts).resolve()  # plain numbers (CPU): add them up now
+        return NonFiniteInputs(parts)
 
     @call_guard
     def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -125,22 +159,35 @@ class ActivityHooks(RecorderBase):
                 return None
             module = unwrap_compiled(module)
             stack = self.call_stack()
+            depth = len(stack) - 1
             if stack and stack[-1] is module:
                 stack.pop()
             elif module in stack:
-                del stack[len(stack) - 1 - stack[::-1].index(module) :]
+                depth = len(stack) - 1 - stack[::-1].index(module)
+                del stack[depth:]
+            inputs = self._inputs.pop((id(module), depth), None) if self._inputs else None
+            if depth == 0:
+                self.root_left(module, output)
             if not (self.sampling and self.policy.activity):
                 return None
             module_id = self.module_id(module)
             if not self._selected_module(module, module_id):
                 return None
             if output is None:
-                self._add_activity(self.step, "forward", {"module_id": module_id, "n_outputs": 0, "outputs": [], "error": True})
+                self._add_activity(
+                    self.step,
+                    "forward",
+                    {"module_id": module_id, "n_outputs": 0, "outputs": [], "input_nonfinite": inputs, "error": True},
+                )
                 return None
             tensors = tensors_in(output)
             full = self.policy.stats == "full"
             stats = [self._output_stats(t, full) for t in tensors[:MAX_TENSORS]]
-            self._add_activity(self.step, "forward", {"module_id": module_id, "n_outputs": len(tensors), "outputs": stats})
+            self._add_activity(
+                self.step,
+                "forward",
+                {"module_id": module_id, "n_outputs": len(tensors), "outputs": stats, "input_nonfinite": inputs},
+            )
             if self.policy.backward == "grad" and torch.is_grad_enabled():
                 self._hook_gradients(module_id, tensors, stats)
         except Exception as exc:
@@ -164,6 +211,7 @@ class ActivityHooks(RecorderBase):
 
     def _emit_activity(self) -> None:
         """Emit the held module activity: one ``activity`` event per step it belongs to."""
+        self._inputs.clear()
         activity = self._activity
         by_step: dict[int, dict[str, list[Any]]] = {}
         for _ in range(len(activity)):
@@ -180,6 +228,13 @@ class ActivityHooks(RecorderBase):
                 for key in ("outputs", "grad_outputs", "grad_inputs")
                 for stats in entry.get(key, ())
                 if type(stats) is StatsRecord
+            ]
+            lazy += [
+                part
+                for entry in calls["forward"]
+                if type(entry.get("input_nonfinite")) is NonFiniteInputs
+                for part in entry["input_nonfinite"].parts
+                if type(part) is StatsRecord
             ]
             if lazy:
                 batch_records(lazy)  # device statistics: one readback per step on the writer
@@ -200,7 +255,7 @@ class ActivityHooks(RecorderBase):
         tap = self._tap_on(tensor)
         if tap is not None and tap.stats is not None and tap.version == tensor_version(tensor):
             return tap.stats
-        return activity_stats(local_view(tensor), full)
+        return activity_stats(local_view(tensor), full, units=full)
 
     def _tap_on(self, tensor: torch.Tensor) -> GradTap | None:
         """This recorder's gradient hook of the current step on ``tensor``, if any."""

@@ -6,6 +6,10 @@ structural checks (``structure.py``), module activity (``activity.py``) and
 optimizer steps (``optimizer.py``). They share the state defined here; the few
 calls that cross concerns are declared here and implemented by their mixin.
 
+Forensics: metrics (``metrics.py``: the loss every step, user-logged values),
+FLOPs of one step (``flops.py``) and the first non-finite gradient
+(``nonfinite.py``) are mixins too.
+
 Rules every hook follows (DESIGN.md):
 - return ``None``: a non-None return value would replace the tensor or parameter;
 - never raise into user code: faults become ``recorder_error`` records and one
@@ -20,6 +24,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import sys
 import threading
 import time
@@ -42,6 +47,48 @@ MAX_TENSORS = 4
 # Activity entries held before they are emitted anyway (a loop of forward calls
 # without optimizer steps, e.g. evaluation, must not grow memory without bound).
 ACTIVITY_FLUSH = 4096
+
+
+INERT_EVENT = "auditlog.inert_hook"
+
+
+def inert_hook() -> Callable[..., None]:
+    """A hook that does nothing and returns None, built from the standard library only.
+
+    What a recorder's hook on a user's module or tensor becomes in a copy or a
+    pickle of it (``copy.deepcopy(model)``, ``torch.save(model)`` during a
+    recording): the copy must not call into the recorder, must not need auditlog
+    to be loaded, and must not fail to pickle because the recorder holds locks.
+    ``sys.audit`` with an event name of ours ignores its arguments.
+    """
+    return functools.partial(sys.audit, INERT_EVENT)
+
+
+class InertWhenCopied:
+    """For hook objects the recorder leaves on user objects: copies and pickles are inert."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (functools.partial, (sys.audit, INERT_EVENT))
+
+    def __copy__(self) -> Callable[..., None]:
+        return inert_hook()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Callable[..., None]:
+        return inert_hook()
+
+
+class ModuleTap(InertWhenCopied):
+    """The recorder's hook on one of the user's modules (loss modules, roots): calls ``target``."""
+
+    __slots__ = ("target",)
+
+    def __init__(self, target: Callable[..., None]) -> None:
+        self.target = target
+
+    def __call__(self, *args: Any) -> None:
+        return self.target(*args)
 
 
 def class_name(obj: object) -> str:
@@ -95,6 +142,8 @@ class RecorderBase:
         # Handles of the gradient hooks put on leaf tensors that modules returned
         # (removed at the step's end: a parameter outlives its step).
         self._leaf_taps: list[Any] = []
+        # input NaN/Inf checks of the calls in progress, by (id(module), depth in the call stack)
+        self._inputs: dict[tuple[int, int], Any] = {}
         self._selected: dict[int, bool] = {}
         self._names: dict[int, list[str]] = {}
         self._selected_at = -1
@@ -255,6 +304,36 @@ class RecorderBase:
         raise NotImplementedError
 
     def update_call_hooks(self) -> None:
+        raise NotImplementedError
+
+    def watch_call(self, called: torch.nn.Module, root_call: bool) -> None:
+        raise NotImplementedError
+
+    def root_entered(self, module: torch.nn.Module) -> None:
+        raise NotImplementedError
+
+    def root_left(self, module: torch.nn.Module, output: Any) -> None:
+        raise NotImplementedError
+
+    def flush_metrics(self) -> None:
+        raise NotImplementedError
+
+    def flops_root_started(self, module: torch.nn.Module) -> None:
+        raise NotImplementedError
+
+    def flops_root_finished(self, module: torch.nn.Module) -> None:
+        raise NotImplementedError
+
+    def stop_flops(self, closed_by: str) -> None:
+        raise NotImplementedError
+
+    def check_before_step(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def check_after_step(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def last_loss(self) -> Any:
         raise NotImplementedError
 
 

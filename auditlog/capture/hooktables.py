@@ -47,6 +47,8 @@ KIND_TABLES = {
     "optimizer_step_pre": "optimizer_step_pre",
     "optimizer_step_post": "optimizer_step_post",
     "forward_pre": "forward_pre",
+    "root_watch_pre": "forward_pre",
+    "root_watch": "forward",
     "forward": "forward",
     "full_backward_pre": "backward_pre",
     "full_backward": "backward",

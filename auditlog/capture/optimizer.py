@@ -38,6 +38,7 @@ class OptimizerHooks(RecorderBase):
                     self.materialized("optimizer_step")
                 if self._unsealed:
                     self.seal(None, "optimizer_step", tensors=params)
+            self.check_before_step(optimizer, params)  # nonfinite.py
             policy = self.policy
             due = (policy.update_norms or policy.param_norms) and policy.norms_due(self.step)
             before = self._copy_before(optimizer, params) if due and policy.update_norms else None
@@ -85,7 +86,9 @@ class OptimizerHooks(RecorderBase):
             )
             # Structure check and snapshot come before the optimizer_step event, so
             # "the state after step N" is exactly the events up to that event.
-            self.flush_activity()  # this step's module activity, before its optimizer_step
+            self.check_after_step(optimizer, params)  # nonfinite.py (keep_finite_state)
+            self.flush_metrics()  # this step's losses and module activity, before its optimizer_step
+            self.flush_activity()
             every = self.policy.snapshot_every
             snap = every > 0 and self.step % every == 0
             if snap or self.step % self.policy.check_every == 0:

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from auditlog.capture.torch_compat import foreach_norm, local_view, shard_facts
-from auditlog.core.tensors import HostValues, device_stats, tensor_hash
+from auditlog.core.tensors import HostValues, StatsRecord, device_stats, tensor_hash
 from auditlog.core.values import finite_or_text
 
 
@@ -173,3 +173,46 @@ def norms_of(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     except RuntimeError:  # several devices
         device = tensors[0].device
         return torch.stack([n.float().to(device) for n in norms])
+
+
+class NonFiniteInputs:
+    """NaN and infinite elements in a module call's input tensors (resolved on the writer).
+
+    ``parts`` are the inputs' statistics: records already taken of the same
+    tensors as earlier calls' outputs, or norm-only ones taken for the inputs.
+    """
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[dict[str, Any] | StatsRecord]) -> None:
+        self.parts = parts
+
+    def resolve(self) -> int:
+        total = 0
+        for part in self.parts:
+            stats = part if isinstance(part, dict) else part.resolve()
+            total += int(stats.get("nan", 0)) + int(stats.get("inf", 0))
+        return total
+
+
+class Scalar:
+    """One number on a device (a loss, say), on its way to the host without a sync."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.values = HostValues(tensor.detach().reshape(1))
+
+    def ready(self) -> bool:
+        """Has the device written the value yet? (Never waits.)"""
+        event = self.values.event
+        return event is None or bool(event.query())
+
+    def resolve(self) -> float | int | str:
+        value = self.values.tolist()[0]
+        if isinstance(value, bool):
+            return int(value)
+        if isinstance(value, float):
+            return value if value - value == 0.0 else finite_or_text(value)
+        return value  # type: ignore[no-any-return]

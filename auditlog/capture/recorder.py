@@ -21,7 +21,10 @@ from torch.optim import optimizer as optim_module
 from auditlog.capture.activity import ActivityHooks
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.construction import ConstructionHooks
+from auditlog.capture.flops import FlopCounting
 from auditlog.capture.hooktables import HookTables, Register
+from auditlog.capture.metrics import MetricHooks
+from auditlog.capture.nonfinite import NonFiniteWatch
 from auditlog.capture.optimizer import OptimizerHooks
 from auditlog.capture.roots import RootTracking
 from auditlog.capture.structure import StructureChecks
@@ -29,7 +32,16 @@ from auditlog.capture.torch_compat import FullBackwardFlag
 from auditlog.core.policy import Policy
 
 
-class Recorder(ConstructionHooks, RootTracking, StructureChecks, ActivityHooks, OptimizerHooks):
+class Recorder(
+    ConstructionHooks,
+    RootTracking,
+    StructureChecks,
+    ActivityHooks,
+    OptimizerHooks,
+    MetricHooks,
+    FlopCounting,
+    NonFiniteWatch,
+):
     """Installs the global hooks and emits records for one run onto a ``RecordBuffer``."""
 
     def __init__(self, buffer: RecordBuffer, policy: Policy | None = None) -> None:
@@ -93,14 +105,31 @@ class Recorder(ConstructionHooks, RootTracking, StructureChecks, ActivityHooks, 
             self._hooks.uninstall(self._call_kinds.pop())
         self.call_stack().clear()
 
+    def _watch_roots(self, present: bool) -> None:
+        """``RootWatch``: on unsampled steps, a light global pre/post pair that sees the
+        outermost call of a root whose output carried a loss (metrics.py)."""
+        kinds: list[tuple[str, Callable[..., Any], Register]] = [
+            ("root_watch_pre", self._on_root_watch_pre, nn_module.register_module_forward_pre_hook),
+            ("root_watch", self._on_root_watch, partial(nn_module.register_module_forward_hook, always_call=True)),
+        ]
+        for kind, hook, register in kinds:
+            if present and kind not in self._hooks.installed() and kind not in self._refused:
+                self._hooks.install(kind, hook, register, always_called=kind == "root_watch")
+            elif not present and kind in self._hooks.installed():
+                self._hooks.uninstall(kind)
+        self._watch_depth = 0
+
     def update_call_hooks(self) -> None:
         """At every optimizer step: check that every hook is still in torch's tables,
-        then make the per-call hooks present exactly when the coming step is sampled."""
+        then make the per-call hooks present exactly when the coming step is sampled
+        (and the root watch when it is not, and a root's output carries the loss)."""
         self.verify_hooks("optimizer_step")
         if self.sampling:
+            self._watch_roots(False)
             self._install_call_hooks()
         else:
             self._remove_call_hooks()
+            self._watch_roots(self.loss_roots())
 
     def verify_hooks(self, where: str, repair: bool = True) -> list[str]:
         """Find hooks that other code took out of torch's tables; put them back.
@@ -168,12 +197,15 @@ class Recorder(ConstructionHooks, RootTracking, StructureChecks, ActivityHooks, 
         self.verify_hooks("run_end", repair=False)
         self._call_kinds.clear()
         self.call_stack().clear()
+        self.remove_metric_hooks()
+        self.stop_flops("run_end")
         self._hooks.remove_all()
         self._full_flag.restore()
 
     # ------------------------------------------------------------------ end
     def finish(self) -> None:
         """Run end: seal what was never sealed, check structure, take the final snapshot."""
+        self.flush_metrics()
         self.flush_activity()
         if self._unsealed:
             self.seal(None, "run_end")

@@ -262,6 +262,58 @@ def foreach_sub_(targets: list[torch.Tensor], others: list[torch.Tensor]) -> Non
     torch._foreach_sub_(targets, others)
 
 
+# --------------------------------------------------------------------------- losses and FLOPs
+def is_loss_module(module: torch.nn.Module) -> bool:
+    """Is this one of torch's loss modules (``torch.nn.modules.loss._Loss``, the base of
+    ``CrossEntropyLoss``, ``MSELoss`` ...; private by name, torch 1.0-2.13)?"""
+    return isinstance(module, _LOSS)
+
+
+_LOSS = torch.nn.modules.loss._Loss
+
+
+def innermost_dispatch_mode() -> Any:
+    """The innermost active ``TorchDispatchMode`` on this thread, or None
+    (``torch.utils._python_dispatch._get_current_dispatch_mode``, torch 2.0-2.13).
+
+    A mode entered in one hook and left in another must be the innermost one
+    when it is left: leaving pops whatever is innermost.
+    """
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode()
+
+
+def flop_counting_mode() -> Any:
+    """A dispatch mode that counts FLOPs per aten operator with torch's own formulas
+    (``torch.utils.flop_counter.flop_registry``, torch 2.1-2.13), and nothing else.
+
+    ``FlopCounterMode`` itself also tracks modules with global module hooks that
+    it adds and removes; leaving it from inside a module hook changes the hook
+    tables while torch iterates them (the always-called hooks of a forward that
+    raised are then skipped). This mode adds no hook: it can be left anywhere.
+    """
+    from collections import defaultdict
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import flop_registry
+
+    class FlopCount(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()  # type: ignore[no-untyped-call]
+            self.counts: dict[Any, int] = defaultdict(int)
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            formula = flop_registry.get(func._overloadpacket)
+            if formula is not None:
+                self.counts[func._overloadpacket] += int(formula(*args, **kwargs, out_val=out))
+            return out
+
+    return FlopCount()
+
+
 # --------------------------------------------------------------------------- global hook state
 class FullBackwardFlag:
     """torch's module-level note of which kind of global backward hook is in use.
@@ -315,8 +367,21 @@ def global_hook_table(table: str) -> dict[int, Any]:
     return GLOBAL_HOOK_TABLES[table]()
 
 
+def in_backward() -> bool:
+    """Is this code running inside an autograd backward pass (a tensor or
+    post-accumulate-grad hook: the optimizer-in-backward pattern)?
+
+    The engine saves and restores the thread's dispatch-mode stack around the
+    backward, so a mode popped inside it stays pushed for the caller; the FLOP
+    counter is closed only outside (``torch._C._current_graph_task_id``: -1
+    outside a backward, torch 2.0-2.13).
+    """
+    return bool(torch._C._current_graph_task_id() != -1)
+
+
 # The attributes above, for the test that fails loudly when torch drops one.
 REQUIRED = {
+    "torch._C._current_graph_task_id": lambda: torch._C._current_graph_task_id(),
     "torch.nn.modules.module._global_is_full_backward_hook": lambda: nn_module._global_is_full_backward_hook,
     "torch.nn.modules.module._global_backward_hooks": lambda: nn_module._global_backward_hooks,
     "torch.nn.Module._modules": lambda: torch.nn.Module()._modules,
@@ -332,4 +397,7 @@ REQUIRED = {
     "torch._foreach_sub_": lambda: torch._foreach_sub_,
     "torch.compiler.is_compiling": lambda: torch.compiler.is_compiling,
     "torch._C._functorch.peek_interpreter_stack": lambda: torch._C._functorch.peek_interpreter_stack(),
+    "torch.nn.modules.loss._Loss": lambda: torch.nn.modules.loss._Loss,
+    "torch.utils._python_dispatch._get_current_dispatch_mode": innermost_dispatch_mode,
+    "torch.utils.flop_counter.flop_registry": lambda: __import__("torch.utils.flop_counter").utils.flop_counter.flop_registry,
 }

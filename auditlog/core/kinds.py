@@ -166,7 +166,9 @@ _KINDS = [
         {
             "trigger": "step (every N optimizer steps) | explicit (run.snapshot) | run_end | released "
             "(the last values of a model garbage-collected before the run ended, e.g. a local of main(): "
-            "its run-end snapshot)",
+            "its run-end snapshot) | last_finite (the values before the first non-finite "
+            "gradients were applied, or, keep_finite_state, the parameters before the step that made "
+            "them non-finite; module_id null then)",
             "tag": "user label for explicit snapshots, else null",
             "snapshot": "{tensors: [{tensor_id, sha256, shard}], new_bytes: bytes newly stored, "
             "copied_bytes: bytes copied and hashed (every tensor, every time: unchanged content "
@@ -200,7 +202,10 @@ _KINDS = [
         "\"NaN\"/\"Infinity\"/\"-Infinity\".",
         {
             "forward": "list of {module_id, n_outputs, outputs: statistics of the first 4 output "
-            "tensors, error: true when forward raised (always_call hook)}",
+            "tensors (with policy stats=full also zeros: elements exactly 0, units and dead_units: "
+            "features (last dimension; channels from 4-D on) that were 0 throughout the batch), "
+            "input_nonfinite: NaN/Inf elements in the first 4 positional input tensors (null when "
+            "the call had none), error: true when forward raised (always_call hook)}",
             "backward": "list of {module_id, mechanism: grad (tensor hooks on outputs, default) | "
             "full | legacy, grad_outputs: statistics of gradients w.r.t. the outputs, grad_inputs: "
             "w.r.t. the inputs (full/legacy only)}",
@@ -233,12 +238,55 @@ _KINDS = [
         {
             "hooks": "the hook kinds found missing: module_registration | parameter_registration | "
             "buffer_registration | optimizer_step_pre | optimizer_step_post | forward_pre | forward "
-            "| full_backward_pre | full_backward | backward (legacy)",
+            "| full_backward_pre | full_backward | backward (legacy) | root_watch_pre | root_watch",
             "reinstalled": "the kinds put back (from this event's step on they record again)",
             "stopped": "{kind: reason} for kinds torch refused to take back: capture of that kind "
             "ends for the rest of the run",
             "since_step": "the last step at which every hook was found in place",
             "detected_at": "optimizer_step | run_end (at run end nothing is put back)",
+        },
+    ),
+    Kind(
+        "metrics",
+        "Scalar metrics: the training loss recorded with no code change (the output of every "
+        "loss module call, and a root module's output that carries a loss, e.g. Hugging Face "
+        "ModelOutput.loss), emitted once per step before its activity and optimizer_step events; "
+        "and values logged with auditlog.log(...), emitted at once. step is the optimizer steps "
+        "completed when the value was computed (the loss of the first iteration is step 0).",
+        {
+            "metrics": "list of {name: loss | eval_loss (a loss that required no grad) | the "
+            "user's name, value: number (NaN/Infinity as text), origin: loss_module | "
+            "model_output | user, module_id: the module that returned it (null for user values), "
+            "step: the step the user gave to auditlog.log (absent when not given)}",
+        },
+    ),
+    Kind(
+        "flops",
+        "Training FLOPs per step: the first root forward with gradients enabled on a sampled step, "
+        "counted with torch.utils.flop_counter.FlopCounterMode (the mode is open only while that "
+        "forward runs); the backward estimated as 2 x the forward. step is the step measured.",
+        {
+            "flops": "training FLOPs per step: forward_flops x 3 (a multiply-add counts 2)",
+            "forward_flops": "FLOPs counted in the measured forward (the loss too when the model "
+            "computes it)",
+            "backward": "how the backward was accounted: 'estimated as 2 x forward'",
+            "by_operator": "{aten operator: FLOPs} of the measured forward",
+            "forwards": "root forward calls counted (1)",
+            "closed_by": "forward (the forward returned or raised) | run_end",
+        },
+    ),
+    Kind(
+        "nonfinite_found",
+        "The first non-finite gradient, loss or parameter, caught by the policy options "
+        "nonfinite_check (in the optimizer's pre hook, before the update) or keep_finite_state "
+        "(after the update). Followed by a snapshot_taken with trigger last_finite.",
+        {
+            "where": "gradients | loss | parameters",
+            "loss": "the step's last training loss recorded, when known",
+            "gradients": "list of {tensor_id, stats}: full statistics of every parameter's "
+            "gradient at that step (empty for where=parameters); " + STATS_DOC,
+            "parameters": "for where=parameters: ids of the parameters the step left non-finite",
+            "snapshot": "true when a last_finite snapshot follows",
         },
     ),
     Kind(

@@ -45,6 +45,16 @@ class Policy:
     update_norms: bool = True
     param_norms: bool = True
     norms_every: int = 10
+    # metrics: the loss every step, from loss modules and model outputs (docs/forensics.md)
+    loss: bool = True
+    # training FLOPs of one step, counted with torch.utils.flop_counter (docs/forensics.md)
+    flops: bool = True
+    # non-finite values: check gradients before every step (CUDA: one sync per step) and,
+    # on the first NaN/Inf, record full gradient statistics and the parameters then;
+    # keep_finite_state also copies the parameters before every step so that the last
+    # finite state survives a step that makes them non-finite with finite gradients
+    nonfinite_check: bool = False
+    keep_finite_state: bool = False
     # structural checks (changes no hook reports: del, .half(), requires_grad_)
     check_every: int = 10
     # snapshots of parameter and buffer values
@@ -97,7 +107,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # module activity every 100th (and step 0)
     "audit": {},
     # everything, every step: forward and backward statistics of every module call
-    "debug": {"activity_every": 1, "activity_first": 0, "norms_every": 1},
+    "debug": {"activity_every": 1, "activity_first": 0, "norms_every": 1, "nonfinite_check": True},
     # construction and optimizer steps (hyperparameters, gradient norms); no activity
     "minimal": {"activity": False, "update_norms": False, "param_norms": False},
 }

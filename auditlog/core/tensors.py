@@ -115,15 +115,19 @@ class StatsRecord:
         if self.batch is not None:
             batch, index = self.batch
             values, counts = batch.values()
-            raw_floats, (nan, inf) = values[index], counts[index]
+            raw_floats, raw_counts = values[index], counts[index]
         elif self.floats is None or self.counts is None:
             return out
         else:
-            raw_floats = self.floats.tolist()
-            nan, inf = self.counts.tolist()
+            raw_floats, raw_counts = self.floats.tolist(), self.counts.tolist()
         floats = [finite_or_text(float(v)) for v in raw_floats]
         out.update(zip(("norm", "mean", "std", "min", "max"), floats, strict=False))
-        out.update(nan=int(nan), inf=int(inf))
+        out.update(nan=int(raw_counts[0]), inf=int(raw_counts[1]))
+        if len(raw_counts) == 4:  # units=True: zero elements and dead units (see unit_size)
+            out["zeros"] = int(raw_counts[2])
+            units = unit_size(self.shape)
+            if units is not None:
+                out.update(units=units, dead_units=int(raw_counts[3]))
         return out
 
 
@@ -135,7 +139,8 @@ def batch_records(records: list[StatsRecord]) -> None:
     for record in records:
         if record.floats is not None and record.counts is not None and id(record) not in seen:
             seen.add(id(record))  # one record may stand in two entries (a container's output)
-            groups.setdefault((record.floats.device, record.floats.shape[0]), []).append(record)
+            key = (record.floats.device, record.floats.shape[0], record.counts.shape[0])
+            groups.setdefault(key, []).append(record)
     for members in groups.values():
         batch = StatsBatch(
             torch.stack([m.floats for m in members]),  # type: ignore[misc]
@@ -146,12 +151,42 @@ def batch_records(records: list[StatsRecord]) -> None:
             member.floats = member.counts = None
 
 
-def device_stats(tensor: torch.Tensor, full: bool = True) -> StatsRecord:
+def unit_size(shape: tuple[int, ...] | list[int]) -> int | None:
+    """How many units (features, channels) an activation of this shape has, or None.
+
+    Units are the last dimension of a 2-D or 3-D activation (``(batch, features)``,
+    ``(batch, tokens, features)``) and dimension 1 from 4-D on (``(N, C, H, W)``
+    convolutions). A unit is *dead* in a batch when it is exactly zero everywhere
+    in it (a ReLU that never fires).
+    """
+    if len(shape) < 2:
+        return None
+    return int(shape[unit_dim(len(shape))])
+
+
+def unit_dim(ndim: int) -> int:
+    """The dimension ``unit_size`` counts units along."""
+    return 1 if ndim >= 4 else ndim - 1
+
+
+def _unit_counts(x: torch.Tensor) -> list[torch.Tensor]:
+    """Zero elements and dead units of a real activation, as two 0-dim tensors (no sync)."""
+    nonzero = x != 0
+    zeros = x.numel() - nonzero.sum()
+    if x.dim() < 2:
+        return [zeros, torch.zeros((), dtype=zeros.dtype, device=x.device)]
+    n = x.shape[unit_dim(x.dim())]
+    alive = nonzero.movedim(unit_dim(x.dim()), -1).reshape(-1, n).any(0).sum()
+    return [zeros, n - alive]
+
+
+def device_stats(tensor: torch.Tensor, full: bool = True, units: bool = False) -> StatsRecord:
     """Launch the statistics reductions for ``tensor`` without syncing the device.
 
     Runs under ``no_grad`` and touches no RNG. Low-precision, integer and boolean
     tensors are reduced in float32; complex tensors over their real and imaginary
-    parts. Meta and empty tensors get shape and dtype only.
+    parts. Meta and empty tensors get shape and dtype only. ``units`` also counts
+    zero elements and dead units (``unit_size``) of a real tensor.
     """
     shape = tuple(tensor.shape)
     numel = tensor.numel()
@@ -170,11 +205,14 @@ def device_stats(tensor: torch.Tensor, full: bool = True) -> StatsRecord:
             )
         else:  # policy stats="norm": one reduction instead of five
             floats = torch.linalg.vector_norm(x).reshape(1)
-        counts = torch.stack([torch.isnan(x).sum(), torch.isinf(x).sum()])
+        parts = [torch.isnan(x).sum(), torch.isinf(x).sum()]
+        if units and not tensor.is_complex():
+            parts.extend(_unit_counts(x))
+        counts = torch.stack(parts)
     return StatsRecord(shape, tensor.dtype, numel, floats, counts)
 
 
-def activity_stats(tensor: torch.Tensor, full: bool = True) -> dict[str, Any] | StatsRecord:
+def activity_stats(tensor: torch.Tensor, full: bool = True, units: bool = False) -> dict[str, Any] | StatsRecord:
     """Statistics of a module output or gradient, as cheaply as the device allows.
 
     On CPU there is no device to stay away from, so the numbers are read at once,
@@ -190,11 +228,15 @@ def activity_stats(tensor: torch.Tensor, full: bool = True) -> dict[str, Any] | 
       counts are 0 when the norm is finite and are counted exactly (two more
       reductions) only when it is not.
 
+    ``units`` (forward outputs) adds ``zeros`` and, from 2-D on, ``units`` and
+    ``dead_units`` (``unit_size``): one comparison and one sum, and a second
+    reduction only when some element is exactly zero.
+
     On other devices the reductions are launched and stacked without a sync
     (``device_stats``) and read by the writer.
     """
     if tensor.device.type != "cpu":
-        return device_stats(tensor, full)
+        return device_stats(tensor, full, units)
     numel = tensor.numel()
     out: dict[str, Any] = {"shape": list(tensor.shape), "dtype": dtype_name(tensor.dtype), "numel": numel}
     if numel == 0 or tensor.layout != torch.strided:
@@ -233,7 +275,24 @@ def activity_stats(tensor: torch.Tensor, full: bool = True) -> dict[str, Any] | 
                 out[key] = finite_or_text(out[key])
         out["nan"] = int(torch.isnan(x).sum())
         out["inf"] = int(torch.isinf(x).sum())
+    if units and not tensor.is_complex():
+        _add_unit_counts(out, x)
     return out
+
+
+def _add_unit_counts(out: dict[str, Any], x: torch.Tensor) -> None:
+    """``zeros``, ``units``, ``dead_units`` of a CPU activation, read at once."""
+    nonzero = x != 0
+    count = int(nonzero.sum())
+    out["zeros"] = x.numel() - count
+    if x.dim() < 2:
+        return
+    n = x.shape[unit_dim(x.dim())]
+    out["units"] = n
+    if count == x.numel():
+        out["dead_units"] = 0
+    else:
+        out["dead_units"] = n - int(nonzero.movedim(unit_dim(x.dim()), -1).reshape(-1, n).any(0).sum())
 
 
 def host_stats(tensor: torch.Tensor) -> dict[str, Any]:

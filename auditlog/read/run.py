@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from auditlog.integrity.heads import SignedHead
     from auditlog.integrity.signing import HeadStatement, KeyRing
     from auditlog.integrity.verify import SourcedStatement, VerifyReport
+    from auditlog.read.forensics import Finding
+    from auditlog.read.series import Panel
 
 
 class Run:
@@ -387,6 +389,29 @@ class Run:
         from auditlog.read.proofs import prove_consistency
 
         return prove_consistency(self.store, self.run_id, old_head, stream)
+    # ------------------------------------------------------------------ forensics
+    def metrics(self) -> tuple[list[str], list[dict[str, Any]]]:
+        """Columns and one row per step: losses and logged metrics, learning rate, gradient norm
+        (``auditlog metrics``; see ``auditlog.read.forensics.metrics_table``)."""
+        from auditlog.read.forensics import metrics_table, questions
+
+        with questions(self) as q:
+            return metrics_table(q)
+
+    def nonfinite(self) -> Finding:
+        """Where the first NaN/Inf came from, or what to record to find out (``auditlog nonfinite``)."""
+        from auditlog.read.forensics import find_nonfinite, questions
+
+        with questions(self) as q:
+            return find_nonfinite(q)
+
+    def plot_panels(self, what: str, max_rows: int = 40) -> list[Panel]:
+        """The data of one picture (``auditlog plot``; see ``auditlog.read.series``)."""
+        from auditlog.read.forensics import questions
+        from auditlog.read.series import panels
+
+        with questions(self) as q:
+            return panels(q, what, max_rows)
 
     def info(self) -> RunInfo:
         """The run's summary: status, start and end, command line, code version, counts."""

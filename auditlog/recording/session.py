@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from auditlog.capture.buffer import RecordBuffer
+from auditlog.capture.metrics import metric_value
 from auditlog.capture.recorder import Recorder
 from auditlog.core.errors import (
     AuditlogError,
@@ -293,6 +294,18 @@ class Recording(contextlib.ContextDecorator):
             raise AuditlogError(f"annotation {key!r}: fields must be JSON-encodable ({exc})") from exc
         recorder.emit("annotation", payload={"key": key, "fields": fields})
 
+    def log(self, step: int | None = None, **metrics: Any) -> None:
+        """Record scalar metrics (an evaluation accuracy, a loss computed by a function).
+
+        ``run.log(acc=0.91, val_loss=val)``: numbers or one-element tensors (a
+        CUDA tensor is copied without a sync). They enter the hash chain as a
+        ``metrics`` event, appear in the ``metrics`` view and ``auditlog
+        metrics``. ``step``: your own step number for them (default: the run's
+        optimizer step count now).
+        """
+        recorder = self._require()
+        recorder.log_metrics(_checked_metrics(metrics, step), step)
+
     def seal(self, model: torch.nn.Module) -> None:
         """Declare ``model`` fully constructed now: record its initial values."""
         self._require().seal(model, "explicit")
@@ -327,6 +340,34 @@ class Recording(contextlib.ContextDecorator):
 
 
 SYNCHRONOUS = {"fast": "NORMAL", "step": "NORMAL", "strict": "FULL"}
+
+
+def log(step: int | None = None, **metrics: Any) -> None:
+    """``auditlog.log(acc=0.91)``: record metrics into the active recording (see ``Recording.log``).
+
+    Works in a script run by ``auditlog run`` (the recording is ``current()``)
+    and inside ``auditlog.record()``. With no recording active it checks its
+    arguments and does nothing, so a script may call it unconditionally.
+    """
+    checked = _checked_metrics(metrics, step)
+    active = current()
+    if active is not None and not active._ended:
+        active._require().log_metrics(checked, step)
+
+
+def _checked_metrics(metrics: dict[str, Any], step: int | None) -> dict[str, Any]:
+    """The metrics as the recorder takes them; a bad name or value is an ``AuditlogError``."""
+    if not metrics:
+        raise AuditlogError("log() needs at least one metric, e.g. log(acc=0.9)")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise AuditlogError(f"log(step=...) must be an integer >= 0, not {step!r}")
+    checked = {}
+    for name, value in metrics.items():
+        try:
+            checked[name] = metric_value(value)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise AuditlogError(f"log({name}=...): {exc}") from exc
+    return checked
 
 
 def _sign_head(store: EventStore, key: Any, run_id: str, stream: int, world: int, tip: StreamTip) -> None:

@@ -54,6 +54,9 @@ STATS_TYPE = (
     '"std":"DOUBLE","min":"DOUBLE","max":"DOUBLE","nan":"BIGINT","inf":"BIGINT"}'
 )
 
+# Forward outputs also carry zeros / units / dead_units (policy stats=full).
+FORWARD_STATS_TYPE = STATS_TYPE[:-1] + ',"zeros":"BIGINT","units":"BIGINT","dead_units":"BIGINT"}'
+
 TABLES: tuple[str, ...] = (
     f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}",
     f"""CREATE TABLE {SCHEMA}.meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)""",
@@ -75,7 +78,12 @@ TABLES: tuple[str, ...] = (
         run_id VARCHAR NOT NULL, stream INTEGER NOT NULL, seq BIGINT NOT NULL, step BIGINT,
         ts_ns BIGINT NOT NULL, call INTEGER NOT NULL, module_id BIGINT, output INTEGER NOT NULL, n_outputs BIGINT,
         shape BIGINT[], dtype VARCHAR, numel BIGINT, norm DOUBLE, mean DOUBLE, std DOUBLE,
-        min DOUBLE, max DOUBLE, nan BIGINT, inf BIGINT, module VARCHAR)""",
+        min DOUBLE, max DOUBLE, nan BIGINT, inf BIGINT, zeros BIGINT, units BIGINT, dead_units BIGINT,
+        input_nonfinite BIGINT, module VARCHAR)""",
+    f"""CREATE TABLE {SCHEMA}.metrics (
+        run_id VARCHAR NOT NULL, stream INTEGER NOT NULL, seq BIGINT NOT NULL, step BIGINT,
+        ts_ns BIGINT NOT NULL, position INTEGER NOT NULL, name VARCHAR, value DOUBLE, origin VARCHAR,
+        module_id BIGINT, user_step BIGINT, module VARCHAR)""",
     f"""CREATE TABLE {SCHEMA}.backward_stats (
         run_id VARCHAR NOT NULL, stream INTEGER NOT NULL, seq BIGINT NOT NULL, step BIGINT,
         ts_ns BIGINT NOT NULL, call INTEGER NOT NULL, module_id BIGINT, mechanism VARCHAR, direction VARCHAR NOT NULL,
@@ -147,14 +155,17 @@ DERIVATIONS: tuple[str, ...] = (
             SELECT run_id, stream, seq, step, ts_ns, unnest(p.forward) AS c,
                    generate_subscripts(p.forward, 1) AS call
             FROM (SELECT *, from_json(payload, '{{"forward":[{{"module_id":"BIGINT","n_outputs":"BIGINT",
-                                                  "outputs":[{STATS_TYPE}]}}]}}') AS p
+                                                  "input_nonfinite":"BIGINT",
+                                                  "outputs":[{FORWARD_STATS_TYPE}]}}]}}') AS p
                   FROM new_events WHERE kind = 'activity')),
         x AS (
             SELECT run_id, stream, seq, step, ts_ns, call, c.module_id AS module_id,
-                   c.n_outputs AS n_outputs, unnest(c.outputs) AS s, generate_subscripts(c.outputs, 1) AS i
+                   c.n_outputs AS n_outputs, c.input_nonfinite AS input_nonfinite,
+                   unnest(c.outputs) AS s, generate_subscripts(c.outputs, 1) AS i
             FROM calls)
         SELECT x.run_id, x.stream, seq, step, ts_ns, call - 1, x.module_id, i - 1, n_outputs, s.shape,
-               s.dtype, s.numel, s.norm, s.mean, s.std, s.min, s.max, s.nan, s.inf, m.module
+               s.dtype, s.numel, s.norm, s.mean, s.std, s.min, s.max, s.nan, s.inf, s.zeros, s.units,
+               s.dead_units, input_nonfinite, m.module
         FROM x
         LEFT JOIN {SCHEMA}.modules m
             ON m.run_id = x.run_id AND m.stream = x.stream AND m.module_id = x.module_id
@@ -248,6 +259,25 @@ DERIVATIONS: tuple[str, ...] = (
         WHERE x.item IS NOT NULL""",
 )
 
+# Metrics: one row per entry of a ``metrics`` event (payload order kept in ``position``).
+METRICS_DERIVATION = f"""INSERT INTO {SCHEMA}.metrics
+    WITH e AS MATERIALIZED (
+        SELECT run_id, stream, seq, step, ts_ns,
+               from_json(payload, '{{"metrics":[{{"name":"VARCHAR","value":"DOUBLE","origin":"VARCHAR",
+                                                  "module_id":"BIGINT","step":"BIGINT"}}]}}').metrics AS items
+        FROM new_events WHERE kind = 'metrics'),
+    x AS (
+        SELECT run_id, stream, seq, step, ts_ns, unnest(items) AS item, generate_subscripts(items, 1) AS i
+        FROM e)
+    SELECT x.run_id, x.stream, x.seq, x.step, x.ts_ns, x.i - 1, x.item.name, x.item.value, x.item.origin,
+           x.item.module_id, x.item.step, m.module
+    FROM x
+    LEFT JOIN {SCHEMA}.modules m
+        ON m.run_id = x.run_id AND m.stream = x.stream AND m.module_id = x.item.module_id
+    WHERE x.item IS NOT NULL"""
+
+DERIVATIONS = (*DERIVATIONS, METRICS_DERIVATION)
+
 # After a replay: rewrite stored labels that changed. ``changed_modules`` and
 # ``changed_tensors`` (temporary) hold the new labels of ids whose label moved.
 RELABEL: tuple[str, ...] = (
@@ -256,6 +286,8 @@ RELABEL: tuple[str, ...] = (
     f"""UPDATE {SCHEMA}.forward_stats e SET module = c.module FROM changed_modules c
         WHERE e.run_id = c.run_id AND e.stream = c.stream AND e.module_id = c.module_id""",
     f"""UPDATE {SCHEMA}.backward_stats e SET module = c.module FROM changed_modules c
+        WHERE e.run_id = c.run_id AND e.stream = c.stream AND e.module_id = c.module_id""",
+    f"""UPDATE {SCHEMA}.metrics e SET module = c.module FROM changed_modules c
         WHERE e.run_id = c.run_id AND e.stream = c.stream AND e.module_id = c.module_id""",
     f"""UPDATE {SCHEMA}.events e SET tensor = c.name FROM changed_tensors c
         WHERE e.run_id = c.run_id AND e.stream = c.stream AND e.tensor_id = c.tensor_id""",

@@ -344,11 +344,17 @@ VIEWS: tuple[View, ...] = (
             _c("output", "INTEGER", "index of the output tensor (0-based)"),
             _c("n_outputs", "BIGINT", "number of tensors the call returned"),
             *_stats("", "output"),
+            _c("zeros", "BIGINT", "elements exactly 0 (policy stats=full)"),
+            _c("units", "BIGINT", "features of the output: its last dimension (2-D, 3-D) or dimension 1 (4-D on)"),
+            _c("dead_units", "BIGINT", "units that were exactly 0 throughout the batch (a ReLU that never fired)"),
+            _c("input_nonfinite", "BIGINT", "NaN/Inf elements in the call's first 4 positional input "
+               "tensors (the same for every output row of the call; null when it had none)"),
         ),
         """
         SELECT f.run_id, f.stream, f.seq, f.step, make_timestamp(f.ts_ns // 1000) AS time,
                f.call, f.module_id, f.module, f.output, f.n_outputs, f.shape, f.dtype, f.numel, f.norm,
-               f.mean, f.std, f.min, f.max, f.nan, f.inf
+               f.mean, f.std, f.min, f.max, f.nan, f.inf, f.zeros, f.units, f.dead_units,
+               f.input_nonfinite
         FROM {forward_stats} f
         """,
     ),
@@ -394,9 +400,9 @@ VIEWS: tuple[View, ...] = (
             _c("grad_norm", "DOUBLE", "total L2 norm of the rank's gradients at this step (all parameters)"),
             _c("param_norm", "DOUBLE", "total L2 norm of the rank's parameters after the step (steps with "
                "norms, see norms_every)"),
-            _c("loss", "DOUBLE", "the loss when recorded: the value of annotate('loss', value=...) made at "
-               "this step count, else the scalar output of a loss module (root class ending in Loss) in the "
-               "step's sampled forward activity; null otherwise"),
+            _c("loss", "DOUBLE", "the step's training loss: the mean loss of the metrics view for the "
+               "iteration this step ended, else annotate('loss', value=...) made at this step count, else "
+               "the scalar output of a loss module in the step's sampled activity; null otherwise"),
             _c("ranks", "BIGINT", "ranks of the same segment that recorded this step"),
             _c("grad_norm_min", "DOUBLE", "smallest grad_norm of any rank at this step"),
             _c("grad_norm_max", "DOUBLE", "largest grad_norm of any rank at this step"),
@@ -426,11 +432,18 @@ VIEWS: tuple[View, ...] = (
             WHERE m.depth = 0 AND m.class LIKE '%Loss' AND f.output = 0 AND f.numel = 1
             GROUP BY f.run_id, f.stream, f.step
         ),
+        mt AS (
+            SELECT run_id, stream, step + 1 AS step, avg(value) AS loss
+            FROM {{metrics}}
+            WHERE name = 'loss' AND user_step IS NULL
+            GROUP BY run_id, stream, step
+        ),
         r AS (
             SELECT g.run_id, g.stream, g.step, g.ts_ns, g.grad_norm, g.param_norm,
-                   coalesce(la.loss, lm.loss) AS loss,
+                   coalesce(mt.loss, la.loss, lm.loss) AS loss,
                    g.stream // {STREAM_STRIDE} AS segment
             FROM g
+            LEFT JOIN mt ON mt.run_id = g.run_id AND mt.stream = g.stream AND mt.step = g.step
             LEFT JOIN la ON la.run_id = g.run_id AND la.stream = g.stream AND la.step = g.step
             LEFT JOIN lm ON lm.run_id = g.run_id AND lm.stream = g.stream AND lm.step = g.step
         )
@@ -447,6 +460,32 @@ VIEWS: tuple[View, ...] = (
                (max(loss) OVER w - min(loss) OVER w) / nullif(max(abs(loss)) OVER w, 0) AS loss_spread
         FROM r
         WINDOW w AS (PARTITION BY run_id, segment, step)
+        """,
+    ),
+    View(
+        "metrics",
+        "One row per recorded metric value: the training loss recorded with no code change "
+        "(loss modules, model outputs carrying a loss) and values logged with auditlog.log().",
+        (
+            _RUN,
+            _STREAM,
+            _SEQ,
+            _c("step", "BIGINT", "the step the value belongs to: the user's step= when given, else the "
+               "optimizer steps completed when it was computed (the first iteration's loss is step 0)"),
+            _TIME,
+            _c("name", "VARCHAR", "loss | eval_loss (computed without grad) | the name given to auditlog.log"),
+            _c("value", "DOUBLE", "the value (NaN/inf when it was not finite)"),
+            _c("origin", "VARCHAR", "loss_module | model_output | user"),
+            _MODULE_ID,
+            _c("module", "VARCHAR", "the module whose output it was (null for user values)"),
+            _c("run_step", "BIGINT", "optimizer steps completed when it was recorded"),
+            _c("position", "INTEGER", "position in its event (0-based)"),
+        ),
+        """
+        SELECT m.run_id, m.stream, m.seq, coalesce(m.user_step, m.step) AS step,
+               make_timestamp(m.ts_ns // 1000) AS time, m.name, m.value, m.origin, m.module_id,
+               m.module, m.step AS run_step, m.position
+        FROM {metrics} m
         """,
     ),
     View(

@@ -29,6 +29,7 @@ BASE_TABLES: tuple[str, ...] = (
     "tensors",
     "snapshots",
     "snapshot_catalog",
+    "metrics",
 )
 RUNS_LIVE = "_runs_live"
 # Sources without a stream column (a rank filter leaves them whole).

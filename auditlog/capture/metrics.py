@@ -1,0 +1,221 @@
+"""Metrics: the loss of every step where torch shows it, and the values a user logs.
+
+Without any change to the training script the loss is read where PyTorch makes it
+visible to hooks:
+
+- the output of a loss module: any ``torch.nn.modules.loss._Loss``
+  (``nn.CrossEntropyLoss``, ``nn.MSELoss`` ...), origin ``loss_module``;
+- the output of a root module (the model) that carries one: ``ModelOutput.loss``
+  of Hugging Face models, a ``loss`` key of a dict, a ``loss`` attribute; origin
+  ``model_output``. A loss module called inside that root's forward returns the
+  very tensor the output carries: it is recorded once.
+
+A loss computed by a function (``F.cross_entropy(...)``) passes no hook; such a
+script logs it with ``auditlog.log(loss=...)``.
+
+Cost. The global per-call hooks are present only on sampled steps
+(``recorder.py``), so the loss cannot come from them. Instead, the first time a
+sampled step (step 0 always is one) sees a loss module called, that one module
+gets its own forward hook (a ``ModuleTap``: copies and pickles of the module
+carry an inert hook instead, so ``copy.deepcopy`` and ``torch.save`` keep
+working), removed at the end of the recording. The model itself (a root) never
+gets a hook of its own: adding one would show in its hook dicts, which user code
+may count. When a root's output carried a loss on a sampled step (a Hugging
+Face model given labels), a light global forward pre/post pair stays on the
+unsampled steps too, and acts only on the outermost call of such a root
+(``RootWatch``). Every other model keeps PyTorch's fast path on unsampled
+steps. Each loss costs one entry: on CPU the value is read at once (``item()``:
+nothing to wait for); on a device it goes to pinned host memory with a
+non-blocking copy (``Scalar``) that the writer reads. No sync.
+
+A loss that does not require grad (computed under ``torch.no_grad()``, an
+evaluation) is named ``eval_loss``. The step's values leave as one ``metrics``
+event when its optimizer step returns (before ``activity`` and
+``optimizer_step``), like module activity.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from auditlog.capture.base import ModuleTap, RecorderBase
+from auditlog.capture.buffer import RecordBuffer
+from auditlog.capture.payloads import Scalar
+from auditlog.capture.torch_compat import call_guard, compile_guard, is_loss_module, unwrap_compiled
+from auditlog.core.policy import Policy
+
+# Metric entries held before they are emitted anyway (an evaluation loop with no
+# optimizer steps must not grow memory without bound).
+METRICS_FLUSH = 1024
+
+
+def metric_value(value: Any) -> float | int | str | Scalar:
+    """A number as a metric entry holds it: CPU values now, device values on their way.
+
+    Raises ``TypeError`` for anything but a real number or a one-element tensor.
+    """
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex():
+            raise TypeError(f"a metric tensor must hold one real number, not shape {tuple(value.shape)}")
+        if value.device.type == "cpu":
+            return metric_value(value.detach().item())
+        return Scalar(value)
+    item = getattr(value, "item", None)  # numpy scalars
+    if callable(item):
+        return metric_value(item())
+    raise TypeError(f"a metric must be a number or a one-element tensor, not {type(value).__name__}")
+
+
+class MetricHooks(RecorderBase):
+    """Hooks on loss modules and roots, and the pending metric entries of the step."""
+
+    def __init__(self, buffer: RecordBuffer, policy: Policy | None = None) -> None:
+        super().__init__(buffer, policy)
+        self._metric_handles: list[RemovableHandle] = []
+        self._watched: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+        self._metrics: list[tuple[int, dict[str, Any]]] = []
+        self._root_depth = 0
+        self._losses_in_root: set[int] = set()
+        # Roots whose output carried a loss, and the call depth the RootWatch hooks keep.
+        self._loss_roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self._watch_depth = 0
+        self._last_loss: tuple[int, Any] | None = None
+
+    # ------------------------------------------------------------------ watching
+    def watch_call(self, called: torch.nn.Module, root_call: bool) -> None:
+        """Called by the global forward pre hook (sampled steps): hook the loss modules."""
+        if called in self._watched:
+            return
+        if is_loss_module(unwrap_compiled(called)):
+            self._watched[called] = "loss"
+            if self.policy.loss:
+                self._metric_handles.append(called.register_forward_hook(ModuleTap(self._on_loss_output)))
+        elif root_call:
+            self._watched[called] = "root"
+
+    def remove_metric_hooks(self) -> None:
+        """Remove the per-module hooks this recorder added (recording ends)."""
+        while self._metric_handles:
+            self._metric_handles.pop().remove()
+        self._watched = weakref.WeakKeyDictionary()
+
+    def root_entered(self, module: torch.nn.Module) -> None:
+        """The outermost module call of this thread begins (a root's forward)."""
+        try:
+            self._root_depth += 1
+            if self._root_depth == 1:
+                self._losses_in_root.clear()
+            self.flops_root_started(module)
+        except Exception as exc:
+            self.fault("root_pre_hook", exc)
+
+    def root_left(self, module: torch.nn.Module, output: Any) -> None:
+        """The outermost module call returned: record the loss its output carries, if any."""
+        try:
+            self.flops_root_finished(module)
+            self._root_depth = max(0, self._root_depth - 1)
+            if not self.policy.loss or output is None or isinstance(output, torch.Tensor):
+                return
+            if isinstance(output, dict):
+                value = output.get("loss")
+            elif isinstance(output, (tuple, list)):
+                return  # positional outputs say nothing about which one is the loss
+            else:
+                value = getattr(output, "loss", None)
+            if isinstance(value, torch.Tensor):
+                if value.numel() == 1 and id(value) not in self._losses_in_root:
+                    self._record_loss(module, value, "model_output")
+                    self._loss_roots.add(unwrap_compiled(module))
+            elif isinstance(value, (float, int)) and not isinstance(value, bool):
+                self._record_loss(module, value, "model_output")
+                self._loss_roots.add(unwrap_compiled(module))
+        except Exception as exc:
+            self.fault("root_forward_hook", exc)
+
+    def loss_roots(self) -> bool:
+        """Must outermost calls be seen on unsampled steps (a root's output has carried a loss)?"""
+        return bool(self._loss_roots)
+
+    def _watched_root(self, module: torch.nn.Module) -> bool:
+        return unwrap_compiled(module) in self._loss_roots
+
+    @call_guard
+    def _on_root_watch_pre(self, module: torch.nn.Module, args: Any) -> None:
+        """Unsampled steps: the global pre hook of ``RootWatch``, acting on the outermost call."""
+        depth = self._watch_depth
+        self._watch_depth = depth + 1
+        if depth == 0 and self._watched_root(module):
+            self.root_entered(module)
+        return None
+
+    @call_guard
+    def _on_root_watch(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self._watch_depth = max(0, self._watch_depth - 1)
+        if self._watch_depth == 0 and self._watched_root(module):
+            self.root_left(module, output)
+        return None
+
+    @compile_guard
+    def _on_loss_output(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        try:
+            if isinstance(output, torch.Tensor) and output.numel() == 1:
+                if self._root_depth:
+                    self._losses_in_root.add(id(output))
+                self._record_loss(module, output, "loss_module")
+        except Exception as exc:
+            self.fault("loss_forward_hook", exc)
+        return None
+
+    def _record_loss(self, module: torch.nn.Module, value: torch.Tensor | float, origin: str) -> None:
+        training = value.requires_grad if isinstance(value, torch.Tensor) else torch.is_grad_enabled()
+        entry = {
+            "name": "loss" if training else "eval_loss",
+            "value": metric_value(value),
+            "origin": origin,
+            "module_id": self.module_id(unwrap_compiled(module)),
+        }
+        self._metrics.append((self.step, entry))
+        if training:
+            self._last_loss = (self.step, entry["value"])
+        if len(self._metrics) >= METRICS_FLUSH:
+            self.flush_metrics()
+
+    def last_loss(self) -> Any:
+        """The last training loss of the current step (a number, text or ``Scalar``), or None."""
+        last = self._last_loss
+        return last[1] if last is not None and last[0] == self.step else None
+
+    # ------------------------------------------------------------------ emitting
+    def flush_metrics(self) -> None:
+        """Emit the held loss entries: one ``metrics`` event per step they belong to."""
+        if not self._metrics:
+            return
+        held, self._metrics = self._metrics, []
+        by_step: dict[int, list[dict[str, Any]]] = {}
+        for step, entry in held:
+            by_step.setdefault(step, []).append(entry)
+        for step, entries in by_step.items():
+            self.emit("metrics", None, None, {"metrics": entries}, step=step)
+
+    def log_metrics(self, values: dict[str, Any], step: int | None = None) -> None:
+        """``auditlog.log(...)``: one ``metrics`` event now with the user's values.
+
+        Values come converted by ``metric_value`` (``Recording.log`` checks them
+        first); ``step`` is the user's own step number, kept beside the run's
+        step count.
+        """
+        entries = []
+        for name, value in values.items():
+            entry: dict[str, Any] = {"name": name, "value": value, "origin": "user", "module_id": None}
+            if step is not None:
+                entry["step"] = step
+            entries.append(entry)
+        self.emit("metrics", None, None, {"metrics": entries})

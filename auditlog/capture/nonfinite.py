@@ -1,0 +1,147 @@
+"""The first non-finite gradient or loss, caught on the step it happens.
+
+By default (``sample_nonfinite``) a step with non-finite gradients turns module
+activity on from the *next* step: the writer learns of the NaN only after the
+step. With ``nonfinite_check`` the optimizer's pre hook looks before the
+update, which is as early as torch lets a hook see gradients: the forward and
+backward of that step are over (their module statistics exist only if the step
+was sampled), the update is not done yet. At the first non-finite gradient (or
+a non-finite training loss whose value is already on the host) it records, on
+that same step:
+
+- a ``nonfinite_found`` event with full statistics (norm, mean, std, min, max,
+  NaN and Inf counts) of every parameter's gradient;
+- a snapshot of every parameter and buffer (trigger ``last_finite``): the
+  values before the update that would spread the NaN, i.e. the last finite state
+  when the parameters were still finite;
+- module activity from the next step on.
+
+Cost: the gradient norms are taken in the pre hook (a second fused norm pass
+per step; the post hook takes its own after the step) and read at once: free on
+CPU, one host-device sync per step on CUDA (why it is opt-in; ``debug`` turns
+it on).
+
+``keep_finite_state`` covers the other way parameters go bad: a finite but huge
+update. It copies the parameters before every step (one copy of the parameters
+in memory, plus a copy per step: measured in ``benchmarks/forensics.py``),
+checks them after the step, and if the step left any non-finite it stores the
+copy (parameters only, trigger ``last_finite``, at the previous step).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any
+
+import torch
+
+from auditlog.capture.base import RecorderBase
+from auditlog.capture.buffer import RecordBuffer
+from auditlog.capture.payloads import HostCopy, Scalar, SnapshotItems, norms_of
+from auditlog.capture.torch_compat import foreach_copy_
+from auditlog.core.policy import Policy
+from auditlog.core.tensors import activity_stats
+
+
+def _finite(norms: torch.Tensor | None) -> bool:
+    """Are all these norms finite? (A read: a sync on a device.)"""
+    return norms is None or bool(torch.isfinite(norms).all())
+
+
+def _loss_nonfinite(value: Any) -> bool:
+    """Is a recorded loss NaN/Inf, when its value is on the host already (never waits)?"""
+    if isinstance(value, Scalar):
+        if not value.ready():
+            return False
+        value = value.resolve()
+    if isinstance(value, str):
+        return True
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+class NonFiniteWatch(RecorderBase):
+    """Checks before and after optimizer steps (``nonfinite_check``, ``keep_finite_state``)."""
+
+    def __init__(self, buffer: RecordBuffer, policy: Policy | None = None) -> None:
+        super().__init__(buffer, policy)
+        self._nonfinite_found = False
+        self._finite_copies: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[torch.Tensor]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def check_before_step(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+        """Optimizer pre hook: gradients (and the loss) of this step, before the update."""
+        policy = self.policy
+        if self._nonfinite_found or not (policy.nonfinite_check or policy.keep_finite_state):
+            return
+        with torch.no_grad():
+            present = [p for p in params if p.grad is not None and p.grad.layout == torch.strided]
+            grads: list[torch.Tensor] = [p.grad for p in present]  # type: ignore[misc]
+            loss = self.last_loss()
+            bad_loss = loss is not None and _loss_nonfinite(loss)
+            if policy.nonfinite_check and (bad_loss or not _finite(norms_of(grads))):
+                self._found_before_step(present, grads, loss, "loss" if bad_loss else "gradients")
+                return
+            if policy.keep_finite_state:
+                copies = self._finite_copies.get(optimizer)
+                if copies is None or len(copies) != len(params) or any(
+                    c.shape != p.shape or c.dtype != p.dtype or c.device != p.device
+                    for c, p in zip(copies, params, strict=True)
+                ):
+                    copies = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in params]
+                    self._finite_copies[optimizer] = copies
+                if params:
+                    foreach_copy_(copies, [p.detach() for p in params])
+
+    def _found_before_step(
+        self, present: list[torch.Tensor], grads: list[torch.Tensor], loss: Any, where: str
+    ) -> None:
+        self._nonfinite_found = True
+        gradients = [
+            {"tensor_id": self.tensors.get(p)[0], "stats": activity_stats(g, True)}
+            for p, g in zip(present, grads, strict=True)
+        ]
+        roots = self.live_roots()
+        self.emit(
+            "nonfinite_found",
+            payload={"where": where, "loss": loss, "gradients": gradients, "parameters": [], "snapshot": bool(roots)},
+        )
+        if roots:
+            self.snapshot(roots, "last_finite")
+        self.flag_nonfinite()  # activity from the next step on (sample_nonfinite)
+
+    def check_after_step(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+        """Optimizer post hook (``keep_finite_state``): did this step make parameters non-finite?"""
+        copies = self._finite_copies.get(optimizer)
+        if self._nonfinite_found or copies is None or len(copies) != len(params):
+            return
+        with torch.no_grad():
+            norms = norms_of([p.detach() for p in params])
+            if norms is None or _finite(norms):
+                return
+            self._nonfinite_found = True
+            flags = torch.isfinite(norms).tolist()
+            bad = sorted({self.tensors.get(p)[0] for p, ok in zip(params, flags, strict=True) if not ok})
+            items = []
+            seen: set[int] = set()
+            for param, copy in zip(params, copies, strict=True):
+                tensor_id = self.tensors.get(param)[0]
+                if tensor_id not in seen:
+                    seen.add(tensor_id)
+                    items.append((tensor_id, HostCopy(copy)))
+        before = self.step - 1  # the copy holds the state after the previous step
+        self.emit(
+            "nonfinite_found",
+            payload={"where": "parameters", "loss": None, "gradients": [], "parameters": bad, "snapshot": True},
+            step=before,
+        )
+        self.emit(
+            "snapshot_taken",
+            None,
+            None,
+            {"trigger": "last_finite", "tag": None, "snapshot": SnapshotItems(items)},
+            step=before,
+        )
+        self._finite_copies.pop(optimizer, None)
+        self.flag_nonfinite()

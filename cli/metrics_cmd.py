@@ -1,0 +1,75 @@
+"""``auditlog metrics`` and ``auditlog nonfinite``: the training curve and the first NaN, as text."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import click
+from auditlog.cli.options import format_option, run_argument, store_option
+from auditlog.cli.output import emit_json, emit_rows
+
+from auditlog.read.api import open_store
+from auditlog.read.forensics import jsonable
+
+
+def _shown(value: Any) -> Any:
+    """Numbers for a table: 6 significant digits; NaN/inf as their names."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "NaN" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        return f"{value:.6g}"
+    return value
+
+
+@click.command()
+@store_option
+@format_option
+@run_argument
+def metrics(store: str | None, fmt: str, run: str) -> None:
+    """RUN's loss and metrics per step, with learning rate and gradient norm.
+
+    One row per step (optimizer steps completed before it: the first
+    iteration is step 0): the loss recorded with no code change, values
+    logged with auditlog.log(...) (the mean when a step has several), and the
+    learning rate (first param group), global gradient L2 norm and non-finite
+    gradient count of the optimizer step that ended it.
+    """
+    with open_store(store) as opened:
+        columns, rows = opened.run(run).metrics()
+    if fmt == "table":
+        emit_rows(({k: _shown(v) for k, v in r.items()} for r in rows), columns, fmt)
+    else:
+        emit_rows((jsonable(r) for r in rows), columns, fmt)
+
+
+@click.command()
+@store_option
+@click.option(
+    "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+    help="Output format.",
+)
+@run_argument
+def nonfinite(store: str | None, fmt: str, run: str) -> None:
+    """Where RUN's first NaN/Inf came from: step, forward or backward, the module.
+
+    Decides from what was recorded (module output and input NaN/Inf counts in
+    call order, gradients, the loss, parameter norms): the producing module
+    with the line that built it, and the modules that only propagated it. When
+    the record cannot tell, says what to record next time. Exit 0 either way.
+    """
+    with open_store(store) as opened:
+        finding = opened.run(run).nonfinite()
+    if fmt == "json":
+        emit_json(finding.as_dict())
+        return
+    for line in finding.explanation:
+        click.echo(line)
+    if finding.producer is not None:
+        p = finding.producer
+        click.echo(f"producer: {p['module']} ({p.get('class') or '?'}) built at {p.get('source') or 'unknown'}")
+    for label, calls in (("propagated by", finding.propagators), ("enclosing", finding.enclosing)):
+        for c in calls:
+            click.echo(f"{label}: {c['module']} ({c.get('class') or '?'}) built at {c.get('source') or 'unknown'}")
+    for param in finding.parameters:
+        click.echo(f"non-finite gradient: {param['parameter']}")
