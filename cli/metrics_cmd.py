@@ -9,9 +9,6 @@ import click
 from auditlog.cli.options import format_option, run_argument, store_option
 from auditlog.cli.output import emit_json, emit_rows
 
-from auditlog.read.api import open_store
-from auditlog.read.forensics import jsonable
-
 
 def _shown(value: Any) -> Any:
     """Numbers for a table: 6 significant digits; NaN/inf as their names."""
@@ -35,6 +32,9 @@ def metrics(store: str | None, fmt: str, run: str) -> None:
     learning rate (first param group), global gradient L2 norm and non-finite
     gradient count of the optimizer step that ended it.
     """
+    from auditlog.read.api import open_store
+    from auditlog.read.forensics import jsonable
+
     with open_store(store) as opened:
         columns, rows = opened.run(run).metrics()
     if fmt == "table":
@@ -58,6 +58,8 @@ def nonfinite(store: str | None, fmt: str, run: str) -> None:
     with the line that built it, and the modules that only propagated it. When
     the record cannot tell, says what to record next time. Exit 0 either way.
     """
+    from auditlog.read.api import open_store
+
     with open_store(store) as opened:
         finding = opened.run(run).nonfinite()
     if fmt == "json":

@@ -9,9 +9,6 @@ import click
 from auditlog.cli.options import run_argument, store_option
 
 from auditlog.core.errors import UsageError
-from auditlog.read.api import open_store
-from auditlog.read.report import run_report
-from auditlog.read.report_compare import compare_report
 
 
 @click.command()
@@ -30,6 +27,10 @@ def report(store: str | None, output: str, other: str | None, run: str) -> None:
     The file is self-contained: inline styles and images, no scripts, no
     network access when opened.
     """
+    from auditlog.read.api import open_store
+    from auditlog.read.report import run_report
+    from auditlog.read.report_compare import compare_report
+
     if output != "-" and Path(output).is_dir():
         raise UsageError(f"{output!r} is a directory; give a file name such as report.html")
     with open_store(store) as opened:

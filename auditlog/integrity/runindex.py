@@ -20,17 +20,49 @@ from auditlog.store.rows import payload_object
 START_SLACK_NS = 60 * 10**9
 
 
-def index_mismatches(row: dict[str, Any], started: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(field, index value, chained value)`` for every field where the index row disagrees."""
-    payload = payload_object(started.get("payload"))
+def index_mismatches(
+    row: dict[str, Any], started: list[dict[str, Any]], chained_name: str | None
+) -> list[tuple[str, Any, Any]]:
+    """``(field, index value, chained value)`` for every field where the index row disagrees.
+
+    ``started``: the run's ``run_started`` events, lowest stream first. The
+    index row is written by whichever process of the run opened the store first
+    (any rank), so its host, pid and start must be those of one of them; its
+    name is the run's chained name (``run_started``, or the ``auditlog.record``
+    annotation of a script's own ``record(name=...)`` joining ``auditlog run``).
+    """
     found: list[tuple[str, Any, Any]] = []
-    for column in ("name", "host", "pid"):
-        if row.get(column) != payload.get(column):
-            found.append((column, row.get(column), payload.get(column)))
-    start, chained = row.get("started_ns"), started.get("ts_ns")
+    if row.get("name") != chained_name:
+        found.append(("name", row.get("name"), chained_name))
+    creators = [s for s in started if _same_process(row, payload_object(s.get("payload")))]
+    if not creators:
+        first = payload_object(started[0].get("payload"))
+        for column in ("host", "pid"):
+            if row.get(column) != first.get(column):
+                found.append((column, row.get(column), first.get(column)))
+        creators = started[:1]
+    start, chained = row.get("started_ns"), creators[0].get("ts_ns")
     if not isinstance(start, int) or not isinstance(chained, int) or not 0 <= chained - start <= START_SLACK_NS:
         found.append(("started_ns", start, chained))
     return found
+
+
+def _same_process(row: dict[str, Any], payload: dict[str, Any]) -> bool:
+    return row.get("host") == payload.get("host") and row.get("pid") == payload.get("pid")
+
+
+def chained_name(store: EventStore, run_id: str, started: list[dict[str, Any]]) -> str | None:
+    """The run's name as the chain says it (see ``index_mismatches``)."""
+    for event in started:
+        name = payload_object(event.get("payload")).get("name")
+        if isinstance(name, str):
+            return name
+    for event in store.iter_events(run_id, kinds=["annotation"]):
+        payload = payload_object(event.get("payload"))
+        fields = payload.get("fields")
+        if payload.get("key") == "auditlog.record" and isinstance(fields, dict) and isinstance(fields.get("name"), str):
+            return str(fields["name"])
+    return None
 
 
 def verify_run_index(store: EventStore, run_id: str, report: VerifyReport) -> None:
@@ -40,13 +72,13 @@ def verify_run_index(store: EventStore, run_id: str, report: VerifyReport) -> No
         report.problems.append(Problem(
             run_id, 0, 1, None, None, "run has events but its row in the runs index was deleted"))
         return
-    started = store.run_started_event(run_id)
-    if started is None:
+    started = [e for e in store.iter_events(run_id, kinds=["run_started"]) if isinstance(e.get("stream"), int)]
+    if not started:
         return  # no run_started at all: the chain check reports the stream's first event
-    stream_value = started.get("stream")
-    stream = stream_value if isinstance(stream_value, int) else 0
-    for column, indexed, chained in index_mismatches(row, started):
+    first = started[0]
+    stream = int(first["stream"])
+    for column, indexed, chained in index_mismatches(row, started, chained_name(store, run_id, started)):
         report.problems.append(Problem(
-            run_id, stream, 1, started.get("id"), "run_started",
+            run_id, stream, 1, first.get("id"), "run_started",
             f"runs index row differs from the chained run_started: {column} is {indexed!r} in the "
             f"index, {chained!r} in the record (the index was edited)"))

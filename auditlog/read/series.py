@@ -21,9 +21,11 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from auditlog.store.readmodel.forensics import ForensicQueries
+if TYPE_CHECKING:
+    from auditlog.store.readmodel.forensics import ForensicQueries
+
 
 PLOTS: dict[str, str] = {
     "loss": "the training loss (and eval_loss) per step",
