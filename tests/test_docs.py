@@ -22,6 +22,7 @@ DOCS = REPO / "docs"
 PAGES = (
     "how-it-works.md", "policy.md", "snapshots.md", "query.md", "views.md", "events.md",
     "integrity.md", "cli.md", "python.md", "performance.md", "development.md", "CHANGELOG.md", "hooks.md",
+    "forensics.md", "distributed.md",
 )
 
 
@@ -86,4 +87,4 @@ def test_every_readme_command_runs(tmp_path: Path) -> None:
         argv = [sys.executable, "-m", "auditlog.cli.main", *shlex.split(command)[1:]]
         done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, f"$ {command}\n{done.stdout}\n{done.stderr}"
-        assert done.stdout.strip() or "auditlog: recording run" in done.stderr, command
+        assert done.stdout.strip() or done.stderr.strip(), command  # every command says something
