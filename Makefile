@@ -61,6 +61,10 @@ bench: venv
 	$(BIN)/python benchmarks/ingest.py
 	$(BIN)/python benchmarks/memory.py
 	$(BIN)/python benchmarks/snapshots.py
+	$(BIN)/python benchmarks/startup.py
+	$(BIN)/python benchmarks/verify.py
+	$(BIN)/python benchmarks/forensics.py
+	$(BIN)/python benchmarks/writers.py
 
 clean:
 	rm -rf $(VENV) $(STORE) build *.egg-info
