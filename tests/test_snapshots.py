@@ -55,9 +55,9 @@ def test_every_dtype_round_trips_bitwise(tmp_path: Path, dtype: torch.dtype) -> 
 
 
 def test_large_tensor_is_written_in_bounded_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import auditlog.store.blobs as snapshots_module
+    import auditlog.store.blobformat as snapshot_format
 
-    monkeypatch.setattr(snapshots_module, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(snapshot_format, "CHUNK_BYTES", 4096)
     store = SnapshotStore(tmp_path)
     big = torch.randn(10_000)  # 40,000 bytes -> 10 chunks of 4,096 bytes
     info = store.put(big)
