@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -132,3 +134,40 @@ def test_frozen_layers_do_not_grow_the_snapshot_directory(store: Path) -> None:
     step_events = [e for e in events if e["payload"]["trigger"] == "step"]
     assert len(step_events) == 4
     assert all(e["payload"]["snapshot"]["new_bytes"] <= head_bytes for e in step_events)
+
+
+def test_a_writer_that_cannot_keep_up_is_reported_never_skipped(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deliberately slowed snapshot writer (0.3 s per snapshot) and a snapshot every step."""
+    from auditlog.capture.roots import SNAPSHOT_BACKLOG
+    from auditlog.store.blobwriter import BlobWriter
+
+    original = BlobWriter.store
+
+    def slow_store(self: BlobWriter, items: Any, stored: Any) -> Any:
+        time.sleep(0.3)
+        return original(self, items, stored)
+
+    monkeypatch.setattr(BlobWriter, "store", slow_store)
+    torch.manual_seed(0)
+    live: dict[int, dict[str, torch.Tensor]] = {}
+    with auditlog.record(store, snapshot_every=1):
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(1, 6):
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+            live[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with auditlog.open(store) as opened:
+        run = opened.run()
+        events = [e for e in run.events(kinds=["snapshot_taken"]) if e["payload"]["trigger"] == "step"]
+        assert [e["step"] for e in events] == [1, 2, 3, 4, 5]  # every one taken, none skipped
+        overruns = [e["payload"].get("overrun") for e in events]
+        assert overruns[0] is None and all(o is not None for o in overruns[1:]), overruns
+        # behind: one more than the backlog at most (training waited for the oldest beyond it)
+        assert max(o["behind"] for o in overruns[1:]) == SNAPSHOT_BACKLOG + 1
+        assert any(o["waited_s"] > 0 for o in overruns[1:] if o["behind"] > SNAPSHOT_BACKLOG)
+        assert all(o["behind_bytes"] == o["behind"] * (4 * 2 + 2) * 4 for o in overruns[1:])
+        assert all(e["payload"]["snapshot"]["write_s"] >= 0.3 for e in events)
+        for step in range(1, 6):  # and every value is the one trained then
+            restored = run.state_dict(step=step)
+            assert all(torch.equal(restored[k], v) for k, v in live[step].items())

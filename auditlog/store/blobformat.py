@@ -25,9 +25,12 @@ reader follows each file's own codec, and a null value is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
+import queue
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -85,10 +88,10 @@ class SnapshotError(AuditlogError):
 class BlobInfo:
     """One stored tensor content: the catalog row the event store keeps.
 
-    ``file_sha256`` (a digest of the file's bytes) is no longer computed: the
-    content hash, recomputed from the decoded values of a file whose schema is
-    checked exactly, proves what every reader uses (docs/integrity.md). Rows
-    written before keep theirs; new rows hold "".
+    ``file_sha256`` is the SHA-256 of the file's bytes, computed while the file
+    is written (the bytes pass through the digest on their way to the disk):
+    the content hash and the schema check do not cover every byte of a file
+    (docs/integrity.md), this does.
     """
 
     sha256: str
@@ -281,6 +284,55 @@ class SnapshotFile:
         except (OSError, pa.ArrowException, ValueError, RuntimeError) as exc:
             raise SnapshotError(f"snapshot file {self.relpath!r} is unreadable: {exc}") from exc
 
+    def read_into(self, target: np.ndarray[Any, Any], digest: Any) -> None:
+        """Decode the content into ``target`` (bytes, exactly ``nbytes`` long) and hash
+        what was written there into ``digest`` (when given).
+
+        A reader thread decodes and copies row group after row group while the
+        caller hashes the parts already copied: the two passes overlap, and what
+        is hashed is what the caller gets (never bytes read again from the file).
+        No memory beyond ``target`` and the row group being decoded.
+        """
+        if self.row_groups <= 1:  # a small file: no thread
+            position = 0
+            for piece in self.pieces():
+                position = self._place(target, position, piece)
+                if digest is not None:
+                    digest.update(target[position - piece.nbytes : position].data)
+            check_size(position, self.nbytes, self.relpath)
+            return
+        filled: queue.SimpleQueue[tuple[int, int] | BaseException | None] = queue.SimpleQueue()
+
+        def fill() -> None:
+            try:
+                position = 0
+                for piece in self.pieces():
+                    end = self._place(target, position, piece)
+                    filled.put((position, end))
+                    position = end
+                check_size(position, self.nbytes, self.relpath)
+                filled.put(None)
+            except BaseException as exc:  # handed to the caller's thread
+                filled.put(exc)
+
+        reader = threading.Thread(target=fill, name="auditlog-read", daemon=True)
+        reader.start()
+        try:
+            while (done := filled.get()) is not None:
+                if isinstance(done, BaseException):
+                    raise done
+                if digest is not None:
+                    digest.update(target[done[0] : done[1]].data)
+        finally:
+            reader.join()
+
+    def _place(self, target: np.ndarray[Any, Any], position: int, piece: memoryview) -> int:
+        end = position + piece.nbytes
+        if end > target.nbytes:
+            check_size(end, self.nbytes, self.relpath)
+        target[position:end] = np.frombuffer(piece, dtype=np.uint8)
+        return end
+
     def _bytes_of(self, column: pa.ChunkedArray) -> Iterator[memoryview]:
         for chunk in column.chunks:
             if not len(chunk):
@@ -305,14 +357,17 @@ def check_size(stored: int, expected: int, relpath: str) -> None:
 
 
 def verify_file(root: Path, sha256: str) -> BlobInfo:
-    """The facts of the file named by ``sha256`` once its content hashed to ``sha256``.
+    """The facts of the file named by ``sha256`` once its content hashed to ``sha256``,
+    with the digest of its bytes (``file_sha256``).
 
     Torch-free: the bytes are decoded with pyarrow and hashed as
-    ``auditlog.tensor_hash`` would hash the tensor. ``SnapshotError`` when the
-    file is missing, unreadable, not exactly a snapshot's schema, the wrong size,
-    or holds other content (its message then says ``does not match its name``).
+    ``auditlog.tensor_hash`` would hash the tensor, while another thread digests
+    the file. ``SnapshotError`` when the file is missing, unreadable, not exactly
+    a snapshot's schema, the wrong size, or holds other content (its message
+    then says ``does not match its name``).
     """
-    with SnapshotFile(root, sha256) as found:
+    with SnapshotFile(root, sha256) as found, ThreadPoolExecutor(1, thread_name_prefix="auditlog-digest") as pool:
+        whole = pool.submit(file_digest, found.path)
         digest = content_hasher(found.dtype, found.shape)
         stored = 0
         for piece in found.pieces():
@@ -322,7 +377,11 @@ def verify_file(root: Path, sha256: str) -> BlobInfo:
         actual = digest.hexdigest()
         if actual != sha256:
             raise SnapshotError(f"content hash {actual[:16]}... does not match its name (file modified)")
-        return found.info()
+        try:
+            file_sha256 = whole.result()
+        except OSError as exc:
+            raise SnapshotError(f"snapshot file {found.relpath!r} is unreadable: {exc}") from exc
+        return dataclasses.replace(found.info(), file_sha256=file_sha256)
 
 
 def reason(exc: SnapshotError) -> str:

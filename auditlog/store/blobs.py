@@ -35,7 +35,6 @@ from auditlog.store.blobformat import (
     SnapshotFile,
     blob_from_row,
     check_schema,
-    check_size,
     expected_schema,
     file_digest,
     legacy_row_groups,
@@ -128,24 +127,12 @@ class SnapshotStore:
         return tensor
 
     def _decode(self, found: SnapshotFile, digest: Any) -> torch.Tensor:
-        """The file's tensor, built piece by piece in its final buffer; each piece is
-        hashed into ``digest`` (when given) from that buffer."""
-        import numpy as np
+        """The file's tensor, built in its final buffer; the bytes written there are
+        hashed into ``digest`` (when given) as they arrive (``SnapshotFile.read_into``)."""
         import torch
 
         out = torch.empty(found.numel, dtype=dtype_from_name(found.dtype))
-        target = out.view(torch.uint8).numpy() if found.numel else np.empty(0, np.uint8)
-        position = 0
-        for piece in found.pieces():
-            end = position + piece.nbytes
-            if end > target.nbytes:
-                check_size(end, found.nbytes, found.relpath)
-            part = target[position:end]
-            part[:] = np.frombuffer(piece, dtype=np.uint8)
-            if digest is not None:
-                digest.update(part.data)
-            position = end
-        check_size(position, found.nbytes, found.relpath)
+        found.read_into(out.view(torch.uint8).numpy(), digest)
         return out.reshape(found.shape)
 
     def describe(self, sha256: str) -> BlobInfo:
@@ -164,8 +151,7 @@ class SnapshotStore:
         The file must exist, have exactly a snapshot's schema and decode to
         content hashing to its name (torch-free: ``blobformat.verify_file``);
         the catalog row (a cache) must exist and agree with the file in every
-        field. ``file_sha256`` is compared only where a row has one (rows
-        written before issue 18): new rows leave it empty.
+        field, ``file_sha256`` (the digest of every byte) included.
         """
         try:
             found = verify_file(self.root, sha256)
@@ -180,13 +166,15 @@ class SnapshotStore:
         problems = []
         for field in ("file", "dtype", "shape", "numel", "nbytes", "layout", "row_groups", "file_sha256"):
             mine, theirs = getattr(listed, field), getattr(found, field)
-            if field == "file_sha256":
-                if not mine:
-                    continue
-                theirs = file_digest(self.path(sha256))
             if field == "row_groups" and mine != theirs and _legacy_groups(listed, theirs):
                 continue
-            if mine != theirs:
+            if field == "file_sha256" and mine != theirs:
+                problems.append(
+                    f"the file's bytes hash to {theirs[:16]}..., the catalog recorded "
+                    f"{mine[:16] + '...' if mine else 'no digest'} when it was written (file modified "
+                    "outside its values, or catalog edited)"
+                )
+            elif mine != theirs:
                 problems.append(
                     f"catalog row disagrees with the file: {field} is {mine!r} in the "
                     f"catalog, {theirs!r} by the file (catalog edited)"

@@ -27,6 +27,8 @@ before.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 import tempfile
 import threading
@@ -34,7 +36,7 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +50,7 @@ from auditlog.store.blobformat import (
     SnapshotError,
     chunk_elements,
     codec_for,
+    file_digest,
     layout_of,
     relpath,
     row_groups_for,
@@ -162,38 +165,55 @@ class BlobWriter:
         tensor = tensor.detach()
         if tensor.layout != torch.strided or tensor.is_quantized:
             raise SnapshotError(f"cannot snapshot a {tensor.layout} / quantized tensor")
-        if sha256 is not None and self.files.path(sha256).exists():
-            return describe_tensor(tensor, sha256)
-        ((digest, info),) = self.store([(None, tensor)], lambda sha: self.files.path(sha).exists())
-        return info if info is not None else describe_tensor(tensor, digest)
+        digest = sha256 or tensor_hash(tensor)
+        if self.files.path(digest).exists():
+            try:
+                return self._existing(digest)
+            except SnapshotError:
+                pass  # a damaged file under that name: written again
+        ((_, info),) = self.store([(None, tensor)], lambda sha: False)
+        assert info is not None
+        return info
+
+    def _existing(self, sha256: str) -> BlobInfo:
+        """The catalog row of content stored already: its file's own facts and digest."""
+        return dataclasses.replace(self.files.describe(sha256), file_sha256=file_digest(self.files.path(sha256)))
 
     # ------------------------------------------------------------------ one file (pool thread)
     def _write(self, job: _Job) -> BlobInfo | None:
-        """Write ``job``'s tensor to a temporary file; rename it to its hash when decided."""
+        """Write ``job``'s tensor to a temporary file; rename it to its hash when decided.
+
+        The bytes go through a SHA-256 on their way to the file (``file_sha256``):
+        no second read of the file.
+        """
         tensor = job.tensor
         dtype = dtype_name(tensor.dtype)
-        shape = list(tensor.shape)
-        schema = write_schema(dtype, shape)
+        schema = write_schema(dtype, list(tensor.shape))
         compression, level = codec_for(dtype)
         self.files.root.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=self.files.root)
-        os.close(fd)
         try:
-            with pq.ParquetWriter(
-                tmp, schema, compression=compression, compression_level=level,
-                use_dictionary=False, write_statistics=False,
-            ) as writer:
-                wrote = False
-                for column in _columns(tensor, dtype):
-                    if job.abandoned:
-                        break
-                    writer.write_table(pa.Table.from_arrays([column], schema=schema), row_group_size=max(1, len(column)))
-                    wrote = True
-                if not wrote and not job.abandoned:  # an empty tensor: one empty row group keeps the schema
-                    writer.write_table(schema.empty_table())
-                job.decided.wait()
-                if job.sha256 is not None:
-                    writer.add_key_value_metadata({"auditlog.sha256": job.sha256})
+            raw = _DigestingFile(os.fdopen(fd, "wb"))
+            sink = pa.BufferedOutputStream(pa.PythonFile(raw, mode="w"), buffer_size=1 << 20)
+            try:
+                with pq.ParquetWriter(
+                    sink, schema, compression=compression, compression_level=level,
+                    use_dictionary=False, write_statistics=False,
+                ) as writer:
+                    wrote = False
+                    for column in _columns(tensor, dtype):
+                        if job.abandoned:
+                            break
+                        writer.write_table(pa.Table.from_arrays([column], schema=schema), row_group_size=max(1, len(column)))
+                        wrote = True
+                    if not wrote and not job.abandoned:  # an empty tensor: one empty row group keeps the schema
+                        writer.write_table(schema.empty_table())
+                    job.decided.wait()
+                    if job.sha256 is not None:
+                        writer.add_key_value_metadata({"auditlog.sha256": job.sha256})
+            finally:
+                sink.close()
+                raw.close()
             if job.sha256 is None:
                 Path(tmp).unlink(missing_ok=True)
                 return None
@@ -203,7 +223,31 @@ class BlobWriter:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return describe_tensor(tensor, job.sha256)
+        return dataclasses.replace(describe_tensor(tensor, job.sha256), file_sha256=raw.digest.hexdigest())
+
+
+class _DigestingFile:
+    """A file that digests every byte written to it (pyarrow writes through it)."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self._handle = handle
+        self.digest = hashlib.sha256()
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        self.digest.update(data)
+        return self._handle.write(data)
+
+    def flush(self) -> None:
+        self._handle.flush()
+
+    def tell(self) -> int:
+        return self._handle.tell()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._handle.close()
 
 
 def _columns(tensor: torch.Tensor, dtype: str) -> Any:

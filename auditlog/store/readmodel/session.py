@@ -209,7 +209,7 @@ class QuerySession:
             "WHERE layout = 'native' ORDER BY dtype, sha256"
         ).fetchall()
         snapshots = self.readmodel.store.location.snapshots
-        self.left_out = changed_files(snapshots, [(str(r[0]), list(r[3])) for r in rows])
+        self.left_out = changed_files(snapshots, [(str(r[0]), str(r[2]), list(r[3])) for r in rows])
         rejected = f"SELECT sha256, problem FROM {tables.SCHEMA}.rejected_blobs"
         params: list[str] = []
         if self.run_id is not None:

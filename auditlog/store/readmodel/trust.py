@@ -23,7 +23,7 @@ The projection's catalog is not a copy of the store's ``snapshot_blobs`` table
 is read from the location its hash alone gives, its schema checked, its
 content hash recomputed from the decoded bytes without torch
 (``blobformat.verify_file``), and only then are its facts and the file's
-identity recorded. A file that fails is
+identity and digest recorded. A file that fails is
 recorded in ``rejected_blobs`` with the reason, never read by a query; a file
 changed after verification is left out of ``tensor_values`` by the session
 (``changed_files``) and named in a warning.
@@ -176,31 +176,27 @@ def check_blobs(snapshots: Path, hashes: list[str]) -> list[CheckedBlob]:
         out.append(CheckedBlob(sha, {
             "sha256": sha, "file": info.file, "dtype": info.dtype, "shape": info.shape, "numel": info.numel,
             "nbytes": info.nbytes, "layout": info.layout, "row_groups": info.row_groups,
-            "file_sha256": "", "created_ns": time.time_ns(), "identity": identity,
+            "file_sha256": info.file_sha256, "created_ns": time.time_ns(), "identity": identity,
         }, None))
     return out
 
 
-def changed_files(snapshots: Path, rows: list[tuple[str, list[int]]]) -> dict[str, str]:
+def changed_files(snapshots: Path, rows: list[tuple[str, str, list[int]]]) -> dict[str, str]:
     """``sha256 -> why`` for verified files that are no longer the bytes verified.
 
-    ``rows``: ``(sha256, file identity at verification)``. An unchanged identity
-    is trusted; a changed one is verified again (schema and content hash), as
-    the file was at first: a file rewritten with the same content and layout
-    still answers, any other change leaves it out.
+    ``rows``: ``(sha256, file digest at verification, identity at verification)``.
+    An unchanged identity is trusted; a changed one is digested again.
     """
     if not rows:
         return {}
-    from auditlog.store.blobformat import SnapshotError, relpath, verify_file
+    from auditlog.store.blobformat import file_digest, relpath
 
     changed: dict[str, str] = {}
-    for sha, identity in rows:
-        now = file_identity(snapshots / relpath(sha))
+    for sha, digest, identity in rows:
+        path = snapshots / relpath(sha)
+        now = file_identity(path)
         if now is None:
             changed[sha] = f"snapshots/{relpath(sha)} is missing"
-        elif now != list(identity):
-            try:
-                verify_file(snapshots, sha)
-            except (SnapshotError, AuditlogError):
-                changed[sha] = f"snapshots/{relpath(sha)} changed since it was verified"
+        elif now != list(identity) and file_digest(path) != digest:
+            changed[sha] = f"snapshots/{relpath(sha)} changed since it was verified"
     return changed
