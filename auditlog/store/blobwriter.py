@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import queue
 import tempfile
 import threading
 from collections.abc import Callable, Hashable
@@ -92,6 +93,7 @@ class BlobWriter:
         self.files = files
         self.workers = workers
         self._pool: ThreadPoolExecutor | None = None
+        self._digests: ThreadPoolExecutor | None = None  # one digest thread per file being written
         # Per caller key (a tensor id): was its content already stored last time?
         self._unchanged: dict[Hashable, bool] = {}
 
@@ -102,9 +104,15 @@ class BlobWriter:
         self.close()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        for pool in (self._pool, self._digests):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._pool = self._digests = None
+
+    def _digest_pool(self) -> ThreadPoolExecutor:
+        if self._digests is None:
+            self._digests = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="auditlog-digest")
+        return self._digests
 
     def _submit(self, job: _Job) -> Future[BlobInfo | None]:
         if self._pool is None:
@@ -193,26 +201,14 @@ class BlobWriter:
         self.files.root.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=self.files.root)
         try:
-            raw = _DigestingFile(os.fdopen(fd, "wb"))
-            sink = pa.BufferedOutputStream(pa.PythonFile(raw, mode="w"), buffer_size=1 << 20)
-            try:
-                with pq.ParquetWriter(
-                    sink, schema, compression=compression, compression_level=level,
-                    use_dictionary=False, write_statistics=False,
-                ) as writer:
-                    wrote = False
-                    for column in _columns(tensor, dtype):
-                        if job.abandoned:
-                            break
-                        writer.write_table(pa.Table.from_arrays([column], schema=schema), row_group_size=max(1, len(column)))
-                        wrote = True
-                    if not wrote and not job.abandoned:  # an empty tensor: one empty row group keeps the schema
-                        writer.write_table(schema.empty_table())
-                    job.decided.wait()
-                    if job.sha256 is not None:
-                        writer.add_key_value_metadata({"auditlog.sha256": job.sha256})
+            raw = _DigestingFile(os.fdopen(fd, "wb"), self._digest_pool())
+            try:  # the digest thread ends only when raw is closed: closed whatever happens
+                sink = pa.BufferedOutputStream(pa.PythonFile(raw, mode="w"), buffer_size=1 << 20)
+                try:
+                    self._encode(job, dtype, schema, compression, level, sink)
+                finally:
+                    sink.close()
             finally:
-                sink.close()
                 raw.close()
             if job.sha256 is None:
                 Path(tmp).unlink(missing_ok=True)
@@ -223,19 +219,56 @@ class BlobWriter:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return dataclasses.replace(describe_tensor(tensor, job.sha256), file_sha256=raw.digest.hexdigest())
+        return dataclasses.replace(describe_tensor(tensor, job.sha256), file_sha256=raw.hexdigest())
+
+    @staticmethod
+    def _encode(job: _Job, dtype: str, schema: pa.Schema, compression: str, level: int | None, sink: Any) -> None:
+        """The Parquet file of ``job``'s tensor into ``sink``, chunk by chunk, until it is
+        written or abandoned; the hash goes into its metadata once decided."""
+        with pq.ParquetWriter(
+            sink, schema, compression=compression, compression_level=level,
+            use_dictionary=False, write_statistics=False,
+        ) as writer:
+            wrote = False
+            for column in _columns(job.tensor, dtype):
+                if job.abandoned:
+                    break
+                writer.write_table(pa.Table.from_arrays([column], schema=schema), row_group_size=max(1, len(column)))
+                wrote = True
+            if not wrote and not job.abandoned:  # an empty tensor: one empty row group keeps the schema
+                writer.write_table(schema.empty_table())
+            job.decided.wait()
+            if job.sha256 is not None:
+                writer.add_key_value_metadata({"auditlog.sha256": job.sha256})
 
 
 class _DigestingFile:
-    """A file that digests every byte written to it (pyarrow writes through it)."""
+    """A file that digests every byte written to it (pyarrow writes through it).
 
-    def __init__(self, handle: BinaryIO) -> None:
+    The SHA-256 runs on a thread of its own (a third core, beside the content
+    hash and the Parquet encoding): ``write`` gets immutable ``bytes`` from
+    pyarrow, hands them to the digest thread and writes them to the file. At
+    most ``_AHEAD`` blocks (about 1 MiB each) wait for the digest.
+    """
+
+    _AHEAD = 8
+
+    def __init__(self, handle: BinaryIO, digests: ThreadPoolExecutor) -> None:
         self._handle = handle
-        self.digest = hashlib.sha256()
+        self._blocks: queue.Queue[bytes | None] = queue.Queue(maxsize=self._AHEAD)
+        self._digest: Future[str] = digests.submit(self._run)
         self.closed = False
 
+    def _run(self) -> str:
+        digest = hashlib.sha256()
+        while (block := self._blocks.get()) is not None:
+            digest.update(block)
+        return digest.hexdigest()
+
     def write(self, data: Any) -> int:
-        self.digest.update(data)
+        if not isinstance(data, bytes):
+            data = bytes(data)  # only immutable blocks may wait in the queue
+        self._blocks.put(data)
         return self._handle.write(data)
 
     def flush(self) -> None:
@@ -247,7 +280,12 @@ class _DigestingFile:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self._blocks.put(None)
             self._handle.close()
+
+    def hexdigest(self) -> str:
+        """The digest of everything written (after ``close``)."""
+        return self._digest.result()
 
 
 def _columns(tensor: torch.Tensor, dtype: str) -> Any:
