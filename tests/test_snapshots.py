@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from helpers import invoke
 from torch import nn
 
 import auditlog
@@ -171,3 +173,8 @@ def test_a_writer_that_cannot_keep_up_is_reported_never_skipped(store: Path, mon
         for step in range(1, 6):  # and every value is the one trained then
             restored = run.state_dict(step=step)
             assert all(torch.equal(restored[k], v) for k, v in live[step].items())
+    rows = json.loads(invoke("snapshots", "--store", str(store), "--format", "json").stdout)
+    assert [r["behind"] for r in rows if r["trigger"] == "step"] == [o["behind"] if o else 0 for o in overruns]
+    table = invoke("snapshots", "--store", str(store)).stdout
+    overran = sum(1 for r in rows if r["behind"])  # the run-end snapshot may have been behind too
+    assert f"{overran} snapshots were due before earlier ones were stored" in table and "none was skipped" in table

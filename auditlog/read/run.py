@@ -327,8 +327,11 @@ class Run:
         """Every snapshot of the run (stored seals included) and the distinct bytes stored.
 
         Rows: ``seq, step, trigger, tag, module, tensors, logical_bytes,
-        new_bytes``. ``logical_bytes`` counts every tensor's size; the total
-        distinct content stored tells the deduplication.
+        new_bytes, write_s, behind``. ``logical_bytes`` counts every tensor's
+        size; the total distinct content stored tells the deduplication.
+        ``write_s``: the writer's seconds to store it (None for seals and
+        records before it was kept); ``behind``: snapshots not yet stored when
+        this one was due (its ``overrun``; 0 when the writer kept up).
         """
         events = list(self.events(kinds=["snapshot_taken", "construction_sealed"]))
         labels = self.labels()
@@ -352,6 +355,8 @@ class Run:
                     "tensors": len(tensors),
                     "logical_bytes": logical,
                     "new_bytes": new,
+                    "write_s": (payload.get("snapshot") or {}).get("write_s"),
+                    "behind": int((payload.get("overrun") or {}).get("behind", 0)),
                 }
             )
         return rows, sum(int(r["nbytes"]) for r in catalog.values())
