@@ -18,10 +18,11 @@ from auditlog.core.tensors import tensor_hash
 from auditlog.store.blobs import SnapshotError, SnapshotStore
 
 FLOAT8 = [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, n)]
+UNSIGNED = [getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)]
 DTYPES = [
     torch.float64, torch.float32, torch.float16, torch.bfloat16,
     torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
-    torch.complex64, torch.complex128, *FLOAT8,
+    torch.complex64, torch.complex128, *FLOAT8, *UNSIGNED,
 ]
 
 
@@ -34,6 +35,8 @@ def sample(dtype: torch.dtype) -> torch.Tensor:
         return base > 0
     if dtype in FLOAT8:
         return base.abs().to(torch.float32).to(dtype)
+    if dtype in UNSIGNED:
+        return base.abs().to(torch.int64).to(dtype)
     return base.to(dtype)
 
 
