@@ -37,14 +37,15 @@ def corpus(limit: int = 8 << 20) -> torch.Tensor:
         data += path.read_bytes()
         if len(data) >= limit:
             break
-    return torch.frombuffer(bytes(data), dtype=torch.uint8).long()
+    return torch.frombuffer(data, dtype=torch.uint8).long()
 
 
 def train(layers: int, width: int, steps: int, seq: int, batch: int) -> dict[str, torch.Tensor]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=256, n_positions=seq, n_embd=width, n_layer=layers, n_head=max(1, width // 64))
+    config = GPT2Config(vocab_size=256, n_positions=seq, n_embd=width, n_layer=layers, n_head=max(1, width // 64),
+                        bos_token_id=0, eos_token_id=0)
     model = GPT2LMHeadModel(config)
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1)
     text = corpus()

@@ -6,12 +6,13 @@ column: ``value`` (one row per element, C order) for dtypes Arrow has, so that
 DuckDB reads values directly; ``raw`` (large binary, one row per chunk of the
 tensor's bytes) for the others (bfloat16, the float8 family, complex, ...).
 One row group per chunk of at most ``CHUNK_BYTES`` of source bytes. The schema
-metadata repeats dtype and shape (and the hash).
+metadata repeats dtype and shape; the file's key-value metadata, the hash.
 
 Everything here works on dtype *names* with pyarrow and numpy only: ``auditlog
 verify`` and the read model check a file's content hash by decoding its bytes
-(``content_pieces``) and hashing them (``verify_file``), and never import
-torch. ``auditlog.store.blobs`` builds tensors from the same pieces.
+(``SnapshotFile.pieces``) and hashing them (``verify_file``), and never import
+torch. ``auditlog.store.blobs`` builds tensors from the same bytes
+(``SnapshotFile.read_into``).
 
 Encoding (``codec_for``), chosen by measurement (``benchmarks/compression.py``,
 docs/snapshots.md): floating-point values are stored uncompressed, since trained

@@ -3,9 +3,11 @@
 A snapshot's tensors arrive as host copies (C-contiguous CPU tensors). For each,
 the caller's thread (the recording's writer) computes the content hash, which
 the event needs, while a small pool (``WORKERS`` threads) encodes Parquet and
-writes the file; ``hashlib`` and pyarrow both release the GIL, so the two run
-on separate cores. Nothing is copied between the host copy and Parquet's page
-buffers: columns are zero-copy views of the host copy, chunk by chunk.
+writes the file, and a digest thread per file computes the file's SHA-256
+(``file_sha256``) from the bytes on their way to the disk; ``hashlib`` and
+pyarrow release the GIL, so these run on separate cores where there are some.
+Nothing is copied between the host copy and Parquet's page buffers: columns are
+zero-copy views of the host copy, chunk by chunk.
 
 Content addressing means a file's name is only known once its hash is. Two ways
 of writing, chosen per tensor:
