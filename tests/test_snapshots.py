@@ -142,14 +142,15 @@ def test_frozen_layers_do_not_grow_the_snapshot_directory(store: Path) -> None:
 
 
 def test_a_writer_that_cannot_keep_up_is_reported_never_skipped(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A deliberately slowed snapshot writer (0.3 s per snapshot) and a snapshot every step."""
+    """A deliberately slowed snapshot writer (0.5 s per snapshot) and a snapshot every step
+    of a model whose steps take milliseconds."""
     from auditlog.capture.roots import SNAPSHOT_BACKLOG
     from auditlog.store.blobwriter import BlobWriter
 
     original = BlobWriter.store
 
     def slow_store(self: BlobWriter, items: Any, stored: Any) -> Any:
-        time.sleep(0.3)
+        time.sleep(0.5)
         return original(self, items, stored)
 
     monkeypatch.setattr(BlobWriter, "store", slow_store)
@@ -167,12 +168,13 @@ def test_a_writer_that_cannot_keep_up_is_reported_never_skipped(store: Path, mon
         events = [e for e in run.events(kinds=["snapshot_taken"]) if e["payload"]["trigger"] == "step"]
         assert [e["step"] for e in events] == [1, 2, 3, 4, 5]  # every one taken, none skipped
         overruns = [e["payload"].get("overrun") for e in events]
-        assert overruns[0] is None and all(o is not None for o in overruns[1:]), overruns
+        reported = [o for o in overruns if o is not None]
+        assert overruns[0] is None and len(reported) >= 3, overruns
         # behind: one more than the backlog at most (training waited for the oldest beyond it)
-        assert max(o["behind"] for o in overruns[1:]) == SNAPSHOT_BACKLOG + 1
-        assert any(o["waited_s"] > 0 for o in overruns[1:] if o["behind"] > SNAPSHOT_BACKLOG)
-        assert all(o["behind_bytes"] == o["behind"] * (4 * 2 + 2) * 4 for o in overruns[1:])
-        assert all(e["payload"]["snapshot"]["write_s"] >= 0.3 for e in events)
+        assert max(o["behind"] for o in reported) == SNAPSHOT_BACKLOG + 1
+        assert all(o["waited_s"] > 0 for o in reported if o["behind"] > SNAPSHOT_BACKLOG)
+        assert all(o["behind_bytes"] == o["behind"] * (4 * 2 + 2) * 4 for o in reported)
+        assert all(e["payload"]["snapshot"]["write_s"] >= 0.5 for e in events)
         for step in range(1, 6):  # and every value is the one trained then
             restored = run.state_dict(step=step)
             assert all(torch.equal(restored[k], v) for k, v in live[step].items())

@@ -59,8 +59,9 @@ def test_missing_snapshot_file_is_reported_as_missing(store: Path) -> None:
     result = invoke("verify", "--store", str(store))
     assert result.exit_code == 4
     assert "0.bias" in result.stderr and "missing" in result.stderr and "Traceback" not in result.stderr
-    restore = invoke("restore", "--store", str(store), "-o", str(store.parent / "x.pt"))
-    assert restore.exit_code != 0 and "missing" in restore.stderr
+    for name in ("x.pt", "x.safetensors"):
+        restore = invoke("restore", "--store", str(store), "-o", str(store.parent / name))
+        assert restore.exit_code == 4 and "0.bias" in restore.stderr and "missing" in restore.stderr
 
 
 def test_one_changed_byte_is_caught_by_verify_and_refused_by_restore(store: Path) -> None:

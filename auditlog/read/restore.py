@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from auditlog.core.errors import IntegrityError
+from auditlog.store.blobformat import SnapshotError, reason
 from auditlog.store.blobs import SnapshotStore
 
 if TYPE_CHECKING:
@@ -53,7 +54,10 @@ def write_restored(
     plan = run.checked_plan(step, seq, root, allow_partial)
     if kind == "safetensors" and plan is not None:
         files = SnapshotStore(run.store.location.snapshots)
-        facts = {sha: files.describe(sha) for sha in dict.fromkeys(sha for _, sha in plan)}
+        facts: dict[str, Any] = {}
+        for key, sha in plan:
+            if sha not in facts:
+                facts[sha] = _facts(files, sha, key, _when(step, seq))
         if all(info.dtype in SAFETENSORS_DTYPES for info in facts.values()):
             _stream_safetensors(files, plan, facts, target, {"auditlog.run": run.run_id}, _when(step, seq))
             return len(plan)
@@ -74,6 +78,17 @@ def write_restored(
 
         torch.save(state, target)
     return len(state)
+
+
+def _facts(files: SnapshotStore, sha: str, key: str, when: str) -> Any:
+    """A file's dtype and shape for the header; a missing or malformed file is a damaged
+    record (``IntegrityError`` naming the tensor and the file), as for ``read_verified``."""
+    try:
+        return files.describe(sha)
+    except SnapshotError as exc:
+        raise IntegrityError(
+            f"snapshot of {key} at {when} (snapshots/{files.relpath(sha)}) cannot be used: {reason(exc)}"
+        ) from exc
 
 
 def _when(step: int | None, seq: int | None) -> str:
