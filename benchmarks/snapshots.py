@@ -1,15 +1,27 @@
-"""Snapshot throughput and peak extra memory vs torch.save and safetensors.
+"""Snapshot write and restore throughput, and peak extra memory, vs torch.save/load and safetensors.
 
-Each method runs in its own subprocess (so peak RSS is its own) on the same
-state_dict: a few large float32 parameters plus small ones, ``--gib`` in total.
-Reports GB/s and peak RSS above the state_dict itself, as ratios to torch.save.
+Each measurement runs in its own subprocess (so its peak RSS is its own) on the
+same state_dict: one large float32 parameter plus 64 small ones, ``--gib`` in
+total (several sizes: ``--gib 0.5,2``). Printed side by side, as ratios:
 
-- auditlog: ``SnapshotStore.put`` for every tensor (hash + Parquet/zstd), the
-  write path of a snapshot, plus the training-thread host copy a snapshot takes;
-- torch.save of the state_dict;
-- safetensors.torch.save_file of the state_dict.
+- write: auditlog's snapshot path (the training thread's host copy, then
+  ``BlobWriter.store``: content hash overlapped with Parquet writing on the
+  pool, as the recording's writer does it) against ``torch.save`` and
+  ``safetensors.torch.save_file``; targets: at least torch.save's throughput,
+  0.8x safetensors';
+- restore: ``SnapshotStore.read_verified`` of every tensor (what
+  ``Run.state_dict`` and ``auditlog restore`` do: decode and check the content
+  hash in one pass) against ``torch.load`` and ``safetensors.torch.load_file``
+  of the same state_dict; target: at most 1.5x torch.load's time;
+- peak extra RSS: above the state_dict itself for writes (target: one host
+  copy + 64 MiB for auditlog), above the process at start for reads (the result
+  itself included, for every method).
 
-    python benchmarks/snapshots.py [--gib 1.0]
+Files are written to a temporary directory (``--dir``, default the system's);
+reads come from the page cache, as a restore right after training would.
+
+    python benchmarks/snapshots.py                  # 0.5 and 2 GiB
+    python benchmarks/snapshots.py --gib 0.1        # quick look
 """
 
 from __future__ import annotations
@@ -23,64 +35,155 @@ import tempfile
 import time
 from pathlib import Path
 
-METHODS = ("auditlog", "torch.save", "safetensors")
+WRITES = ("auditlog", "torch.save", "safetensors")
+READS = ("auditlog", "torch.load", "safetensors")
 
 
-def child(method: str, gib: float, out: Path) -> None:
+def _state(gib: float) -> dict[str, object]:
     import torch
 
     torch.manual_seed(0)
     big = int(gib * (1 << 30) / 4)
-    state = {"big.weight": torch.randn(big), **{f"small.{i}": torch.randn(4096) for i in range(64)}}
-    nbytes = sum(t.numel() * t.element_size() for t in state.values())
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"big.weight": torch.randn(big), **{f"small.{i}": torch.randn(4096) for i in range(64)}}
+
+
+def _rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _cpu() -> float:
+    """CPU seconds of this process, every thread (user + system): a figure that a busy
+    machine disturbs less than wall time does."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def write_child(method: str, gib: float, out: Path) -> dict[str, float]:
+    import torch
+    from safetensors.torch import save_file
+
+    from auditlog.store.blobs import SnapshotStore
+    from auditlog.store.blobwriter import BlobWriter
+
+    state = _state(gib)
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())  # type: ignore[attr-defined]
+    base, cpu = _rss(), _cpu()
     start = time.perf_counter()
     if method == "auditlog":
-        from auditlog.store.blobs import SnapshotStore
-
-        store = SnapshotStore(out)
-        for tensor in state.values():
-            copy = tensor.detach().to("cpu", copy=True)  # what the hook takes
-            store.put(copy)
-            del copy
+        # What a snapshot does: host copies on the training thread, then the writer's store().
+        copies = [(i, t.clone()) for i, t in enumerate(state.values())]  # type: ignore[attr-defined]
+        with BlobWriter(SnapshotStore(out)) as writer:
+            writer.store(copies, lambda sha: False)
+        del copies
     elif method == "torch.save":
         torch.save(state, out / "state.pt")
     else:
-        from safetensors.torch import save_file
+        save_file(state, str(out / "state.safetensors"))  # type: ignore[arg-type]
+    elapsed, cpu = time.perf_counter() - start, _cpu() - cpu
+    disk = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    return {"seconds": elapsed, "cpu": cpu, "bytes": nbytes, "extra_rss": _rss() - base, "disk": disk}
 
-        save_file(state, str(out / "state.safetensors"))
-    elapsed = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    on_disk = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    print(json.dumps({"seconds": elapsed, "bytes": nbytes, "extra_rss": peak - base, "disk": on_disk}))
+
+def prepare(gib: float, out: Path) -> None:
+    """Write the state_dict in every format once (the restores read these)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from auditlog.store.blobs import SnapshotStore
+    from auditlog.store.blobwriter import BlobWriter
+
+    state = _state(gib)
+    torch.save(state, out / "state.pt")
+    save_file(state, str(out / "state.safetensors"))  # type: ignore[arg-type]
+    with BlobWriter(SnapshotStore(out / "snapshots")) as writer:
+        stored = writer.store(list(enumerate(state.values())), lambda sha: False)  # type: ignore[arg-type]
+    (out / "hashes.json").write_text(json.dumps([sha for sha, _ in stored]))
+
+
+def read_child(method: str, out: Path) -> dict[str, float]:
+    import torch
+    from safetensors.torch import load_file
+
+    from auditlog.store.blobs import SnapshotStore
+
+    base, cpu = _rss(), _cpu()
+    start = time.perf_counter()
+    if method == "auditlog":
+        files = SnapshotStore(out / "snapshots")
+        loaded = {sha: files.read_verified(sha, sha[:8]) for sha in json.loads((out / "hashes.json").read_text())}
+    elif method == "torch.load":
+        loaded = torch.load(out / "state.pt")
+    else:
+        loaded = load_file(str(out / "state.safetensors"))
+    # Touch every page: safetensors maps the file lazily, and a restore delivers values.
+    touched = sum(int(t.reshape(-1).view(torch.uint8)[::4096].sum()) for t in loaded.values())
+    elapsed, cpu = time.perf_counter() - start, _cpu() - cpu
+    nbytes = sum(t.numel() * t.element_size() for t in loaded.values())
+    return {"seconds": elapsed, "cpu": cpu, "bytes": nbytes, "extra_rss": _rss() - base, "touched": touched}
+
+
+def _run(*args: str) -> dict[str, float]:
+    done = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"child {args} failed:\n{done.stderr}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def report(gib: float, where: str | None) -> None:
+    writes: dict[str, dict[str, float]] = {}
+    for method in WRITES:
+        with tempfile.TemporaryDirectory(prefix="auditlog-snapbench-", dir=where) as out:
+            writes[method] = _run("--child", f"write:{method}", "--gib", str(gib), "--out", out)
+    reads: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="auditlog-snapbench-", dir=where) as out:
+        _run("--child", "prepare", "--gib", str(gib), "--out", out)
+        for method in READS:
+            reads[method] = _run("--child", f"read:{method}", "--gib", str(gib), "--out", out)
+    gb = writes["torch.save"]["bytes"] / (1 << 30)
+    print(f"\nstate_dict of {gb:.2f} GiB (one {gib:g} GiB float32 parameter + 64 small)")
+    print("| write | GB/s | vs torch.save | vs safetensors | CPU s/GiB | peak extra RSS | on disk |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for method, r in writes.items():
+        rate = r["bytes"] / r["seconds"]
+        print(
+            f"| {method} | {rate / 1e9:.2f} | {rate / (writes['torch.save']['bytes'] / writes['torch.save']['seconds']):.2f}x "
+            f"| {rate / (writes['safetensors']['bytes'] / writes['safetensors']['seconds']):.2f}x "
+            f"| {r['cpu'] / (r['bytes'] / (1 << 30)):.2f} "
+            f"| {r['extra_rss'] / (1 << 20):.0f} MiB | {r['disk'] / (1 << 30):.2f} GiB |"
+        )
+    print("| restore | GB/s | time vs torch.load | time vs safetensors | CPU s/GiB | peak extra RSS (result included) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for method, r in reads.items():
+        print(
+            f"| {method} | {r['bytes'] / r['seconds'] / 1e9:.2f} | {r['seconds'] / reads['torch.load']['seconds']:.2f}x "
+            f"| {r['seconds'] / reads['safetensors']['seconds']:.2f}x | {r['cpu'] / (r['bytes'] / (1 << 30)):.2f} "
+            f"| {r['extra_rss'] / (1 << 20):.0f} MiB |"
+        )
+    copy = writes["auditlog"]["bytes"]
+    print(f"auditlog write: peak extra RSS - one host copy = {(writes['auditlog']['extra_rss'] - copy) / (1 << 20):.0f} MiB "
+          "(target <= 64 MiB)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gib", type=float, default=1.0)
-    parser.add_argument("--child", choices=METHODS)
-    parser.add_argument("--out")
+    parser.add_argument("--gib", default="0.5,2", help="state_dict sizes in GiB, comma-separated")
+    parser.add_argument("--dir", default=None, help="where the files are written (default: the system's temp dir)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.gib, Path(args.out))
+        out = Path(args.out)
+        if args.child == "prepare":
+            prepare(float(args.gib), out)
+            print("{}")
+            return
+        kind, method = args.child.split(":", 1)
+        result = write_child(method, float(args.gib), out) if kind == "write" else read_child(method, out)
+        print(json.dumps(result))
         return
-    results = {}
-    for method in METHODS:
-        with tempfile.TemporaryDirectory(prefix="auditlog-snapbench-") as out:
-            done = subprocess.run(
-                [sys.executable, __file__, "--child", method, "--gib", str(args.gib), "--out", out],
-                capture_output=True, text=True, check=True,
-            )
-            results[method] = json.loads(done.stdout.strip().splitlines()[-1])
-    ref = results["torch.save"]
-    print(f"state_dict of {ref['bytes'] / (1 << 30):.2f} GiB (one {args.gib:g} GiB parameter + 64 small)")
-    print("| method | GB/s | time vs torch.save | peak extra RSS | on disk |")
-    print("|---|---|---|---|---|")
-    for method, r in results.items():
-        print(
-            f"| {method} | {r['bytes'] / r['seconds'] / 1e9:.2f} | {r['seconds'] / ref['seconds']:.2f}x | "
-            f"{r['extra_rss'] / (1 << 30):.2f} GiB | {r['disk'] / (1 << 30):.2f} GiB |"
-        )
+    for size in (float(g) for g in args.gib.split(",")):
+        report(size, args.dir)
+    print("\nTimings on a shared machine are indicative only: rerun on a quiet one for figures.")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -14,7 +13,6 @@ from auditlog.cli.tree_cmd import check_step_or_seq, step_options
 from auditlog.core.errors import AuditlogError, UsageError
 
 FORMATS = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch"}
-KEY_ORDER = "auditlog.key_order"  # safetensors metadata: the state_dict's key order (its header sorts keys)
 
 
 @click.command()
@@ -44,6 +42,7 @@ def restore(
     in its metadata under "auditlog.key_order" (a JSON list).
     """
     from auditlog.read.api import open_store
+    from auditlog.read.restore import write_restored
 
     check_step_or_seq(step, seq)
     kind = fmt or FORMATS.get(output.suffix.lower())
@@ -57,34 +56,19 @@ def restore(
     parent = output.absolute().parent
     if not parent.is_dir():
         raise AuditlogError(f"directory {str(output.parent)!r} does not exist; create it first")
-    with open_store(store) as opened:
-        view = opened.run(run)
-        state = view.state_dict(step=step, seq=seq, root=root, allow_partial=allow_partial)
     fd, tmp = tempfile.mkstemp(prefix=".auditlog-restore-", suffix=output.suffix, dir=parent)
     os.close(fd)
     try:
-        if kind == "safetensors":
-            from safetensors.torch import save_file
-
-            # safetensors refuses aliased tensors (tied weights): give each key its own copy.
-            seen: set[int] = set()
-            unique = {}
-            for key, tensor in state.items():
-                unique[key] = tensor.clone() if id(tensor) in seen else tensor
-                seen.add(id(tensor))
-            metadata = {"auditlog.run": view.run_id, KEY_ORDER: json.dumps(list(unique))}
-            save_file({k: v.contiguous() for k, v in unique.items()}, tmp, metadata=metadata)
-        else:
-            import torch
-
-            torch.save(state, tmp)
+        with open_store(store) as opened:
+            view = opened.run(run)
+            count = write_restored(view, Path(tmp), kind, step, seq, root, allow_partial)
         os.chmod(tmp, 0o666 & ~_umask())  # a new file as any program makes it, not mkstemp's 0600
         os.replace(tmp, output)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     when = f"step {step}" if step is not None else (f"seq {seq}" if seq is not None else "end of run")
-    click.echo(f"wrote {len(state)} tensors of run {view.run_id[:12]} at {when} to {output}")
+    click.echo(f"wrote {count} tensors of run {view.run_id[:12]} at {when} to {output}")
 
 
 def _umask() -> int:

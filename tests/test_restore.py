@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -240,3 +241,51 @@ def test_replay_at_seq_and_tree_cli(store: Path) -> None:
     rows = json.loads(snaps_json.stdout)
     assert [r["trigger"] for r in rows] == ["sealed", "explicit", "run_end"]
     assert rows[1]["tag"] == "built" and rows[1]["new_bytes"] == 0  # same values as sealed
+
+
+class MixedDtypes(nn.Module):
+    """Every kind of value a snapshot holds: bf16 weights, a 4 MiB float32 table (written
+    while hashed), bool and int64 buffers, a 0-d and an empty buffer, a tied weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(2048, 512)
+        self.proj = nn.Linear(512, 16).to(torch.bfloat16)
+        self.out = nn.Linear(16, 16, bias=False)
+        self.tied = self.out  # the same module (and weight) under two names
+        self.register_buffer("mask", torch.arange(16) % 3 == 0)
+        self.register_buffer("counts", torch.arange(16, dtype=torch.int64))
+        self.register_buffer("scale", torch.tensor(0.5))
+        self.register_buffer("nothing", torch.zeros(0, 3))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.proj(self.table(ids).to(torch.bfloat16)).float()
+        return self.out(hidden * self.mask * self.scale)
+
+
+def test_every_kind_of_value_restores_bitwise_through_both_formats(store: Path, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    with auditlog.record(store, snapshot_every=1):
+        model = MixedDtypes()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.randint(0, 2048, (4, 3))).pow(2).mean().backward()
+            with torch.no_grad():
+                model.counts += 1  # an integer buffer that changes (before the step's snapshot)
+            opt.step()
+        expected = copy_state(model)
+    with auditlog.open(store) as opened:
+        assert_bitwise(opened.run().state_dict(step=2), expected)
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    st = tmp_path / "mixed.safetensors"
+    assert invoke("restore", "--store", str(store), "--step", "2", "-o", str(st)).exit_code == 0
+    assert_bitwise(load_file(st), expected, ordered=False)
+    with safe_open(str(st), "pt") as handle:
+        metadata = handle.metadata()
+    assert json.loads(metadata["auditlog.key_order"]) == list(expected)  # the state_dict's order
+    pt = tmp_path / "mixed.pt"
+    assert invoke("restore", "--store", str(store), "--step", "2", "-o", str(pt)).exit_code == 0
+    assert_bitwise(torch.load(pt, weights_only=True), expected)
+    MixedDtypes().load_state_dict(load_file(st), strict=True)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import json
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from helpers import invoke
 from torch import nn
 
 import auditlog
@@ -14,10 +18,11 @@ from auditlog.core.tensors import tensor_hash
 from auditlog.store.blobs import SnapshotError, SnapshotStore
 
 FLOAT8 = [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, n)]
+UNSIGNED = [getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)]
 DTYPES = [
     torch.float64, torch.float32, torch.float16, torch.bfloat16,
     torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
-    torch.complex64, torch.complex128, *FLOAT8,
+    torch.complex64, torch.complex128, *FLOAT8, *UNSIGNED,
 ]
 
 
@@ -30,6 +35,8 @@ def sample(dtype: torch.dtype) -> torch.Tensor:
         return base > 0
     if dtype in FLOAT8:
         return base.abs().to(torch.float32).to(dtype)
+    if dtype in UNSIGNED:
+        return base.abs().to(torch.int64).to(dtype)
     return base.to(dtype)
 
 
@@ -55,9 +62,9 @@ def test_every_dtype_round_trips_bitwise(tmp_path: Path, dtype: torch.dtype) -> 
 
 
 def test_large_tensor_is_written_in_bounded_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import auditlog.store.blobs as snapshots_module
+    import auditlog.store.blobformat as snapshot_format
 
-    monkeypatch.setattr(snapshots_module, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(snapshot_format, "CHUNK_BYTES", 4096)
     store = SnapshotStore(tmp_path)
     big = torch.randn(10_000)  # 40,000 bytes -> 10 chunks of 4,096 bytes
     info = store.put(big)
@@ -132,3 +139,47 @@ def test_frozen_layers_do_not_grow_the_snapshot_directory(store: Path) -> None:
     step_events = [e for e in events if e["payload"]["trigger"] == "step"]
     assert len(step_events) == 4
     assert all(e["payload"]["snapshot"]["new_bytes"] <= head_bytes for e in step_events)
+
+
+def test_a_writer_that_cannot_keep_up_is_reported_never_skipped(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deliberately slowed snapshot writer (0.5 s per snapshot) and a snapshot every step
+    of a model whose steps take milliseconds."""
+    from auditlog.capture.roots import SNAPSHOT_BACKLOG
+    from auditlog.store.blobwriter import BlobWriter
+
+    original = BlobWriter.store
+
+    def slow_store(self: BlobWriter, items: Any, stored: Any) -> Any:
+        time.sleep(0.5)
+        return original(self, items, stored)
+
+    monkeypatch.setattr(BlobWriter, "store", slow_store)
+    torch.manual_seed(0)
+    live: dict[int, dict[str, torch.Tensor]] = {}
+    with auditlog.record(store, snapshot_every=1):
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(1, 6):
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+            live[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with auditlog.open(store) as opened:
+        run = opened.run()
+        events = [e for e in run.events(kinds=["snapshot_taken"]) if e["payload"]["trigger"] == "step"]
+        assert [e["step"] for e in events] == [1, 2, 3, 4, 5]  # every one taken, none skipped
+        overruns = [e["payload"].get("overrun") for e in events]
+        reported = [o for o in overruns if o is not None]
+        assert overruns[0] is None and len(reported) >= 3, overruns
+        # behind: one more than the backlog at most (training waited for the oldest beyond it)
+        assert max(o["behind"] for o in reported) == SNAPSHOT_BACKLOG + 1
+        assert all(o["waited_s"] > 0 for o in reported if o["behind"] > SNAPSHOT_BACKLOG)
+        assert all(o["behind_bytes"] == o["behind"] * (4 * 2 + 2) * 4 for o in reported)
+        assert all(e["payload"]["snapshot"]["write_s"] >= 0.5 for e in events)
+        for step in range(1, 6):  # and every value is the one trained then
+            restored = run.state_dict(step=step)
+            assert all(torch.equal(restored[k], v) for k, v in live[step].items())
+    rows = json.loads(invoke("snapshots", "--store", str(store), "--format", "json").stdout)
+    assert [r["behind"] for r in rows if r["trigger"] == "step"] == [o["behind"] if o else 0 for o in overruns]
+    table = invoke("snapshots", "--store", str(store)).stdout
+    overran = sum(1 for r in rows if r["behind"])  # the run-end snapshot may have been behind too
+    assert f"{overran} snapshots were due before earlier ones were stored" in table and "none was skipped" in table

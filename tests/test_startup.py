@@ -62,3 +62,13 @@ def test_query_imports_duckdb_but_not_torch(tmp_path: Path) -> None:
     record_run(store, steps=2, snapshot_initial=False, snapshot_final=False)
     heavy = loaded(["query", "--store", str(store), "--format", "json", "select 1 as one"], tmp_path)
     assert "duckdb" in heavy and "torch" not in heavy
+
+
+@pytest.mark.slow
+def test_verify_of_a_store_with_snapshots_imports_no_torch(tmp_path: Path) -> None:
+    """verify checks every snapshot file's content hash with pyarrow and numpy (issue 18)."""
+    store = tmp_path / "store"
+    record_run(store, steps=3, snapshot_every=1)  # default policy, plus a snapshot every step
+    heavy = loaded(["verify", "--store", str(store)], tmp_path)
+    assert "pyarrow" in heavy  # it did read the snapshot files
+    assert "torch" not in heavy, heavy

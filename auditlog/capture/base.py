@@ -31,7 +31,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +42,9 @@ from auditlog.capture.torch_compat import buffers_of, parameters_of
 from auditlog.core.chain import CleanList
 from auditlog.core.policy import Policy
 from auditlog.core.replay import STATE_KINDS, ModelState, apply
+
+if TYPE_CHECKING:
+    from auditlog.capture.payloads import SnapshotItems
 
 MAX_TENSORS = 4
 # Activity entries held before they are emitted anyway (a loop of forward calls
@@ -157,6 +160,8 @@ class RecorderBase:
         # roots seen, and the finalizers that snapshot a root when it is released
         self._roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self._finalizers: list[weakref.finalize[Any, Any]] = []
+        # snapshots emitted and not yet stored by the writer (roots.py: overruns, back-pressure)
+        self._in_flight: list[SnapshotItems] = []
         self._finished = False
         # Set by the session: durability step/strict waits for the writer after each
         # step; on_error=fail stops training when the writer has failed.

@@ -51,6 +51,8 @@ class RecordBuffer:
         # Set by the writer: if the consumer is gone, a full buffer would block
         # training forever; then records are counted and dropped instead.
         self.consumer_alive: Callable[[], bool] = lambda: True
+        # Whether a writer drains this buffer (one that nothing drains is never waited for).
+        self.has_consumer = False
 
     def put(self, record: Record) -> None:
         """Append a record; blocks while the buffer is full (writer behind)."""

@@ -9,6 +9,8 @@ tensors, or host copies of tensors that are about to change.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -22,8 +24,9 @@ from auditlog.core.values import finite_or_text
 class BlobSink(Protocol):
     """What the writer offers snapshot payloads: store content once per hash."""
 
-    def store_blob(self, tensor: torch.Tensor, sha256: str) -> int:
-        """Store the tensor's content if new; return the bytes newly written."""
+    def store_blobs(self, items: list[tuple[int, torch.Tensor]]) -> list[tuple[str, int]]:
+        """Hash each ``(tensor_id, host copy)``, store the contents not stored yet;
+        return ``(sha256, bytes newly written)`` per item, in order."""
         ...
 
 
@@ -73,11 +76,13 @@ class SealItems:
 
     def resolve_in(self, sink: BlobSink) -> list[dict[str, Any]]:
         out = []
-        for tensor_id, pending in self.items:
-            copy = pending.ready()
-            digest = tensor_hash(copy)
-            if self.store:
-                sink.store_blob(copy, digest)
+        copies = [(tensor_id, pending.ready()) for tensor_id, pending in self.items]
+        if self.store:
+            digests = [sha for sha, _ in sink.store_blobs(copies)]
+        else:
+            digests = [tensor_hash(copy) for _, copy in copies]
+        del copies
+        for (tensor_id, pending), digest in zip(self.items, digests, strict=True):
             stats = pending.stats.resolve() if pending.stats is not None else None
             item: dict[str, Any] = {"tensor_id": tensor_id, "sha256": digest, "stats": stats}
             if pending.shard is not None:
@@ -88,27 +93,41 @@ class SealItems:
 
 
 class SnapshotItems:
-    """A snapshot's tensors: ``[(tensor_id, host copy)]``, hashed and stored by the writer."""
+    """A snapshot's tensors: ``[(tensor_id, host copy)]``, hashed and stored by the writer.
 
-    __slots__ = ("items",)
+    ``done`` is set once the writer has finished with it (stored, or failed):
+    the recorder counts the snapshots not done yet when the next one is due
+    (``RootTracking.snapshot``: an overrun, reported in the event, and the
+    bound on how many host copies wait).
+    """
+
+    __slots__ = ("done", "items", "nbytes")
 
     def __init__(self, items: list[tuple[int, HostCopy]]) -> None:
         self.items = items
+        self.nbytes = sum(p.copy.tensor.numel() * p.copy.tensor.element_size() for _, p in items)
+        self.done = threading.Event()
 
     def resolve_in(self, sink: BlobSink) -> dict[str, Any]:
-        tensors = []
-        new_bytes = logical = 0
-        for tensor_id, pending in self.items:
-            copy = pending.ready()
-            digest = tensor_hash(copy)
-            new_bytes += sink.store_blob(copy, digest)
-            logical += copy.numel() * copy.element_size()
-            item: dict[str, Any] = {"tensor_id": tensor_id, "sha256": digest}
-            if pending.shard is not None:
-                item["shard"] = pending.shard
-            tensors.append(item)
-        self.items = []
-        return {"tensors": tensors, "new_bytes": new_bytes, "copied_bytes": logical}
+        began = time.perf_counter()
+        try:
+            copies = [(tensor_id, pending.ready()) for tensor_id, pending in self.items]
+            stored = sink.store_blobs(copies)
+            tensors = []
+            for (tensor_id, pending), (digest, _) in zip(self.items, stored, strict=True):
+                item: dict[str, Any] = {"tensor_id": tensor_id, "sha256": digest}
+                if pending.shard is not None:
+                    item["shard"] = pending.shard
+                tensors.append(item)
+            new_bytes = sum(n for _, n in stored)
+            logical = sum(c.numel() * c.element_size() for _, c in copies)
+        finally:
+            self.items = []  # the host copies go now, whatever happened
+            self.done.set()
+        return {
+            "tensors": tensors, "new_bytes": new_bytes, "copied_bytes": logical,
+            "write_s": round(time.perf_counter() - began, 6),
+        }
 
 
 class StackedNorms:

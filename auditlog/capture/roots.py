@@ -9,6 +9,7 @@ would find nothing.
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +25,10 @@ from auditlog.capture.torch_compat import (
     parameters_of,
     unwrap_model,
 )
+
+# Snapshots that may wait, host-copied, behind the one the writer is storing
+# before the training thread waits (docs/snapshots.md, "When the writer falls behind").
+SNAPSHOT_BACKLOG = 1
 
 
 class RootTracking(RecorderBase):
@@ -52,13 +57,41 @@ class RootTracking(RecorderBase):
             if self.modules.lookup(root) is None:
                 self.adopt(root)
             self.track_root(root)
-            items = self._snapshot_items(module_members(root))
-            self.emit(
-                "snapshot_taken",
-                self.modules.lookup(root),
-                None,
-                {"trigger": trigger, "tag": tag, "snapshot": SnapshotItems(items)},
-            )
+            overrun = self._snapshot_room()
+            snapshot = SnapshotItems(self._snapshot_items(module_members(root)))
+            payload: dict[str, Any] = {"trigger": trigger, "tag": tag, "snapshot": snapshot}
+            if overrun is not None:
+                payload["overrun"] = overrun
+            self._in_flight.append(snapshot)
+            self.emit("snapshot_taken", self.modules.lookup(root), None, payload)
+
+    def _snapshot_room(self) -> dict[str, Any] | None:
+        """Make room for one more snapshot's host copies; say how far behind the writer was.
+
+        A snapshot is in flight from its host copy until the writer has stored
+        it. When the next one is due while earlier ones are in flight, the
+        writer cannot keep up: the new event says so (``overrun``: how many
+        snapshots and bytes were still unwritten, and how long training waited).
+        Training goes on at once while at most ``SNAPSHOT_BACKLOG`` snapshots
+        wait behind the one being written; beyond that the training thread waits
+        for the oldest (bounded back-pressure: host memory for snapshots stays
+        within ``SNAPSHOT_BACKLOG + 1`` host copies of the model). Nothing is
+        skipped. A writer that failed or stopped is not waited for.
+        """
+        pending = [s for s in self._in_flight if not s.done.is_set()]
+        self._in_flight = pending
+        if not pending:
+            return None
+        behind, behind_bytes = len(pending), sum(s.nbytes for s in pending)
+        began = time.perf_counter()
+        while len(pending) > SNAPSHOT_BACKLOG:
+            if pending[0].done.wait(0.5):
+                pending.pop(0)
+            elif self.failure() is not None or not (self.buffer.has_consumer and self.buffer.consumer_alive()):
+                break
+        waited = time.perf_counter() - began if behind > SNAPSHOT_BACKLOG else 0.0
+        self._in_flight = pending
+        return {"behind": behind, "behind_bytes": behind_bytes, "waited_s": round(waited, 6)}
 
     def track_owners(self, params: list[torch.Tensor]) -> None:
         """Track the root modules that own these parameters (per the recorded structure)."""

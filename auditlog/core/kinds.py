@@ -172,7 +172,13 @@ _KINDS = [
             "tag": "user label for explicit snapshots, else null",
             "snapshot": "{tensors: [{tensor_id, sha256, shard}], new_bytes: bytes newly stored, "
             "copied_bytes: bytes copied and hashed (every tensor, every time: unchanged content "
-            "costs no disk, but is still copied and hashed)}",
+            "costs no disk, but is still copied and hashed), write_s: seconds the writer took to "
+            "hash and store it}",
+            "overrun": "only when this snapshot was due before earlier ones were stored (the writer "
+            "cannot keep up with the snapshot rate): {behind: snapshots taken and not yet stored then, "
+            "behind_bytes: their host copies' bytes, waited_s: seconds the training thread waited for "
+            "the oldest to be stored (0 unless more than one was behind: the bound on host copies, "
+            "docs/snapshots.md)}. Nothing is skipped either way",
         },
     ),
     Kind(

@@ -9,17 +9,15 @@ Hashing (``tensor_hash``) only ever runs on the writer thread.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from typing import Any
 
 import torch
 
+from auditlog.core.hashing import content_hasher
 from auditlog.core.values import finite_or_text
 
 _FAST_FLOATS = (torch.float32, torch.float64)
-HASH_PREFIX = b"auditlog-tensor-v1\0"
 CHUNK_BYTES = 64 * 1024 * 1024
 
 
@@ -317,11 +315,11 @@ def tensor_hash(tensor: torch.Tensor) -> str:
     """Content hash of a tensor: SHA-256 over dtype, shape and raw bytes (C order).
 
     This is the identity used for sealed initial values and for snapshots, so an
-    identical tensor always has one hash, whatever its strides or device.
+    identical tensor always has one hash, whatever its strides or device. The
+    torch-free part (prefix and header) is ``auditlog.core.hashing.content_hasher``,
+    which the read side uses to check files without torch.
     """
-    digest = hashlib.sha256(HASH_PREFIX)
-    header = json.dumps([dtype_name(tensor.dtype), list(tensor.shape)], separators=(",", ":"))
-    digest.update(header.encode() + b"\0")
+    digest = content_hasher(dtype_name(tensor.dtype), tensor.shape)
     for chunk in _raw_chunks(tensor):
         digest.update(chunk)
     return digest.hexdigest()

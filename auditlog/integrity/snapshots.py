@@ -2,10 +2,12 @@
 
 The hash chain covers snapshot *hashes* (they are in event payloads); this checks
 that the content behind each hash is still there at the location its hash
-names, has exactly a snapshot's Parquet schema and still hashes to it, and that
-the catalog (a cache) agrees with the file in every field; it names the tensor
-(by qualified name) and the file when not. A missing file is reported as
-missing, a damaged one as damaged; neither crashes ``verify``.
+names, has exactly a snapshot's Parquet schema and still hashes to it (decoded
+with pyarrow and numpy: ``verify`` never imports torch), and that the catalog
+(a cache) agrees with the file in every field, the digest of all its bytes
+included; it names the tensor (by qualified name) and the file when not. A
+missing file is reported as missing, a damaged one as damaged; neither
+crashes ``verify``.
 """
 
 from __future__ import annotations
@@ -59,9 +61,7 @@ def verify_snapshots(store: EventStore, run_id: str) -> tuple[int, list[Snapshot
     references = list(_referenced(store, run_id))
     if not references:
         return 0, []
-    from auditlog.store.blobs import (
-        SnapshotStore,  # Parquet and tensors: only when there are snapshots
-    )
+    from auditlog.store.blobs import SnapshotStore  # pyarrow: only when there are snapshots
 
     catalog = store.blob_rows(sorted({sha for *_, sha in references}))
     try:

@@ -38,7 +38,8 @@ from typing import Any
 from auditlog.core.errors import StoreError, UsageError
 from auditlog.integrity.signing import KeyRing
 from auditlog.integrity.verify import verify_run
-from auditlog.store.blobs import SnapshotStore, blob_from_row, file_digest
+from auditlog.store.blobformat import SnapshotError, verify_file
+from auditlog.store.blobs import SnapshotStore, blob_from_row
 from auditlog.store.eventstore import EventStore
 from auditlog.store.location import StoreLocation, resolve_store
 from auditlog.store.rows import payload_object
@@ -207,8 +208,10 @@ def _copy_blobs(into: EventStore, source: EventStore, run_id: str, result: Shard
             continue
         if not target.exists():
             origin = files_from.path(sha)
-            if not origin.exists() or (row.get("file_sha256") and file_digest(origin) != row["file_sha256"]):
-                raise StoreError(f"snapshot file snapshots/{row['file']} is missing or damaged")
+            try:
+                verify_file(files_from.root, sha)  # the content hash, recomputed (no torch)
+            except SnapshotError as exc:
+                raise StoreError(f"snapshot file snapshots/{row['file']} is missing or damaged ({exc})") from exc
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_name(f".{target.name}.combine")
             shutil.copyfile(origin, partial)

@@ -249,7 +249,7 @@ def _compare(
     # Read back and checked against the chained hashes (IntegrityError naming tensor and file).
     tensor_a = snapshots.read_verified(sha_a, f"{name_a} at step {step} of run A")
     tensor_b = snapshots.read_verified(sha_b, f"{name_b} at step {step} of run B")
-    blob_a, blob_b = snapshots.describe(sha_a, digest=False), snapshots.describe(sha_b, digest=False)
+    blob_a, blob_b = snapshots.describe(sha_a), snapshots.describe(sha_b)
     reason = "values"
     if blob_a.shape != blob_b.shape:
         reason = "shape"

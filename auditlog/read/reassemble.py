@@ -20,7 +20,7 @@ import torch
 
 from auditlog.core.errors import AuditlogError, UsageError
 from auditlog.core.ranks import split_stream
-from auditlog.store.blobs import SnapshotError, SnapshotStore, blob_from_row
+from auditlog.store.blobs import SnapshotError, SnapshotStore
 
 if TYPE_CHECKING:
     from auditlog.read.run import Run
@@ -69,7 +69,7 @@ def sharded_state_dict(
 def _load(sha: str, key: str, rows: dict[str, dict[str, Any]], store: SnapshotStore) -> torch.Tensor:
     if sha not in rows:
         raise SnapshotError(f"snapshot {sha[:16]}... of {key} is not in the catalog")
-    return store.get(blob_from_row(rows[sha]))
+    return store.read_verified(sha, key)  # its content hash checked: a changed file is refused
 
 
 def _assemble(

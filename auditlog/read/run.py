@@ -252,34 +252,46 @@ class Run:
         """
         from auditlog.store.blobs import SnapshotStore
 
-        items = self.restore_items(step, seq, root)
-        if any(facts is not None for _, _, facts in items):
+        plan = self.checked_plan(step, seq, root, allow_partial)
+        if plan is None:
             from auditlog.read.reassemble import sharded_state_dict
 
             return sharded_state_dict(self, step, seq, root, allow_partial)
-        plan = [(key, sha) for key, sha, _ in items]
-        missing = [key for key, sha in plan if sha is None]
-        when = f"step {step}" if step is not None else (f"seq {seq}" if seq is not None else "the end")
-        if missing and not allow_partial:
-            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            raise AuditlogError(
-                f"no snapshot of {shown} at {when} (record with snapshot_every, or allow a partial state_dict)"
-            )
-        if len(missing) == len(plan):
-            what = f"no tensor of run {self.run_id[:12]} was snapshotted" if plan else "the model has no parameters or buffers"
-            raise AuditlogError(f"{what} at {when}; nothing to restore")
+        when = _when(step, seq)
         # Every value is read back and its content hash compared with the hash the
         # chain recorded: a file replaced under a hash is an IntegrityError naming it.
         snapshots = SnapshotStore(self.store.location.snapshots)
         loaded: dict[str, torch.Tensor] = {}
         out: dict[str, torch.Tensor] = {}
         for key, sha in plan:
-            if sha is None:
-                continue
             if sha not in loaded:
                 loaded[sha] = snapshots.read_verified(sha, f"{key} at {when}")
             out[key] = loaded[sha]
         return out
+
+    def checked_plan(
+        self, step: int | None, seq: int | None, root: str | None, allow_partial: bool
+    ) -> list[tuple[str, str]] | None:
+        """``(state_dict key, snapshot hash)`` of what ``state_dict`` restores, in key order,
+        or None for a sharded (DTensor) run, whose pieces are reassembled instead.
+
+        A tensor with no snapshot then is an error naming it, unless
+        ``allow_partial`` (then it is left out); nothing at all is an error.
+        """
+        items = self.restore_items(step, seq, root)
+        if any(facts is not None for _, _, facts in items):
+            return None
+        missing = [key for key, sha, _ in items if sha is None]
+        when = _when(step, seq)
+        if missing and not allow_partial:
+            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            raise AuditlogError(
+                f"no snapshot of {shown} at {when} (record with snapshot_every, or allow a partial state_dict)"
+            )
+        if len(missing) == len(items):
+            what = f"no tensor of run {self.run_id[:12]} was snapshotted" if items else "the model has no parameters or buffers"
+            raise AuditlogError(f"{what} at {when}; nothing to restore")
+        return [(key, sha) for key, sha, _ in items if sha is not None]
 
     def restore_plan(
         self, step: int | None = None, seq: int | None = None, root: str | None = None
@@ -315,8 +327,11 @@ class Run:
         """Every snapshot of the run (stored seals included) and the distinct bytes stored.
 
         Rows: ``seq, step, trigger, tag, module, tensors, logical_bytes,
-        new_bytes``. ``logical_bytes`` counts every tensor's size; the total
-        distinct content stored tells the deduplication.
+        new_bytes, write_s, behind``. ``logical_bytes`` counts every tensor's
+        size; the total distinct content stored tells the deduplication.
+        ``write_s``: the writer's seconds to store it (None for seals and
+        records before it was kept); ``behind``: snapshots not yet stored when
+        this one was due (its ``overrun``; 0 when the writer kept up).
         """
         events = list(self.events(kinds=["snapshot_taken", "construction_sealed"]))
         labels = self.labels()
@@ -340,6 +355,8 @@ class Run:
                     "tensors": len(tensors),
                     "logical_bytes": logical,
                     "new_bytes": new,
+                    "write_s": (payload.get("snapshot") or {}).get("write_s"),
+                    "behind": int((payload.get("overrun") or {}).get("behind", 0)),
                 }
             )
         return rows, sum(int(r["nbytes"]) for r in catalog.values())
@@ -419,6 +436,10 @@ class Run:
             if info.run_id == self.run_id:
                 return info
         raise KeyError(self.run_id)
+
+
+def _when(step: int | None, seq: int | None) -> str:
+    return f"step {step}" if step is not None else (f"seq {seq}" if seq is not None else "the end")
 
 
 def pick_snapshot(history: list[tuple[int, int, str]], step: int | None, end: int, limit: int | None) -> str | None:

@@ -38,6 +38,7 @@ from auditlog.core.values import finite_or_text
 from auditlog.integrity.merkle import Frontier, leaf_hash
 from auditlog.integrity.report import StreamTip
 from auditlog.store.blobs import SnapshotStore
+from auditlog.store.blobwriter import BlobWriter
 from auditlog.store.eventstore import EventStore
 
 FLUSH = "__flush__"
@@ -130,6 +131,7 @@ class Writer:
         self.dropped = 0
         self._row_prefix = row_prefix(run_id, stream)  # the constant head of every canonical row
         self.snapshots = SnapshotStore(store.location.snapshots)
+        self.blobs = BlobWriter(self.snapshots)  # its pool starts with the first snapshot
         self._catalogued: set[str] = set()
         self._new_blobs: list[dict[str, Any]] = []
         self.failure: BaseException | None = None
@@ -138,6 +140,7 @@ class Writer:
 
     def start(self) -> None:
         self.buffer.consumer_alive = self._thread.is_alive
+        self.buffer.has_consumer = True
         self._thread.start()
 
     # ------------------------------------------------------------------ control
@@ -157,6 +160,8 @@ class Writer:
         self._stop = True
         self.buffer.wakeup.set()
         self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.blobs.close()
 
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
@@ -199,17 +204,29 @@ class Writer:
         return True
 
     # ------------------------------------------------------------------ snapshots
-    def store_blob(self, tensor: torch.Tensor, sha256: str) -> int:
-        """Write a tensor's content unless the store has it; returns bytes newly written."""
+    def store_blobs(self, items: list[tuple[int, torch.Tensor]]) -> list[tuple[str, int]]:
+        """Hash each ``(tensor_id, host copy)`` and store the contents the store lacks.
+
+        Returns ``(sha256, bytes newly written)`` per item. The files are complete
+        when this returns; their catalog rows go in before the batch that holds
+        the event naming them (``_write``).
+        """
+        stored = self._blob_stored
+        out = []
+        for sha, info in self.blobs.store(list(items), stored):
+            if info is not None:
+                self._catalogued.add(sha)
+                self._new_blobs.append(info.as_row())
+            out.append((sha, info.nbytes if info is not None else 0))
+        return out
+
+    def _blob_stored(self, sha256: str) -> bool:
         if sha256 in self._catalogued:
-            return 0
+            return True
         if self.store.has_blob(sha256) and self.snapshots.path(sha256).exists():
             self._catalogued.add(sha256)
-            return 0
-        info = self.snapshots.put(tensor, sha256)
-        self._catalogued.add(sha256)
-        self._new_blobs.append(info.as_row())
-        return info.nbytes
+            return True
+        return False
 
     # ------------------------------------------------------------------ encode
     def _encode(self, record: tuple[Any, ...]) -> dict[str, Any]:

@@ -21,8 +21,9 @@ the other's rebuilds (give each user ``AUDITLOG_READMODEL``).
 The projection's catalog is not a copy of the store's ``snapshot_blobs`` table
 (a cache anyone can edit): each content hash the chained snapshot events name
 is read from the location its hash alone gives, its schema checked, its
-content hash recomputed (``SnapshotStore.read_verified``), and only then are
-its facts and the file's identity and digest recorded. A file that fails is
+content hash recomputed from the decoded bytes without torch
+(``blobformat.verify_file``), and only then are its facts and the file's
+identity and digest recorded. A file that fails is
 recorded in ``rejected_blobs`` with the reason, never read by a query; a file
 changed after verification is left out of ``tensor_values`` by the session
 (``changed_files``) and named in a warning.
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from auditlog.core.errors import AuditlogError, IntegrityError
+from auditlog.core.errors import AuditlogError
 from auditlog.store.eventstore import EventStore
 
 SEAL_FORMAT = "auditlog-readmodel-seal-v1"
@@ -149,21 +150,29 @@ class CheckedBlob:
 
 
 def check_blobs(snapshots: Path, hashes: list[str]) -> list[CheckedBlob]:
-    """Verify the files of ``hashes`` (location from the hash, exact schema, content hash)."""
+    """Verify the files of ``hashes`` (location from the hash, exact schema, content hash).
+
+    Torch-free: the content hash is recomputed from the bytes pyarrow decodes
+    (``blobformat.verify_file``).
+    """
     if not hashes:
         return []
-    from auditlog.store.blobs import SnapshotStore  # tensors are read only when there are snapshots
+    from auditlog.store.blobformat import (  # pyarrow: only with snapshots
+        SnapshotError,
+        reason,
+        relpath,
+        verify_file,
+    )
 
-    files = SnapshotStore(snapshots)
     out: list[CheckedBlob] = []
     for sha in hashes:
         try:
-            files.read_verified(sha, f"content {sha[:16]}...")
-            info = files.describe(sha)
-        except (AuditlogError, IntegrityError) as exc:
-            out.append(CheckedBlob(sha, None, str(exc)))
+            info = verify_file(snapshots, sha)
+        except (SnapshotError, AuditlogError) as exc:
+            why = reason(exc) if isinstance(exc, SnapshotError) else str(exc)
+            out.append(CheckedBlob(sha, None, f"snapshot file snapshots/{relpath(sha)} cannot be used: {why}"))
             continue
-        identity = file_identity(files.path(sha)) or [0, 0, 0, 0]
+        identity = file_identity(snapshots / info.file) or [0, 0, 0, 0]
         out.append(CheckedBlob(sha, {
             "sha256": sha, "file": info.file, "dtype": info.dtype, "shape": info.shape, "numel": info.numel,
             "nbytes": info.nbytes, "layout": info.layout, "row_groups": info.row_groups,
@@ -180,15 +189,14 @@ def changed_files(snapshots: Path, rows: list[tuple[str, str, list[int]]]) -> di
     """
     if not rows:
         return {}
-    from auditlog.store.blobs import SnapshotStore, file_digest
+    from auditlog.store.blobformat import file_digest, relpath
 
-    files = SnapshotStore(snapshots)
     changed: dict[str, str] = {}
     for sha, digest, identity in rows:
-        path = files.path(sha)
+        path = snapshots / relpath(sha)
         now = file_identity(path)
         if now is None:
-            changed[sha] = f"snapshots/{files.relpath(sha)} is missing"
+            changed[sha] = f"snapshots/{relpath(sha)} is missing"
         elif now != list(identity) and file_digest(path) != digest:
-            changed[sha] = f"snapshots/{files.relpath(sha)} changed since it was verified"
+            changed[sha] = f"snapshots/{relpath(sha)} changed since it was verified"
     return changed

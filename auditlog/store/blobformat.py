@@ -1,0 +1,408 @@
+"""The snapshot file format, and its verification without torch.
+
+A snapshot file holds one tensor content: ``snapshots/<h[:2]>/<h>.parquet``
+where ``h`` is the content hash (``auditlog.core.hashing``). Inside, one
+column: ``value`` (one row per element, C order) for dtypes Arrow has, so that
+DuckDB reads values directly; ``raw`` (large binary, one row per chunk of the
+tensor's bytes) for the others (bfloat16, the float8 family, complex, ...).
+One row group per chunk of at most ``CHUNK_BYTES`` of source bytes. The schema
+metadata repeats dtype and shape; the file's key-value metadata, the hash.
+
+Everything here works on dtype *names* with pyarrow and numpy only: ``auditlog
+verify`` and the read model check a file's content hash by decoding its bytes
+(``SnapshotFile.pieces``) and hashing them (``verify_file``), and never import
+torch. ``auditlog.store.blobs`` builds tensors from the same bytes
+(``SnapshotFile.read_into``).
+
+Encoding (``codec_for``), chosen by measurement (``benchmarks/compression.py``,
+docs/snapshots.md): floating-point values are stored uncompressed, since trained
+weights barely compress and zstd costs more time than the disk it saves;
+integers and booleans (ids, masks, counters) are stored with zstd. Files are
+written without column statistics (a reader could be misled by forged ones, and
+they cost a pass) and with a required (non-null) column. Files written before
+(zstd everywhere, statistics, a nullable column) are read the same way: the
+reader follows each file's own codec, and a null value is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import queue
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from auditlog.core.errors import AuditlogError
+from auditlog.core.hashing import content_hasher
+
+# Source bytes per chunk (one row group each): bounds the writer's and reader's extra memory.
+CHUNK_BYTES = 16 * 1024 * 1024
+
+# Element size of every torch dtype, by name (tests/test_snapshots.py checks it against torch).
+ITEMSIZE: dict[str, int] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "complex128": 16, "complex64": 8, "complex32": 4,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1,
+    "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1, "bool": 1,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1,
+    "bits16": 2, "bits8": 1, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1,
+    **{f"int{n}": 1 for n in range(1, 8)}, **{f"uint{n}": 1 for n in range(1, 8)},
+}
+
+# dtypes stored natively (a ``value`` column DuckDB reads): name -> (numpy dtype, arrow type).
+NATIVE: dict[str, tuple[Any, pa.DataType]] = {
+    "float64": (np.float64, pa.float64()),
+    "float32": (np.float32, pa.float32()),
+    "float16": (np.float16, pa.float16()),
+    "int64": (np.int64, pa.int64()),
+    "int32": (np.int32, pa.int32()),
+    "int16": (np.int16, pa.int16()),
+    "int8": (np.int8, pa.int8()),
+    "uint64": (np.uint64, pa.uint64()),
+    "uint32": (np.uint32, pa.uint32()),
+    "uint16": (np.uint16, pa.uint16()),
+    "uint8": (np.uint8, pa.uint8()),
+    "bool": (np.bool_, pa.bool_()),
+}
+
+# pyarrow's default row group length: the writer before issue 18 let it split
+# chunks of more rows, so such files have more row groups than chunks.
+_LEGACY_GROUP_ROWS = 1024 * 1024
+
+
+class SnapshotError(AuditlogError):
+    """A snapshot file is missing, unreadable or does not match its content hash."""
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    """One stored tensor content: the catalog row the event store keeps.
+
+    ``file_sha256`` is the SHA-256 of the file's bytes, computed while the file
+    is written (the bytes pass through the digest on their way to the disk):
+    the content hash and the schema check do not cover every byte of a file
+    (docs/integrity.md), this does.
+    """
+
+    sha256: str
+    file: str
+    dtype: str
+    shape: list[int]
+    numel: int
+    nbytes: int
+    layout: str
+    row_groups: int
+    file_sha256: str = ""
+
+    def as_row(self) -> dict[str, Any]:
+        return {
+            "sha256": self.sha256,
+            "file": self.file,
+            "dtype": self.dtype,
+            "shape": json.dumps(self.shape),
+            "numel": self.numel,
+            "nbytes": self.nbytes,
+            "layout": self.layout,
+            "row_groups": self.row_groups,
+            "file_sha256": self.file_sha256,
+        }
+
+
+def blob_from_row(row: dict[str, Any]) -> BlobInfo:
+    """A catalog row (from the event store) as a ``BlobInfo``."""
+    shape = row["shape"]
+    return BlobInfo(
+        sha256=row["sha256"],
+        file=row["file"],
+        dtype=row["dtype"],
+        shape=json.loads(shape) if isinstance(shape, str) else list(shape),
+        numel=int(row["numel"]),
+        nbytes=int(row["nbytes"]),
+        layout=row["layout"],
+        row_groups=int(row["row_groups"]),
+        file_sha256=str(row.get("file_sha256") or ""),
+    )
+
+
+def relpath(sha256: str) -> str:
+    """Where the content ``sha256`` lives, relative to ``snapshots/``: from the hash alone."""
+    return f"{sha256[:2]}/{sha256}.parquet"
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of the dtype named ``dtype``; unknown names are an error."""
+    try:
+        return ITEMSIZE[dtype]
+    except KeyError:
+        raise SnapshotError(f"unknown dtype {dtype!r} in snapshot") from None
+
+
+def layout_of(dtype: str) -> str:
+    """``native`` (a ``value`` column) or ``raw`` (bytes) for a dtype name."""
+    itemsize(dtype)
+    return "native" if dtype in NATIVE else "raw"
+
+
+def chunk_elements(dtype: str) -> int:
+    """Elements per chunk (row group) of a ``dtype`` tensor."""
+    return max(1, CHUNK_BYTES // itemsize(dtype))
+
+
+def row_groups_for(dtype: str, numel: int) -> int:
+    """How many row groups the writer makes for ``numel`` elements (an empty tensor: one)."""
+    return max(1, -(-numel // chunk_elements(dtype)))
+
+
+def legacy_row_groups(dtype: str, numel: int) -> int:
+    """How many row groups a file written before issue 18 has (pyarrow split long chunks)."""
+    if layout_of(dtype) == "raw" or numel == 0:
+        return row_groups_for(dtype, numel)
+    per_chunk = chunk_elements(dtype)
+    full, rest = divmod(numel, per_chunk)
+    return full * -(-per_chunk // _LEGACY_GROUP_ROWS) + (-(-rest // _LEGACY_GROUP_ROWS) if rest else 0)
+
+
+def codec_for(dtype: str) -> tuple[str, int | None]:
+    """Parquet compression for a dtype: none for floating point, zstd (level 1) for the rest."""
+    floating = dtype.startswith(("float", "bfloat", "complex"))
+    return ("none", None) if floating else ("zstd", 1)
+
+
+def expected_schema(dtype: str) -> list[tuple[str, pa.DataType]]:
+    """The only columns a snapshot file of ``dtype`` may have: ``value`` natively, else ``raw``."""
+    native = NATIVE.get(dtype)
+    itemsize(dtype)
+    return [("value", native[1])] if native else [("raw", pa.large_binary())]
+
+
+def check_schema(schema: pa.Schema, dtype: str, relpath: str) -> None:
+    """``SnapshotError`` unless ``schema`` is exactly the one column ``dtype`` calls for."""
+    expected = expected_schema(dtype)
+    actual = [(f.name, f.type) for f in schema]
+    if actual != expected:
+        shown = ", ".join(f"{n}: {t}" for n, t in actual)
+        wanted = ", ".join(f"{n}: {t}" for n, t in expected)
+        raise SnapshotError(
+            f"snapshot file {relpath!r} has columns [{shown}]; a {dtype} snapshot has exactly "
+            f"[{wanted}] (file rewritten)"
+        )
+
+
+def write_schema(dtype: str, shape: list[int]) -> pa.Schema:
+    """The schema the writer gives a new file (the hash is added to its metadata when known)."""
+    ((name, kind),) = expected_schema(dtype)
+    metadata = {b"auditlog.dtype": dtype.encode(), b"auditlog.shape": json.dumps(shape).encode()}
+    return pa.schema([pa.field(name, kind, nullable=False)], metadata=metadata)
+
+
+class SnapshotFile:
+    """An open snapshot file: its facts (from the file alone, no catalog) and its bytes.
+
+    Opening checks that it exists, is Parquet, names a known dtype and a shape,
+    and has exactly a snapshot's schema. Its facts are not evidence until its
+    content hashed to its name (``verify_file``, ``SnapshotStore.read_verified``).
+    """
+
+    def __init__(self, root: Path, sha256: str) -> None:
+        self.sha256 = sha256
+        self.relpath = relpath(sha256)
+        self.path = root / self.relpath
+        if not self.path.exists():
+            raise SnapshotError(f"snapshot file {self.relpath!r} is missing")
+        try:
+            self._handle = pa.OSFile(str(self.path), "rb")
+        except (OSError, pa.ArrowException) as exc:
+            raise SnapshotError(f"snapshot file {self.relpath!r} is unreadable: {exc}") from exc
+        try:
+            self.reader = pq.ParquetFile(self._handle)
+            schema = self.reader.schema_arrow
+            meta = schema.metadata or {}
+            self.dtype = meta[b"auditlog.dtype"].decode()
+            self.shape = [int(d) for d in json.loads(meta[b"auditlog.shape"].decode())]
+            if any(d < 0 for d in self.shape):
+                raise ValueError(f"negative dimension in shape {self.shape}")
+            self.row_groups = self.reader.num_row_groups
+        except (OSError, pa.ArrowException, ValueError, KeyError, TypeError) as exc:
+            self.close()
+            raise SnapshotError(f"snapshot file {self.relpath!r} is unreadable: {exc}") from exc
+        try:
+            check_schema(schema, self.dtype, self.relpath)
+        except SnapshotError:
+            self.close()
+            raise
+        self.numel = math.prod(self.shape)
+        self.layout = layout_of(self.dtype)
+        self.nbytes = self.numel * itemsize(self.dtype)
+
+    def __enter__(self) -> SnapshotFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def info(self) -> BlobInfo:
+        return BlobInfo(
+            sha256=self.sha256, file=self.relpath, dtype=self.dtype, shape=self.shape, numel=self.numel,
+            nbytes=self.nbytes, layout=self.layout, row_groups=self.row_groups,
+        )
+
+    def _row_group(self, index: int) -> pa.ChunkedArray:
+        return self.reader.read_row_group(index, use_threads=False).column(0)
+
+    def pieces(self) -> Iterator[memoryview]:
+        """The content's bytes in C order, piece by piece (at most a row group held at
+        once, the next one read ahead on a thread while the caller uses this one).
+
+        ``SnapshotError`` for a file that cannot be decoded or holds a null value.
+        """
+        count = self.row_groups
+        try:
+            if count <= 1:
+                for index in range(count):
+                    yield from self._bytes_of(self._row_group(index))
+                return
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="auditlog-read") as ahead:
+                pending = ahead.submit(self._row_group, 0)
+                for index in range(count):
+                    column = pending.result()
+                    if index + 1 < count:
+                        pending = ahead.submit(self._row_group, index + 1)
+                    yield from self._bytes_of(column)
+        except (OSError, pa.ArrowException, ValueError, RuntimeError) as exc:
+            raise SnapshotError(f"snapshot file {self.relpath!r} is unreadable: {exc}") from exc
+
+    def read_into(self, target: np.ndarray[Any, Any], digest: Any) -> None:
+        """Decode the content into ``target`` (bytes, exactly ``nbytes`` long) and hash
+        what was written there into ``digest`` (when given).
+
+        A reader thread decodes and copies row group after row group while the
+        caller hashes the parts already copied: the two passes overlap, and what
+        is hashed is what the caller gets (never bytes read again from the file).
+        No memory beyond ``target`` and the row group being decoded.
+        """
+        if self.row_groups <= 1:  # a small file: no thread
+            position = 0
+            for piece in self.pieces():
+                position = self._place(target, position, piece)
+                if digest is not None:
+                    digest.update(target[position - piece.nbytes : position].data)
+            check_size(position, self.nbytes, self.relpath)
+            return
+        filled: queue.SimpleQueue[tuple[int, int] | BaseException | None] = queue.SimpleQueue()
+
+        def fill() -> None:
+            try:
+                position = 0
+                for piece in self.pieces():
+                    end = self._place(target, position, piece)
+                    filled.put((position, end))
+                    position = end
+                check_size(position, self.nbytes, self.relpath)
+                filled.put(None)
+            except BaseException as exc:  # handed to the caller's thread
+                filled.put(exc)
+
+        reader = threading.Thread(target=fill, name="auditlog-read", daemon=True)
+        reader.start()
+        try:
+            while (done := filled.get()) is not None:
+                if isinstance(done, BaseException):
+                    raise done
+                if digest is not None:
+                    digest.update(target[done[0] : done[1]].data)
+        finally:
+            reader.join()
+
+    def _place(self, target: np.ndarray[Any, Any], position: int, piece: memoryview) -> int:
+        end = position + piece.nbytes
+        if end > target.nbytes:
+            check_size(end, self.nbytes, self.relpath)
+        target[position:end] = np.frombuffer(piece, dtype=np.uint8)
+        return end
+
+    def _bytes_of(self, column: pa.ChunkedArray) -> Iterator[memoryview]:
+        for chunk in column.chunks:
+            if not len(chunk):
+                continue
+            if chunk.null_count:
+                raise SnapshotError(f"snapshot file {self.relpath!r} is unreadable: it holds null values")
+            if self.layout == "raw":
+                for index in range(len(chunk)):
+                    yield memoryview(chunk[index].as_buffer())
+            elif chunk.type == pa.bool_():  # bit-packed in Arrow: one byte (0/1) per element, as torch
+                yield memoryview(chunk.to_numpy(zero_copy_only=False).view(np.uint8))
+            else:
+                width = chunk.type.bit_width // 8
+                data = memoryview(chunk.buffers()[1]).cast("B")
+                yield data[chunk.offset * width : (chunk.offset + len(chunk)) * width]
+
+
+def check_size(stored: int, expected: int, relpath: str) -> None:
+    """``SnapshotError`` unless a file held exactly the bytes its dtype and shape call for."""
+    if stored != expected:
+        raise SnapshotError(f"snapshot file {relpath!r} holds {stored} of {expected} bytes")
+
+
+def verify_file(root: Path, sha256: str) -> BlobInfo:
+    """The facts of the file named by ``sha256`` once its content hashed to ``sha256``,
+    with the digest of its bytes (``file_sha256``).
+
+    Torch-free: the bytes are decoded with pyarrow and hashed as
+    ``auditlog.tensor_hash`` would hash the tensor, while another thread digests
+    the file. ``SnapshotError`` when the file is missing, unreadable, not exactly
+    a snapshot's schema, the wrong size, or holds other content (its message
+    then says ``does not match its name``).
+    """
+    with SnapshotFile(root, sha256) as found, ThreadPoolExecutor(1, thread_name_prefix="auditlog-digest") as pool:
+        whole = pool.submit(file_digest, found.path)
+        digest = content_hasher(found.dtype, found.shape)
+        stored = 0
+        for piece in found.pieces():
+            digest.update(piece)
+            stored += piece.nbytes
+        check_size(stored, found.nbytes, found.relpath)
+        actual = digest.hexdigest()
+        if actual != sha256:
+            raise SnapshotError(f"content hash {actual[:16]}... does not match its name (file modified)")
+        try:
+            file_sha256 = whole.result()
+        except OSError as exc:
+            raise SnapshotError(f"snapshot file {found.relpath!r} is unreadable: {exc}") from exc
+        return dataclasses.replace(found.info(), file_sha256=file_sha256)
+
+
+def reason(exc: SnapshotError) -> str:
+    """A ``SnapshotError`` message without the file name (the caller names the file)."""
+    text = str(exc)
+    if text.endswith(" is missing"):
+        return "missing"
+    if " is unreadable: " in text:
+        return "unreadable (file modified or damaged): " + text.split(" is unreadable: ", 1)[1]
+    if " has columns " in text:
+        return "has columns " + text.split(" has columns ", 1)[1]
+    if " holds " in text and text.startswith("snapshot file "):
+        return "holds " + text.split(" holds ", 1)[1] + " (file modified)"
+    return text
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB blocks (archives and exports list them)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

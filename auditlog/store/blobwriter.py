@@ -1,0 +1,324 @@
+"""Writing snapshot files: one pass over a host copy, hashing and encoding overlapped.
+
+A snapshot's tensors arrive as host copies (C-contiguous CPU tensors). For each,
+the caller's thread (the recording's writer) computes the content hash, which
+the event needs, while a small pool (``WORKERS`` threads) encodes Parquet and
+writes the file, and a digest thread per file computes the file's SHA-256
+(``file_sha256``) from the bytes on their way to the disk; ``hashlib`` and
+pyarrow release the GIL, so these run on separate cores where there are some.
+Nothing is copied between the host copy and Parquet's page buffers: columns are
+zero-copy views of the host copy, chunk by chunk.
+
+Content addressing means a file's name is only known once its hash is. Two ways
+of writing, chosen per tensor:
+
+- *overlapped* (large tensors whose content changed last time, or that were
+  never seen): the file is written under a temporary name while the hash is
+  computed; when the hash is known, the file is renamed to it, or, if that
+  content is stored already, abandoned (the worker stops at its next chunk and
+  removes it);
+- *hash first* (small tensors, and tensors whose content was already stored the
+  last time: frozen layers): hash, then write only new content (other tensors'
+  writes overlap with the hashing).
+
+Every file of a snapshot is complete before ``store`` returns, so its event,
+catalogued after, never names a file still being written; a write that fails
+raises ``SnapshotError`` and the snapshot becomes the recorder's fault, as
+before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import queue
+import tempfile
+import threading
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from auditlog.core.tensors import dtype_name, tensor_hash
+from auditlog.store.blobformat import (
+    NATIVE,
+    BlobInfo,
+    SnapshotError,
+    chunk_elements,
+    codec_for,
+    file_digest,
+    layout_of,
+    relpath,
+    row_groups_for,
+    write_schema,
+)
+
+if TYPE_CHECKING:
+    from auditlog.store.blobs import SnapshotStore
+
+# Threads that encode and write files while the caller hashes.
+WORKERS = 2
+# Tensors smaller than this are hashed first (a file of a few chunks costs little to
+# write after its hash; a wasted speculative write would cost more than the overlap).
+OVERLAP_BYTES = 2 * 1024 * 1024
+
+
+@dataclass
+class _Job:
+    """One file being written: its tensor, and the decision the hash brings."""
+
+    tensor: torch.Tensor
+    sha256: str | None = None
+    abandoned: bool = False
+
+    def __post_init__(self) -> None:
+        self.decided = threading.Event()
+
+    def decide(self, sha256: str | None) -> None:
+        """The content hash (write it under that name), or None (drop the file)."""
+        self.sha256 = sha256
+        self.abandoned = sha256 is None
+        self.decided.set()
+
+
+class BlobWriter:
+    """Stores host copies as snapshot files (``store``), on a pool it owns."""
+
+    def __init__(self, files: SnapshotStore, workers: int = WORKERS) -> None:
+        self.files = files
+        self.workers = workers
+        self._pool: ThreadPoolExecutor | None = None
+        self._digests: ThreadPoolExecutor | None = None  # one digest thread per file being written
+        # Per caller key (a tensor id): was its content already stored last time?
+        self._unchanged: dict[Hashable, bool] = {}
+
+    def __enter__(self) -> BlobWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for pool in (self._pool, self._digests):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._pool = self._digests = None
+
+    def _digest_pool(self) -> ThreadPoolExecutor:
+        if self._digests is None:
+            self._digests = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="auditlog-digest")
+        return self._digests
+
+    def _submit(self, job: _Job) -> Future[BlobInfo | None]:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="auditlog-snapshot")
+        return self._pool.submit(self._write, job)
+
+    # ------------------------------------------------------------------ the pipeline
+    def store(
+        self, items: list[tuple[Hashable, torch.Tensor]], stored: Callable[[str], bool]
+    ) -> list[tuple[str, BlobInfo | None]]:
+        """Hash every ``(key, host copy)`` and write the contents not ``stored`` yet.
+
+        Returns ``(sha256, info)`` per item, in order; ``info`` is None where the
+        content was stored already (by an earlier snapshot or an earlier item).
+        """
+        out: list[tuple[str, BlobInfo | None]] = []
+        jobs: list[tuple[int, _Job, Future[BlobInfo | None]]] = []
+        seen: set[str] = set()
+        try:
+            for index, (key, tensor) in enumerate(items):
+                if tensor.device.type != "cpu" or not tensor.is_contiguous():
+                    tensor = tensor.detach().to("cpu").contiguous()
+                job: _Job | None = None
+                if tensor.numel() * tensor.element_size() >= OVERLAP_BYTES and not self._unchanged.get(key, False):
+                    job = _Job(tensor)  # overlapped: written while it is hashed
+                    jobs.append((index, job, self._submit(job)))
+                digest = tensor_hash(tensor)
+                known = digest in seen or stored(digest)
+                self._unchanged[key] = known
+                if job is not None:
+                    job.decide(None if known else digest)
+                elif not known:
+                    job = _Job(tensor)
+                    job.decide(digest)
+                    jobs.append((index, job, self._submit(job)))
+                seen.add(digest)
+                out.append((digest, None))
+        finally:
+            # Every job is decided (an exception above drops the undecided ones) and
+            # finished before returning: no worker is left waiting, no file half written.
+            failures: list[BaseException] = []
+            for index, job, future in jobs:
+                if not job.decided.is_set():
+                    job.decide(None)
+                try:
+                    info = future.result()
+                except Exception as exc:
+                    failures.append(exc)
+                    continue
+                if info is not None:
+                    out[index] = (out[index][0], info)
+        if failures:
+            raise SnapshotError(f"cannot write a snapshot file: {failures[0]}") from failures[0]
+        return out
+
+    def put(self, tensor: torch.Tensor, sha256: str | None = None) -> BlobInfo:
+        """Store one tensor (if its content is not stored yet) and describe it."""
+        tensor = tensor.detach()
+        if tensor.layout != torch.strided or tensor.is_quantized:
+            raise SnapshotError(f"cannot snapshot a {tensor.layout} / quantized tensor")
+        digest = sha256 or tensor_hash(tensor)
+        if self.files.path(digest).exists():
+            try:
+                return self._existing(digest)
+            except SnapshotError:
+                pass  # a damaged file under that name: written again
+        ((_, info),) = self.store([(None, tensor)], lambda sha: False)
+        assert info is not None
+        return info
+
+    def _existing(self, sha256: str) -> BlobInfo:
+        """The catalog row of content stored already: its file's own facts and digest."""
+        return dataclasses.replace(self.files.describe(sha256), file_sha256=file_digest(self.files.path(sha256)))
+
+    # ------------------------------------------------------------------ one file (pool thread)
+    def _write(self, job: _Job) -> BlobInfo | None:
+        """Write ``job``'s tensor to a temporary file; rename it to its hash when decided.
+
+        The bytes go through a SHA-256 on their way to the file (``file_sha256``):
+        no second read of the file.
+        """
+        tensor = job.tensor
+        dtype = dtype_name(tensor.dtype)
+        schema = write_schema(dtype, list(tensor.shape))
+        compression, level = codec_for(dtype)
+        self.files.root.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=self.files.root)
+        try:
+            raw = _DigestingFile(os.fdopen(fd, "wb"), self._digest_pool())
+            try:  # the digest thread ends only when raw is closed: closed whatever happens
+                sink = pa.BufferedOutputStream(pa.PythonFile(raw, mode="w"), buffer_size=1 << 20)
+                try:
+                    self._encode(job, dtype, schema, compression, level, sink)
+                finally:
+                    sink.close()
+            finally:
+                raw.close()
+            if job.sha256 is None:
+                Path(tmp).unlink(missing_ok=True)
+                return None
+            target = self.files.path(job.sha256)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return dataclasses.replace(describe_tensor(tensor, job.sha256), file_sha256=raw.hexdigest())
+
+    @staticmethod
+    def _encode(job: _Job, dtype: str, schema: pa.Schema, compression: str, level: int | None, sink: Any) -> None:
+        """The Parquet file of ``job``'s tensor into ``sink``, chunk by chunk, until it is
+        written or abandoned; the hash goes into its metadata once decided."""
+        with pq.ParquetWriter(
+            sink, schema, compression=compression, compression_level=level,
+            use_dictionary=False, write_statistics=False,
+        ) as writer:
+            wrote = False
+            for column in _columns(job.tensor, dtype):
+                if job.abandoned:
+                    break
+                writer.write_table(pa.Table.from_arrays([column], schema=schema), row_group_size=max(1, len(column)))
+                wrote = True
+            if not wrote and not job.abandoned:  # an empty tensor: one empty row group keeps the schema
+                writer.write_table(schema.empty_table())
+            job.decided.wait()
+            if job.sha256 is not None:
+                writer.add_key_value_metadata({"auditlog.sha256": job.sha256})
+
+
+class _DigestingFile:
+    """A file that digests every byte written to it (pyarrow writes through it).
+
+    The SHA-256 runs on a thread of its own (a third core, beside the content
+    hash and the Parquet encoding): ``write`` gets immutable ``bytes`` from
+    pyarrow, hands them to the digest thread and writes them to the file. At
+    most ``_AHEAD`` blocks (about 1 MiB each) wait for the digest.
+    """
+
+    _AHEAD = 8
+
+    def __init__(self, handle: BinaryIO, digests: ThreadPoolExecutor) -> None:
+        self._handle = handle
+        self._blocks: queue.Queue[bytes | None] = queue.Queue(maxsize=self._AHEAD)
+        self._digest: Future[str] = digests.submit(self._run)
+        self.closed = False
+
+    def _run(self) -> str:
+        digest = hashlib.sha256()
+        while (block := self._blocks.get()) is not None:
+            digest.update(block)
+        return digest.hexdigest()
+
+    def write(self, data: Any) -> int:
+        if not isinstance(data, bytes):
+            data = bytes(data)  # only immutable blocks may wait in the queue
+        self._blocks.put(data)
+        return self._handle.write(data)
+
+    def flush(self) -> None:
+        self._handle.flush()
+
+    def tell(self) -> int:
+        return self._handle.tell()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._blocks.put(None)
+            self._handle.close()
+
+    def hexdigest(self) -> str:
+        """The digest of everything written (after ``close``)."""
+        return self._digest.result()
+
+
+def _columns(tensor: torch.Tensor, dtype: str) -> Any:
+    """The tensor as Arrow columns of at most one chunk each, viewing its memory (no copy;
+    booleans are bit-packed by Arrow, the one conversion)."""
+    flat = tensor.reshape(-1)
+    per_chunk = chunk_elements(dtype)
+    raw = flat.view(torch.uint8).numpy() if flat.numel() else np.empty(0, np.uint8)
+    native = NATIVE.get(dtype)
+    if native is not None:
+        values = raw.view(native[0])
+        for start in range(0, flat.numel(), per_chunk):
+            yield pa.array(values[start : start + per_chunk], type=native[1])
+        return
+    width = flat.element_size()
+    for start in range(0, flat.numel(), per_chunk):
+        part = raw[start * width : (start + per_chunk) * width]
+        offsets = pa.py_buffer(np.array([0, part.nbytes], dtype=np.int64))
+        yield pa.LargeBinaryArray.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(part)])
+
+
+def describe_tensor(tensor: torch.Tensor, sha256: str) -> BlobInfo:
+    """The catalog row of a tensor's content as the writer lays it out."""
+    dtype = dtype_name(tensor.dtype)
+    return BlobInfo(
+        sha256=sha256,
+        file=relpath(sha256),
+        dtype=dtype,
+        shape=list(tensor.shape),
+        numel=tensor.numel(),
+        nbytes=tensor.numel() * tensor.element_size(),
+        layout=layout_of(dtype),
+        row_groups=row_groups_for(dtype, tensor.numel()),
+    )

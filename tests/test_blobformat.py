@@ -1,0 +1,148 @@
+"""The snapshot file format without torch: content hashes recomputed with pyarrow and
+numpy, files of the layout before issue 18 still read, one changed byte caught."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from test_snapshots import DTYPES, same_bits, sample
+
+from auditlog.core.errors import IntegrityError
+from auditlog.core.tensors import dtype_name, tensor_hash
+from auditlog.store import blobformat
+from auditlog.store.blobformat import (
+    ITEMSIZE,
+    SnapshotError,
+    file_digest,
+    legacy_row_groups,
+    verify_file,
+)
+from auditlog.store.blobs import SnapshotStore
+
+
+def test_itemsize_table_matches_every_torch_dtype() -> None:
+    dtypes = {dtype_name(d): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+    for name, dtype in dtypes.items():
+        if name.startswith(("qint", "quint")):
+            continue  # quantized tensors are refused by the writer
+        assert ITEMSIZE.get(name) == dtype.itemsize, name
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_torch_free_verification_recomputes_tensor_hash(tmp_path: Path, dtype: torch.dtype) -> None:
+    store = SnapshotStore(tmp_path)
+    full = sample(dtype)
+    for tensor in (full, full.t(), full[2, 3], full[:0]):
+        info = store.put(tensor)
+        assert verify_file(tmp_path, info.sha256) == info  # the writer's catalog row, by the file alone
+        assert info.sha256 == tensor_hash(tensor)
+
+
+def test_verification_imports_no_torch(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path)
+    rows = [store.put(sample(d)).as_row() for d in (torch.float32, torch.bfloat16, torch.bool, torch.complex64)]
+    probe = (
+        "import sys, json; from pathlib import Path\n"
+        "from auditlog.store.blobs import SnapshotStore\n"
+        "files = SnapshotStore(Path(sys.argv[1]))\n"
+        "problems = [files.check(row['sha256'], row) for row in json.loads(sys.argv[2])]\n"
+        "print(json.dumps({'problems': problems, 'torch': 'torch' in sys.modules}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path), json.dumps(rows)],
+                          capture_output=True, text=True, timeout=120)
+    report = json.loads(done.stdout)
+    assert report == {"problems": [[], [], [], []], "torch": False}, done.stderr
+
+
+def test_new_files_floats_uncompressed_integers_zstd_no_statistics(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path)
+    for tensor, codec in ((torch.randn(100), "UNCOMPRESSED"), (torch.randn(100).bfloat16(), "UNCOMPRESSED"),
+                          (torch.arange(100), "ZSTD"), (torch.ones(100, dtype=torch.bool), "ZSTD")):
+        path = store.path(store.put(tensor).sha256)
+        meta = pq.ParquetFile(path).metadata
+        column = meta.row_group(0).column(0)
+        assert column.compression == codec, tensor.dtype
+        assert not column.is_stats_set
+        assert pq.ParquetFile(path).schema_arrow.field(0).nullable is False
+        assert meta.metadata[b"auditlog.sha256"].decode() == path.stem  # added once the hash is known
+
+
+def write_legacy(root: Path, tensor: torch.Tensor) -> str:
+    """A file as the writer before issue 18 made it: zstd, statistics, a nullable column,
+    16 MiB chunks that pyarrow split into row groups of 1Mi rows."""
+    sha = tensor_hash(tensor)
+    path = root / sha[:2] / f"{sha}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    native = {torch.float32: pa.float32(), torch.int64: pa.int64()}.get(tensor.dtype)
+    field = pa.field("value", native) if native is not None else pa.field("raw", pa.large_binary())
+    schema = pa.schema([field], metadata={b"auditlog.sha256": sha.encode(), b"auditlog.dtype": dtype_name(tensor.dtype).encode(),
+                                          b"auditlog.shape": json.dumps(list(tensor.shape)).encode()})
+    flat = tensor.reshape(-1)
+    per_chunk = blobformat.CHUNK_BYTES // flat.element_size()
+    with pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=False) as writer:
+        for start in range(0, flat.numel(), per_chunk):
+            part = flat[start : start + per_chunk]
+            column = (pa.array(part.numpy(), type=native) if native is not None
+                      else pa.array([part.view(torch.uint8).numpy().tobytes()], type=pa.large_binary()))
+            writer.write_table(pa.Table.from_arrays([column], schema=schema))
+    return sha
+
+
+def test_files_written_before_issue_18_still_read_and_verify(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path)
+    big = torch.randn(2_500_000)  # one chunk (up to 4Mi rows), which pyarrow split into 3 row groups
+    for tensor in (big, torch.arange(1000), torch.randn(300).bfloat16()):
+        sha = write_legacy(tmp_path, tensor)
+        assert same_bits(store.read_verified(sha, "old"), tensor)
+        # the catalog row that writer made counted chunks, not the file's row groups
+        row = {**store.describe(sha).as_row(), "file_sha256": file_digest(store.path(sha)),
+               "row_groups": blobformat.row_groups_for(dtype_name(tensor.dtype), tensor.numel())}
+        assert store.check(sha, row) == []
+    assert legacy_row_groups("float32", big.numel()) == pq.ParquetFile(store.path(tensor_hash(big))).num_row_groups == 3
+
+
+def test_a_null_value_in_an_old_nullable_column_is_refused(tmp_path: Path) -> None:
+    tensor = torch.arange(4.0)
+    sha = write_legacy(tmp_path, tensor)
+    path = tmp_path / sha[:2] / f"{sha}.parquet"
+    table = pq.read_table(path)
+    pq.write_table(table.set_column(0, "value", pa.array([0.0, None, 2.0, 3.0], pa.float32())), path)
+    with pytest.raises(SnapshotError, match="null values"):
+        verify_file(tmp_path, sha)
+    with pytest.raises(IntegrityError, match="null values"):
+        SnapshotStore(tmp_path).read_verified(sha, "t")
+
+
+def test_one_changed_byte_is_caught_by_every_reader(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path)
+    for tensor in (torch.randn(1000), torch.randn(1000).bfloat16(), torch.arange(1000)):
+        info = store.put(tensor)
+        path = store.path(info.sha256)
+        data = bytearray(path.read_bytes())
+        # a byte inside the values (after the magic and page header, before the footer)
+        data[len(data) // 4] ^= 0x01
+        path.write_bytes(bytes(data))
+        assert store.check(info.sha256, info.as_row()) != []
+        with pytest.raises((SnapshotError,)):
+            verify_file(tmp_path, info.sha256)
+        with pytest.raises(IntegrityError):
+            store.read_verified(info.sha256, "t")
+
+
+def test_a_file_of_the_wrong_size_is_refused(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path)
+    tensor = torch.randn(10)
+    info = store.put(tensor)
+    path = store.path(info.sha256)
+    table = pq.read_table(path)
+    # the same values plus one: the shape in the metadata no longer matches what is stored
+    longer = pa.table({"value": pa.array([*table.column(0).to_pylist(), 1.0], pa.float32())})
+    pq.write_table(longer.replace_schema_metadata(table.schema.metadata), path)
+    assert store.check(info.sha256, info.as_row()) == ["holds 44 of 40 bytes (file modified)"]

@@ -1,0 +1,80 @@
+"""The snapshot writer: hashing overlapped with Parquet writing, each content stored once,
+no temporary file left behind, a failed write reported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from test_snapshots import DTYPES, same_bits, sample
+
+from auditlog.core.tensors import tensor_hash
+from auditlog.store import blobformat, blobwriter
+from auditlog.store.blobformat import SnapshotError, verify_file
+from auditlog.store.blobs import SnapshotStore
+from auditlog.store.blobwriter import BlobWriter
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of 4 KiB and every tensor written while it is hashed: the overlapped path
+    with many row groups, on tensors of test size."""
+    monkeypatch.setattr(blobformat, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(blobwriter, "OVERLAP_BYTES", 0)
+
+
+def leftovers(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.name.startswith(".tmp-")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_overlapped_writes_round_trip_every_dtype_bitwise(tmp_path: Path, dtype: torch.dtype, small_chunks: None) -> None:
+    files = SnapshotStore(tmp_path)
+    big = sample(dtype).repeat(100, 20)  # 60,000 elements: several 4 KiB row groups
+    tensors = [big, big.t(), big[::3, 1:], big[5, 7], big[:0], sample(dtype)]
+    with BlobWriter(files) as writer:
+        stored = writer.store([(i, t.contiguous()) for i, t in enumerate(tensors)], lambda sha: False)
+    for tensor, (sha, info) in zip(tensors, stored, strict=True):
+        assert sha == tensor_hash(tensor)
+        assert info is not None and verify_file(tmp_path, sha) == info
+        assert same_bits(files.read_verified(sha, "t"), tensor.contiguous())
+    assert pq.ParquetFile(files.path(stored[0][0])).num_row_groups == stored[0][1].row_groups > 1  # type: ignore[union-attr]
+    assert leftovers(tmp_path) == []
+
+
+def test_each_content_is_written_once_and_abandoned_writes_leave_nothing(tmp_path: Path, small_chunks: None) -> None:
+    files = SnapshotStore(tmp_path)
+    a, b = torch.randn(50_000), torch.randn(50_000)
+    with BlobWriter(files) as writer:
+        first = writer.store([(1, a), (2, a.clone()), (3, b)], lambda sha: False)
+        assert [info is not None for _, info in first] == [True, False, True]  # a twice: stored once
+        on_disk = sorted(p.name for p in tmp_path.rglob("*.parquet"))
+        assert len(on_disk) == 2 and leftovers(tmp_path) == []
+        # the next snapshot: b unchanged (already stored: its overlapped write is dropped), a changed
+        stored = {sha for sha, _ in first}
+        second = writer.store([(1, a + 1), (3, b)], lambda sha: sha in stored)
+        assert second[0][1] is not None and second[1][1] is None and second[1][0] == first[2][0]
+        assert len(list(tmp_path.rglob("*.parquet"))) == 3 and leftovers(tmp_path) == []
+        # b was unchanged last time: now it is hashed first, and still not written again
+        third = writer.store([(3, b)], lambda sha: True)
+        assert third == [(first[2][0], None)] and leftovers(tmp_path) == []
+
+
+def test_a_failed_write_is_an_error_and_leaves_no_file(tmp_path: Path) -> None:
+    root = tmp_path / "snapshots"
+    root.write_text("not a directory")  # every write fails
+    with BlobWriter(SnapshotStore(root)) as writer, pytest.raises(SnapshotError, match="cannot write a snapshot file"):
+        writer.store([(1, torch.randn(10)), (2, torch.randn(1 << 20))], lambda sha: False)
+    assert root.read_text() == "not a directory"
+    assert leftovers(tmp_path) == []
+
+
+def test_cpu_and_non_contiguous_inputs_are_made_host_contiguous(tmp_path: Path) -> None:
+    files = SnapshotStore(tmp_path)
+    tensor = torch.randn(40, 30).t()
+    with BlobWriter(files) as writer:
+        ((sha, info),) = writer.store([(1, tensor)], lambda sha: False)
+    assert info is not None and sha == tensor_hash(tensor)
+    assert torch.equal(files.read_verified(sha, "t"), tensor)
