@@ -403,7 +403,15 @@ def verify_file(root: Path, sha256: str) -> BlobInfo:
 
 def _check_content(found: SnapshotFile, keep: list[memoryview] | None) -> None:
     """``SnapshotError`` unless the decoded content hashes to the file's name; the
-    decoded pieces are appended to ``keep`` when given (``verified_bytes``)."""
+    decoded pieces are appended to ``keep`` when given."""
+    actual = decoded_hash(found, keep)
+    if actual != found.sha256:
+        raise SnapshotError(f"content hash {actual[:16]}... does not match its name (file modified)")
+
+
+def decoded_hash(found: SnapshotFile, keep: list[memoryview] | None) -> str:
+    """The content hash of what ``found`` decodes to (its pieces appended to ``keep`` when
+    given); ``SnapshotError`` for a file that cannot be decoded or is the wrong size."""
     digest = content_hasher(found.dtype, found.shape)
     stored = 0
     for piece in found.pieces():
@@ -412,25 +420,24 @@ def _check_content(found: SnapshotFile, keep: list[memoryview] | None) -> None:
         if keep is not None:
             keep.append(piece)
     check_size(stored, found.nbytes, found.relpath)
-    actual = digest.hexdigest()
-    if actual != found.sha256:
-        raise SnapshotError(f"content hash {actual[:16]}... does not match its name (file modified)")
+    return str(digest.hexdigest())
 
 
-def verified_bytes(root: Path, sha256: str) -> tuple[BlobInfo, bytes | memoryview] | None:
-    """The facts and decoded content (C-order bytes) of a small file whose content hashed
-    to ``sha256``; None for a file too big to be read whole (the caller streams it).
+def read_whole(root: Path, sha256: str) -> tuple[BlobInfo, bytes | memoryview, str] | None:
+    """A small file's facts, decoded content (C-order bytes) and the hash of that content,
+    from one read of the file; None for a file too big to be read whole (the caller streams it).
 
-    Torch-free: ``auditlog restore`` writes these bytes into a safetensors file
-    as they are. ``SnapshotError`` as for ``verify_file``.
+    Torch-free (``auditlog restore`` writes these bytes into a safetensors file
+    as they are); the caller compares the hash with ``sha256``. ``SnapshotError``
+    for a missing, unreadable or malformed file.
     """
     with SnapshotFile(root, sha256) as found:
         if found.data is None:
             return None
         pieces: list[memoryview] = []
-        _check_content(found, pieces)
+        actual = decoded_hash(found, pieces)
         content: bytes | memoryview = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-        return found.info(), content
+        return found.info(), content, actual
 
 
 def reason(exc: SnapshotError) -> str:
