@@ -12,11 +12,10 @@ import io
 from typing import Any
 
 import pytest
+from auditlog.cli import tree_cmd
 from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
-
-from auditlog.cli import tree_cmd
 
 
 def _tensor(name: str, **facts: Any) -> dict[str, Any]:
