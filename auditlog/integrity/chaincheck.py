@@ -28,7 +28,6 @@ from auditlog.integrity.report import Problem, StreamTip, VerifyReport
 from auditlog.store.queries import TUPLE_COLUMNS
 from auditlog.store.rows import payload_object
 
-
 # Column -> allowed Python types of a stored event. Anyone with file access can
 # store any SQLite value in any column; such a row is reported, never crashed on.
 EVENT_TYPES: dict[str, tuple[type, ...]] = {

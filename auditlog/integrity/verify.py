@@ -30,8 +30,8 @@ from typing import Any
 from auditlog.core.chain import chain_hash, genesis_hash
 from auditlog.core.errors import StoreError
 from auditlog.core.ranks import split_stream
-from auditlog.integrity.keys import trusted_public_keys
 from auditlog.integrity.chaincheck import StreamCheck, short
+from auditlog.integrity.keys import trusted_public_keys
 from auditlog.integrity.merkle import PackedLeaves
 from auditlog.integrity.report import Problem, SourcedStatement, StreamTip, VerifyReport
 from auditlog.integrity.runindex import verify_run_index
