@@ -89,9 +89,13 @@ class StreamCheck:
         self._kinds: dict[str, str] = {}
 
     # ------------------------------------------------------------------ ordinary events
-    def feed(self, rows: Iterable[tuple[Any, ...]], progress: Callable[[int], None] | None = None) -> None:
+    def feed(
+        self, rows: Iterable[tuple[Any, ...]], progress: Callable[[int], None] | None = None, *, stop: bool = False
+    ) -> int | None:
         """Check a batch of rows (``TUPLE_COLUMNS`` order: ``EventStore.event_tuples``), ordinary
-        ones inline."""
+        ones inline. With ``stop``, the first row that is not ordinary ends the batch
+        unchecked: the number of rows checked is returned (None: all of them)."""
+        first = self.count
         sha256 = hashlib.sha256
         dumps = orjson.dumps
         kinds = self._kinds
@@ -112,6 +116,8 @@ class StreamCheck:
                 or not payload.isascii() or "\x7f" in payload
             ):
                 self._flush(pending, expected, prev, last_id, done, progress)
+                if stop:
+                    return self.count - first
                 pending, done = [], 0
                 self.one(self._row(row))
                 expected, prev, last_id = self.expected, self.prev, self.last_id
@@ -132,6 +138,8 @@ class StreamCheck:
             ))
             if sha256(b"".join((prev.encode(), b"\n", encoded))).hexdigest() != stored:
                 self._flush(pending, expected, prev, last_id, done, progress)
+                if stop:
+                    return self.count - first
                 pending, done = [], 0
                 self.one(self._row(row))
                 expected, prev, last_id = self.expected, self.prev, self.last_id
@@ -143,6 +151,7 @@ class StreamCheck:
             prev, last_id, expected = stored, rid, seq + 1
             done += 1
         self._flush(pending, expected, prev, last_id, done, progress)
+        return None
 
     def _row(self, row: tuple[Any, ...]) -> dict[str, Any]:
         return {"run_id": self.run_id, "stream": self.stream, **dict(zip(TUPLE_COLUMNS, row, strict=True))}

@@ -33,6 +33,7 @@ from auditlog.core.ranks import split_stream
 from auditlog.integrity.chaincheck import StreamCheck, short
 from auditlog.integrity.keys import trusted_public_keys
 from auditlog.integrity.merkle import PackedLeaves
+from auditlog.integrity.parallel import check_split, split_point
 from auditlog.integrity.report import Problem, SourcedStatement, StreamTip, VerifyReport
 from auditlog.integrity.runindex import verify_run_index
 from auditlog.integrity.signed import (
@@ -87,15 +88,22 @@ def verify_stream(
     *,
     sizes: frozenset[int] = frozenset(),
     leaves: PackedLeaves | None = None,
+    count: int | None = None,
 ) -> StreamTip:
     """Check one stream, appending problems to ``report``; returns what was read.
 
     ``sizes``: tree sizes whose heads signed statements name (recorded in the
-    tip's ``roots``); ``leaves``: collects every leaf hash (for proofs).
+    tip's ``roots``); ``leaves``: collects every leaf hash (for proofs);
+    ``count``: how many events the stream holds, when known (a long one is
+    checked in two processes, ``integrity.parallel``).
     """
     check = StreamCheck(run_id, stream, report, sizes, leaves)
-    for rows in store.event_tuples(run_id, stream):
-        check.feed(rows, progress)
+    split = split_point(count) if count is not None and store.location.database is not None else None
+    if split is not None:  # a long stream of a SQLite file: its second half in a forked process
+        check_split(store, check, split, progress)
+    else:
+        for rows in store.event_tuples(run_id, stream):
+            check.feed(rows, progress)
     mismatched, after_end, tip = check.mismatched, check.after_end, check.tip
     for row in mismatched[:50]:
         report.problems.append(
@@ -119,20 +127,20 @@ def verify_stream(
     return tip
 
 
-def _streams(store: EventStore, run_id: str, report: VerifyReport) -> list[int]:
-    """The run's stream numbers; events whose stream column is not a number are reported."""
+def _streams(store: EventStore, run_id: str, report: VerifyReport) -> dict[int, int]:
+    """The run's stream numbers and event counts; events whose stream column is not a number are reported."""
     rows = store.stream_event_counts(run_id)
-    streams: list[int] = []
+    streams: dict[int, int] = {}
     for value, count in rows:
         if isinstance(value, int) and not isinstance(value, bool):
-            streams.append(value)
+            streams[value] = int(count)
         else:
             report.problems.append(
                 Problem(run_id, 0, 0, None, None,
                         f"{count} event(s) have stream {short(value)}, not a number (garbled)")
             )
             report.events += int(count)
-    return sorted(streams)
+    return dict(sorted(streams.items()))
 
 
 def verify_run(
@@ -159,10 +167,10 @@ def verify_run(
     rows = store.checkpoint_rows(run_id)
     sizes = signed_sizes(rows, [st for _, st in mine])
     leaves: dict[int, PackedLeaves] = {}
-    for stream in _streams(store, run_id, report):
+    for stream, count in _streams(store, run_id, report).items():
         kept = leaves.setdefault(stream, PackedLeaves()) if keep_leaves or _needs_leaves(mine, stream) else None
         verify_stream(store, run_id, stream, report, progress,
-                      sizes=frozenset(sizes.get(stream, ())), leaves=kept)
+                      sizes=frozenset(sizes.get(stream, ())), leaves=kept, count=count)
     _check_streams(report)
     if report.events == 0:
         # A run known only from a statement: the statement's problem says it better.

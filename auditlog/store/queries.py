@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, func, select, tuple_
+from sqlalchemy import Engine, func, or_, select, tuple_
 from sqlalchemy.exc import DBAPIError
 
 from auditlog.core.errors import StoreError
@@ -224,9 +224,12 @@ class EventQueries:
             for row in result.tuples():  # zip over plain tuples: ~2x cheaper than RowMapping -> dict
                 yield dict(zip(keys, row, strict=True))
 
-    def event_tuples(self, run_id: str, stream: int, batch: int = 20_000) -> Iterator[list[tuple[Any, ...]]]:
-        """One stream's events in seq order as the driver returns them: batches of plain
-        tuples of ``TUPLE_COLUMNS`` (``verify`` reads a million).
+    def event_tuples(
+        self, run_id: str, stream: int, batch: int = 20_000, *, upto: int | None = None, after: int | None = None
+    ) -> Iterator[list[tuple[Any, ...]]]:
+        """One stream's events in (seq, id) order as the driver returns them: batches of
+        plain tuples of ``TUPLE_COLUMNS`` (``verify`` reads a million); only those with
+        ``seq <= upto`` (or no number there) or only those with ``seq > after`` when given.
 
         ``run_id`` and ``stream`` are not read: every row selected holds exactly
         the values asked for (a garbled value there, a blob or a text stream, is
@@ -236,13 +239,7 @@ class EventQueries:
         row objects, no dicts, values exactly as stored. Other databases stream
         through SQLAlchemy's result (server-side cursors), still as tuples.
         """
-        c = _ev.c
-        query = (
-            select(c.id, c.seq, c.ts_ns, c.kind, c.step, c.module_id, c.tensor_id,
-                   c.snapshot, c.payload, c.hash)
-            .where(c.run_id == run_id, c.stream == stream)
-            .order_by(c.seq)
-        )
+        query = _tuple_query(run_id, stream, upto=upto, after=after)
         with self.guard("verifying"), self.engine.connect() as conn:
             if conn.dialect.name != "sqlite":
                 result = conn.execution_options(stream_results=True, yield_per=batch).execute(query)
@@ -353,3 +350,39 @@ class EventQueries:
         with self.guard("reading checkpoints"), self.engine.connect() as conn:
             rows = conn.execute(select(cp.c.run_id).distinct())
             return sorted(str(r[0]) for r in rows)
+
+
+def _tuple_query(run_id: str, stream: int, *, upto: int | None = None, since: int | None = None,
+                 after: int | None = None) -> Any:
+    """The select of ``EventQueries.event_tuples``: ``TUPLE_COLUMNS`` of one stream in
+    (seq, id) order (id breaks ties, so that two reads of a stream agree row for row)."""
+    c = _ev.c
+    query = select(c.id, c.seq, c.ts_ns, c.kind, c.step, c.module_id, c.tensor_id, c.snapshot, c.payload, c.hash)
+    query = query.where(c.run_id == run_id, c.stream == stream)
+    if upto is not None:  # a seq that is no number (NULL) sorts first: it belongs to the head
+        query = query.where(or_(c.seq.is_(None), c.seq <= upto))
+    if since is not None:
+        query = query.where(c.seq >= since)
+    if after is not None:
+        query = query.where(c.seq > after)
+    return query.order_by(c.seq, c.id)
+
+
+def sqlite_event_tuples(uri: str, run_id: str, stream: int, since: int, batch: int = 20_000) -> Iterator[list[tuple[Any, ...]]]:
+    """``event_tuples`` of the rows with ``seq >= since``, on a connection of its own to the
+    SQLite file at ``uri`` (read-only): what a process forked to check part of a stream reads
+    (``integrity.parallel``); it must not touch its parent's connections."""
+    import sqlite3
+
+    from sqlalchemy.dialects import sqlite
+
+    compiled = _tuple_query(run_id, stream, since=since).compile(dialect=sqlite.dialect())
+    args = tuple(compiled.params[name] for name in compiled.positiontup or ())
+    connection = sqlite3.connect(uri, uri=True)
+    try:
+        cursor = connection.execute(str(compiled), args)
+        while rows := cursor.fetchmany(batch):
+            yield rows
+    finally:
+        connection.close()
+
