@@ -131,6 +131,7 @@ class SnapshotStore:
         bigger one is decoded into a numpy buffer as ``read_verified`` does, or,
         with ``whole_only``, left alone (None).
         """
+        content: Any
         try:
             whole = read_whole(self.root, sha256)
             if whole is not None:
@@ -140,8 +141,9 @@ class SnapshotStore:
             else:
                 with SnapshotFile(self.root, sha256) as found:
                     digest = content_hasher(found.dtype, found.shape)
-                    content = np.empty(found.nbytes, dtype=np.uint8)
-                    found.read_into(content, digest)
+                    buffer = np.empty(found.nbytes, dtype=np.uint8)
+                    found.read_into(buffer, digest)
+                    content = buffer
                     info, actual = found.info(), digest.hexdigest()
         except SnapshotError as exc:
             raise self._unusable(sha256, what, exc) from exc

@@ -252,7 +252,7 @@ class EventQueries:
             try:
                 cursor.execute(str(compiled), args)
                 while rows := cursor.fetchmany(batch):
-                    yield rows
+                    yield list(rows)
             except conn.dialect.loaded_dbapi.Error as exc:
                 raise DBAPIError.instance(str(compiled), args, exc, conn.dialect.loaded_dbapi.Error) from exc
             finally:
