@@ -34,7 +34,7 @@ from auditlog.integrity.chaincheck import StreamCheck
 from auditlog.integrity.merkle import Frontier, PackedLeaves
 from auditlog.integrity.report import VerifyReport
 from auditlog.store.eventstore import EventStore
-from auditlog.store.queries import sqlite_event_tuples
+from auditlog.store.queries import sqlite_event_tuples, sqlite_tuple_statement
 
 MIN_EVENTS = 200_000
 
@@ -61,8 +61,12 @@ def split_point(count: int) -> int | None:
     return 1 << ((count - 1).bit_length() - 1)
 
 
-def _child(uri: str, run_id: str, stream: int, m: int, sizes: frozenset[int], keep: bool) -> ChildResult | None:
-    batches: Iterator[list[tuple[Any, ...]]] = sqlite_event_tuples(uri, run_id, stream, m)
+def _child(
+    uri: str, statement: tuple[str, tuple[Any, ...]], run_id: str, stream: int, m: int, sizes: frozenset[int],
+    keep: bool,
+) -> ChildResult | None:
+    """Check the rows from seq ``m`` on (``statement``), ordinary ones, until one is not."""
+    batches: Iterator[list[tuple[Any, ...]]] = sqlite_event_tuples(uri, statement)
     first = next(batches, None)
     if not first:
         return None
@@ -90,9 +94,13 @@ def _chain(head: list[list[tuple[Any, ...]]], tail: Iterator[list[tuple[Any, ...
 
 def _run_child(conn: Any, *args: Any) -> None:
     try:
-        conn.send(_child(*args))
+        result = _child(*args)
     except BaseException:  # the parent falls back to checking the rest itself
-        conn.send(None)
+        result = None
+    try:
+        conn.send(result)
+    except OSError:
+        pass  # the parent stopped listening (it failed, or was interrupted)
     finally:
         conn.close()
 
@@ -105,7 +113,8 @@ def check_split(
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(
         target=_run_child, daemon=True,
-        args=(send, store.sqlite_read_uri(), check.run_id, check.stream, m, check.sizes, check.leaves is not None),
+        args=(send, store.sqlite_read_uri(), sqlite_tuple_statement(check.run_id, check.stream, m),
+              check.run_id, check.stream, m, check.sizes, check.leaves is not None),
     )
     child.start()
     send.close()

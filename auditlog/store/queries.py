@@ -368,21 +368,25 @@ def _tuple_query(run_id: str, stream: int, *, upto: int | None = None, since: in
     return query.order_by(c.seq, c.id)
 
 
-def sqlite_event_tuples(uri: str, run_id: str, stream: int, since: int, batch: int = 20_000) -> Iterator[list[tuple[Any, ...]]]:
-    """``event_tuples`` of the rows with ``seq >= since``, on a connection of its own to the
-    SQLite file at ``uri`` (read-only): what a process forked to check part of a stream reads
-    (``integrity.parallel``); it must not touch its parent's connections."""
-    import sqlite3
-
+def sqlite_tuple_statement(run_id: str, stream: int, since: int) -> tuple[str, tuple[Any, ...]]:
+    """The SQLite text and arguments of ``event_tuples`` for the rows with ``seq >= since``
+    (compiled here, before a fork: the child then needs only ``sqlite3``)."""
     from sqlalchemy.dialects import sqlite
 
     compiled = _tuple_query(run_id, stream, since=since).compile(dialect=sqlite.dialect())
-    args = tuple(compiled.params[name] for name in compiled.positiontup or ())
+    return str(compiled), tuple(compiled.params[name] for name in compiled.positiontup or ())
+
+
+def sqlite_event_tuples(uri: str, statement: tuple[str, tuple[Any, ...]], batch: int = 20_000) -> Iterator[list[tuple[Any, ...]]]:
+    """The rows of ``statement`` (``sqlite_tuple_statement``) in batches, on a connection of
+    its own to the SQLite file at ``uri`` (read-only): what a process forked to check part of
+    a stream reads (``integrity.parallel``); it must not touch its parent's connections."""
+    import sqlite3
+
     connection = sqlite3.connect(uri, uri=True)
     try:
-        cursor = connection.execute(str(compiled), args)
+        cursor = connection.execute(*statement)
         while rows := cursor.fetchmany(batch):
             yield rows
     finally:
         connection.close()
-
