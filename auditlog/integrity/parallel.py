@@ -23,7 +23,6 @@ stream of at least ``MIN_EVENTS``; any failure in the child is a fallback.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -56,7 +55,11 @@ class ChildResult:
 
 def split_point(count: int) -> int | None:
     """Where to split a stream of ``count`` events (a power of two), or None: not worth a process."""
-    if count < MIN_EVENTS or (os.cpu_count() or 1) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+    if count < MIN_EVENTS or (os.cpu_count() or 1) < 2:
+        return None
+    import multiprocessing  # only for a long stream: not part of every verify's start-up
+
+    if "fork" not in multiprocessing.get_all_start_methods():
         return None
     return 1 << ((count - 1).bit_length() - 1)
 
@@ -109,6 +112,8 @@ def check_split(
     store: EventStore, check: StreamCheck, m: int, progress: Callable[[int], None] | None = None
 ) -> None:
     """Check ``check``'s stream: ``1..m`` here while a child checks the rest, then join."""
+    import multiprocessing
+
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(
