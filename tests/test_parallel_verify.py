@@ -20,7 +20,7 @@ from auditlog.integrity.verify import verify_stream
 from auditlog.store.eventstore import EventStore
 
 RUN = "d" * 32
-EVENTS = 300  # split at 256
+EVENTS = 300  # split at 141
 
 
 def _store(path: Path) -> EventStore:
@@ -41,18 +41,18 @@ def _verify(store: EventStore, split: bool, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(parallel, "MIN_EVENTS", 2 if split else 10**12)
     report, leaves = VerifyReport(RUN), PackedLeaves()
     count = store.stream_event_counts(RUN)[0][1]
-    verify_stream(store, RUN, 0, report, sizes=frozenset({5, 256, 257, 280, 300}), leaves=leaves, count=count)
+    verify_stream(store, RUN, 0, report, sizes=frozenset({5, 141, 142, 256, 280, 300}), leaves=leaves, count=count)
     return report, leaves.packed()
 
 
 DAMAGE = {
     "none": [],
     "edit_before": ["update events set payload = replace(payload, '\"n\":100,', '\"n\":101,') where seq = 100"],
-    "edit_at": ["update events set payload = replace(payload, '\"n\":256,', '\"n\":7,') where seq = 256"],
+    "edit_at": ["update events set payload = replace(payload, '\"n\":141,', '\"n\":7,') where seq = 141"],
     "edit_after": ["update events set payload = replace(payload, '\"n\":270,', '\"n\":7,') where seq = 270"],
-    "delete_at": ["delete from events where seq = 256"],
-    "delete_after": ["delete from events where seq between 257 and 259"],
-    "hash_at": ["update events set hash = substr(hash, 2) || '0' where seq = 256"],
+    "delete_at": ["delete from events where seq = 141"],
+    "delete_after": ["delete from events where seq between 142 and 144"],
+    "hash_at": ["update events set hash = substr(hash, 2) || '0' where seq = 141"],
     "garble_after": ["update events set seq = 'x' where seq = 290"],
     "garble_ts": ["update events set ts_ns = 1.5 where seq = 258"],
     "moved_id": ["update events set id = id + 100000 where seq = 265"],
@@ -69,7 +69,7 @@ def test_split_check_agrees_with_sequential(tmp_path: Path, damage: str, monkeyp
     conn.close()
     joined: list[int] = []
     join = parallel._join
-    monkeypatch.setattr(parallel, "_join", lambda check, result, m: (joined.append(result.rows), join(check, result, m)))
+    monkeypatch.setattr(parallel, "_join", lambda check, result: (joined.append(result.rows), join(check, result)))
     split, split_leaves = _verify(store, True, monkeypatch)
     plain, plain_leaves = _verify(store, False, monkeypatch)
     if damage in ("none", "edit_before", "edit_after", "garble_after", "moved_id"):

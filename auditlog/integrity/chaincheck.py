@@ -85,6 +85,7 @@ class StreamCheck:
         self.after_end: list[dict[str, Any]] = []
         self.tip = StreamTip(stream)
         self.tree = Frontier()
+        self.grow_tree = True  # False: leaves are only collected (``integrity.parallel``'s child)
         self._prefix = row_prefix(run_id, stream).encode("ascii")
         self._kinds: dict[str, str] = {}
 
@@ -163,8 +164,9 @@ class StreamCheck:
         """Take over the inline loop's state: ``done`` ordinary events ending at ``expected - 1``."""
         if not done:
             return
-        for size, head in self.tree.extend_marked(pending, self.sizes).items():
-            self.tip.roots[size] = head.hex()
+        if self.grow_tree:
+            for size, head in self.tree.extend_marked(pending, self.sizes).items():
+                self.tip.roots[size] = head.hex()
         if self.leaves is not None:
             self.leaves.extend(pending)
         self.expected, self.prev, self.recomputed, self.last_id = expected, prev, prev, last_id

@@ -274,30 +274,6 @@ class Frontier:
         self.size = size
         return heads
 
-    def graft(self, other: Frontier) -> None:
-        """Append the leaves of ``other``, a frontier begun at this one's size.
-
-        This one must hold one perfect subtree (its size a power of two) and
-        ``other`` at most as many leaves: the tree of both is then RFC 9162's
-        split of this one's leaves and ``other``'s, and its frontier is this
-        one's subtree with ``other``'s stacked on it.
-        """
-        if len(self._stack) != 1 or other.size > self.size:
-            raise ValueError("a frontier grafts onto one perfect subtree no smaller than itself")
-        if not other.size:
-            return
-        stack = [*self._stack, *other._stack]
-        if len(stack) == 2 and stack[0][0] == stack[1][0]:
-            stack = [(2 * stack[0][0], node_hash(stack[0][1], stack[1][1]))]
-        self._stack = stack
-        self.size += other.size
-
-    def head_with(self, other_root: bytes) -> bytes:
-        """The head of this one perfect subtree followed by a grafted tree whose head is ``other_root``."""
-        if len(self._stack) != 1:
-            raise ValueError("a frontier grafts onto one perfect subtree")
-        return node_hash(self._stack[0][1], other_root)
-
     def root(self) -> bytes:
         """The tree head of the leaves so far."""
         if not self._stack:
