@@ -14,7 +14,7 @@ import pytest
 
 from auditlog.core.chain import canonical_payload, chained_row, genesis_hash
 from auditlog.integrity import parallel
-from auditlog.integrity.merkle import PackedLeaves
+from auditlog.integrity.merkle import Frontier, PackedLeaves, leaf_hash
 from auditlog.integrity.report import VerifyReport
 from auditlog.integrity.verify import verify_stream
 from auditlog.store.eventstore import EventStore
@@ -79,3 +79,24 @@ def test_split_check_agrees_with_sequential(tmp_path: Path, damage: str, monkeyp
     assert split_leaves == plain_leaves
     assert bool(plain.problems) == (damage != "none")
     store.close()
+
+
+@pytest.mark.parametrize("start", [1, 6, 141, 256, 1000])
+def test_blocks_stack_into_the_same_tree(start: int) -> None:
+    leaves = [leaf_hash(str(i).encode()) for i in range(start + 700)]
+    sizes = frozenset({start + 3, start + 64, start + 65, 1024, start + 700})
+    whole, stacked = Frontier(), Frontier()
+    heads: dict[int, bytes] = {}
+    for index, leaf in enumerate(leaves):
+        whole.append(leaf)
+        if index < start:
+            stacked.append(leaf)
+        if whole.size in sizes:
+            heads[whole.size] = whole.root()
+    seen: dict[int, bytes] = {}
+    for width, head in parallel.blocks(leaves[start:], start, sizes):
+        stacked.append_subtree(width, head)
+        if stacked.size in sizes:
+            seen[stacked.size] = stacked.root()
+    assert stacked.size == whole.size and stacked.root() == whole.root()
+    assert seen == {s: h for s, h in heads.items() if s > start}

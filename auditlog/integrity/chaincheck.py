@@ -70,7 +70,7 @@ class StreamCheck:
         stream: int,
         report: VerifyReport,
         sizes: frozenset[int] = frozenset(),
-        leaves: PackedLeaves | None = None,
+        leaves: PackedLeaves | list[bytes] | None = None,
     ) -> None:
         self.run_id, self.stream, self.report = run_id, stream, report
         self.sizes, self.leaves = sizes, leaves

@@ -254,6 +254,18 @@ class Frontier:
         for digest in digests:
             self.append(digest)
 
+    def append_subtree(self, width: int, digest: bytes) -> None:
+        """Add ``width`` leaves at once, given the head of their perfect subtree: ``width``
+        a power of two dividing the current size (the subtree is one of the tree's own)."""
+        if width < 1 or width & (width - 1) or self.size % width:
+            raise ValueError(f"a subtree of {width} leaves does not start at leaf {self.size}")
+        stack = self._stack
+        self.size += width
+        while stack and stack[-1][0] == width:
+            digest = node_hash(stack.pop()[1], digest)
+            width *= 2
+        stack.append((width, digest))
+
     def extend_marked(self, digests: Iterable[bytes], marks: frozenset[int] | set[int]) -> dict[int, bytes]:
         """Add many leaf hashes; return the tree head at each size in ``marks`` passed on
         the way. ``append``'s work in one loop with local names (verify adds a million)."""

@@ -3,13 +3,14 @@
 A million events cost ~1.5 us each to read from SQLite and ~1.2 us to hash
 (link, leaf, node): one core tops out near 250,000 events/s. The chain check
 of ordinary events needs nothing from the events before but the stored hash,
-id and seq of the one just before, so the stream splits at ``m`` (a little
-before its middle): this process checks events ``1..m`` as always, while a
-forked child reads ``m..n`` on its own read-only connection and checks the
-ordinary events there inline (``StreamCheck.feed`` with ``stop``), stopping at
-the first event that is not ordinary, and sends back their leaf hashes; this
-process then adds those to its Merkle frontier (a node hash per leaf, a tenth
-of the cost of checking the event).
+id and seq of the one just before, so the stream splits at ``m`` (its
+middle): this process checks events ``1..m`` as always, while a forked child
+reads ``m..n`` on its own read-only connection and checks the ordinary events
+there inline (``StreamCheck.feed`` with ``stop``), stopping at the first event
+that is not ordinary, and sends back their leaves as the perfect subtrees of
+the stream's Merkle tree they form (``blocks``: widths that divide their
+position, cut at every signed size); this process stacks those onto its
+frontier (``Frontier.append_subtree``) and takes the heads it needs on the way.
 
 The child's work is taken only when this process's own check ends exactly
 where the child began (``m`` events counted, the next seq expected ``m + 1``,
@@ -30,7 +31,7 @@ from itertools import islice
 from typing import Any
 
 from auditlog.integrity.chaincheck import StreamCheck
-from auditlog.integrity.merkle import PackedLeaves
+from auditlog.integrity.merkle import PackedLeaves, subtree_root
 from auditlog.integrity.report import VerifyReport
 from auditlog.store.eventstore import EventStore
 from auditlog.store.queries import sqlite_event_tuples, sqlite_tuple_statement
@@ -48,24 +49,25 @@ class ChildResult:
     expected: int
     prev: str
     last_id: int
-    leaves: bytes  # the leaf hashes of those rows, concatenated
+    blocks: list[tuple[int, bytes]]  # their leaves as perfect subtrees of the stream's tree: (width, head)
+    leaves: bytes | None  # the leaf hashes themselves, concatenated, when asked for
 
 
 def split_point(count: int) -> int | None:
-    """Where to split a stream of ``count`` events, or None: not worth a process.
-
-    This process also adds the child's leaves to the tree: it takes a little less.
-    """
+    """Where to split a stream of ``count`` events (the middle), or None: not worth a process."""
     if count < MIN_EVENTS or (os.cpu_count() or 1) < 2:
         return None
     import multiprocessing  # only for a long stream: not part of every verify's start-up
 
     if "fork" not in multiprocessing.get_all_start_methods():
         return None
-    return count * 47 // 100
+    return count // 2
 
 
-def _child(uri: str, statement: tuple[str, tuple[Any, ...]], run_id: str, stream: int, m: int) -> ChildResult | None:
+def _child(
+    uri: str, statement: tuple[str, tuple[Any, ...]], run_id: str, stream: int, m: int, sizes: frozenset[int],
+    keep: bool,
+) -> ChildResult | None:
     """Check the rows from seq ``m`` on (``statement``), ordinary ones, until one is not."""
     batches: Iterator[list[tuple[Any, ...]]] = sqlite_event_tuples(uri, statement)
     first = next(batches, None)
@@ -74,7 +76,8 @@ def _child(uri: str, statement: tuple[str, tuple[Any, ...]], run_id: str, stream
     start = first[0]
     if type(start[1]) is not int or start[1] != m or type(start[0]) is not int or type(start[-1]) is not str:
         return None
-    check = StreamCheck(run_id, stream, VerifyReport(run_id), leaves=PackedLeaves())
+    leaves: list[bytes] = []
+    check = StreamCheck(run_id, stream, VerifyReport(run_id), leaves=leaves)
     check.grow_tree = False
     check.expected, check.prev, check.recomputed, check.last_id, check.count = m + 1, start[-1], start[-1], start[0], 1
     rest = [first[1:]]
@@ -83,8 +86,27 @@ def _child(uri: str, statement: tuple[str, tuple[Any, ...]], run_id: str, stream
             break
     return ChildResult(
         start_id=start[0], start_hash=start[-1], rows=check.count - 1, expected=check.expected, prev=check.prev,
-        last_id=check.last_id, leaves=check.leaves.packed() if check.leaves is not None else b"",
+        last_id=check.last_id, blocks=blocks(leaves, m, sizes), leaves=b"".join(leaves) if keep else None,
     )
+
+
+def blocks(leaves: list[bytes], start: int, sizes: frozenset[int]) -> list[tuple[int, bytes]]:
+    """``leaves`` (leaf ``start`` on) as the perfect subtrees of the tree they extend: each
+    as wide as its position allows (a power of two dividing it), cut at every size in
+    ``sizes`` so that the tree's head there can be taken. This process hashes the nodes
+    inside them, the parent only a few dozen above."""
+    end = start + len(leaves)
+    cuts = [*sorted(s for s in sizes if start < s < end), end]
+    out: list[tuple[int, bytes]] = []
+    position = start
+    for cut in cuts:
+        while position < cut:
+            width = position & -position if position else 1 << (cut - position).bit_length()
+            while width > cut - position:
+                width >>= 1
+            out.append((width, subtree_root(leaves, position - start, position - start + width)))
+            position += width
+    return out
 
 
 def _chain(head: list[list[tuple[Any, ...]]], tail: Iterator[list[tuple[Any, ...]]]) -> Iterator[list[tuple[Any, ...]]]:
@@ -116,7 +138,7 @@ def check_split(
     child = ctx.Process(
         target=_run_child, daemon=True,
         args=(send, store.sqlite_read_uri(), sqlite_tuple_statement(check.run_id, check.stream, m),
-              check.run_id, check.stream, m),
+              check.run_id, check.stream, m, check.sizes, check.leaves is not None),
     )
     child.start()
     send.close()
@@ -151,14 +173,15 @@ def _joinable(check: StreamCheck, result: ChildResult, m: int) -> bool:
 
 
 def _join(check: StreamCheck, result: ChildResult) -> None:
-    """Take the child's checked rows: their leaves into the tree (heads at signed sizes
-    recorded on the way), the chain's state at the last of them."""
+    """Take the child's checked rows: their subtrees into the tree (heads at signed sizes
+    recorded on the way), their leaves when kept, the chain's state at the last of them."""
     if not result.rows:
         return
-    leaves = [result.leaves[i : i + 32] for i in range(0, len(result.leaves), 32)]
-    for size, head in check.tree.extend_marked(leaves, check.sizes).items():
-        check.tip.roots[size] = head.hex()
-    if check.leaves is not None:
+    for width, head in result.blocks:
+        check.tree.append_subtree(width, head)
+        if check.tree.size in check.sizes:
+            check.tip.roots[check.tree.size] = check.tree.root().hex()
+    if isinstance(check.leaves, PackedLeaves) and result.leaves is not None:
         check.leaves.extend_packed(result.leaves)
     check.count += result.rows
     check.expected, check.prev, check.recomputed, check.last_id = result.expected, result.prev, result.prev, result.last_id
