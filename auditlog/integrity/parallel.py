@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from itertools import islice
 from typing import Any
 
 from auditlog.integrity.chaincheck import StreamCheck
@@ -152,14 +151,15 @@ def check_split(
     finally:
         receive.close()
         child.join()
-    skip = 0
     if result is not None and _joinable(check, result, m):
         _join(check, result)
-        skip = result.rows
         if progress is not None:
-            progress(skip)
-    rest = store.event_tuples(check.run_id, check.stream, after=m)
-    for rows in _skip(rest, skip):
+            progress(result.rows)
+        # The rows after the child's last, in (seq, id) order: all rows of seq > m.
+        rest = store.event_tuples(check.run_id, check.stream, resume=(result.expected - 1, result.last_id))
+    else:
+        rest = store.event_tuples(check.run_id, check.stream, after=m)
+    for rows in rest:
         check.feed(rows, progress)
 
 
@@ -186,14 +186,3 @@ def _join(check: StreamCheck, result: ChildResult) -> None:
     check.count += result.rows
     check.expected, check.prev, check.recomputed, check.last_id = result.expected, result.prev, result.prev, result.last_id
     check.tip.seq, check.tip.head_hash = result.expected - 1, result.prev
-
-
-def _skip(batches: Iterator[list[tuple[Any, ...]]], count: int) -> Iterator[list[tuple[Any, ...]]]:
-    """The rows of ``batches`` after the first ``count``."""
-    for rows in batches:
-        if count >= len(rows):
-            count -= len(rows)
-            continue
-        yield rows[count:] if count else rows
-        count = 0
-        yield from islice(batches, None)

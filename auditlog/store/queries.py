@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, func, or_, select, tuple_
+from sqlalchemy import Engine, and_, func, or_, select, tuple_
 from sqlalchemy.exc import DBAPIError
 
 from auditlog.core.errors import StoreError
@@ -232,7 +232,8 @@ class EventQueries:
                 yield dict(zip(keys, row, strict=True))
 
     def event_tuples(
-        self, run_id: str, stream: int, batch: int = 20_000, *, upto: int | None = None, after: int | None = None
+        self, run_id: str, stream: int, batch: int = 20_000, *, upto: int | None = None,
+        after: int | None = None, resume: tuple[int, int] | None = None,
     ) -> Iterator[list[tuple[Any, ...]]]:
         """One stream's events in (seq, id) order as the driver returns them: batches of
         plain tuples of ``TUPLE_COLUMNS`` (``verify`` reads a million); only those with
@@ -246,7 +247,7 @@ class EventQueries:
         row objects, no dicts, values exactly as stored. Other databases stream
         through SQLAlchemy's result (server-side cursors), still as tuples.
         """
-        query = _tuple_query(run_id, stream, upto=upto, after=after)
+        query = _tuple_query(run_id, stream, upto=upto, after=after, resume=resume)
         with self.guard("verifying"), self.engine.connect() as conn:
             if conn.dialect.name != "sqlite":
                 result = conn.execution_options(stream_results=True, yield_per=batch).execute(query)
@@ -368,7 +369,7 @@ def _sorted_after(found_by_kind: bool) -> tuple[Any, ...]:
 
 
 def _tuple_query(run_id: str, stream: int, *, upto: int | None = None, since: int | None = None,
-                 after: int | None = None) -> Any:
+                 after: int | None = None, resume: tuple[int, int] | None = None) -> Any:
     """The select of ``EventQueries.event_tuples``: ``TUPLE_COLUMNS`` of one stream in
     (seq, id) order (id breaks ties, so that two reads of a stream agree row for row)."""
     c = _ev.c
@@ -380,6 +381,8 @@ def _tuple_query(run_id: str, stream: int, *, upto: int | None = None, since: in
         query = query.where(c.seq >= since)
     if after is not None:
         query = query.where(c.seq > after)
+    if resume is not None:  # the rows after (seq, id) in (seq, id) order
+        query = query.where(or_(c.seq > resume[0], and_(c.seq == resume[0], c.id > resume[1])))
     return query.order_by(c.seq, c.id)
 
 
