@@ -39,6 +39,7 @@ def _store(path: Path) -> EventStore:
 
 def _verify(store: EventStore, split: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[VerifyReport, bytes]:
     monkeypatch.setattr(parallel, "MIN_EVENTS", 2 if split else 10**12)
+    monkeypatch.setattr(parallel, "core_free", lambda: True)
     report, leaves = VerifyReport(RUN), PackedLeaves()
     count = store.stream_event_counts(RUN)[0][1]
     verify_stream(store, RUN, 0, report, sizes=frozenset({5, 141, 142, 256, 280, 300}), leaves=leaves, count=count)

@@ -19,7 +19,8 @@ otherwise, and after an early stop, the rest is checked here, event by event
 as always (the rows the child checked are skipped). Nothing the child says is
 believed but hashes it recomputed from the rows: the verdicts are the
 sequential check's. Only SQLite files, only where ``fork`` exists, only for a
-stream of at least ``MIN_EVENTS``; any failure in the child is a fallback.
+stream of at least ``MIN_EVENTS``, only while a core is free (``core_free``);
+any failure in the child is a fallback.
 """
 
 from __future__ import annotations
@@ -54,13 +55,28 @@ class ChildResult:
 
 def split_point(count: int) -> int | None:
     """Where to split a stream of ``count`` events (the middle), or None: not worth a process."""
-    if count < MIN_EVENTS or (os.cpu_count() or 1) < 2:
+    if count < MIN_EVENTS or not core_free():
         return None
     import multiprocessing  # only for a long stream: not part of every verify's start-up
 
     if "fork" not in multiprocessing.get_all_start_methods():
         return None
     return count // 2
+
+
+def core_free() -> bool:
+    """Whether a second process would get a core of its own: two or more usable, and the
+    load (one-minute average) leaves one free. On a busy machine the two halves take
+    as long as the whole would (measured), and the split only costs its overhead."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return cores >= 2 and load <= cores - 1
 
 
 def _child(
