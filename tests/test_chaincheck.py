@@ -100,3 +100,33 @@ def test_damaged_rows_agree(damage: str) -> None:
     elif damage == "after_end":
         rows[9][3] = "run_ended"
     _same(*_both([tuple(r) for r in rows], frozenset({12, 20})))
+
+
+@pytest.mark.parametrize("text", ['plain', 'q"uote', "back\\slash", "nl\n tab\t cr\r", "\x00\x01\x1f\x1b", "/slash", ""])
+def test_inline_encoding_is_the_canonical_row(text: str) -> None:
+    from auditlog.core.chain import canonical_row
+
+    for snapshot in (None, text):
+        row = {"run_id": RUN, "stream": 3, "seq": 7, "ts_ns": -5, "kind": text or "k", "step": None,
+               "module_id": 2**63 - 1, "tensor_id": 0, "snapshot": snapshot, "payload": text}
+        fast, slow = _Counting(RUN, 3, VerifyReport(RUN)), StreamCheck(RUN, 3, VerifyReport(RUN))
+        prev = genesis_hash(RUN, 3)
+        first, _ = chained_row(prev, RUN, 3, 1, 1, "run_started", None, None, None, "{}")
+        stored, _ = chained_row(first["hash"], RUN, 3, 2, row["ts_ns"], row["kind"], None, row["module_id"], 0,
+                                text)
+        stored["snapshot"] = snapshot
+        stored["hash"] = _relinked(first["hash"], stored)
+        rows = [tuple({**first, "id": 1}[c] for c in TUPLE_COLUMNS), tuple({**stored, "id": 2}[c] for c in TUPLE_COLUMNS)]
+        fast.feed(rows)
+        for r in rows:
+            slow.one(slow._row(r))
+        assert not fast.mismatched and not slow.mismatched
+        assert fast.calls == 1  # run_started only: the event itself was checked inline
+        assert fast.tree.root() == slow.tree.root()
+        assert canonical_row(row)  # the reference encoder accepts it
+
+
+def _relinked(prev: str, row: dict[str, Any]) -> str:
+    from auditlog.core.chain import chain_hash
+
+    return chain_hash(prev, row)

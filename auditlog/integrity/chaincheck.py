@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable
-from json.encoder import encode_basestring_ascii
 from typing import Any
 
 import orjson
@@ -56,6 +55,12 @@ def garbled_column(row: dict[str, Any]) -> str | None:
     return None
 
 
+def _plain_text(value: Any) -> bool:
+    """A str of ASCII without DEL: for these orjson writes exactly ``json.dumps``'s
+    ``ensure_ascii`` escapes (``auditlog.core.chain._escaped``)."""
+    return type(value) is str and value.isascii() and "\x7f" not in value
+
+
 def short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -87,7 +92,7 @@ class StreamCheck:
         self.tree = Frontier()
         self.grow_tree = True  # False: leaves are only collected (``integrity.parallel``'s child)
         self._prefix = row_prefix(run_id, stream).encode("ascii")
-        self._kinds: dict[str, str] = {}
+        self._plain_kinds: set[Any] = set()  # kinds an ordinary event may have (plain text, not a boundary)
 
     # ------------------------------------------------------------------ ordinary events
     def feed(
@@ -99,22 +104,24 @@ class StreamCheck:
         first = self.count
         sha256 = hashlib.sha256
         dumps = orjson.dumps
-        kinds = self._kinds
+        plain = self._plain_kinds
         prefix = self._prefix
         pending: list[bytes] = []
         expected, prev, last_id = self.expected, self.prev, self.last_id
+        link = prev.encode() + b"\n"
         started = self.count > 0
         ended = self.tip.ended_at is not None
         done = 0
         for row in rows:
             rid, seq, ts, kind, step, mid, tid, snap, payload, stored = row
+            if kind not in plain and _plain_text(kind) and kind not in _BOUNDARY_KINDS:
+                plain.add(kind)
             if (
                 seq != expected or not started or type(seq) is not int or type(rid) is not int or rid <= last_id
-                or type(ts) is not int or type(kind) is not str or kind in _BOUNDARY_KINDS
-                or type(payload) is not str or type(stored) is not str or ended
+                or type(ts) is not int or kind not in plain or type(stored) is not str or ended
                 or not (step is None or type(step) is int) or not (mid is None or type(mid) is int)
-                or not (tid is None or type(tid) is int) or not (snap is None or type(snap) is str)
-                or not payload.isascii() or "\x7f" in payload
+                or not (tid is None or type(tid) is int) or not (snap is None or _plain_text(snap))
+                or type(payload) is not str or not payload.isascii() or "\x7f" in payload
             ):
                 self._flush(pending, expected, prev, last_id, done, progress)
                 if stop:
@@ -122,34 +129,29 @@ class StreamCheck:
                 pending, done = [], 0
                 self.one(self._row(row))
                 expected, prev, last_id = self.expected, self.prev, self.last_id
+                link = prev.encode() + b"\n"
                 started, ended = True, self.tip.ended_at is not None
                 if progress is not None:
                     progress(1)
                 continue
-            escaped = kinds.get(kind)
-            if escaped is None:
-                escaped = kinds[kind] = encode_basestring_ascii(kind)
-            encoded = b"".join((
-                prefix,
-                f"{seq},{ts},{escaped},{'null' if step is None else step},{'null' if mid is None else mid},"
-                f"{'null' if tid is None else tid},{'null' if snap is None else encode_basestring_ascii(snap)},"
-                .encode("ascii"),
-                dumps(payload),
-                b"]",
-            ))
-            if sha256(b"".join((prev.encode(), b"\n", encoded))).hexdigest() != stored:
+            # Every value is an int, None or plain text here: orjson writes exactly the
+            # canonical JSON of ``canonical_row`` (tests check they agree).
+            encoded = prefix + dumps(row[1:9])[1:]
+            if sha256(link + encoded).hexdigest() != stored:
                 self._flush(pending, expected, prev, last_id, done, progress)
                 if stop:
                     return self.count - first
                 pending, done = [], 0
                 self.one(self._row(row))
                 expected, prev, last_id = self.expected, self.prev, self.last_id
+                link = prev.encode() + b"\n"
                 ended = self.tip.ended_at is not None
                 if progress is not None:
                     progress(1)
                 continue
             pending.append(sha256(b"\x00" + encoded).digest())
             prev, last_id, expected = stored, rid, seq + 1
+            link = stored.encode() + b"\n"
             done += 1
         self._flush(pending, expected, prev, last_id, done, progress)
         return None
