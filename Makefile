@@ -63,6 +63,7 @@ bench: venv
 	$(BIN)/python benchmarks/snapshots.py
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/verify.py
+	$(BIN)/python benchmarks/replay.py
 	$(BIN)/python benchmarks/forensics.py
 	$(BIN)/python benchmarks/writers.py
 

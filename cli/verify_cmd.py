@@ -152,7 +152,10 @@ def _read_statement(source: str) -> SourcedStatement:
 
 @contextlib.contextmanager
 def _progress() -> Iterator[Callable[[str], Callable[[int], None]] | None]:
-    """A per-run progress bar on a terminal; nothing in pipes."""
+    """A per-run progress bar on a terminal; nothing in pipes (and rich not imported)."""
+    if not sys.stderr.isatty():
+        yield None
+        return
     from rich.progress import (
         BarColumn,
         Progress,
@@ -161,9 +164,6 @@ def _progress() -> Iterator[Callable[[str], Callable[[int], None]] | None]:
         TimeRemainingColumn,
     )
 
-    if not sys.stderr.isatty():
-        yield None
-        return
     # A run id is data (a tampered store can hold anything there): never markup.
     columns = (TextColumn("{task.description}", markup=False), BarColumn(), TaskProgressColumn(), TimeRemainingColumn())
     with Progress(*columns, transient=True) as bar:

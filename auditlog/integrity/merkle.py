@@ -57,6 +57,23 @@ class PackedLeaves(Sequence[bytes]):
             raise ValueError("a leaf hash is 32 bytes")
         self._data += digest
 
+    def packed(self) -> bytes:
+        """Every leaf hash, concatenated."""
+        return bytes(self._data)
+
+    def extend_packed(self, data: bytes) -> None:
+        """Append leaf hashes given concatenated (``packed`` of another)."""
+        if len(data) % HASH_SIZE:
+            raise ValueError("a leaf hash is 32 bytes")
+        self._data += data
+
+    def extend(self, digests: Sequence[bytes]) -> None:
+        """Append many leaf hashes (each 32 bytes) at once."""
+        joined = b"".join(digests)
+        if len(joined) != HASH_SIZE * len(digests):
+            raise ValueError("a leaf hash is 32 bytes")
+        self._data += joined
+
     def __len__(self) -> int:
         return len(self._data) // HASH_SIZE
 
@@ -236,6 +253,38 @@ class Frontier:
     def extend(self, digests: Iterable[bytes]) -> None:
         for digest in digests:
             self.append(digest)
+
+    def append_subtree(self, width: int, digest: bytes) -> None:
+        """Add ``width`` leaves at once, given the head of their perfect subtree: ``width``
+        a power of two dividing the current size (the subtree is one of the tree's own)."""
+        if width < 1 or width & (width - 1) or self.size % width:
+            raise ValueError(f"a subtree of {width} leaves does not start at leaf {self.size}")
+        stack = self._stack
+        self.size += width
+        while stack and stack[-1][0] == width:
+            digest = node_hash(stack.pop()[1], digest)
+            width *= 2
+        stack.append((width, digest))
+
+    def extend_marked(self, digests: Iterable[bytes], marks: frozenset[int] | set[int]) -> dict[int, bytes]:
+        """Add many leaf hashes; return the tree head at each size in ``marks`` passed on
+        the way. ``append``'s work in one loop with local names (verify adds a million)."""
+        stack = self._stack
+        size = self.size
+        sha256 = hashlib.sha256
+        heads: dict[int, bytes] = {}
+        for digest in digests:
+            width = 1
+            while stack and stack[-1][0] == width:
+                digest = sha256(b"\x01" + stack.pop()[1] + digest).digest()
+                width *= 2
+            stack.append((width, digest))
+            size += 1
+            if marks and size in marks:
+                self.size = size
+                heads[size] = self.root()
+        self.size = size
+        return heads
 
     def root(self) -> bytes:
         """The tree head of the leaves so far."""

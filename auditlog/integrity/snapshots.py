@@ -64,21 +64,29 @@ def verify_snapshots(store: EventStore, run_id: str) -> tuple[int, list[Snapshot
     from auditlog.store.blobs import SnapshotStore  # pyarrow: only when there are snapshots
 
     catalog = store.blob_rows(sorted({sha for *_, sha in references}))
-    try:
-        state = replay(
-            decode_event(r) for r in store.iter_events(run_id, kinds=CONSTRUCTION_KINDS)
-        )
-        names = state.tensor_names()
-    except (StoreError, KeyError, TypeError, ValueError, AttributeError):
-        names = {}  # names are a courtesy; a malformed event is reported by the chain check
     files = SnapshotStore(store.location.snapshots)
     verdict: dict[str, list[str]] = {}
     problems: list[SnapshotProblem] = []
+    names: dict[int, list[str]] | None = None
     for seq, event_id, tensor_id, sha in references:
         if sha in verdict:
             continue  # one report per content, at its first reference
         verdict[sha] = files.check(sha, catalog.get(sha))
+        if not verdict[sha]:
+            continue
+        if names is None:  # replayed only when a problem needs the tensor's name
+            names = _tensor_names(store, run_id)
         label = ", ".join(names.get(tensor_id, [])) or f"tensor #{tensor_id}"
         for what in verdict[sha]:
             problems.append(SnapshotProblem(seq, event_id, label, sha, files.relpath(sha), what))
     return len(verdict), problems
+
+
+def _tensor_names(store: EventStore, run_id: str) -> dict[int, list[str]]:
+    """Every tensor's qualified names (a courtesy: a malformed event gives none, and is
+    reported by the chain check)."""
+    try:
+        state = replay(decode_event(r) for r in store.iter_events(run_id, kinds=CONSTRUCTION_KINDS))
+        return state.tensor_names()
+    except (StoreError, KeyError, TypeError, ValueError, AttributeError):
+        return {}

@@ -27,11 +27,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from auditlog.core.chain import canonical_row, chain_hash, genesis_hash, link_hash
+from auditlog.core.chain import chain_hash, genesis_hash
 from auditlog.core.errors import StoreError
 from auditlog.core.ranks import split_stream
+from auditlog.integrity.chaincheck import StreamCheck, short
 from auditlog.integrity.keys import trusted_public_keys
-from auditlog.integrity.merkle import Frontier, PackedLeaves, leaf_hash
+from auditlog.integrity.merkle import PackedLeaves
+from auditlog.integrity.parallel import check_split, split_point
 from auditlog.integrity.report import Problem, SourcedStatement, StreamTip, VerifyReport
 from auditlog.integrity.runindex import verify_run_index
 from auditlog.integrity.signed import (
@@ -43,42 +45,10 @@ from auditlog.integrity.signed import (
 from auditlog.integrity.signing import KeyRing
 from auditlog.integrity.snapshots import verify_snapshots
 from auditlog.store.eventstore import EventStore
-from auditlog.store.rows import payload_object
 
 __all__ = ["Problem", "SourcedStatement", "StreamTip", "VerifyReport", "verify_run", "verify_stream"]
 
 WINDOW = 32
-
-
-# Column -> allowed Python types of a stored event. Anyone with file access can
-# store any SQLite value in any column; such a row is reported, never crashed on.
-_EVENT_TYPES: dict[str, tuple[type, ...]] = {
-    "run_id": (str,),
-    "stream": (int,),
-    "seq": (int,),
-    "ts_ns": (int,),
-    "kind": (str,),
-    "step": (int, type(None)),
-    "module_id": (int, type(None)),
-    "tensor_id": (int, type(None)),
-    "snapshot": (str, type(None)),
-    "payload": (str,),
-    "hash": (str,),
-}
-
-
-def _garbled_column(row: dict[str, Any]) -> str | None:
-    """The first column of ``row`` holding a value the writer can never have stored."""
-    for column, types in _EVENT_TYPES.items():
-        value = row.get(column)
-        if type(value) not in types:  # exact types: a bool is not an int here
-            return f"column {column} holds {type(value).__name__} {_short(value)}"
-    return None
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _explain_mismatch(store: EventStore, row: dict[str, Any]) -> str:
@@ -118,84 +88,23 @@ def verify_stream(
     *,
     sizes: frozenset[int] = frozenset(),
     leaves: PackedLeaves | None = None,
+    count: int | None = None,
 ) -> StreamTip:
     """Check one stream, appending problems to ``report``; returns what was read.
 
     ``sizes``: tree sizes whose heads signed statements name (recorded in the
-    tip's ``roots``); ``leaves``: collects every leaf hash (for proofs).
+    tip's ``roots``); ``leaves``: collects every leaf hash (for proofs);
+    ``count``: how many events the stream holds, when known (a long one is
+    checked in two processes, ``integrity.parallel``).
     """
-    expected = 1
-    # prev: the stored hash of the previous event; recomputed: what that hash should
-    # be given its own content. An event chained to either is intact, so editing
-    # one event's hash column is reported once, not also at the next event.
-    prev = recomputed = genesis_hash(run_id, stream)
-    last_id = -1
-    count = 0
-    mismatched: list[dict[str, Any]] = []
-    after_end: list[dict[str, Any]] = []
-    tip = StreamTip(stream)
-    tree = Frontier()
-    for row in store.iter_events(run_id, stream=stream):
-        count += 1
-        garbled = _garbled_column(row)
-        encoded = repr(sorted(row.items())).encode() if garbled else canonical_row(row)
-        leaf = leaf_hash(encoded)
-        tree.append(leaf)
-        if leaves is not None:
-            leaves.append(leaf)
-        if tree.size in sizes:
-            tip.roots[tree.size] = tree.root().hex()
-        if garbled is not None:
-            seq_value = row.get("seq")
-            at = seq_value if isinstance(seq_value, int) and not isinstance(seq_value, bool) else expected
-            kind = row.get("kind") if isinstance(row.get("kind"), str) else None
-            report.problems.append(
-                Problem(run_id, stream, at, row.get("id"), kind, f"event is garbled: {garbled}")
-            )
-            if isinstance(row.get("hash"), str):
-                prev = recomputed = row["hash"]
-            expected = max(expected, at + 1)
-            continue
-        seq = int(row["seq"])
-        if tip.ended_at is not None:
-            after_end.append(row)
-        elif row["kind"] == "run_ended":
-            tip.ended_at = seq
-        if row["kind"] == "run_started" and tip.world_size is None:
-            world = payload_object(row["payload"]).get("world_size")
-            tip.world_size = world if isinstance(world, int) and not isinstance(world, bool) and world > 0 else 1
-        if count == 1 and seq == 1 and row["kind"] != "run_started":
-            report.problems.append(Problem(
-                run_id, stream, 1, row["id"], row["kind"],
-                "stream does not begin with run_started (its first event was replaced)"))
-        if seq > expected:
-            missing = f"seq {expected}" if seq == expected + 1 else f"seqs {expected}..{seq - 1}"
-            report.problems.append(
-                Problem(run_id, stream, expected, None, None, f"{missing} missing (events deleted)")
-            )
-            prev = recomputed = row["hash"]
-        elif seq < expected:
-            report.problems.append(
-                Problem(run_id, stream, seq, row["id"], row["kind"], "duplicate sequence number (event inserted)")
-            )
-            continue
-        else:
-            computed = link_hash(prev, encoded)
-            if computed != row["hash"] and (
-                recomputed == prev or chain_hash(recomputed, row) != row["hash"]
-            ):
-                mismatched.append(row)
-            recomputed = computed
-        if row["id"] < last_id:
-            report.problems.append(
-                Problem(run_id, stream, seq, row["id"], row["kind"], "stored out of order (events reordered)")
-            )
-        last_id = row["id"]
-        prev = row["hash"]
-        tip.seq, tip.head_hash = seq, row["hash"]
-        expected = seq + 1
-        if progress is not None:
-            progress(1)
+    check = StreamCheck(run_id, stream, report, sizes, leaves)
+    split = split_point(count) if count is not None and store.location.database is not None else None
+    if split is not None:  # a long stream of a SQLite file: its second half in a forked process
+        check_split(store, check, split, progress)
+    else:
+        for rows in store.event_tuples(run_id, stream):
+            check.feed(rows, progress)
+    mismatched, after_end, tip = check.mismatched, check.after_end, check.tip
     for row in mismatched[:50]:
         report.problems.append(
             Problem(run_id, stream, int(row["seq"]), row["id"], row["kind"], _explain_mismatch(store, row))
@@ -211,27 +120,27 @@ def verify_stream(
             run_id, stream, int(first["seq"]), first["id"], first["kind"],
             f"{len(after_end)} event(s) after the stream's run_ended at seq {tip.ended_at} "
             "(a stream ends at its run_ended: events were appended to a finished stream)"))
-    tip.tree_root = tree.root().hex()
-    report.streams[stream] = count
-    report.events += count
+    tip.tree_root = check.tree.root().hex()
+    report.streams[stream] = check.count
+    report.events += check.count
     report.tips[stream] = tip
     return tip
 
 
-def _streams(store: EventStore, run_id: str, report: VerifyReport) -> list[int]:
-    """The run's stream numbers; events whose stream column is not a number are reported."""
+def _streams(store: EventStore, run_id: str, report: VerifyReport) -> dict[int, int]:
+    """The run's stream numbers and event counts; events whose stream column is not a number are reported."""
     rows = store.stream_event_counts(run_id)
-    streams: list[int] = []
+    streams: dict[int, int] = {}
     for value, count in rows:
         if isinstance(value, int) and not isinstance(value, bool):
-            streams.append(value)
+            streams[value] = int(count)
         else:
             report.problems.append(
                 Problem(run_id, 0, 0, None, None,
-                        f"{count} event(s) have stream {_short(value)}, not a number (garbled)")
+                        f"{count} event(s) have stream {short(value)}, not a number (garbled)")
             )
             report.events += int(count)
-    return sorted(streams)
+    return dict(sorted(streams.items()))
 
 
 def verify_run(
@@ -258,10 +167,10 @@ def verify_run(
     rows = store.checkpoint_rows(run_id)
     sizes = signed_sizes(rows, [st for _, st in mine])
     leaves: dict[int, PackedLeaves] = {}
-    for stream in _streams(store, run_id, report):
+    for stream, count in _streams(store, run_id, report).items():
         kept = leaves.setdefault(stream, PackedLeaves()) if keep_leaves or _needs_leaves(mine, stream) else None
         verify_stream(store, run_id, stream, report, progress,
-                      sizes=frozenset(sizes.get(stream, ())), leaves=kept)
+                      sizes=frozenset(sizes.get(stream, ())), leaves=kept, count=count)
     _check_streams(report)
     if report.events == 0:
         # A run known only from a statement: the statement's problem says it better.

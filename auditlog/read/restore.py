@@ -1,10 +1,13 @@
 """Writing a restored state_dict to a file (``auditlog restore``), memory bounded where the format allows.
 
-**safetensors** is written as a stream: the header is built from the snapshot
-files' facts (dtype, shape), then each distinct content is read back, its
-content hash checked (``SnapshotStore.read_verified``), and its bytes written
-under every key that holds it (tied weights), one tensor in memory at a time:
-the peak is one tensor plus a row group, whatever the model's size. The header
+**safetensors** is written as a stream, without torch: the header is built
+from the snapshot files' facts (dtype, shape), then each distinct content is
+read back, its content hash checked (``SnapshotStore.verified_bytes``), and its
+bytes written under every key that holds it (tied weights), one tensor in
+memory at a time: the peak is one tensor plus a row group, whatever the model's
+size. Small files (``blobformat.WHOLE_FILE_BYTES``) are read and checked once,
+while the header is planned, and kept for the write up to ``LOADED_BYTES``:
+a model of thousands of small tensors pays one open per file. The header
 lists keys sorted by name (as ``safetensors.torch.save_file`` does); the
 state_dict's own order is kept in the metadata under ``auditlog.key_order``.
 
@@ -27,6 +30,10 @@ from auditlog.store.blobs import SnapshotStore
 
 if TYPE_CHECKING:
     from auditlog.read.run import Run
+
+# Small files read (and checked) while the header is planned are kept for the
+# write, up to this many bytes of content: each is then opened once, not twice.
+LOADED_BYTES = 256 * 1024 * 1024
 
 KEY_ORDER = "auditlog.key_order"  # safetensors metadata: the state_dict's key order (its header sorts keys)
 
@@ -54,12 +61,21 @@ def write_restored(
     plan = run.checked_plan(step, seq, root, allow_partial)
     if kind == "safetensors" and plan is not None:
         files = SnapshotStore(run.store.location.snapshots)
+        when = _when(step, seq)
         facts: dict[str, Any] = {}
+        loaded: dict[str, Any] = {}
+        budget = LOADED_BYTES
         for key, sha in plan:
-            if sha not in facts:
-                facts[sha] = _facts(files, sha, key, _when(step, seq))
+            if sha in facts:
+                continue
+            got = files.verified_bytes(sha, f"{key} at {when}", whole_only=True) if budget > 0 else None
+            if got is None:
+                facts[sha] = _facts(files, sha, key, when)
+            else:
+                facts[sha], loaded[sha] = got
+                budget -= facts[sha].nbytes
         if all(info.dtype in SAFETENSORS_DTYPES for info in facts.values()):
-            _stream_safetensors(files, plan, facts, target, {"auditlog.run": run.run_id}, _when(step, seq))
+            _stream_safetensors(files, plan, facts, loaded, target, {"auditlog.run": run.run_id}, when)
             return len(plan)
     state = run.state_dict(step=step, seq=seq, root=root, allow_partial=allow_partial)
     if kind == "safetensors":
@@ -99,13 +115,14 @@ def _stream_safetensors(
     files: SnapshotStore,
     plan: list[tuple[str, str]],
     facts: dict[str, Any],
+    loaded: dict[str, Any],
     target: Path,
     metadata: dict[str, str],
     when: str,
 ) -> None:
-    """The safetensors file of ``plan``, one verified tensor in memory at a time."""
-    import torch
-
+    """The safetensors file of ``plan``, torch-free: contents already read and checked
+    (``loaded``) are written as they are; each other one is read, checked and written
+    in turn, one in memory at a time."""
     keys_of: dict[str, list[str]] = {}
     for key, sha in plan:
         keys_of.setdefault(sha, []).append(key)
@@ -125,13 +142,15 @@ def _stream_safetensors(
         handle.write(struct.pack("<Q", len(text)))
         handle.write(text)
         for sha, keys in keys_of.items():
-            tensor = files.read_verified(sha, f"{keys[0]} at {when}")
-            info = facts[sha]
-            if list(tensor.shape) != info.shape or str(tensor.dtype).removeprefix("torch.") != info.dtype:
-                raise IntegrityError(
-                    f"snapshot of {keys[0]} at {when} (snapshots/{files.relpath(sha)}) changed while it was restored"
-                )
-            data = tensor.reshape(-1).view(torch.uint8).numpy()
+            data = loaded.pop(sha, None)
+            if data is None:
+                got = files.verified_bytes(sha, f"{keys[0]} at {when}")
+                assert got is not None
+                info, data = got
+                if info.shape != facts[sha].shape or info.dtype != facts[sha].dtype:
+                    raise IntegrityError(
+                        f"snapshot of {keys[0]} at {when} (snapshots/{files.relpath(sha)}) changed while it was restored"
+                    )
             for _ in keys:
-                handle.write(data.data)
-            del tensor, data
+                handle.write(data)
+            del data

@@ -306,7 +306,7 @@ class Run:
         stream: the facts say where a sharded (DTensor) value's stored piece lies."""
         upto = self.boundary(step, seq)
         full = self.model_state()
-        state = self.model_state(upto_seq=upto)
+        state = full if upto is None else self.model_state(upto_seq=upto)  # the end: one replay
         try:
             root_id = state.root_by_class(root) if root else state.main_root()
         except KeyError:

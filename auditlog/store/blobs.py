@@ -26,6 +26,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from auditlog.core.errors import IntegrityError
 from auditlog.core.hashing import content_hasher
 from auditlog.store.blobformat import (
@@ -38,6 +40,7 @@ from auditlog.store.blobformat import (
     expected_schema,
     file_digest,
     legacy_row_groups,
+    read_whole,
     reason,
     relpath,
     verify_file,
@@ -111,20 +114,54 @@ class SnapshotStore:
         the file: a missing, malformed or substituted file is a damaged record
         (exit 4), never a silently different value.
         """
-        where = f"snapshots/{relpath(sha256)}"
         try:
             with SnapshotFile(self.root, sha256) as found:
                 digest = content_hasher(found.dtype, found.shape)
                 tensor = self._decode(found, digest)
         except SnapshotError as exc:
-            raise IntegrityError(f"snapshot of {what} ({where}) cannot be used: {reason(exc)}") from exc
-        actual = digest.hexdigest()
+            raise self._unusable(sha256, what, exc) from exc
+        self._compare(sha256, what, digest.hexdigest())
+        return tensor
+
+    def verified_bytes(self, sha256: str, what: str, whole_only: bool = False) -> tuple[BlobInfo, Any] | None:
+        """Torch-free ``read_verified``: the file's facts and its content's C-order bytes
+        (a bytes-like object), checked against ``sha256`` with the same errors.
+
+        A small file is read whole in one call (``blobformat.read_whole``); a
+        bigger one is decoded into a numpy buffer as ``read_verified`` does, or,
+        with ``whole_only``, left alone (None).
+        """
+        content: Any
+        try:
+            whole = read_whole(self.root, sha256)
+            if whole is not None:
+                info, content, actual = whole
+            elif whole_only:
+                return None
+            else:
+                with SnapshotFile(self.root, sha256) as found:
+                    digest = content_hasher(found.dtype, found.shape)
+                    buffer = np.empty(found.nbytes, dtype=np.uint8)
+                    found.read_into(buffer, digest)
+                    content = buffer
+                    info, actual = found.info(), digest.hexdigest()
+        except SnapshotError as exc:
+            raise self._unusable(sha256, what, exc) from exc
+        self._compare(sha256, what, actual)
+        return info, content
+
+    @staticmethod
+    def _unusable(sha256: str, what: str, exc: SnapshotError) -> IntegrityError:
+        where = f"snapshots/{relpath(sha256)}"
+        return IntegrityError(f"snapshot of {what} ({where}) cannot be used: {reason(exc)}")
+
+    @staticmethod
+    def _compare(sha256: str, what: str, actual: str) -> None:
         if actual != sha256:
             raise IntegrityError(
-                f"snapshot of {what} ({where}) does not hold the recorded content: it hashes to "
+                f"snapshot of {what} (snapshots/{relpath(sha256)}) does not hold the recorded content: it hashes to "
                 f"{actual[:16]}..., the record says {sha256[:16]}... (file replaced or modified)"
             )
-        return tensor
 
     def _decode(self, found: SnapshotFile, digest: Any) -> torch.Tensor:
         """The file's tensor, built in its final buffer; the bytes written there are
