@@ -19,7 +19,8 @@ otherwise, and after an early stop, the rest is checked here, event by event
 as always (the rows the child checked are skipped). Nothing the child says is
 believed but hashes it recomputed from the rows: the verdicts are the
 sequential check's. Only SQLite files, only where ``fork`` exists, only for a
-stream of at least ``MIN_EVENTS``, only while a core is free (``core_free``);
+stream of at least ``MIN_EVENTS``, only while a core is free (``core_free``)
+and no other thread runs (a fork copies only the caller);
 any failure in the child is a fallback.
 """
 
@@ -56,6 +57,12 @@ class ChildResult:
 def split_point(count: int) -> int | None:
     """Where to split a stream of ``count`` events (the middle), or None: not worth a process."""
     if count < MIN_EVENTS or not core_free():
+        return None
+    import threading
+
+    if threading.active_count() > 1:
+        # fork copies only the calling thread: a lock another thread held (a
+        # recording's writer, a user's pool) would stay held in the child forever.
         return None
     import multiprocessing  # only for a long stream: not part of every verify's start-up
 
