@@ -39,7 +39,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from benchlib import machine_line, record_options

@@ -146,7 +146,7 @@ class BlobWriter:
         early: dict[int, str] = {}
         known_early: set[str] = set()
         hosts: list[torch.Tensor] = []
-        for key, tensor in items:
+        for _, tensor in items:
             if tensor.device.type != "cpu" or not tensor.is_contiguous():
                 tensor = tensor.detach().to("cpu").contiguous()
             hosts.append(tensor)

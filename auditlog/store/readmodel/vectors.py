@@ -53,11 +53,14 @@ def new_vectors(table: pa.Table) -> pa.Table:
                 values = decode(value)
             except (ValueError, TypeError):
                 values = None
-            if values is None:
+            if values is None or not isinstance(value, dict):
                 columns[name].append(None)
                 continue
             mask = np.zeros(len(values), dtype=bool)
-            absent = [int(i) for i in value.get("absent") or () if 0 <= int(i) < len(values)]
+            try:
+                absent = [int(i) for i in value.get("absent") or () if 0 <= int(i) < len(values)]
+            except (ValueError, TypeError):
+                absent = []
             mask[absent] = True
             columns[name].append(pa.array(values, type=pa.float64(), mask=mask if absent else None))
     arrays: list[pa.Array] = [pa.array(ids, type=pa.int64())]
