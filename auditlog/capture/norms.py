@@ -28,6 +28,9 @@ reduced on its own: stacking copies it, which costs less than an op's dispatch
 MIN_GROUP = 4
 """Fewest tensors of one shape worth a stacked reduction."""
 
+GROUP_ELEMENTS = 1 << 20
+"""Most elements stacked into one temporary (4 MiB of float32): the copy stays small."""
+
 
 class NormPlan:
     """How to compute the norms of tensors of given shapes: stacked groups plus the rest.
@@ -50,7 +53,9 @@ class NormPlan:
         self.groups: list[list[int]] = []
         for members in by_kind.values():
             if len(members) >= MIN_GROUP:
-                self.groups.append(members)
+                # Bounded copies: at most GROUP_ELEMENTS elements stacked at once.
+                per = max(MIN_GROUP, GROUP_ELEMENTS // max(1, tensors[members[0]].numel()))
+                self.groups.extend(members[i : i + per] for i in range(0, len(members), per))
             else:
                 rest.extend(members)
         rest.sort()
