@@ -84,8 +84,17 @@ class NormPlan:
             parts.append(_stacked_foreach([tensors[i] for i in self.rest]))
         out = parts[0] if len(parts) == 1 else _cat(parts)
         if self.order is not None:
-            out = out[self.order.to(out.device)]
+            out = out[self._order_on(out.device)]
         return out
+
+    def _order_on(self, device: torch.device) -> torch.Tensor:
+        """The permutation on ``device``, copied there once (a copy per step from
+        pageable host memory would make the training thread wait for it)."""
+        order = self.order
+        assert order is not None
+        if order.device != device:
+            order = self.order = order.to(device)
+        return order
 
 
 def _stacked_foreach(tensors: list[torch.Tensor]) -> torch.Tensor:
