@@ -58,6 +58,7 @@ docs: venv
 bench: venv
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/scale.py
 	$(BIN)/python benchmarks/ingest.py
 	$(BIN)/python benchmarks/memory.py
 	$(BIN)/python benchmarks/snapshots.py

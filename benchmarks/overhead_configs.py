@@ -24,7 +24,7 @@ from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
 import auditlog
-from auditlog.capture.payloads import norms_of
+from auditlog.capture.norms import norms_of
 from auditlog.core.tensors import activity_stats
 
 
@@ -120,7 +120,7 @@ class Floor(Config):
 class GradientNormsFloor(Floor):
     """The statistic every preset keeps on every step, computed and read with
     nothing recorded: one ``torch._foreach_norm`` over the gradients per step
-    (``auditlog.capture.payloads.norms_of``), in an optimizer step hook. No recorder that
+    (``auditlog.capture.norms.norms_of``), in an optimizer step hook. No recorder that
     keeps per-step gradient norms can cost less; ``minimal`` is this plus the
     event, and ``audit`` adds its sampled work."""
 

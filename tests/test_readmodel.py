@@ -8,6 +8,7 @@ names from replay are all tested against the record itself.
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 from collections.abc import Iterator
@@ -22,11 +23,14 @@ from helpers import load_example, query_session
 from torch import nn
 
 import auditlog
+from auditlog.core.packed import is_packed, unpack_list
+from auditlog.core.values import stat_float
 from auditlog.read.runs import list_runs
 from auditlog.store.eventstore import EventStore
 from auditlog.store.readmodel import arrowcopy
 from auditlog.store.readmodel.cache import PROJECTION_FILE, ReadModel
 from auditlog.store.readmodel.session import QuerySession
+from auditlog.store.readmodel.vectors import VECTORS
 from auditlog.store.readmodel.views import VIEWS
 
 
@@ -152,16 +156,21 @@ def test_steps_equal_sqlite_json(rec: Recorded, session: QuerySession) -> None:
         "select step, param_index, tensor_id, grad_norm, update_norm, param_norm, lr, weight_decay "
         f"from steps where run_id = '{rec.mlp_id}' order by step, param_index",
     )
-    want = rec.sqlite(
-        "select e.step, t.key, t.value, json_extract(e.payload, '$.grad_norm[' || t.key || ']'), "
-        "json_extract(e.payload, '$.update_norm[' || t.key || ']'), "
-        "json_extract(e.payload, '$.param_norm[' || t.key || ']'), "
-        "json_extract(e.payload, '$.param_groups[0].lr'), "
-        "json_extract(e.payload, '$.param_groups[0].weight_decay') "
-        "from events e, json_each(e.payload, '$.tensor_ids') t "
-        "where e.run_id = ? and e.kind = 'optimizer_step' order by e.step, t.key",
-        rec.mlp_id,
-    )
+    # The vectors are stored packed (core.packed): decoded here by the standard
+    # library's array module, in DuckDB from numpy (readmodel/vectors.py).
+    want = []
+    for step, text in rec.sqlite(
+        "select step, payload from events where run_id = ? and kind = 'optimizer_step' order by step", rec.mlp_id
+    ):
+        p = json.loads(text)
+        assert is_packed(p["grad_norm"]) and (p["update_norm"] is None or is_packed(p["update_norm"]))
+        grads, updates, params = (unpack_list(p[k]) or [None] * len(p["tensor_ids"]) for k in VECTORS)
+        group = p["param_groups"][0]
+        for i, tensor_id in enumerate(p["tensor_ids"]):
+            want.append(
+                (step, i, tensor_id, stat_float(grads[i]), stat_float(updates[i]), stat_float(params[i]),
+                 group["lr"], group["weight_decay"])
+            )
     assert len(got) == len(want) == 8 * 14  # 8 steps x 14 parameters, one param group
     # default norms_every=10: update and parameter norms on the first step only
     assert {g[0] for g in got if g[4] is not None and g[5] is not None} == {1}

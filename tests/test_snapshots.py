@@ -149,9 +149,9 @@ def test_a_writer_that_cannot_keep_up_is_reported_never_skipped(store: Path, mon
 
     original = BlobWriter.store
 
-    def slow_store(self: BlobWriter, items: Any, stored: Any) -> Any:
+    def slow_store(self: BlobWriter, items: Any, *args: Any) -> Any:
         time.sleep(0.5)
-        return original(self, items, stored)
+        return original(self, items, *args)
 
     monkeypatch.setattr(BlobWriter, "store", slow_store)
     torch.manual_seed(0)

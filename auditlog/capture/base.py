@@ -37,6 +37,7 @@ import torch
 
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.ids import ObjectIds, TensorIds
+from auditlog.capture.norms import PlanCache
 from auditlog.capture.source import Location, construction_location
 from auditlog.capture.torch_compat import buffers_of, parameters_of
 from auditlog.core.chain import CleanList
@@ -137,6 +138,10 @@ class RecorderBase:
             weakref.WeakKeyDictionary()
         )
         self._param_ids: dict[int, tuple[tuple[int, ...], CleanList, list[CleanList]]] = {}
+        # how to compute each optimizer's per-parameter norms in a few ops (norms.py);
+        # the optimizers whose parameters include DTensors (norms of local shards)
+        self._norm_plans = PlanCache()
+        self._sharded: set[int] = set()
         self._optimizer_steps: dict[int, int] = {}
         # Module activity of sampled steps: (step, "forward" | "backward", entry),
         # emitted as one ``activity`` event per step (deque: appends from autograd's

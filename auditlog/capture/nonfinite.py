@@ -38,7 +38,8 @@ import torch
 
 from auditlog.capture.base import RecorderBase
 from auditlog.capture.buffer import RecordBuffer
-from auditlog.capture.payloads import HostCopy, Scalar, SnapshotItems, norms_of
+from auditlog.capture.norms import norms_of
+from auditlog.capture.payloads import HostCopy, Scalar, SnapshotItems
 from auditlog.capture.torch_compat import foreach_copy_
 from auditlog.core.policy import Policy
 from auditlog.core.tensors import activity_stats

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from auditlog.capture.base import RecorderBase, class_name
-from auditlog.capture.payloads import NonFiniteCount, StackedNorms, norms_of
+from auditlog.capture.payloads import NonFiniteCount, StackedNorms
 from auditlog.capture.torch_compat import compile_guard, foreach_copy_, foreach_sub_, local_view
-from auditlog.core.chain import CleanList
+from auditlog.core.chain import Clean, CleanList
 from auditlog.core.errors import RecordingFailedError, one_line
 
 
@@ -140,37 +140,43 @@ class OptimizerHooks(RecorderBase):
             hyper["params"] = members
             groups.append(hyper)
         policy = self.policy
-        strided = torch.strided
+        plans = self._norm_plans
+        key = id(optimizer)
+        identity = self._param_ids[key][0]  # set by _ids_of above: the parameters' identity
         with torch.no_grad():
-            grad_norms: list[Any] | StackedNorms | None = None
+            grad_norms: Clean | StackedNorms | None = None
             nonfinite: int | NonFiniteCount | None = None
             if policy.grad_norms:
-                present: list[bool] = []
-                grads: list[torch.Tensor] = []
-                for p in params:
-                    grad = p.grad
-                    has = grad is not None and grad.layout == strided
-                    present.append(has)
-                    if has:
-                        grads.append(local_view(grad))  # type: ignore[arg-type]
-                stacked = StackedNorms(present, norms_of(grads))
+                grads = [p.grad for p in params]
+                present: list[int] | None = None
+                if not all(g is not None and g.layout is _STRIDED for g in grads):
+                    present = [i for i, g in enumerate(grads) if g is not None and g.layout is _STRIDED]
+                    grads = [grads[i] for i in present]
+                    plan_key: object = (key, "grad", tuple(present))
+                else:
+                    plan_key = (key, "grad")
+                if key in self._sharded:
+                    grads = [local_view(g) for g in grads]  # type: ignore[arg-type]
+                stacked = StackedNorms(plans.norms(plan_key, identity, grads), len(params), present)  # type: ignore[arg-type]
                 if _on_cpu(stacked):
-                    grad_norms = CleanList(stacked.resolve())
-                    nonfinite = sum(1 for v in grad_norms if isinstance(v, str))
+                    grad_norms = stacked.resolve()
+                    nonfinite = stacked.nonfinite()
                     if nonfinite:
                         self.flag_nonfinite()
                 else:
                     grad_norms, nonfinite = stacked, NonFiniteCount(stacked, self.flag_nonfinite)
-            param_norms: list[Any] | StackedNorms | None = None
-            update_norms: list[Any] | StackedNorms | None = None
+            param_norms: Clean | StackedNorms | None = None
+            update_norms: Clean | StackedNorms | None = None
             if due:
                 detached = [local_view(p.detach()) for p in params]
                 if policy.param_norms:
-                    param_norms = _read_if_cpu(StackedNorms([True] * len(params), norms_of(detached)))
+                    param_norms = _read_if_cpu(StackedNorms(plans.norms((key, "param"), identity, detached), len(params)))
                 if before is not None and len(before) == len(detached):
                     if detached:
                         foreach_sub_(before, detached)  # before := before - after, in place
-                    update_norms = _read_if_cpu(StackedNorms([True] * len(params), norms_of(before)))
+                    update_norms = _read_if_cpu(
+                        StackedNorms(plans.norms((key, "update"), identity, before), len(params))
+                    )
         return {
             "param_groups": groups,
             "tensor_ids": tensor_ids,
@@ -195,13 +201,20 @@ class OptimizerHooks(RecorderBase):
         tensor_ids = CleanList(ids.get(p, optimizer)[0] for p in params)
         group_ids = [CleanList(ids.get(p, optimizer)[0] for p in group["params"]) for group in optimizer.param_groups]
         self._param_ids[id(optimizer)] = (key, tensor_ids, group_ids)
+        if any(local_view(p) is not p for p in params):
+            self._sharded.add(id(optimizer))
+        else:
+            self._sharded.discard(id(optimizer))
         return tensor_ids, group_ids
+
+
+_STRIDED = torch.strided
 
 
 def _on_cpu(norms: StackedNorms) -> bool:
     return norms.norms is None or norms.norms.device.type == "cpu"
 
 
-def _read_if_cpu(norms: StackedNorms) -> list[Any] | StackedNorms:
+def _read_if_cpu(norms: StackedNorms) -> Clean | StackedNorms:
     """CPU norms are read now (nothing to wait for); device norms stay lazy for the writer."""
-    return CleanList(norms.resolve()) if _on_cpu(norms) else norms
+    return norms.resolve() if _on_cpu(norms) else norms

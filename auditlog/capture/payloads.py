@@ -14,9 +14,12 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
-from auditlog.capture.torch_compat import foreach_norm, local_view, shard_facts
+from auditlog.capture.torch_compat import local_view, shard_facts
+from auditlog.core.chain import Clean
+from auditlog.core.packed import pack_f32
 from auditlog.core.tensors import HostValues, StatsRecord, device_stats, tensor_hash
 from auditlog.core.values import finite_or_text
 
@@ -131,32 +134,49 @@ class SnapshotItems:
 
 
 class StackedNorms:
-    """Per-parameter norms as one tensor (``norms_of`` below), read by the writer.
+    """Per-parameter norms as one float32 tensor (``NormPlan``), packed for the payload.
 
-    ``present`` marks which parameters had a value (a gradient, say); the tensor
-    holds norms only for those. Device norms start their way to the host at once
-    (``HostValues``: no sync on the training thread); the writer reads them.
+    ``present``: the positions (of ``size``) that had a value (a gradient, say),
+    None when all did; the tensor holds norms only for those. Device norms start
+    their way to the host at once (``HostValues``: no sync on the training
+    thread); the writer reads them. ``resolve()`` gives the packed vector
+    (``core.packed``: one bytes conversion, no Python float per parameter).
     """
 
-    __slots__ = ("norms", "present", "values")
+    __slots__ = ("_nonfinite", "_packed", "norms", "present", "size", "values")
 
-    def __init__(self, present: list[bool], norms: torch.Tensor | None) -> None:
-        self.present = present
+    def __init__(self, norms: torch.Tensor | None, size: int, present: list[int] | None = None) -> None:
         self.norms = norms
+        self.size = size
+        self.present = present
         self.values = None if norms is None else HostValues(norms)
+        self._packed: Clean | None = None
+        self._nonfinite = 0
 
-    def resolve(self) -> list[float | str | None]:
-        """Norms aligned with ``present``; None where the parameter had no value."""
-        raw = self.values.tolist() if self.values is not None else []
-        values = iter(raw)
-        out: list[float | str | None] = []
-        for has in self.present:
-            if has:
-                value = float(next(values))
-                out.append(value if value - value == 0.0 else finite_or_text(value))
-            else:
-                out.append(None)
-        return out
+    def _read(self) -> Clean:
+        if self._packed is None:
+            got = self.values.ready().numpy() if self.values is not None else np.zeros(0, dtype=np.float32)
+            got = got.astype("<f4", copy=False)
+            self._nonfinite = int(got.size - np.count_nonzero(np.isfinite(got)))
+            absent: list[int] = []
+            if self.present is not None and len(self.present) != self.size:
+                full = np.zeros(self.size, dtype="<f4")
+                full[self.present] = got
+                mask = np.ones(self.size, dtype=bool)
+                mask[self.present] = False
+                absent = np.flatnonzero(mask).tolist()
+                got = full
+            self._packed = Clean(pack_f32(got.tobytes(), absent))
+        return self._packed
+
+    def resolve(self) -> Clean:
+        """The packed vector: ``{"f32": base64 of float32, "absent": [...]}``."""
+        return self._read()
+
+    def nonfinite(self) -> int:
+        """How many of the norms are NaN or infinite."""
+        self._read()
+        return self._nonfinite
 
 
 class NonFiniteCount:
@@ -170,28 +190,10 @@ class NonFiniteCount:
 
     def resolve(self) -> int:
         # From the values the writer reads anyway: no torch op on the writer thread.
-        count = sum(1 for value in self.norms.resolve() if isinstance(value, str))
+        count = self.norms.nonfinite()
         if count and self.on_nonfinite is not None:
             self.on_nonfinite()  # the recorder samples activity from the next step on
         return count
-
-
-def norms_of(tensors: list[torch.Tensor]) -> torch.Tensor | None:
-    """L2 norm of each tensor, as one 1-D float32 tensor (input order), without a sync.
-
-    ``torch._foreach_norm``: one fused kernel on CUDA; on CPU one op per tensor
-    (measured: grouping small tensors into stacked reductions was slower). The
-    result lives on the first tensor's device (parameters spread over several
-    devices are copied there, a rare blocking case).
-    """
-    if not tensors:
-        return None
-    norms = foreach_norm(tensors)
-    try:
-        return torch.stack(norms).float()  # one device: the common case, no per-norm checks
-    except RuntimeError:  # several devices
-        device = tensors[0].device
-        return torch.stack([n.float().to(device) for n in norms])
 
 
 class NonFiniteInputs:

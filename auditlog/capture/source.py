@@ -67,10 +67,14 @@ def construction_location(module: object, depth: int = 2) -> Location | None:
     probe = frame
     while probe is not None:
         code = probe.f_code
-        if code.co_name == "__init__" and code.co_argcount > 0:
-            first = code.co_varnames[0]
-            if probe.f_locals.get(first) is module:
-                outermost = probe
+        if code.co_name == "__init__" and code.co_argcount > 0 and probe.f_locals.get(code.co_varnames[0]) is module:
+            outermost = probe
+        elif outermost is not None and not _skipped(code):
+            # The module's own __init__ frames (its class's and its bases') are
+            # contiguous but for torch's frames between them; past them, in user
+            # code, none of them can follow: stop rather than walk the whole
+            # stack (each registration of a deep model paid for every frame).
+            break
         probe = probe.f_back
     start = outermost.f_back if outermost is not None else frame
     while start is not None:

@@ -227,10 +227,14 @@ _KINDS = [
             "param_groups": "list of {hyperparameters..., params: [tensor ids]}",
             "tensor_ids": "ids of the parameters, aligned with the norms below (a sharded DTensor "
             "parameter: the norms of this rank's shard)",
-            "grad_norm": "L2 norm of each parameter's gradient (null if it had none)",
-            "update_norm": "L2 norm of each parameter's change made by this step (null on steps "
-            "the policy's norms_every skips)",
-            "param_norm": "L2 norm of each parameter after the step (null on skipped steps)",
+            "grad_norm": "L2 norm of each parameter's gradient, packed: {f32: base64 of little-endian "
+            "float32, one per tensor_ids entry, NaN/inf as their bits; absent: [positions of parameters "
+            "without a gradient], only when some are} (older records: a list, null where absent); "
+            "readers (the steps view, events, the Python API) decode it to the list",
+            "update_norm": "L2 norm of each parameter's change made by this step, packed like grad_norm "
+            "(null on steps the policy's norms_every skips)",
+            "param_norm": "L2 norm of each parameter after the step, packed like grad_norm (null on "
+            "skipped steps)",
             "nonfinite_grads": "number of parameters whose gradient norm was not finite",
         },
     ),

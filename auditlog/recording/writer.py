@@ -213,12 +213,23 @@ class Writer:
         """
         stored = self._blob_stored
         out = []
-        for sha, info in self.blobs.store(list(items), stored):
+        for sha, info in self.blobs.store(list(items), stored, self._blobs_stored_among):
             if info is not None:
                 self._catalogued.add(sha)
                 self._new_blobs.append(info.as_row())
             out.append((sha, info.nbytes if info is not None else 0))
         return out
+
+    def _blobs_stored_among(self, hashes: set[str]) -> set[str]:
+        """``_blob_stored`` for many hashes, with one catalog query per 500."""
+        known = hashes & self._catalogued
+        ask = hashes - known
+        if ask:
+            for sha256 in self.store.blobs_among(sorted(ask)):
+                if self.snapshots.path(sha256).exists():
+                    self._catalogued.add(sha256)
+                    known.add(sha256)
+        return known
 
     def _blob_stored(self, sha256: str) -> bool:
         if sha256 in self._catalogued:

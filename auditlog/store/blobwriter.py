@@ -68,6 +68,8 @@ WORKERS = 2
 # Tensors smaller than this are hashed first (a file of a few chunks costs little to
 # write after its hash; a wasted speculative write would cost more than the overlap).
 OVERLAP_BYTES = 2 * 1024 * 1024
+IN_MEMORY_BYTES = 256 * 1024
+"""Tensors smaller than this are encoded in memory and written in one piece (``_write_small``)."""
 
 
 @dataclass
@@ -98,6 +100,7 @@ class BlobWriter:
         self._digests: ThreadPoolExecutor | None = None  # one digest thread per file being written
         # Per caller key (a tensor id): was its content already stored last time?
         self._unchanged: dict[Hashable, bool] = {}
+        self._made: set[Path] = set()  # directories known to exist (set.add is atomic)
 
     def __enter__(self) -> BlobWriter:
         return self
@@ -123,26 +126,49 @@ class BlobWriter:
 
     # ------------------------------------------------------------------ the pipeline
     def store(
-        self, items: list[tuple[Hashable, torch.Tensor]], stored: Callable[[str], bool]
+        self,
+        items: list[tuple[Hashable, torch.Tensor]],
+        stored: Callable[[str], bool],
+        stored_among: Callable[[set[str]], set[str]] | None = None,
     ) -> list[tuple[str, BlobInfo | None]]:
         """Hash every ``(key, host copy)`` and write the contents not ``stored`` yet.
 
         Returns ``(sha256, info)`` per item, in order; ``info`` is None where the
         content was stored already (by an earlier snapshot or an earlier item).
+        ``stored_among`` (optional): which of many hashes are stored, in one
+        question. Small tensors are hashed first and asked about together (5,000
+        one-row catalog queries cost ~2.5 s, measured on a 5,000-tensor model);
+        large ones are still overlapped with their writing and asked one by one.
         """
         out: list[tuple[str, BlobInfo | None]] = []
         jobs: list[tuple[int, _Job, Future[BlobInfo | None]]] = []
         seen: set[str] = set()
+        early: dict[int, str] = {}
+        known_early: set[str] = set()
+        hosts: list[torch.Tensor] = []
+        for _, tensor in items:
+            if tensor.device.type != "cpu" or not tensor.is_contiguous():
+                tensor = tensor.detach().to("cpu").contiguous()
+            hosts.append(tensor)
+        if stored_among is not None:
+            for index, tensor in enumerate(hosts):
+                if tensor.numel() * tensor.element_size() < OVERLAP_BYTES:
+                    early[index] = tensor_hash(tensor)
+            if early:
+                known_early = stored_among(set(early.values()))
         try:
-            for index, (key, tensor) in enumerate(items):
-                if tensor.device.type != "cpu" or not tensor.is_contiguous():
-                    tensor = tensor.detach().to("cpu").contiguous()
+            for index, (key, _) in enumerate(items):
+                tensor = hosts[index]
                 job: _Job | None = None
                 if tensor.numel() * tensor.element_size() >= OVERLAP_BYTES and not self._unchanged.get(key, False):
                     job = _Job(tensor)  # overlapped: written while it is hashed
                     jobs.append((index, job, self._submit(job)))
-                digest = tensor_hash(tensor)
-                known = digest in seen or stored(digest)
+                digest = early.get(index)
+                if digest is not None:
+                    known = digest in seen or digest in known_early
+                else:
+                    digest = tensor_hash(tensor)
+                    known = digest in seen or stored(digest)
                 self._unchanged[key] = known
                 if job is not None:
                     job.decide(None if known else digest)
@@ -200,7 +226,11 @@ class BlobWriter:
         dtype = dtype_name(tensor.dtype)
         schema = write_schema(dtype, list(tensor.shape))
         compression, level = codec_for(dtype)
-        self.files.root.mkdir(parents=True, exist_ok=True)
+        if self.files.root not in self._made:
+            self.files.root.mkdir(parents=True, exist_ok=True)
+            self._made.add(self.files.root)
+        if tensor.numel() * tensor.element_size() < IN_MEMORY_BYTES:
+            return self._write_small(job, dtype, schema, compression, level)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=self.files.root)
         try:
             raw = _DigestingFile(os.fdopen(fd, "wb"), self._digest_pool())
@@ -222,6 +252,32 @@ class BlobWriter:
             Path(tmp).unlink(missing_ok=True)
             raise
         return dataclasses.replace(describe_tensor(tensor, job.sha256), file_sha256=raw.hexdigest())
+
+    def _write_small(self, job: _Job, dtype: str, schema: pa.Schema, compression: str, level: int | None) -> BlobInfo | None:
+        """``_write`` for a small tensor: encoded in memory, digested in one call, written once.
+
+        No digest thread and no block queue: for the thousands of small tensors of a
+        wide model those hand-offs cost more than the bytes (measured: ~1 ms a file).
+        """
+        buffer = pa.BufferOutputStream()
+        self._encode(job, dtype, schema, compression, level, buffer)
+        if job.sha256 is None:
+            return None
+        data = buffer.getvalue()
+        file_sha256 = hashlib.sha256(data).hexdigest()
+        target = self.files.path(job.sha256)
+        if target.parent not in self._made:  # a mkdir per file cost ~0.1 ms
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self._made.add(target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=self.files.root)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(memoryview(data))
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return dataclasses.replace(describe_tensor(job.tensor, job.sha256), file_sha256=file_sha256)
 
     @staticmethod
     def _encode(job: _Job, dtype: str, schema: pa.Schema, compression: str, level: int | None, sink: Any) -> None:

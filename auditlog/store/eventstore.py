@@ -176,9 +176,32 @@ class EventStore(EventQueries):
             conn.execute(runs.update().where(runs.c.run_id == run_id, runs.c.name.is_(None)).values(name=name))
 
     def add_blobs(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Add catalog rows; a row another process added first is left as it is."""
+        """Add catalog rows; a row another process added first is left as it is.
+
+        One transaction for all of them (a transaction per row cost ~0.4 ms each:
+        2 s for a 5,000-tensor model's initial values); should another writer add
+        one of them meanwhile, row by row as before.
+        """
         blobs = schema.snapshot_blobs
         now = time.time_ns()
+        if not rows:
+            return
+        try:
+            with self.engine.begin() as conn:
+                hashes = [row["sha256"] for row in rows]
+                present: set[str] = set()
+                for start in range(0, len(hashes), 500):
+                    chunk = hashes[start : start + 500]
+                    present.update(r[0] for r in conn.execute(select(blobs.c.sha256).where(blobs.c.sha256.in_(chunk))))
+                fresh: dict[str, dict[str, Any]] = {}
+                for row in rows:
+                    if row["sha256"] not in present:
+                        fresh.setdefault(row["sha256"], {**row, "created_ns": now})
+                if fresh:
+                    conn.execute(blobs.insert(), list(fresh.values()))
+            return
+        except IntegrityError:
+            pass  # inserted concurrently by another writer: fall back to row by row
         for row in rows:
             try:
                 with self.engine.begin() as conn:

@@ -335,6 +335,17 @@ class EventQueries:
         with self.guard("reading the snapshot catalog"), self.engine.connect() as conn:
             return conn.execute(select(blobs.c.sha256).where(blobs.c.sha256 == sha256)).first() is not None
 
+    def blobs_among(self, hashes: Sequence[str]) -> set[str]:
+        """Which of ``hashes`` are in the snapshot catalog (one query per 500)."""
+        blobs = schema.snapshot_blobs
+        found: set[str] = set()
+        wanted = list(hashes)
+        with self.guard("reading the snapshot catalog"), self.engine.connect() as conn:
+            for start in range(0, len(wanted), 500):
+                chunk = wanted[start : start + 500]
+                found.update(r[0] for r in conn.execute(select(blobs.c.sha256).where(blobs.c.sha256.in_(chunk))))
+        return found
+
     def blob_rows(self, hashes: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
         """Catalog rows by hash (all of them when ``hashes`` is None)."""
         blobs = schema.snapshot_blobs

@@ -13,13 +13,21 @@ import json
 from typing import Any
 
 from auditlog.core.errors import CorruptRecordError
+from auditlog.core.packed import is_packed, unpack_list
 
 _INT_COLUMNS = ("stream", "seq", "ts_ns")
 _OPTIONAL_INT_COLUMNS = ("step", "module_id", "tensor_id")
+# Per-parameter vectors of optimizer_step events, stored packed (``core.packed``).
+_PACKED_VECTORS = ("grad_norm", "update_norm", "param_norm")
 
 
 def decode_event(row: dict[str, Any], shown: str = "") -> dict[str, Any]:
-    """A copy of ``row`` with the payload parsed; raises ``CorruptRecordError`` if malformed."""
+    """A copy of ``row`` with the payload parsed; raises ``CorruptRecordError`` if malformed.
+
+    Packed per-parameter vectors of ``optimizer_step`` events come back as the
+    lists they stand for (``core.packed``), so readers see one form whatever the
+    record's age; ``verify`` hashes the stored text, never this.
+    """
     where = f"store {shown!r}: " if shown else ""
 
     def bad(what: str) -> CorruptRecordError:
@@ -46,6 +54,14 @@ def decode_event(row: dict[str, Any], shown: str = "") -> dict[str, Any]:
             raise bad("payload is not JSON") from None
     if not isinstance(payload, dict):
         raise bad("payload is not a JSON object")
+    if event["kind"] == "optimizer_step":
+        for name in _PACKED_VECTORS:
+            value = payload.get(name)
+            if is_packed(value):
+                try:
+                    payload[name] = unpack_list(value)
+                except (ValueError, TypeError, IndexError):
+                    raise bad(f"{name} is not a packed float32 vector") from None
     event["payload"] = payload
     return event
 

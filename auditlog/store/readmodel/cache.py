@@ -49,7 +49,7 @@ from auditlog.core.naming import attached_ids, label_state
 from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, apply
 from auditlog.store.eventstore import EventStore
 from auditlog.store.location import EVENTS_FILE
-from auditlog.store.readmodel import arrowcopy, names, tables
+from auditlog.store.readmodel import arrowcopy, names, tables, vectors
 from auditlog.store.readmodel.names import MODULE_SCHEMA, TENSOR_SCHEMA
 from auditlog.store.readmodel.trust import check_blobs, seal_path, seal_problem, write_seal
 
@@ -346,6 +346,7 @@ class ReadModel:
                 con.rollback()
                 return 0, 0
             con.register("new_events", table)
+            con.register("new_vectors", vectors.new_vectors(table))
             try:
                 # Names first: the derivations copy them into every row.
                 touched = con.execute(tables.CONSTRUCTION_TOUCHED).fetchall()
@@ -355,6 +356,7 @@ class ReadModel:
                     con.execute(sql)
             finally:
                 con.unregister("new_events")
+                con.unregister("new_vectors")
             mark = con.execute(
                 f"SELECT id, hash FROM {tables.SCHEMA}.events ORDER BY id DESC LIMIT 1"
             ).fetchone()

@@ -126,6 +126,15 @@ TABLES: tuple[str, ...] = (
 )
 
 # SQL run once per chunk over ``new_events`` (the chunk's Arrow table), in order.
+def _vector(name: str) -> str:
+    """A per-parameter vector of an ``optimizer_step`` as ``DOUBLE[]``: decoded from
+    ``new_vectors`` when packed, else the payload's JSON list (NULL when absent)."""
+    return (
+        f"coalesce(v.{name}, CASE WHEN json_type(p.{name}) = 'ARRAY' "
+        f"THEN from_json(p.{name}, '[\"DOUBLE\"]') END) AS {name}s"
+    )
+
+
 DERIVATIONS: tuple[str, ...] = (
     f"""INSERT INTO {SCHEMA}.events
         SELECT n.*, m.module, t.name
@@ -195,22 +204,27 @@ DERIVATIONS: tuple[str, ...] = (
             ON m.run_id = g.run_id AND m.stream = g.stream AND m.module_id = g.module_id
         WHERE s IS NOT NULL""",
     # Per-parameter lists are unnested side by side (they zip); the param
-    # groups' JSON is read once per group, not once per parameter.
+    # groups' JSON is read once per group, not once per parameter. Packed
+    # vectors (``core.packed``) come decoded in ``new_vectors`` (``vectors.py``);
+    # list-form ones (older records) are read from the payload.
     f"""INSERT INTO {SCHEMA}.steps
-        WITH s AS MATERIALIZED (
+        WITH e AS MATERIALIZED (
             SELECT id, run_id, stream, seq, step, ts_ns,
                    from_json(payload, '{{"optimizer_id":"BIGINT","optimizer_class":"VARCHAR",
-                       "optimizer_step":"BIGINT","tensor_ids":["BIGINT"],"grad_norm":["DOUBLE"],
-                       "update_norm":["DOUBLE"],"param_norm":["DOUBLE"],"nonfinite_grads":"BIGINT",
+                       "optimizer_step":"BIGINT","tensor_ids":["BIGINT"],"grad_norm":"JSON",
+                       "update_norm":"JSON","param_norm":"JSON","nonfinite_grads":"BIGINT",
                        "param_groups":["JSON"]}}') AS p
             FROM new_events WHERE kind = 'optimizer_step'),
+        s AS MATERIALIZED (
+            SELECT e.*, {_vector("grad_norm")}, {_vector("update_norm")}, {_vector("param_norm")}
+            FROM e LEFT JOIN new_vectors v ON v.id = e.id),
         params AS (
             SELECT id, run_id, stream, seq, step, ts_ns, p.optimizer_id AS optimizer_id,
                    p.optimizer_class AS optimizer_class, p.optimizer_step AS optimizer_step,
                    p.nonfinite_grads AS nonfinite_grads,
                    unnest(p.tensor_ids) AS tid, generate_subscripts(p.tensor_ids, 1) AS pos,
-                   unnest(p.grad_norm) AS grad_norm, unnest(p.update_norm) AS update_norm,
-                   unnest(p.param_norm) AS param_norm
+                   unnest(grad_norms) AS grad_norm, unnest(update_norms) AS update_norm,
+                   unnest(param_norms) AS param_norm
             FROM s),
         group_specs AS (
             SELECT id, grp, TRY_CAST(spec ->> 'lr' AS DOUBLE) AS lr,

@@ -1,0 +1,63 @@
+"""Packed per-parameter vectors (``auditlog.core.packed``) and records written before them."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+from helpers import query_session, tamper
+from torch import nn
+
+import auditlog
+from auditlog.core.packed import is_packed, pack_f32, unpack_floats, unpack_list
+from auditlog.store.rows import decode_event
+
+
+def test_round_trip_keeps_every_bit_and_the_absent_positions() -> None:
+    values = np.array([1.5, 0.0, np.nan, np.inf, -np.inf, 1e-45, 3.4e38, 0.1], dtype="<f4")
+    packed = pack_f32(values.tobytes(), absent=[1])
+    assert is_packed(packed) and packed["absent"] == [1]
+    assert json.loads(json.dumps(packed)) == packed  # plain JSON
+    floats = unpack_floats(packed)
+    assert [struct.pack("<f", v) for v in floats] == [struct.pack("<f", v) for v in values.tolist()]
+    shown = unpack_list(packed)
+    assert shown[1] is None and shown[2] == "NaN" and shown[3] == "Infinity" and shown[4] == "-Infinity"
+    assert shown[5] == float(np.float32(1e-45)) and shown[7] == float(np.float32(0.1))
+    assert unpack_list([1.0, None]) == [1.0, None] and unpack_list(None) is None  # the list form passes
+    assert pack_f32(b"") == {"f32": ""} and unpack_list({"f32": ""}) == []
+
+
+def test_a_damaged_vector_is_a_corrupt_record() -> None:
+    row = {"id": 1, "run_id": "r", "stream": 0, "seq": 1, "ts_ns": 1, "kind": "optimizer_step", "step": 1,
+           "module_id": None, "tensor_id": None, "payload": json.dumps({"grad_norm": {"f32": "abc"}})}
+    try:
+        decode_event(row)
+    except Exception as exc:
+        assert "grad_norm" in str(exc)
+    else:
+        raise AssertionError("a vector that is not base64 of float32 was accepted")
+
+
+def test_records_in_the_list_form_still_fill_the_steps_view(tmp_path: Path) -> None:
+    """A run recorded before packing stored plain lists: rewritten so here, it reads the same."""
+    store = tmp_path / "store"
+    with auditlog.record(store, activity=False, flops=False, norms_every=1) as recording:
+        model = nn.Linear(3, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(4, 3)).sum().backward()
+        opt.step()
+    with tamper(store) as conn:
+        (event_id, text), = conn.execute("select id, payload from events where kind = 'optimizer_step'").fetchall()
+        payload = json.loads(text)
+        assert all(is_packed(payload[k]) for k in ("grad_norm", "update_norm", "param_norm"))
+        for key in ("grad_norm", "update_norm", "param_norm"):
+            payload[key] = unpack_list(payload[key])
+        conn.execute("update events set payload = ? where id = ?", (json.dumps(payload), event_id))
+    want = [(i, payload["grad_norm"][i], payload["update_norm"][i], payload["param_norm"][i]) for i in range(2)]
+    with query_session(store) as session:  # the first read model of this store: built from the lists
+        rows = list(session.execute("select param_index, grad_norm, update_norm, param_norm from steps order by 1").rows)
+    assert rows == want and all(isinstance(v, float) and v > 0 for r in rows for v in r[1:])
+    assert recording.run_id is not None
