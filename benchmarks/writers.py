@@ -58,30 +58,48 @@ def _payload(step: int) -> Any:
     )
 
 
-def _writer(store: str, snapshots: str, run_id: str, stream: int, events: int, go: Any, out: Any) -> None:
-    """One writer process: its stream, as fast as the buffer takes records."""
+def _writer(
+    store: str, snapshots: str, run_id: str, stream: int, world: int, events: int, go: Any, out: Any
+) -> None:
+    """One writer process: its stream, as fast as the buffer takes records.
+
+    The stream begins with a real ``run_started`` (this rank's facts) and ends with
+    ``run_ended``, written before and after the timed part: ``combine`` and
+    ``verify`` refuse a stream that does not begin with one.
+    """
     import os
-    import socket
 
     from auditlog.capture.buffer import RecordBuffer
+    from auditlog.core.liveness import process_start_ticks
+    from auditlog.recording.launch import Launch
+    from auditlog.recording.metadata import static_metadata
     from auditlog.recording.writer import Writer
     from auditlog.store.eventstore import EventStore
     from auditlog.store.location import resolve_store
 
+    name = "writers benchmark"
     opened = EventStore.open(resolve_store(store, snapshots or None), create=True)
-    opened.create_run(run_id, "writers benchmark", socket.gethostname(), os.getpid(), None)
+    static = static_metadata(name, None, {}, argv=["writers.py"], launch=Launch(rank=stream, world_size=world))
+    static.update(segment=0, run_id_source="benchmark")
+    opened.create_run(run_id, name, static["host"], os.getpid(), process_start_ticks(os.getpid()))
     buffer = RecordBuffer()
     writer = Writer(opened, run_id, stream, buffer)
+    buffer.put(("run_started", time.time_ns(), 0, None, None, static))
     writer.start()
+    writer.flush()
     records = [("optimizer_step", time.time_ns(), i, None, None, _payload(i)) for i in range(1, 257)]
     go.wait()
     start = time.perf_counter()
     for i in range(events):
         buffer.put(records[i % len(records)])
-    writer.close()
+    writer.flush()
     end = time.perf_counter()
+    buffer.put(("run_ended", time.time_ns(), events, None, None, {
+        "status": "completed", "exit_code": 0, "exception": None, "signal": None, "steps": events, "dropped": 0,
+    }))
+    writer.close()
     opened.close()
-    out.put((stream, start, end, writer.written, writer.dropped))
+    out.put((stream, start, end, writer.written - 2, writer.dropped))  # the timed events only
 
 
 def _round(target: str, stores: list[str], snapshots: str, events: int) -> dict[str, Any]:
@@ -89,7 +107,7 @@ def _round(target: str, stores: list[str], snapshots: str, events: int) -> dict[
     go, out = ctx.Event(), ctx.Queue()
     run_id = uuid.uuid4().hex
     procs = [
-        ctx.Process(target=_writer, args=(store, snapshots, run_id, rank, events, go, out))
+        ctx.Process(target=_writer, args=(store, snapshots, run_id, rank, len(stores), events, go, out))
         for rank, store in enumerate(stores)
     ]
     for proc in procs:
@@ -155,7 +173,9 @@ def main() -> None:
             begun = time.perf_counter()
             report = combine(str(work / "store"), shards)
             rows[-1]["combine_s"] = time.perf_counter() - begun
-            assert report.ok and report.events_added == rows[-1]["events"], ("combine lost events", report)
+            # Every timed event plus each stream's run_started and run_ended.
+            expected = rows[-1]["events"] + 2 * n
+            assert report.ok and report.events_added == expected, ("combine lost events", report)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     print(f"{'target':<15} {'writers':>7} {'events':>9} {'dropped':>7} {'seconds':>8} {'events/s':>10} {'combine s':>9}")
