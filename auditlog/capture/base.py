@@ -38,7 +38,8 @@ import torch
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.ids import ObjectIds, TensorIds
 from auditlog.capture.norms import PlanCache
-from auditlog.capture.source import Location, construction_location
+from auditlog.capture.registrations import PENDING_MAX, REGISTRATIONS, Pending, Registrations
+from auditlog.capture.source import Location, Site, construction_site, site_location
 from auditlog.capture.torch_compat import buffers_of, parameters_of
 from auditlog.core.chain import CleanList
 from auditlog.core.policy import Policy
@@ -129,7 +130,12 @@ class RecorderBase:
         self._registrations = 0
         self._step_scanned = -1
         self._scanned: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
-        self._sources: weakref.WeakKeyDictionary[torch.nn.Module, Location | None] = weakref.WeakKeyDictionary()
+        self._sources: weakref.WeakKeyDictionary[torch.nn.Module, Site | None] = weakref.WeakKeyDictionary()
+        # Registrations not yet handed to the writer, and batches handed over and not
+        # yet folded into ``state`` (registrations.py); deques: appends are atomic.
+        self._pending: collections.deque[Pending] = collections.deque()
+        self._unfolded: collections.deque[Registrations] = collections.deque()
+        self._folding = False
         # optimizer steps: what the pre hook found, per optimizer (the copies it made,
         # never the parameters: the post hook reads them from the optimizer again);
         # reusable host buffers for the pre-step copy (CPU); the ids of its parameters
@@ -160,7 +166,7 @@ class RecorderBase:
         self.faults = 0
         # The state our own events describe (replay.apply), for structural checks,
         # and per tensor id the (shape, dtype, device, requires_grad) last found equal to it.
-        self.state = ModelState()
+        self._state = ModelState()
         self.checked_facts: dict[int, tuple[Any, ...]] = {}
         # roots seen, and the finalizers that snapshot a root when it is released
         self._roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
@@ -182,12 +188,58 @@ class RecorderBase:
         payload: Any = None,
         step: int | None = None,
     ) -> None:
-        """Queue one record (the only way anything leaves the capture layer)."""
+        """Queue one record (the only way anything leaves the capture layer).
+
+        Registrations still pending go first: the stream keeps the hooks' order."""
+        if self._pending:
+            self.settle()
         self.buffer.put(
             (kind, time.time_ns(), self.step if step is None else step, module_id, tensor_id, payload)
         )
         if kind in STATE_KINDS:
             apply(self.state, {"kind": kind, "module_id": module_id, "tensor_id": tensor_id, "payload": payload})
+
+    def defer(self, kind: str, module_id: int | None, tensor_id: int | None, facts: tuple[Any, ...]) -> None:
+        """Queue a registration's facts; its event is built later (registrations.py)."""
+        pending = self._pending
+        pending.append((kind, time.time_ns(), self.step, module_id, tensor_id, facts))
+        if len(pending) >= PENDING_MAX:
+            self.settle()
+
+    def settle(self) -> None:
+        """Hand the pending registrations to the writer, as one record, in order."""
+        pending = self._pending
+        items: list[Pending] = []
+        pop = pending.popleft
+        try:
+            while True:
+                items.append(pop())
+        except IndexError:
+            pass
+        if items:
+            batch = Registrations(items)
+            self._unfolded.append(batch)
+            self.buffer.put((REGISTRATIONS, batch))
+
+    @property
+    def state(self) -> ModelState:
+        """The state our own events describe (replay.apply), registrations folded in."""
+        if self._pending:
+            self.settle()
+        if self._unfolded and not self._folding:
+            self._folding = True  # a finalizer reading the state mid-fold sees it as it stands
+            try:
+                unfolded, state = self._unfolded, self._state
+                while unfolded:
+                    batch = unfolded.popleft()
+                    for index, (kind, _, _, module_id, tensor_id, _) in enumerate(batch.items):
+                        apply(state, {
+                            "kind": kind, "module_id": module_id, "tensor_id": tensor_id,
+                            "payload": batch.payload(index),
+                        })
+            finally:
+                self._folding = False
+        return self._state
 
     def fault(self, where: str, exc: BaseException) -> None:
         """Record a recorder fault; warn once per place; never raise."""
@@ -238,14 +290,14 @@ class RecorderBase:
         """Id of a module; on first sight, remember where it was constructed."""
         number, new = self.modules.get(module)
         if new:
-            self._sources[module] = construction_location(module, depth=2)
+            self._sources[module] = construction_site(module, depth=2)
         return number
 
     def source_of(self, module: torch.nn.Module | None) -> Location | None:
         """Where ``module`` was constructed, if it was first seen while recording."""
         if module is None:
             return None
-        return self._sources.get(module)
+        return site_location(self._sources.get(module))
 
     def call_stack(self) -> list[torch.nn.Module]:
         """The modules whose forward is running on this thread, outermost first."""

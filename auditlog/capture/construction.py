@@ -16,7 +16,8 @@ import torch
 
 from auditlog.capture.base import RecorderBase, class_name, module_tensors
 from auditlog.capture.payloads import HostCopy, SealItems
-from auditlog.capture.source import Location, construction_location, user_location
+from auditlog.capture.registrations import ABSENT
+from auditlog.capture.source import Site, construction_location, user_site
 from auditlog.capture.torch_compat import (
     buffers_of,
     children_of,
@@ -68,7 +69,7 @@ class ConstructionHooks(RecorderBase):
         self, module: torch.nn.Module, name: str, param: torch.Tensor | None
     ) -> None:
         try:
-            self.register_tensor(module, name, param, "parameter", source=user_location(2))
+            self.register_tensor(module, name, param, "parameter", source=user_site(2))
         except Exception as exc:
             self.fault("parameter_registration_hook", exc)
         return None
@@ -79,7 +80,7 @@ class ConstructionHooks(RecorderBase):
     ) -> None:
         try:
             self.register_tensor(
-                module, name, buffer, "buffer", source=user_location(2), persistent=registering_persistent()
+                module, name, buffer, "buffer", source=user_site(2), persistent=registering_persistent()
             )
         except Exception as exc:
             self.fault("buffer_registration_hook", exc)
@@ -94,27 +95,26 @@ class ConstructionHooks(RecorderBase):
         adopted: bool = False,
         detected_at: str | None = None,
     ) -> None:
-        """Emit ``module_registered`` (from the hook, adoption or a structural check)."""
+        """Emit ``module_registered`` (from the hook, adoption or a structural check).
+
+        Deferred (registrations.py): the facts now, the payload on the writer."""
         self._registrations += 1
         parent_new = self.modules.lookup(parent) is None
         parent_id = self.module_id(parent)
-        child_id = None if child is None else self.module_id(child)
-        # Clean: names, class names, ids and source locations only (no floats), so
-        # the writer encodes registration payloads without walking them.
-        payload: dict[str, Any] = Clean({
-            "name": name,
-            "child_id": child_id,
-            "child_class": None if child is None else class_name(child),
-            "parent_class": class_name(parent),
-            "source": None if adopted else self.source_of(child),
-        })
-        if parent_new and not adopted:
-            payload["parent_source"] = self.source_of(parent)
-        if adopted:
-            payload["adopted"] = True
-        if detected_at is not None:
-            payload["detected_at"] = detected_at
-        self.emit("module_registered", parent_id, None, payload)
+        sources = self._sources
+        if child is None:
+            child_id = child_cls = source = None
+        else:
+            child_id = self.module_id(child)
+            child_cls = type(child)
+            source = None if adopted else sources.get(child)
+        parent_source = sources.get(parent) if parent_new and not adopted else ABSENT
+        self.defer(
+            "module_registered",
+            parent_id,
+            None,
+            (name, child_id, child_cls, type(parent), source, parent_source, adopted, detected_at),
+        )
 
     def wrapped(self, wrapper: torch.nn.Module, name: str, child: torch.nn.Module | None) -> None:
         """Emit ``module_wrapped``: the model was put inside a data-parallel wrapper.
@@ -142,44 +142,44 @@ class ConstructionHooks(RecorderBase):
         name: str,
         tensor: torch.Tensor | None,
         member: str,
-        source: Location | None = None,
+        source: Site | None = None,
         persistent: bool | None = None,
         adopted: bool = False,
         detected_at: str | None = None,
     ) -> None:
-        """Emit ``parameter_registered`` / ``buffer_registered`` for one member."""
+        """Emit ``parameter_registered`` / ``buffer_registered`` for one member (deferred:
+        registrations.py)."""
         self._registrations += 1
         new = self.modules.lookup(module) is None
         module_id = self.module_id(module)
-        payload: dict[str, Any] = Clean(name=name, module_class=class_name(module))
-        tensor_id = None
-        if tensor is None:
-            payload.update(shape=None, dtype=None, device=None)
-        else:
+        tensor_id = shape = dtype = device = None
+        lazy = False
+        if tensor is not None:
             # The place is remembered with the id (ids.py): no reference to the tensor.
             tensor_id, _ = self.tensors.get(tensor, module, member, name)
             self._unsealed.add(tensor_id)
+            dtype, device = tensor.dtype, tensor.device
             if is_uninitialized(tensor):
                 # A lazy module's placeholder: its shape comes with materialization,
                 # recorded then as a structure change (and sealed after it).
                 self._lazy.add(tensor_id)
-                payload.update(shape=None, dtype=dtype_name(tensor.dtype), device=str(tensor.device), lazy=True)
+                lazy = True
             else:
-                payload.update(shape=list(tensor.shape), dtype=dtype_name(tensor.dtype), device=str(tensor.device))
+                shape = tensor.shape
+        flag: bool | None
         if member == "parameter":
-            payload["requires_grad"] = None if tensor is None else bool(tensor.requires_grad)
+            flag = None if tensor is None else bool(tensor.requires_grad)
         else:
             if persistent is None and (adopted or detected_at is not None):
                 persistent = is_persistent_buffer(module, name)
-            payload["persistent"] = persistent
-        payload["source"] = source
-        if new and not adopted:
-            payload["module_source"] = self.source_of(module)
-        if adopted:
-            payload["adopted"] = True
-        if detected_at is not None:
-            payload["detected_at"] = detected_at
-        self.emit(f"{member}_registered", module_id, tensor_id, payload)
+            flag = persistent
+        module_source = self._sources.get(module) if new and not adopted else ABSENT
+        self.defer(
+            f"{member}_registered",
+            module_id,
+            tensor_id,
+            (name, type(module), shape, dtype, device, lazy, flag, source, module_source, adopted, detected_at),
+        )
 
     def adopt(self, root: torch.nn.Module) -> None:
         """Emit registration events for modules/tensors that existed before recording."""
