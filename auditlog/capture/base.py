@@ -130,7 +130,6 @@ class RecorderBase:
         self._registrations = 0
         self._step_scanned = -1
         self._scanned: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
-        self._sources: weakref.WeakKeyDictionary[torch.nn.Module, Site | None] = weakref.WeakKeyDictionary()
         # Registrations not yet handed to the writer, and batches handed over and not
         # yet folded into ``state`` (registrations.py); deques: appends are atomic.
         self._pending: collections.deque[Pending] = collections.deque()
@@ -199,10 +198,11 @@ class RecorderBase:
         if kind in STATE_KINDS:
             apply(self.state, {"kind": kind, "module_id": module_id, "tensor_id": tensor_id, "payload": payload})
 
-    def defer(self, kind: str, module_id: int | None, tensor_id: int | None, facts: tuple[Any, ...]) -> None:
-        """Queue a registration's facts; its event is built later (registrations.py)."""
+    def defer(self, kind: str, module_id: int | None, tensor_id: int | None, *facts: Any) -> None:
+        """Queue a registration's facts; its event is built later (registrations.py).
+        One flat tuple per registration: few objects for the garbage collector."""
         pending = self._pending
-        pending.append((kind, time.time_ns(), self.step, module_id, tensor_id, facts))
+        pending.append((kind, time.time_ns(), self.step, module_id, tensor_id, *facts))
         if len(pending) >= PENDING_MAX:
             self.settle()
 
@@ -232,9 +232,9 @@ class RecorderBase:
                 unfolded, state = self._unfolded, self._state
                 while unfolded:
                     batch = unfolded.popleft()
-                    for index, (kind, _, _, module_id, tensor_id, _) in enumerate(batch.items):
+                    for index, item in enumerate(batch.items):
                         apply(state, {
-                            "kind": kind, "module_id": module_id, "tensor_id": tensor_id,
+                            "kind": item[0], "module_id": item[3], "tensor_id": item[4],
                             "payload": batch.payload(index),
                         })
             finally:
@@ -290,14 +290,15 @@ class RecorderBase:
         """Id of a module; on first sight, remember where it was constructed."""
         number, new = self.modules.get(module)
         if new:
-            self._sources[module] = construction_site(module, depth=2)
+            # kept on the id's weak reference (ids.py): no second table per module
+            self.modules.set_note(module, construction_site(module, depth=2))
         return number
 
     def source_of(self, module: torch.nn.Module | None) -> Location | None:
         """Where ``module`` was constructed, if it was first seen while recording."""
         if module is None:
             return None
-        return site_location(self._sources.get(module))
+        return site_location(self.modules.note(module))
 
     def call_stack(self) -> list[torch.nn.Module]:
         """The modules whose forward is running on this thread, outermost first."""

@@ -101,19 +101,19 @@ class ConstructionHooks(RecorderBase):
         self._registrations += 1
         parent_new = self.modules.lookup(parent) is None
         parent_id = self.module_id(parent)
-        sources = self._sources
+        sources = self.modules
         if child is None:
             child_id = child_cls = source = None
         else:
             child_id = self.module_id(child)
             child_cls = type(child)
-            source = None if adopted else sources.get(child)
-        parent_source = sources.get(parent) if parent_new and not adopted else ABSENT
+            source = None if adopted else sources.note(child)
+        parent_source = sources.note(parent) if parent_new and not adopted else ABSENT
         self.defer(
             "module_registered",
             parent_id,
             None,
-            (name, child_id, child_cls, type(parent), source, parent_source, adopted, detected_at),
+            name, child_id, child_cls, type(parent), source, parent_source, adopted, detected_at,
         )
 
     def wrapped(self, wrapper: torch.nn.Module, name: str, child: torch.nn.Module | None) -> None:
@@ -173,12 +173,12 @@ class ConstructionHooks(RecorderBase):
             if persistent is None and (adopted or detected_at is not None):
                 persistent = is_persistent_buffer(module, name)
             flag = persistent
-        module_source = self._sources.get(module) if new and not adopted else ABSENT
+        module_source = self.modules.note(module) if new and not adopted else ABSENT
         self.defer(
             f"{member}_registered",
             module_id,
             tensor_id,
-            (name, type(module), shape, dtype, device, lazy, flag, source, module_source, adopted, detected_at),
+            name, type(module), shape, dtype, device, lazy, flag, source, module_source, adopted, detected_at,
         )
 
     def adopt(self, root: torch.nn.Module) -> None:

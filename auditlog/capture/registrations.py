@@ -35,8 +35,8 @@ PENDING_MAX = 50_000
 # written for a module first seen in that event, and may then be null).
 ABSENT: Any = object()
 
-# kind, ts_ns, step, module_id, tensor_id, facts
-Pending = tuple[str, int, int, int | None, int | None, tuple[Any, ...]]
+# kind, ts_ns, step, module_id, tensor_id, then the facts (flat: one object each)
+Pending = tuple[Any, ...]
 
 _class_names: dict[type, str] = {}
 _devices: dict[torch.device, str] = {}
@@ -110,10 +110,11 @@ class Registrations:
     def payload(self, index: int) -> Clean:
         built = self.payloads[index]
         if built is None:
-            built = self.payloads[index] = payload(self.items[index][0], self.items[index][5])
+            item = self.items[index]
+            built = self.payloads[index] = payload(item[0], item[5:])
         return built
 
     def records(self) -> Iterator[tuple[Any, ...]]:
         """The ordinary records ``(kind, ts_ns, step, module_id, tensor_id, payload)``."""
-        for index, (kind, ts_ns, step, module_id, tensor_id, _) in enumerate(self.items):
-            yield kind, ts_ns, step, module_id, tensor_id, self.payload(index)
+        for index, item in enumerate(self.items):
+            yield (*item[:5], self.payload(index))
