@@ -332,7 +332,7 @@ class RecorderBase:
         name: str,
         tensor: torch.Tensor | None,
         member: str,
-        source: Location | None = None,
+        source: Site | None = None,
         persistent: bool | None = None,
         adopted: bool = False,
         detected_at: str | None = None,

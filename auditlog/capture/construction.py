@@ -31,7 +31,7 @@ from auditlog.capture.torch_compat import (
     unwrap_model,
 )
 from auditlog.core.chain import Clean
-from auditlog.core.tensors import batch_records, dtype_name
+from auditlog.core.tensors import batch_records
 
 
 class ConstructionHooks(RecorderBase):

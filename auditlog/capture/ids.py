@@ -51,7 +51,7 @@ class _IdRef(weakref.ref):  # type: ignore[type-arg]
     and a second weak-keyed table per module made its full collections ~3x
     longer during a 5,000-module build)."""
 
-    __slots__ = ("key", "number", "note")
+    __slots__ = ("key", "note", "number")
     key: int
     number: int
     note: Any

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from auditlog.capture.source import Site, site_location
+from auditlog.capture.source import site_location
 from auditlog.core.chain import Clean
 from auditlog.core.tensors import dtype_name
 
