@@ -16,7 +16,7 @@ import torch
 
 from auditlog.capture.base import RecorderBase, class_name, module_tensors
 from auditlog.capture.payloads import HostCopy, SealItems
-from auditlog.capture.registrations import ABSENT
+from auditlog.capture.registrations import ABSENT, qualified
 from auditlog.capture.source import Site, construction_location, user_site
 from auditlog.capture.torch_compat import (
     buffers_of,
@@ -106,14 +106,14 @@ class ConstructionHooks(RecorderBase):
             child_id = child_cls = source = None
         else:
             child_id = self.module_id(child)
-            child_cls = type(child)
+            child_cls = qualified(type(child))
             source = None if adopted else sources.note(child)
         parent_source = sources.note(parent) if parent_new and not adopted else ABSENT
         self.defer(
             "module_registered",
             parent_id,
             None,
-            name, child_id, child_cls, type(parent), source, parent_source, adopted, detected_at,
+            name, child_id, child_cls, qualified(type(parent)), source, parent_source, adopted, detected_at,
         )
 
     def wrapped(self, wrapper: torch.nn.Module, name: str, child: torch.nn.Module | None) -> None:
@@ -165,7 +165,7 @@ class ConstructionHooks(RecorderBase):
                 self._lazy.add(tensor_id)
                 lazy = True
             else:
-                shape = tensor.shape
+                shape = tuple(tensor.shape)  # a plain tuple of ints: untracked by the collector
         flag: bool | None
         if member == "parameter":
             flag = None if tensor is None else bool(tensor.requires_grad)
@@ -178,7 +178,7 @@ class ConstructionHooks(RecorderBase):
             f"{member}_registered",
             module_id,
             tensor_id,
-            name, type(module), shape, dtype, device, lazy, flag, source, module_source, adopted, detected_at,
+            name, qualified(type(module)), shape, dtype, device, lazy, flag, source, module_source, adopted, detected_at,
         )
 
     def adopt(self, root: torch.nn.Module) -> None:

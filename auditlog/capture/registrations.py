@@ -12,8 +12,11 @@ record, which the writer expands into the usual events: payload dicts, class
 names, source locations, JSON and hashing happen off the training thread, and
 the writer does not compete for the GIL while the model is being built.
 
-The facts hold classes, dtypes, devices, code objects and strings, never the
-module or tensor: nothing the user drops is kept alive.
+The facts hold strings (class names), ints, dtypes, devices and code objects,
+never the module or tensor: nothing the user drops is kept alive, and a pending
+tuple holds nothing the cyclic garbage collector tracks, so it untracks the
+tuple at its first pass (a 5,000-module build made ~30,000 more tracked objects
+before, enough to add a ~0.1 s full collection to the build).
 """
 
 from __future__ import annotations
@@ -64,15 +67,15 @@ def payload(kind: str, facts: tuple[Any, ...]) -> Clean:
         out = Clean({
             "name": name,
             "child_id": child_id,
-            "child_class": None if child_cls is None else qualified(child_cls),
-            "parent_class": qualified(parent_cls),
+            "child_class": child_cls,
+            "parent_class": parent_cls,
             "source": None if adopted else site_location(source),
         })
         if parent_source is not ABSENT:
             out["parent_source"] = site_location(parent_source)
     else:
         (name, module_cls, shape, dtype, device, lazy, flag, source, module_source, adopted, detected_at) = facts
-        out = Clean(name=name, module_class=qualified(module_cls))
+        out = Clean(name=name, module_class=module_cls)
         if dtype is None:
             out.update(shape=None, dtype=None, device=None)
         elif lazy:
