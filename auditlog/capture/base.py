@@ -38,7 +38,7 @@ import torch
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.ids import ObjectIds, TensorIds
 from auditlog.capture.norms import PlanCache
-from auditlog.capture.registrations import PENDING_MAX, REGISTRATIONS, Pending, Registrations
+from auditlog.capture.registrations import PENDING_MAX, REGISTRATIONS, Registrations
 from auditlog.capture.source import Location, Site, construction_site, site_location
 from auditlog.capture.torch_compat import buffers_of, parameters_of
 from auditlog.core.chain import CleanList
@@ -117,6 +117,7 @@ class RecorderBase:
         # refuses a tensor with a weak reference).
         self.modules = ObjectIds()
         self.tensors = TensorIds()
+        self.tensors.ref_of = self.modules.entry  # places share the module's weak reference
         self.optimizers = ObjectIds()
         self.step = 0
         self.sampling = True
@@ -132,7 +133,8 @@ class RecorderBase:
         self._scanned: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
         # Registrations not yet handed to the writer, and batches handed over and not
         # yet folded into ``state`` (registrations.py); deques: appends are atomic.
-        self._pending: collections.deque[Pending] = collections.deque()
+        self._pending: collections.deque[Any] = collections.deque()
+        self._pending_count = 0
         self._unfolded: collections.deque[Registrations] = collections.deque()
         self._folding = False
         # optimizer steps: what the pre hook found, per optimizer (the copies it made,
@@ -198,28 +200,28 @@ class RecorderBase:
         if kind in STATE_KINDS:
             apply(self.state, {"kind": kind, "module_id": module_id, "tensor_id": tensor_id, "payload": payload})
 
-    def defer(self, kind: str, module_id: int | None, tensor_id: int | None, *facts: Any) -> None:
-        """Queue a registration's facts; its event is built later (registrations.py).
-        One flat tuple per registration: few objects for the garbage collector."""
+    def defer(self, values: tuple[Any, ...]) -> None:
+        """Queue a registration's facts, flat (registrations.py); its event is built later.
+
+        ``values``: one record's run of values, kind, time and step first."""
         pending = self._pending
-        pending.append((kind, time.time_ns(), self.step, module_id, tensor_id, *facts))
+        pending.extend(values)
+        self._pending_count += 1
         if len(pending) >= PENDING_MAX:
             self.settle()
 
     def settle(self) -> None:
         """Hand the pending registrations to the writer, as one record, in order."""
         pending = self._pending
-        items: list[Pending] = []
+        size = len(pending)  # whole records: each was added by one extend
+        if not size:
+            return
         pop = pending.popleft
-        try:
-            while True:
-                items.append(pop())
-        except IndexError:
-            pass
-        if items:
-            batch = Registrations(items)
-            self._unfolded.append(batch)
-            self.buffer.put((REGISTRATIONS, batch))
+        flat = [pop() for _ in range(size)]
+        count, self._pending_count = self._pending_count, 0
+        batch = Registrations(flat, count)
+        self._unfolded.append(batch)
+        self.buffer.put((REGISTRATIONS, batch))
 
     @property
     def state(self) -> ModelState:
@@ -232,11 +234,8 @@ class RecorderBase:
                 unfolded, state = self._unfolded, self._state
                 while unfolded:
                     batch = unfolded.popleft()
-                    for index, item in enumerate(batch.items):
-                        apply(state, {
-                            "kind": item[0], "module_id": item[3], "tensor_id": item[4],
-                            "payload": batch.payload(index),
-                        })
+                    for kind, _, _, module_id, tensor_id, body in batch.records():
+                        apply(state, {"kind": kind, "module_id": module_id, "tensor_id": tensor_id, "payload": body})
             finally:
                 self._folding = False
         return self._state
@@ -291,14 +290,18 @@ class RecorderBase:
         number, new = self.modules.get(module)
         if new:
             # kept on the id's weak reference (ids.py): no second table per module
-            self.modules.set_note(module, construction_site(module, depth=2))
+            site = construction_site(module, depth=2)
+            ref = self.modules.entry(module)
+            if site is not None and ref is not None:
+                ref.code, ref.line = site
         return number
 
     def source_of(self, module: torch.nn.Module | None) -> Location | None:
         """Where ``module`` was constructed, if it was first seen while recording."""
         if module is None:
             return None
-        return site_location(self.modules.note(module))
+        ref = self.modules.entry(module)
+        return None if ref is None or ref.line is None else site_location((ref.code, ref.line))
 
     def call_stack(self) -> list[torch.nn.Module]:
         """The modules whose forward is running on this thread, outermost first."""

@@ -9,6 +9,7 @@ first optimizer step, an explicit ``run.seal(model)``, or run end).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -99,22 +100,28 @@ class ConstructionHooks(RecorderBase):
 
         Deferred (registrations.py): the facts now, the payload on the writer."""
         self._registrations += 1
-        parent_new = self.modules.lookup(parent) is None
+        modules = self.modules
+        parent_new = modules.lookup(parent) is None
         parent_id = self.module_id(parent)
-        sources = self.modules
+        code = line = None
         if child is None:
-            child_id = child_cls = source = None
+            child_id = child_cls = None
         else:
             child_id = self.module_id(child)
             child_cls = qualified(type(child))
-            source = None if adopted else sources.note(child)
-        parent_source = sources.note(parent) if parent_new and not adopted else ABSENT
-        self.defer(
-            "module_registered",
-            parent_id,
-            None,
-            name, child_id, child_cls, qualified(type(parent)), source, parent_source, adopted, detected_at,
-        )
+            if not adopted:
+                ref = modules.entry(child)
+                if ref is not None:
+                    code, line = ref.code, ref.line
+        parent_code: Any = ABSENT
+        parent_line = None
+        if parent_new and not adopted:
+            ref = modules.entry(parent)
+            parent_code, parent_line = (None, None) if ref is None else (ref.code, ref.line)
+        self.defer((
+            "module_registered", time.time_ns(), self.step, parent_id, None, name, child_id, child_cls,
+            qualified(type(parent)), code, line, parent_code, parent_line, adopted, detected_at,
+        ))
 
     def wrapped(self, wrapper: torch.nn.Module, name: str, child: torch.nn.Module | None) -> None:
         """Emit ``module_wrapped``: the model was put inside a data-parallel wrapper.
@@ -152,8 +159,9 @@ class ConstructionHooks(RecorderBase):
         self._registrations += 1
         new = self.modules.lookup(module) is None
         module_id = self.module_id(module)
-        tensor_id = shape = dtype = device = None
+        tensor_id = dtype = device = None
         lazy = False
+        shape: Any = ()
         if tensor is not None:
             # The place is remembered with the id (ids.py): no reference to the tensor.
             tensor_id, _ = self.tensors.get(tensor, module, member, name)
@@ -165,7 +173,7 @@ class ConstructionHooks(RecorderBase):
                 self._lazy.add(tensor_id)
                 lazy = True
             else:
-                shape = tuple(tensor.shape)  # a plain tuple of ints: untracked by the collector
+                shape = tensor.shape
         flag: bool | None
         if member == "parameter":
             flag = None if tensor is None else bool(tensor.requires_grad)
@@ -173,13 +181,17 @@ class ConstructionHooks(RecorderBase):
             if persistent is None and (adopted or detected_at is not None):
                 persistent = is_persistent_buffer(module, name)
             flag = persistent
-        module_source = self.modules.note(module) if new and not adopted else ABSENT
-        self.defer(
-            f"{member}_registered",
-            module_id,
-            tensor_id,
-            name, qualified(type(module)), shape, dtype, device, lazy, flag, source, module_source, adopted, detected_at,
-        )
+        module_code: Any = ABSENT
+        module_line = None
+        if new and not adopted:
+            ref = self.modules.entry(module)
+            module_code, module_line = (None, None) if ref is None else (ref.code, ref.line)
+        code, line = (None, None) if source is None else source
+        self.defer((
+            f"{member}_registered", time.time_ns(), self.step, module_id, tensor_id, name,
+            qualified(type(module)), dtype, device, lazy, flag, code, line, module_code, module_line,
+            adopted, detected_at, None if tensor is None or lazy else len(shape), *shape,
+        ))
 
     def adopt(self, root: torch.nn.Module) -> None:
         """Emit registration events for modules/tensors that existed before recording."""

@@ -45,16 +45,17 @@ Place = tuple[weakref.ref[Any], str, str]
 
 class _IdRef(weakref.ref):  # type: ignore[type-arg]
     """The weak reference to a module or optimizer that also carries its id, its
-    address and what the recorder noted at first sight (``note``: where it was
-    constructed). One object per module: a building model's registrations add
+    address and what the recorder noted at first sight (``code``, ``line``: where
+    it was constructed, see source.py). One object per module: a building model's registrations add
     few objects for the cyclic garbage collector to traverse (closures, tuples
     and a second weak-keyed table per module made its full collections ~3x
     longer during a 5,000-module build)."""
 
-    __slots__ = ("key", "note", "number")
+    __slots__ = ("code", "key", "line", "number")
     key: int
     number: int
-    note: Any
+    code: Any
+    line: int | None
 
 
 class ObjectIds:
@@ -86,23 +87,15 @@ class ObjectIds:
             key = id(obj)
             number = next(self._counter)
             ref = _IdRef(obj, self._callback)
-            ref.key, ref.number, ref.note = key, number, None
+            ref.key, ref.number, ref.code, ref.line = key, number, None, None
             self._ids[key] = ref
             self._by_number[number] = ref
             return number, True
 
-    def set_note(self, obj: object, note: Any) -> None:
-        """Keep ``note`` with ``obj``'s id (it lives as long as the id)."""
+    def entry(self, obj: object) -> _IdRef | None:
+        """The weak reference holding ``obj``'s id and notes, or None (no id)."""
         ref = self._ids.get(id(obj))
-        if ref is not None and ref() is obj:
-            ref.note = note
-
-    def note(self, obj: object) -> Any:
-        """What was noted with ``obj``'s id, or None."""
-        ref = self._ids.get(id(obj))
-        if ref is not None and ref() is obj:
-            return ref.note
-        return None
+        return ref if ref is not None and ref() is obj else None
 
     def object(self, number: int) -> Any:
         """The live object with this id, or None if it died (or never had it)."""
@@ -118,6 +111,40 @@ class ObjectIds:
         return len(self._ids)
 
 
+class _Places:
+    """Per tensor id, the places that hold it; the first one in three plain dicts.
+
+    Nearly every tensor has one place: kept as dict values (no tuple, no list
+    per tensor), a 5,000-tensor build leaves few new objects for the cyclic
+    garbage collector, whose full collections otherwise lengthen the build."""
+
+    __slots__ = ("_member", "_more", "_name", "_ref")
+
+    def __init__(self) -> None:
+        self._ref: dict[int, weakref.ref[Any]] = {}
+        self._member: dict[int, str] = {}
+        self._name: dict[int, str] = {}
+        self._more: dict[int, list[Place]] = {}
+
+    def get(self, number: int) -> tuple[Place, ...]:
+        ref = self._ref.get(number)
+        if ref is None:
+            return ()
+        first = (ref, self._member[number], self._name[number])
+        more = self._more.get(number)
+        return (first,) if more is None else (first, *more)
+
+    def add(self, number: int, ref: weakref.ref[Any], member: str, name: str) -> None:
+        if number not in self._ref:
+            self._ref[number], self._member[number], self._name[number] = ref, member, name
+        else:
+            self._more.setdefault(number, []).append((ref, member, name))
+
+    def pop(self, number: int) -> None:
+        for table in (self._ref, self._member, self._name, self._more):
+            table.pop(number, None)
+
+
 class TensorIds:
     """Maps tensors to small integer ids without holding any reference to them.
 
@@ -131,7 +158,10 @@ class TensorIds:
     def __init__(self) -> None:
         self._numbers: dict[int, int] = {}  # id(tensor) -> number
         self._address: dict[int, int] = {}  # number -> id(tensor)
-        self._places: dict[int, list[Place]] = {}  # number -> where it is held
+        self._places = _Places()  # number -> where it is held
+        # The weak reference to a holder to keep in its places: the one that holds
+        # the module's id when there is one (ObjectIds.entry), no second one.
+        self.ref_of: Any = lambda holder: None
         # optimizer -> ids of the objects in its param_groups when last noted
         self._members: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
         self._counter = itertools.count(1)
@@ -155,7 +185,7 @@ class TensorIds:
         address = self._address.get(number)
         if address is None:
             return None
-        for place in self._places.get(number, ()):
+        for place in self._places.get(number):
             found = _at(place, address)
             if found is not None:
                 return found
@@ -185,7 +215,7 @@ class TensorIds:
             number = next(self._counter)
             self._numbers[address] = number
             self._address[number] = address
-            self._places[number] = []
+            self._places.pop(number)
             if holder is not None:
                 self._add_place(number, holder, member, name)
             if len(self._address) > self._purge_at:
@@ -198,18 +228,15 @@ class TensorIds:
 
     # ------------------------------------------------------------------ internals
     def _add_place(self, number: int, holder: Any, member: str, name: str) -> None:
-        places = self._places.setdefault(number, [])
-        for ref, m, n in places:
+        for ref, m, n in self._places.get(number):
             if m == member and n == name and ref() is holder:
                 return
-        places.append((weakref.ref(holder), member, name))
+        ref = self.ref_of(holder)
+        self._places.add(number, weakref.ref(holder) if ref is None else ref, member, name)
 
     def _held(self, number: int, tensor: torch.Tensor) -> bool:
         """Does a remembered place hold this very object?"""
-        places = self._places.get(number)
-        if not places:
-            return False
-        for ref, member, name in places:
+        for ref, member, name in self._places.get(number):
             holder = ref()
             if holder is None:
                 continue
@@ -229,9 +256,9 @@ class TensorIds:
         ``keep``: the id just assigned, whose module dict a registration hook is
         about to write (the hook runs before torch stores the tensor)."""
         for number, address in list(self._address.items()):
-            if number != keep and not any(self._holds(place, address) for place in self._places.get(number, ())):
+            if number != keep and not any(self._holds(place, address) for place in self._places.get(number)):
                 self._address.pop(number, None)
-                self._places.pop(number, None)
+                self._places.pop(number)
                 if self._numbers.get(address) == number:
                     del self._numbers[address]
         self._purge_at = max(4096, 2 * len(self._address))

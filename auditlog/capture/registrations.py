@@ -21,25 +21,40 @@ before, enough to add a ~0.1 s full collection to the build).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
 from typing import Any
 
 import torch
 
-from auditlog.capture.source import site_location
+from auditlog.capture.source import Location, site_location
 from auditlog.core.chain import Clean
 from auditlog.core.tensors import dtype_name
 
 REGISTRATIONS = "__registrations__"
-# Registrations held before they go to the writer anyway (a model built in a loop
-# without steps must not grow memory without bound; ~200 bytes each).
-PENDING_MAX = 50_000
+# Pending values (~15-20 per registration, 8 bytes each) held before they go to
+# the writer anyway: a model built in a loop without steps must not grow memory
+# without bound.
+PENDING_MAX = 500_000
 # A key absent from the payload (``parent_source`` / ``module_source`` are only
 # written for a module first seen in that event, and may then be null).
 ABSENT: Any = object()
 
-# kind, ts_ns, step, module_id, tensor_id, then the facts (flat: one object each)
-Pending = tuple[Any, ...]
+# The pending queue is flat: each registration is a run of plain values (see
+# ``MODULE_WIDTH`` / ``TENSOR_WIDTH``), appended with one ``deque.extend`` (atomic
+# under the GIL: the queue always holds whole records). No object per
+# registration survives on the training thread, which keeps the garbage
+# collector's allocation counts, and so its full collections, close to a bare build's.
+#
+# module_registered: kind, ts_ns, step, parent_id, None, name, child_id,
+#   child_class, parent_class, source code, source line, parent_source code (ABSENT:
+#   no key), parent_source line, adopted, detected_at
+# parameter/buffer_registered: kind, ts_ns, step, module_id, tensor_id, name,
+#   module_class, dtype, device, lazy, requires_grad/persistent, source code,
+#   source line, module_source code (ABSENT: no key), module_source line, adopted,
+#   detected_at, ndim (None: no shape), then the ndim sizes
+MODULE_WIDTH = 15
+TENSOR_WIDTH = 18
+Pending = Any
 
 _class_names: dict[type, str] = {}
 _devices: dict[torch.device, str] = {}
@@ -60,64 +75,81 @@ def _device(device: torch.device) -> str:
     return name
 
 
-def payload(kind: str, facts: tuple[Any, ...]) -> Clean:
-    """The event's payload, exactly as the hooks used to build it (docs/events.md)."""
-    if kind == "module_registered":
-        name, child_id, child_cls, parent_cls, source, parent_source, adopted, detected_at = facts
-        out = Clean({
-            "name": name,
-            "child_id": child_id,
-            "child_class": child_cls,
-            "parent_class": parent_cls,
-            "source": None if adopted else site_location(source),
-        })
-        if parent_source is not ABSENT:
-            out["parent_source"] = site_location(parent_source)
-    else:
-        (name, module_cls, shape, dtype, device, lazy, flag, source, module_source, adopted, detected_at) = facts
-        out = Clean(name=name, module_class=module_cls)
-        if dtype is None:
-            out.update(shape=None, dtype=None, device=None)
-        elif lazy:
-            out.update(shape=None, dtype=dtype_name(dtype), device=_device(device), lazy=True)
+def _site(code: Any, line: Any) -> Location | None:
+    return None if code is None else site_location((code, line))
+
+
+def parse(flat: list[Any]) -> list[tuple[Any, ...]]:
+    """The ordinary records ``(kind, ts_ns, step, module_id, tensor_id, payload)``
+    of a run of flat registrations, payloads exactly as docs/events.md gives them."""
+    out: list[tuple[Any, ...]] = []
+    index, end = 0, len(flat)
+    while index < end:
+        kind = flat[index]
+        if kind == "module_registered":
+            (_, ts_ns, step, module_id, tensor_id, name, child_id, child_cls, parent_cls, code, line,
+             parent_code, parent_line, adopted, detected_at) = flat[index:index + MODULE_WIDTH]
+            index += MODULE_WIDTH
+            body = Clean({
+                "name": name,
+                "child_id": child_id,
+                "child_class": child_cls,
+                "parent_class": parent_cls,
+                "source": None if adopted else _site(code, line),
+            })
+            if parent_code is not ABSENT:
+                body["parent_source"] = _site(parent_code, parent_line)
         else:
-            out.update(shape=list(shape), dtype=dtype_name(dtype), device=_device(device))
-        out["requires_grad" if kind == "parameter_registered" else "persistent"] = flag
-        out["source"] = site_location(source)
-        if module_source is not ABSENT:
-            out["module_source"] = site_location(module_source)
-    if adopted:
-        out["adopted"] = True
-    if detected_at is not None:
-        out["detected_at"] = detected_at
+            (_, ts_ns, step, module_id, tensor_id, name, module_cls, dtype, device, lazy, flag, code, line,
+             module_code, module_line, adopted, detected_at, ndim) = flat[index:index + TENSOR_WIDTH]
+            index += TENSOR_WIDTH
+            body = Clean(name=name, module_class=module_cls)
+            if dtype is None:
+                body.update(shape=None, dtype=None, device=None)
+            elif lazy:
+                body.update(shape=None, dtype=dtype_name(dtype), device=_device(device), lazy=True)
+            else:
+                body.update(shape=flat[index:index + ndim], dtype=dtype_name(dtype), device=_device(device))
+            if ndim is not None:
+                index += ndim
+            body["requires_grad" if kind == "parameter_registered" else "persistent"] = flag
+            body["source"] = _site(code, line)
+            if module_code is not ABSENT:
+                body["module_source"] = _site(module_code, module_line)
+        if adopted:
+            body["adopted"] = True
+        if detected_at is not None:
+            body["detected_at"] = detected_at
+        out.append((kind, ts_ns, step, module_id, tensor_id, body))
     return out
 
 
 class Registrations:
-    """A batch of pending registrations, in hook order; payloads built once, on demand.
+    """A batch of pending registrations, in hook order, parsed once on demand.
 
     Both the writer (to encode) and the recorder (to fold the replayed state)
-    ask for payloads; whichever comes first builds each one (a list slot is
-    written atomically; both would build the same dict).
+    read the records; whichever comes first parses them.
     """
 
-    __slots__ = ("items", "payloads")
+    __slots__ = ("_flat", "_lock", "_records", "count")
 
-    def __init__(self, items: list[Pending]) -> None:
-        self.items = items
-        self.payloads: list[Clean | None] = [None] * len(items)
+    def __init__(self, flat: list[Any], count: int) -> None:
+        self._flat: list[Any] | None = flat
+        self._records: list[tuple[Any, ...]] | None = None
+        self._lock = threading.Lock()
+        self.count = count
 
     def __len__(self) -> int:
-        return len(self.items)
+        return self.count
 
-    def payload(self, index: int) -> Clean:
-        built = self.payloads[index]
-        if built is None:
-            item = self.items[index]
-            built = self.payloads[index] = payload(item[0], item[5:])
-        return built
-
-    def records(self) -> Iterator[tuple[Any, ...]]:
+    def records(self) -> list[tuple[Any, ...]]:
         """The ordinary records ``(kind, ts_ns, step, module_id, tensor_id, payload)``."""
-        for index, item in enumerate(self.items):
-            yield (*item[:5], self.payload(index))
+        records = self._records
+        if records is None:
+            with self._lock:
+                records = self._records
+                if records is None:
+                    assert self._flat is not None
+                    records = self._records = parse(self._flat)
+                    self._flat = None
+        return records
