@@ -140,6 +140,19 @@ class _Places:
         else:
             self._more.setdefault(number, []).append((ref, member, name))
 
+    def holds_first(self, number: int, address: int) -> bool:
+        """Does the first place (a module's parameter or buffer) hold the object at
+        ``address``? The common case of ``TensorIds._purge``, inline."""
+        ref = self._ref.get(number)
+        holder = None if ref is None else ref()
+        if holder is None:
+            return False
+        member = self._member[number]
+        if member == "optimizer":
+            return False
+        table = parameters_of(holder) if member == "parameter" else buffers_of(holder)
+        return id(table.get(self._name[number])) == address
+
     def pop(self, number: int) -> None:
         for table in (self._ref, self._member, self._name, self._more):
             table.pop(number, None)
@@ -255,12 +268,16 @@ class TensorIds:
 
         ``keep``: the id just assigned, whose module dict a registration hook is
         about to write (the hook runs before torch stores the tensor)."""
+        held = self._places.holds_first
         for number, address in list(self._address.items()):
-            if number != keep and not any(self._holds(place, address) for place in self._places.get(number)):
-                self._address.pop(number, None)
-                self._places.pop(number)
-                if self._numbers.get(address) == number:
-                    del self._numbers[address]
+            if number == keep or held(number, address):
+                continue
+            if any(self._holds(place, address) for place in self._places.get(number)):
+                continue
+            self._address.pop(number, None)
+            self._places.pop(number)
+            if self._numbers.get(address) == number:
+                del self._numbers[address]
         self._purge_at = max(4096, 2 * len(self._address))
 
     def _holds(self, place: Place, address: int) -> bool:
