@@ -234,8 +234,7 @@ class RecorderBase:
                 unfolded, state = self._unfolded, self._state
                 while unfolded:
                     batch = unfolded.popleft()
-                    for kind, _, _, module_id, tensor_id, body in batch.records():
-                        apply(state, {"kind": kind, "module_id": module_id, "tensor_id": tensor_id, "payload": body})
+                    batch.fold_into(state)
             finally:
                 self._folding = False
         return self._state
