@@ -286,14 +286,20 @@ class RecorderBase:
     # ------------------------------------------------------------------ identity
     def module_id(self, module: torch.nn.Module) -> int:
         """Id of a module; on first sight, remember where it was constructed."""
-        number, new = self.modules.get(module)
+        number: int = self.module_ref(module, depth=3)[0].number
+        return number
+
+    def module_ref(self, module: torch.nn.Module, depth: int = 2) -> tuple[Any, bool]:
+        """``(reference carrying the id and construction site, is_new)`` of a module
+        (ids.py); on first sight, the site is searched from ``depth`` frames up
+        (2: the caller of this method)."""
+        ref, new = self.modules.get_ref(module)
         if new:
             # kept on the id's weak reference (ids.py): no second table per module
-            site = construction_site(module, depth=2)
-            ref = self.modules.entry(module)
-            if site is not None and ref is not None:
+            site = construction_site(module, depth=depth)
+            if site is not None:
                 ref.code, ref.line = site
-        return number
+        return ref, new
 
     def source_of(self, module: torch.nn.Module | None) -> Location | None:
         """Where ``module`` was constructed, if it was first seen while recording."""

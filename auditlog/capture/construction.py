@@ -100,24 +100,21 @@ class ConstructionHooks(RecorderBase):
 
         Deferred (registrations.py): the facts now, the payload on the writer."""
         self._registrations += 1
-        modules = self.modules
-        parent_new = modules.lookup(parent) is None
-        parent_id = self.module_id(parent)
+        parent_ref, parent_new = self.module_ref(parent)
         code = line = None
         if child is None:
             child_id = child_cls = None
         else:
-            child_id = self.module_id(child)
+            ref = self.module_ref(child)[0]
+            child_id = ref.number
             child_cls = qualified(type(child))
             if not adopted:
-                ref = modules.entry(child)
-                if ref is not None:
-                    code, line = ref.code, ref.line
+                code, line = ref.code, ref.line
+        parent_id = parent_ref.number
         parent_code: Any = ABSENT
         parent_line = None
         if parent_new and not adopted:
-            ref = modules.entry(parent)
-            parent_code, parent_line = (None, None) if ref is None else (ref.code, ref.line)
+            parent_code, parent_line = parent_ref.code, parent_ref.line
         self.defer((
             "module_registered", time.time_ns(), self.step, parent_id, None, name, child_id, child_cls,
             qualified(type(parent)), code, line, parent_code, parent_line, adopted, detected_at,
@@ -157,8 +154,8 @@ class ConstructionHooks(RecorderBase):
         """Emit ``parameter_registered`` / ``buffer_registered`` for one member (deferred:
         registrations.py)."""
         self._registrations += 1
-        new = self.modules.lookup(module) is None
-        module_id = self.module_id(module)
+        module_ref, new = self.module_ref(module)
+        module_id = module_ref.number
         tensor_id = dtype = device = None
         lazy = False
         shape: Any = ()
@@ -184,8 +181,7 @@ class ConstructionHooks(RecorderBase):
         module_code: Any = ABSENT
         module_line = None
         if new and not adopted:
-            ref = self.modules.entry(module)
-            module_code, module_line = (None, None) if ref is None else (ref.code, ref.line)
+            module_code, module_line = module_ref.code, module_ref.line
         code, line = (None, None) if source is None else source
         self.defer((
             f"{member}_registered", time.time_ns(), self.step, module_id, tensor_id, name,

@@ -77,20 +77,25 @@ class ObjectIds:
 
     def get(self, obj: object) -> tuple[int, bool]:
         """Return ``(id, is_new)`` for ``obj``, assigning a fresh id on first sight."""
+        ref, new = self.get_ref(obj)
+        return ref.number, new
+
+    def get_ref(self, obj: object) -> tuple[_IdRef, bool]:
+        """Like ``get``, with the reference that carries the id and its notes."""
         ref = self._ids.get(id(obj))
         if ref is not None and ref() is obj:
-            return ref.number, False
+            return ref, False
         with self._lock:
             ref = self._ids.get(id(obj))
             if ref is not None and ref() is obj:
-                return ref.number, False
+                return ref, False
             key = id(obj)
             number = next(self._counter)
             ref = _IdRef(obj, self._callback)
             ref.key, ref.number, ref.code, ref.line = key, number, None, None
             self._ids[key] = ref
             self._by_number[number] = ref
-            return number, True
+            return ref, True
 
     def entry(self, obj: object) -> _IdRef | None:
         """The weak reference holding ``obj``'s id and notes, or None (no id)."""
