@@ -135,6 +135,7 @@ class RecorderBase:
         # yet folded into ``state`` (registrations.py); deques: appends are atomic.
         self._pending: collections.deque[Any] = collections.deque()
         self._pending_count = 0
+        self._settling = False
         self._unfolded: collections.deque[Registrations] = collections.deque()
         self._folding = False
         # optimizer steps: what the pre hook found, per optimizer (the copies it made,
@@ -214,14 +215,20 @@ class RecorderBase:
         """Hand the pending registrations to the writer, as one record, in order."""
         pending = self._pending
         size = len(pending)  # whole records: each was added by one extend
-        if not size:
+        if not size or self._settling:
+            # Re-entered (a finalizer that reads the state, run by a collection
+            # during the pops below): the outer call ships these, in order.
             return
-        pop = pending.popleft
-        flat = [pop() for _ in range(size)]
-        count, self._pending_count = self._pending_count, 0
-        batch = Registrations(flat, count)
-        self._unfolded.append(batch)
-        self.buffer.put((REGISTRATIONS, batch))
+        self._settling = True
+        try:
+            pop = pending.popleft
+            flat = [pop() for _ in range(size)]
+            count, self._pending_count = self._pending_count, 0
+            batch = Registrations(flat, count)
+            self._unfolded.append(batch)
+            self.buffer.put((REGISTRATIONS, batch))
+        finally:
+            self._settling = False
 
     @property
     def state(self) -> ModelState:
