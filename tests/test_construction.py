@@ -190,3 +190,32 @@ def test_shared_module_named_once_like_torch(store: Path) -> None:
     assert [n for n, _ in state.named_parameters(root)] == [n for n, _ in model.named_parameters()]
     shared_id = dict(state.named_modules(root))["0"]
     assert state.module_names()[shared_id] == ["0"]  # named_modules-style dedup
+
+
+def test_deferred_registrations_reach_the_store_on_flush_and_match_the_live_state(tmp_path: Path) -> None:
+    """Registration hooks only queue facts (capture/registrations.py): ``run.flush()``
+    alone makes them visible, in hook order, and the recorder's own replayed
+    state (its structural checks read it) equals the store's."""
+    store = tmp_path / "s"
+    built_before = nn.Sequential(nn.Linear(2, 2))
+    with auditlog.record(store) as run:
+        model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Sequential(nn.Tanh(), nn.Linear(4, 2)))
+        extra = nn.Module()
+        extra.register_parameter("nothing", None)
+        extra.register_buffer("scratch", torch.zeros(2), persistent=False)
+        extra.lazy = nn.LazyLinear(3)
+        extra.adopted = built_before  # built before recording: adopted
+        model.append(extra)
+        assert run.flush()
+        state = replayed(store)
+        assert len(state.modules) == len(list(model.modules()))
+        recorder = run.recorder
+        assert recorder is not None
+        live = recorder.state
+        assert {m: (n.cls, n.children, n.parameters, n.buffers, n.source) for m, n in live.modules.items()} == {
+            m: (n.cls, n.children, n.parameters, n.buffers, n.source) for m, n in state.modules.items()
+        }
+        assert {t: (i.shape, i.dtype, i.device, i.requires_grad, i.persistent, i.source)
+                for t, i in live.tensors.items()} == {
+            t: (i.shape, i.dtype, i.device, i.requires_grad, i.persistent, i.source) for t, i in state.tensors.items()
+        }

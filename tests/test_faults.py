@@ -50,7 +50,7 @@ def run(args: list[str], cwd: Path, **kwargs: object) -> subprocess.CompletedPro
 DISK_FULL = """
 import resource, signal
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG from write() instead of a signal
-resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))
 """
 
 

@@ -104,3 +104,31 @@ def test_global_hook_tables_are_the_ones_torch_registers_into(table: str) -> Non
         handle.remove()
         nn_module._global_is_full_backward_hook = flag
     assert handle.id not in global_hook_table(table)
+
+
+def test_flop_counting_mode_matches_torch_with_repeated_layers() -> None:
+    """Answers remembered per (operator, shapes, plain arguments) are the formulas' own:
+    equal layers repeated, convolutions with list arguments, differing shapes."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from auditlog.capture.torch_compat import flop_counting_mode
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        *[torch.nn.Conv2d(3, 3, 3, padding=1) for _ in range(3)],
+        torch.nn.Conv2d(3, 4, 3, stride=2),
+        torch.nn.Flatten(),
+        torch.nn.LazyLinear(5),
+        *[torch.nn.Linear(5, 5) for _ in range(4)],
+    )
+    x = torch.randn(2, 3, 9, 9)
+    model(x)  # materialize the lazy layer
+    for inputs in (x, torch.randn(4, 3, 9, 9), x):
+        ours = flop_counting_mode()
+        with ours:
+            model(inputs).sum().backward()
+        theirs = FlopCounterMode(display=False)
+        with theirs:
+            model(inputs).sum().backward()
+        expected = {str(op): n for op, n in theirs.get_flop_counts()["Global"].items()}
+        assert {str(op): n for op, n in ours.counts.items()} == expected

@@ -38,7 +38,8 @@ import torch
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.ids import ObjectIds, TensorIds
 from auditlog.capture.norms import PlanCache
-from auditlog.capture.source import Location, construction_location
+from auditlog.capture.registrations import PENDING_MAX, REGISTRATIONS, Registrations
+from auditlog.capture.source import Location, Site, construction_site, site_location
 from auditlog.capture.torch_compat import buffers_of, parameters_of
 from auditlog.core.chain import CleanList
 from auditlog.core.policy import Policy
@@ -116,6 +117,7 @@ class RecorderBase:
         # refuses a tensor with a weak reference).
         self.modules = ObjectIds()
         self.tensors = TensorIds()
+        self.tensors.ref_of = self.modules.entry  # places share the module's weak reference
         self.optimizers = ObjectIds()
         self.step = 0
         self.sampling = True
@@ -129,7 +131,13 @@ class RecorderBase:
         self._registrations = 0
         self._step_scanned = -1
         self._scanned: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
-        self._sources: weakref.WeakKeyDictionary[torch.nn.Module, Location | None] = weakref.WeakKeyDictionary()
+        # Registrations not yet handed to the writer, and batches handed over and not
+        # yet folded into ``state`` (registrations.py); deques: appends are atomic.
+        self._pending: collections.deque[Any] = collections.deque()
+        self._pending_count = 0
+        self._settling = False
+        self._unfolded: collections.deque[Registrations] = collections.deque()
+        self._folding = False
         # optimizer steps: what the pre hook found, per optimizer (the copies it made,
         # never the parameters: the post hook reads them from the optimizer again);
         # reusable host buffers for the pre-step copy (CPU); the ids of its parameters
@@ -160,7 +168,7 @@ class RecorderBase:
         self.faults = 0
         # The state our own events describe (replay.apply), for structural checks,
         # and per tensor id the (shape, dtype, device, requires_grad) last found equal to it.
-        self.state = ModelState()
+        self._state = ModelState()
         self.checked_facts: dict[int, tuple[Any, ...]] = {}
         # roots seen, and the finalizers that snapshot a root when it is released
         self._roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
@@ -182,12 +190,61 @@ class RecorderBase:
         payload: Any = None,
         step: int | None = None,
     ) -> None:
-        """Queue one record (the only way anything leaves the capture layer)."""
+        """Queue one record (the only way anything leaves the capture layer).
+
+        Registrations still pending go first: the stream keeps the hooks' order."""
+        if self._pending:
+            self.settle()
         self.buffer.put(
             (kind, time.time_ns(), self.step if step is None else step, module_id, tensor_id, payload)
         )
         if kind in STATE_KINDS:
             apply(self.state, {"kind": kind, "module_id": module_id, "tensor_id": tensor_id, "payload": payload})
+
+    def defer(self, values: tuple[Any, ...]) -> None:
+        """Queue a registration's facts, flat (registrations.py); its event is built later.
+
+        ``values``: one record's run of values, kind, time and step first."""
+        pending = self._pending
+        pending.extend(values)
+        self._pending_count += 1
+        if len(pending) >= PENDING_MAX:
+            self.settle()
+
+    def settle(self) -> None:
+        """Hand the pending registrations to the writer, as one record, in order."""
+        pending = self._pending
+        size = len(pending)  # whole records: each was added by one extend
+        if not size or self._settling:
+            # Re-entered (a finalizer that reads the state, run by a collection
+            # during the pops below): the outer call ships these, in order.
+            return
+        self._settling = True
+        try:
+            pop = pending.popleft
+            flat = [pop() for _ in range(size)]
+            count, self._pending_count = self._pending_count, 0
+            batch = Registrations(flat, count)
+            self._unfolded.append(batch)
+            self.buffer.put((REGISTRATIONS, batch))
+        finally:
+            self._settling = False
+
+    @property
+    def state(self) -> ModelState:
+        """The state our own events describe (replay.apply), registrations folded in."""
+        if self._pending:
+            self.settle()
+        if self._unfolded and not self._folding:
+            self._folding = True  # a finalizer reading the state mid-fold sees it as it stands
+            try:
+                unfolded, state = self._unfolded, self._state
+                while unfolded:
+                    batch = unfolded.popleft()
+                    batch.fold_into(state)
+            finally:
+                self._folding = False
+        return self._state
 
     def fault(self, where: str, exc: BaseException) -> None:
         """Record a recorder fault; warn once per place; never raise."""
@@ -236,16 +293,27 @@ class RecorderBase:
     # ------------------------------------------------------------------ identity
     def module_id(self, module: torch.nn.Module) -> int:
         """Id of a module; on first sight, remember where it was constructed."""
-        number, new = self.modules.get(module)
-        if new:
-            self._sources[module] = construction_location(module, depth=2)
+        number: int = self.module_ref(module, depth=3)[0].number
         return number
+
+    def module_ref(self, module: torch.nn.Module, depth: int = 2) -> tuple[Any, bool]:
+        """``(reference carrying the id and construction site, is_new)`` of a module
+        (ids.py); on first sight, the site is searched from ``depth`` frames up
+        (2: the caller of this method)."""
+        ref, new = self.modules.get_ref(module)
+        if new:
+            # kept on the id's weak reference (ids.py): no second table per module
+            site = construction_site(module, depth=depth)
+            if site is not None:
+                ref.code, ref.line = site
+        return ref, new
 
     def source_of(self, module: torch.nn.Module | None) -> Location | None:
         """Where ``module`` was constructed, if it was first seen while recording."""
         if module is None:
             return None
-        return self._sources.get(module)
+        ref = self.modules.entry(module)
+        return None if ref is None or ref.line is None else site_location((ref.code, ref.line))
 
     def call_stack(self) -> list[torch.nn.Module]:
         """The modules whose forward is running on this thread, outermost first."""
@@ -279,7 +347,7 @@ class RecorderBase:
         name: str,
         tensor: torch.Tensor | None,
         member: str,
-        source: Location | None = None,
+        source: Site | None = None,
         persistent: bool | None = None,
         adopted: bool = False,
         detected_at: str | None = None,

@@ -28,6 +28,8 @@ def record_weight(record: Record) -> int:
         return max(1, len(payload.get("forward", ())) + len(payload.get("backward", ())))
     if kind == "optimizer_step":
         return 1 + len(record[5].get("tensor_ids") or ()) // 25
+    if kind == "__registrations__":  # registrations.REGISTRATIONS: a batch of them
+        return max(1, len(record[1]))
     return 1
 
 

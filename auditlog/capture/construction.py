@@ -9,6 +9,7 @@ first optimizer step, an explicit ``run.seal(model)``, or run end).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +17,8 @@ import torch
 
 from auditlog.capture.base import RecorderBase, class_name, module_tensors
 from auditlog.capture.payloads import HostCopy, SealItems
-from auditlog.capture.source import Location, construction_location, user_location
+from auditlog.capture.registrations import ABSENT, qualified
+from auditlog.capture.source import Site, construction_location, user_site
 from auditlog.capture.torch_compat import (
     buffers_of,
     children_of,
@@ -30,7 +32,7 @@ from auditlog.capture.torch_compat import (
     unwrap_model,
 )
 from auditlog.core.chain import Clean
-from auditlog.core.tensors import batch_records, dtype_name
+from auditlog.core.tensors import batch_records
 
 
 class ConstructionHooks(RecorderBase):
@@ -68,7 +70,7 @@ class ConstructionHooks(RecorderBase):
         self, module: torch.nn.Module, name: str, param: torch.Tensor | None
     ) -> None:
         try:
-            self.register_tensor(module, name, param, "parameter", source=user_location(2))
+            self.register_tensor(module, name, param, "parameter", source=user_site(2))
         except Exception as exc:
             self.fault("parameter_registration_hook", exc)
         return None
@@ -79,7 +81,7 @@ class ConstructionHooks(RecorderBase):
     ) -> None:
         try:
             self.register_tensor(
-                module, name, buffer, "buffer", source=user_location(2), persistent=registering_persistent()
+                module, name, buffer, "buffer", source=user_site(2), persistent=registering_persistent()
             )
         except Exception as exc:
             self.fault("buffer_registration_hook", exc)
@@ -94,27 +96,29 @@ class ConstructionHooks(RecorderBase):
         adopted: bool = False,
         detected_at: str | None = None,
     ) -> None:
-        """Emit ``module_registered`` (from the hook, adoption or a structural check)."""
+        """Emit ``module_registered`` (from the hook, adoption or a structural check).
+
+        Deferred (registrations.py): the facts now, the payload on the writer."""
         self._registrations += 1
-        parent_new = self.modules.lookup(parent) is None
-        parent_id = self.module_id(parent)
-        child_id = None if child is None else self.module_id(child)
-        # Clean: names, class names, ids and source locations only (no floats), so
-        # the writer encodes registration payloads without walking them.
-        payload: dict[str, Any] = Clean({
-            "name": name,
-            "child_id": child_id,
-            "child_class": None if child is None else class_name(child),
-            "parent_class": class_name(parent),
-            "source": None if adopted else self.source_of(child),
-        })
+        parent_ref, parent_new = self.module_ref(parent)
+        code = line = None
+        if child is None:
+            child_id = child_cls = None
+        else:
+            ref = self.module_ref(child)[0]
+            child_id = ref.number
+            child_cls = qualified(type(child))
+            if not adopted:
+                code, line = ref.code, ref.line
+        parent_id = parent_ref.number
+        parent_code: Any = ABSENT
+        parent_line = None
         if parent_new and not adopted:
-            payload["parent_source"] = self.source_of(parent)
-        if adopted:
-            payload["adopted"] = True
-        if detected_at is not None:
-            payload["detected_at"] = detected_at
-        self.emit("module_registered", parent_id, None, payload)
+            parent_code, parent_line = parent_ref.code, parent_ref.line
+        self.defer((
+            "module_registered", time.time_ns(), self.step, parent_id, None, name, child_id, child_cls,
+            qualified(type(parent)), code, line, parent_code, parent_line, adopted, detected_at,
+        ))
 
     def wrapped(self, wrapper: torch.nn.Module, name: str, child: torch.nn.Module | None) -> None:
         """Emit ``module_wrapped``: the model was put inside a data-parallel wrapper.
@@ -142,44 +146,48 @@ class ConstructionHooks(RecorderBase):
         name: str,
         tensor: torch.Tensor | None,
         member: str,
-        source: Location | None = None,
+        source: Site | None = None,
         persistent: bool | None = None,
         adopted: bool = False,
         detected_at: str | None = None,
     ) -> None:
-        """Emit ``parameter_registered`` / ``buffer_registered`` for one member."""
+        """Emit ``parameter_registered`` / ``buffer_registered`` for one member (deferred:
+        registrations.py)."""
         self._registrations += 1
-        new = self.modules.lookup(module) is None
-        module_id = self.module_id(module)
-        payload: dict[str, Any] = Clean(name=name, module_class=class_name(module))
-        tensor_id = None
-        if tensor is None:
-            payload.update(shape=None, dtype=None, device=None)
-        else:
+        module_ref, new = self.module_ref(module)
+        module_id = module_ref.number
+        tensor_id = dtype = device = None
+        lazy = False
+        shape: Any = ()
+        if tensor is not None:
             # The place is remembered with the id (ids.py): no reference to the tensor.
             tensor_id, _ = self.tensors.get(tensor, module, member, name)
             self._unsealed.add(tensor_id)
+            dtype, device = tensor.dtype, tensor.device
             if is_uninitialized(tensor):
                 # A lazy module's placeholder: its shape comes with materialization,
                 # recorded then as a structure change (and sealed after it).
                 self._lazy.add(tensor_id)
-                payload.update(shape=None, dtype=dtype_name(tensor.dtype), device=str(tensor.device), lazy=True)
+                lazy = True
             else:
-                payload.update(shape=list(tensor.shape), dtype=dtype_name(tensor.dtype), device=str(tensor.device))
+                shape = tensor.shape
+        flag: bool | None
         if member == "parameter":
-            payload["requires_grad"] = None if tensor is None else bool(tensor.requires_grad)
+            flag = None if tensor is None else bool(tensor.requires_grad)
         else:
             if persistent is None and (adopted or detected_at is not None):
                 persistent = is_persistent_buffer(module, name)
-            payload["persistent"] = persistent
-        payload["source"] = source
+            flag = persistent
+        module_code: Any = ABSENT
+        module_line = None
         if new and not adopted:
-            payload["module_source"] = self.source_of(module)
-        if adopted:
-            payload["adopted"] = True
-        if detected_at is not None:
-            payload["detected_at"] = detected_at
-        self.emit(f"{member}_registered", module_id, tensor_id, payload)
+            module_code, module_line = module_ref.code, module_ref.line
+        code, line = (None, None) if source is None else source
+        self.defer((
+            f"{member}_registered", time.time_ns(), self.step, module_id, tensor_id, name,
+            qualified(type(module)), dtype, device, lazy, flag, code, line, module_code, module_line,
+            adopted, detected_at, None if tensor is None or lazy else len(shape), *shape,
+        ))
 
     def adopt(self, root: torch.nn.Module) -> None:
         """Emit registration events for modules/tensors that existed before recording."""

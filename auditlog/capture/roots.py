@@ -98,11 +98,10 @@ class RootTracking(RecorderBase):
         wanted = {self.tensors.lookup(p) for p in params} - {None}
         if not wanted:
             return
-        for root_id in self.state.roots():
-            node_ids = [m for _, m in self.state.named_modules(root_id)]
-            owns = any(
-                t in wanted for m in node_ids for t in self.state.modules[m].parameters.values()
-            )
+        state = self.state
+        for root_id in state.roots():
+            node_ids = [m for _, m in state.named_modules(root_id)]
+            owns = any(t in wanted for m in node_ids for t in state.modules[m].parameters.values())
             root = self.modules.object(root_id) if owns else None
             if root is not None:
                 self.track_root(root)

@@ -22,6 +22,9 @@ _SKIP_DIRS = tuple(
 )
 _skip_cache: dict[CodeType, bool] = {}
 Location = dict[str, Any]
+# What a hook keeps of a frame: its code object and line (no frame: a frame holds
+# the caller's locals alive). ``site_location`` makes the event's dict later.
+Site = tuple[CodeType, int]
 
 
 def _skipped(code: CodeType) -> bool:
@@ -33,25 +36,38 @@ def _skipped(code: CodeType) -> bool:
     return hit
 
 
-def _location(frame: FrameType) -> Location:
-    code = frame.f_code
-    return {"file": code.co_filename, "line": frame.f_lineno, "function": code.co_name}
+def site_location(site: Site | None) -> Location | None:
+    """``{file, line, function}`` of a site (on the writer thread, or when needed)."""
+    if site is None:
+        return None
+    code = site[0]
+    return {"file": code.co_filename, "line": site[1], "function": code.co_name}
 
 
-def user_location(depth: int = 2) -> Location | None:
-    """The innermost frame outside torch and auditlog, as ``{file, line, function}``."""
+def user_site(depth: int = 2) -> Site | None:
+    """The innermost frame outside torch and auditlog, as a site."""
     try:
         frame: FrameType | None = sys._getframe(depth)
     except ValueError:
         return None
     while frame is not None:
         if not _skipped(frame.f_code):
-            return _location(frame)
+            return frame.f_code, frame.f_lineno
         frame = frame.f_back
     return None
 
 
+def user_location(depth: int = 2) -> Location | None:
+    """The innermost frame outside torch and auditlog, as ``{file, line, function}``."""
+    return site_location(user_site(depth + 1))
+
+
 def construction_location(module: object, depth: int = 2) -> Location | None:
+    """Where ``module`` was constructed, as ``{file, line, function}`` (see ``construction_site``)."""
+    return site_location(construction_site(module, depth + 1))
+
+
+def construction_site(module: object, depth: int = 2) -> Site | None:
     """Where ``module`` was constructed: the caller of its outermost ``__init__``.
 
     A module is first seen when its own parameters or children register, which is
@@ -79,6 +95,6 @@ def construction_location(module: object, depth: int = 2) -> Location | None:
     start = outermost.f_back if outermost is not None else frame
     while start is not None:
         if not _skipped(start.f_code):
-            return _location(start)
+            return start.f_code, start.f_lineno
         start = start.f_back
     return None

@@ -318,9 +318,10 @@ class Recording(contextlib.ContextDecorator):
 
     def flush(self, timeout: float | None = 60.0) -> bool:
         """Wait until everything recorded so far is in the store."""
-        self._require()
+        recorder = self._require()
         if self.writer is None:
             return False
+        recorder.settle()  # registrations the hooks deferred (capture/registrations.py)
         return self.writer.flush(timeout)
 
     @property

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from auditlog.capture.buffer import RecordBuffer
+from auditlog.capture.registrations import REGISTRATIONS
 from auditlog.core.chain import (
     Clean,
     CleanList,
@@ -192,6 +193,12 @@ class Writer:
         for record in records:
             if record[0] == FLUSH:
                 waiters.append(record[1])
+                continue
+            if record[0] == REGISTRATIONS:  # a batch of deferred registrations, in order
+                if self.failure is not None:
+                    self.dropped += len(record[1])
+                    continue
+                rows.extend(map(self._encode, record[1].records()))
                 continue
             if self.failure is not None:
                 self.dropped += 1
