@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from auditlog.core.errors import UsageError
+from auditlog.core.errors import RunNotFoundError, UsageError
 from auditlog.read.run import Run
 from auditlog.read.runs import RunInfo, list_runs, select_run
 from auditlog.store.eventstore import EventStore
@@ -111,11 +111,22 @@ class Store:
         store = self.event_store
         stated = list(dict.fromkeys(s.run_id for _, s in statements))
         if selector == "all":
-            indexed = [str(r["run_id"]) for r in store.run_rows()]
-            others = set(store.recorded_run_ids()) | set(store.checkpointed_run_ids()) | set(stated)
-            return indexed + sorted(others - set(indexed))
-        if selector is None:
-            return stated or [self.select("latest")]
+            return self._every_run(stated)
+        if selector is None or selector == "latest":
+            if stated and selector is None:
+                return stated
+            try:
+                run_id = self.select("latest")
+            except RunNotFoundError:
+                # No run_started survives, yet events (or index rows) name runs: the
+                # record was altered, and verify of those runs says where; "no runs
+                # yet" would pass an edited store off as an empty one.
+                found = self._every_run(stated)
+                if not found:
+                    raise
+                return found
+            if selector is None:
+                return [run_id]
         run_id = self.select(selector)
         for source, statement in statements:
             if statement.run_id != run_id:
@@ -124,6 +135,13 @@ class Store:
                     "verify the statement's own run"
                 )
         return [run_id]
+
+    def _every_run(self, stated: list[str]) -> list[str]:
+        """The runs index, every run with events, checkpoints or exported heads."""
+        store = self.event_store
+        indexed = [str(r["run_id"]) for r in store.run_rows()]
+        others = set(store.recorded_run_ids()) | set(store.checkpointed_run_ids()) | set(stated)
+        return indexed + sorted(others - set(indexed))
 
     # ------------------------------------------------------------------ questions
     def query_session(
