@@ -108,7 +108,6 @@ class Store:
         return reports
 
     def _runs_to_verify(self, selector: str | None, statements: Sequence[SourcedStatement]) -> list[str]:
-        store = self.event_store
         stated = list(dict.fromkeys(s.run_id for _, s in statements))
         if selector == "all":
             return self._every_run(stated)
