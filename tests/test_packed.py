@@ -52,14 +52,16 @@ def test_a_damaged_vector_is_a_corrupt_record() -> None:
         raise AssertionError("a vector that is not base64 of float32 was accepted")
 
 
-def test_tensor_ids_round_trip_as_int32_or_int64() -> None:
+def test_tensor_ids_round_trip_in_the_narrowest_width() -> None:
     ids = list(range(1, 5001))
     packed = pack_ints(ids)
-    assert set(packed) == {"i32"} and len(base64.b64decode(packed["i32"])) == 4 * 5000
+    assert set(packed) == {"i16"} and len(base64.b64decode(packed["i16"])) == 2 * 5000
     assert unpack_ints(packed) == ids and unpack_list(packed) == ids and packed_count(packed) == 5000
-    wide = [0, 2**31, -(2**31) - 1, 2**63 - 1]
-    assert set(pack_ints(wide)) == {"i64"} and unpack_list(pack_ints(wide)) == wide
-    assert pack_ints([]) == {"i32": ""} and unpack_list({"i32": ""}) == [] and packed_count([1, 2]) == 2
+    for values, key in (([-(2**15), 2**15 - 1], "i16"), ([2**15], "i32"), ([-(2**31), 2**31 - 1], "i32"),
+                        ([0, 2**31], "i64"), ([-(2**31) - 1, 2**63 - 1, -(2**63)], "i64")):
+        assert set(pack_ints(values)) == {key} and unpack_list(pack_ints(values)) == values, (values, key)
+        assert packed_count(pack_ints(values)) == len(values)
+    assert pack_ints([]) == {"i16": ""} and unpack_list({"i32": ""}) == [] and packed_count([1, 2]) == 2
     assert json.loads(json.dumps(packed)) == packed  # plain JSON
 
 
@@ -85,7 +87,7 @@ def test_records_in_the_list_form_still_fill_the_steps_view(tmp_path: Path, old:
         (event_id, text), = conn.execute("select id, payload from events where kind = 'optimizer_step'").fetchall()
         payload = json.loads(text)
         assert all(is_packed(payload[k]) for k in ("grad_norm", "update_norm", "param_norm"))
-        assert set(payload["tensor_ids"]) == {"i32"} and set(payload["param_groups"][0]["params"]) == {"i32"}
+        assert set(payload["tensor_ids"]) == {"i16"} and set(payload["param_groups"][0]["params"]) == {"i16"}
         vectors = {k: unpack_list(payload[k]) for k in ("grad_norm", "update_norm", "param_norm")}
         if old == "lists":
             payload.update(vectors)

@@ -90,9 +90,9 @@ def stored_vectors(store: Path, run_id: str) -> list[dict[str, Any]]:
     out = []
     for text in texts:
         payload = json.loads(text)
-        # tensor ids packed as int32 (core.packed), the same object for the one param group
-        assert set(payload["tensor_ids"]) == {"i32"} and payload["param_groups"][0]["params"] == payload["tensor_ids"]
-        ids = np.frombuffer(base64.b64decode(payload["tensor_ids"]["i32"]), dtype="<i4").tolist()
+        # tensor ids packed as int16 (core.packed: they fit), the same for the one param group
+        assert set(payload["tensor_ids"]) == {"i16"} and payload["param_groups"][0]["params"] == payload["tensor_ids"]
+        ids = np.frombuffer(base64.b64decode(payload["tensor_ids"]["i16"]), dtype="<i2").tolist()
         payload["tensor_ids"] = ids
         payload["param_groups"][0]["params"] = ids
         for key in ("grad_norm", "update_norm", "param_norm"):

@@ -227,8 +227,9 @@ _KINDS = [
             "param_groups": "list of {hyperparameters..., params: the group's tensor ids, packed like "
             "tensor_ids}",
             "tensor_ids": "ids of the parameters, aligned with the norms below (a sharded DTensor "
-            "parameter: the norms of this rank's shard), packed: {i32: base64 of the ids as little-endian "
-            "int32}, or {i64: ... int64} when one does not fit in int32 (older records: a list); readers "
+            "parameter: the norms of this rank's shard), packed: {i16: base64 of the ids as little-endian "
+            "int16}, or {i32: ...} / {i64: ...}, the narrowest integer width that holds every id (older "
+            "records: a list); readers "
             "(the steps view, events, the Python API) decode it to the list",
             "grad_norm": "L2 norm of each parameter's gradient, packed: {f32: base64 of little-endian "
             "float32, one per tensor_ids entry, NaN/inf as their bits; absent: [positions of parameters "

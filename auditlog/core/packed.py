@@ -14,9 +14,10 @@ per-step cost at 5,000 tensors). Packed, a vector is one ``bytes`` object:
   ``None``.
 
 The tensor ids of the step (``tensor_ids`` and each param group's ``params``)
-are packed the same way, ``{"i32": BASE64}``: the standard base64 of the ids as
-little-endian int32, in order; ``{"i64": BASE64}`` (int64) when some id does
-not fit in int32. The recorder packs them once per optimizer (they change only
+are packed the same way, ``{"i16": BASE64}``: the standard base64 of the ids as
+little-endian int16, in order, when all fit in int16 (a model of fewer than
+~32,000 tensors), else ``{"i32": ...}`` (int32) or ``{"i64": ...}`` (int64),
+the narrowest that holds every id. The recorder packs them once per optimizer (they change only
 when its parameters do), so a step costs one string per list, not an int per
 parameter to encode and hash.
 
@@ -38,8 +39,7 @@ from auditlog.core.values import finite_or_text
 PACKED_KEY = "f32"
 ABSENT_KEY = "absent"
 # Packed integer lists: key -> (array typecode of that width, bytes per value).
-INT_KEYS = {"i32": ("i", 4), "i64": ("q", 8)}
-_INT32 = (-(2**31), 2**31 - 1)
+INT_KEYS = {"i16": ("h", 2), "i32": ("i", 4), "i64": ("q", 8)}
 
 
 def pack_f32(data: bytes, absent: Sequence[int] = ()) -> dict[str, Any]:
@@ -72,9 +72,11 @@ def unpack_floats(value: dict[str, Any]) -> list[float]:
 
 
 def pack_ints(values: Sequence[int]) -> dict[str, Any]:
-    """The packed form of a list of integers (tensor ids): int32 when all fit, else int64."""
+    """The packed form of a list of integers (tensor ids): the narrowest of int16,
+    int32 and int64 that holds them all."""
     ints = [int(v) for v in values]
-    key = "i32" if all(_INT32[0] <= v <= _INT32[1] for v in ints) else "i64"
+    low, high = (min(ints), max(ints)) if ints else (0, 0)
+    key = next(k for k, (_, width) in INT_KEYS.items() if -(2 ** (8 * width - 1)) <= low and high < 2 ** (8 * width - 1))
     data = array(INT_KEYS[key][0], ints)
     if data.itemsize != INT_KEYS[key][1]:  # a platform whose C int/long long differ: be exact
         raise ValueError(f"array typecode {INT_KEYS[key][0]!r} is {data.itemsize} bytes here")
@@ -84,7 +86,7 @@ def pack_ints(values: Sequence[int]) -> dict[str, Any]:
 
 
 def packed_ints_key(value: Any) -> str | None:
-    """``"i32"`` or ``"i64"`` when a payload value is a packed integer list, else None."""
+    """``"i16"``, ``"i32"`` or ``"i64"`` when a payload value is a packed integer list, else None."""
     if isinstance(value, dict) and len(value) == 1:
         for key in INT_KEYS:
             if isinstance(value.get(key), str):

@@ -8,8 +8,8 @@ value at 5,000 values a vector). So the refresh decodes them here with numpy
 (a ``frombuffer`` per vector) into the Arrow table ``new_vectors`` (``id`` and
 one ``DOUBLE[]`` per vector, absent positions NULL), which the ``steps``
 derivation joins; list-form payloads (older records) are read there as before.
-The packed tensor ids (``tensor_ids`` and each param group's ``params``, int32
-or int64) are decoded here the same way, into ``tensor_ids BIGINT[]`` and
+The packed tensor ids (``tensor_ids`` and each param group's ``params``, int16,
+int32 or int64) are decoded here the same way, into ``tensor_ids BIGINT[]`` and
 ``group_params BIGINT[][]`` (one entry per param group, NULL where a group
 holds the list form).
 """
@@ -33,8 +33,8 @@ SCHEMA = pa.schema(
     + [(name, pa.list_(pa.float64())) for name in VECTORS]
     + [("tensor_ids", pa.list_(pa.int64())), ("group_params", pa.list_(pa.list_(pa.int64())))]
 )
-_INT_DTYPES = {"i32": "<i4", "i64": "<i8"}
-_MARKERS = ('"f32"', '"i32"', '"i64"')
+_INT_DTYPES = {"i16": "<i2", "i32": "<i4", "i64": "<i8"}
+_MARKERS = ('"f32"', '"i16"', '"i32"', '"i64"')
 
 
 def decode(value: Any) -> np.ndarray | None:
