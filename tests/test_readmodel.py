@@ -164,6 +164,7 @@ def test_steps_equal_sqlite_json(rec: Recorded, session: QuerySession) -> None:
     ):
         p = json.loads(text)
         assert is_packed(p["grad_norm"]) and (p["update_norm"] is None or is_packed(p["update_norm"]))
+        p["tensor_ids"] = unpack_list(p["tensor_ids"])  # packed (core.packed)
         grads, updates, params = (unpack_list(p[k]) or [None] * len(p["tensor_ids"]) for k in VECTORS)
         group = p["param_groups"][0]
         for i, tensor_id in enumerate(p["tensor_ids"]):

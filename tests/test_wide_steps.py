@@ -90,6 +90,11 @@ def stored_vectors(store: Path, run_id: str) -> list[dict[str, Any]]:
     out = []
     for text in texts:
         payload = json.loads(text)
+        # tensor ids packed as int16 (core.packed: they fit), the same for the one param group
+        assert set(payload["tensor_ids"]) == {"i16"} and payload["param_groups"][0]["params"] == payload["tensor_ids"]
+        ids = np.frombuffer(base64.b64decode(payload["tensor_ids"]["i16"]), dtype="<i2").tolist()
+        payload["tensor_ids"] = ids
+        payload["param_groups"][0]["params"] = ids
         for key in ("grad_norm", "update_norm", "param_norm"):
             packed = payload[key]
             assert set(packed) <= {"f32", "absent"}, packed  # packed, not a list
@@ -127,16 +132,18 @@ def test_views_and_events_give_back_the_stored_bits(wide: tuple[Path, str, list[
     store, run_id, _ = wide
     stored = stored_vectors(store, run_id)
     want = [
-        (step + 1, i, bits(p["grad_norm"][i]), bits(p["update_norm"][i]), bits(p["param_norm"][i]))
+        (step + 1, i, p["tensor_ids"][i], 0, 0.01,
+         bits(p["grad_norm"][i]), bits(p["update_norm"][i]), bits(p["param_norm"][i]))
         for step, p in enumerate(stored)
         for i in range(len(p["tensor_ids"]))
     ]
+    assert len({w[2] for w in want}) == 2 * LAYERS + 1  # distinct ids, one per parameter
     with query_session(store) as session:
         rows = session.execute(
-            "select step, param_index, grad_norm, update_norm, param_norm from steps "
+            "select step, param_index, tensor_id, param_group, lr, grad_norm, update_norm, param_norm from steps "
             f"where run_id = '{run_id}' order by step, param_index"
         ).rows
-        got = [(r[0], r[1], bits(r[2]), bits(r[3]), bits(r[4])) for r in rows]
+        got = [(*r[:5], bits(r[5]), bits(r[6]), bits(r[7])) for r in rows]
     assert got == want
 
     shown = invoke("events", run_id, "--store", str(store), "--kind", "optimizer_step", "--format", "json")
@@ -146,10 +153,14 @@ def test_views_and_events_give_back_the_stored_bits(wide: tuple[Path, str, list[
     for event, payload in zip(events, stored, strict=True):
         for key in ("grad_norm", "update_norm", "param_norm"):
             assert [bits(v) for v in event["payload"][key]] == [bits(v) for v in payload[key]], key
+        assert event["payload"]["tensor_ids"] == payload["tensor_ids"]
+        assert event["payload"]["param_groups"][0]["params"] == payload["tensor_ids"]
 
     with auditlog.open(store) as opened:
         api = [e["payload"] for e in opened.run(run_id).events(kinds=["optimizer_step"])]
     assert [[bits(v) for v in p["grad_norm"]] for p in api] == [[bits(v) for v in p["grad_norm"]] for p in stored]
+    assert [p["tensor_ids"] for p in api] == [p["tensor_ids"] for p in stored]
+    assert [p["param_groups"][0]["params"] for p in api] == [p["tensor_ids"] for p in stored]
 
     verified = invoke("verify", run_id, "--store", str(store))
     assert verified.exit_code == 0, verified.stdout + verified.stderr

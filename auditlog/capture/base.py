@@ -41,7 +41,7 @@ from auditlog.capture.norms import PlanCache
 from auditlog.capture.registrations import PENDING_MAX, REGISTRATIONS, Registrations
 from auditlog.capture.source import Location, Site, construction_site, site_location
 from auditlog.capture.torch_compat import buffers_of, parameters_of
-from auditlog.core.chain import CleanList
+from auditlog.core.chain import Clean
 from auditlog.core.policy import Policy
 from auditlog.core.replay import STATE_KINDS, ModelState, apply
 
@@ -145,7 +145,7 @@ class RecorderBase:
         self._before_buffers: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[torch.Tensor]] = (
             weakref.WeakKeyDictionary()
         )
-        self._param_ids: dict[int, tuple[tuple[int, ...], CleanList, list[CleanList]]] = {}
+        self._param_ids: dict[int, tuple[tuple[int, ...], Clean, list[Clean]]] = {}
         # how to compute each optimizer's per-parameter norms in a few ops (norms.py);
         # the optimizers whose parameters include DTensors (norms of local shards)
         self._norm_plans = PlanCache()

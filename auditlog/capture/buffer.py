@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from auditlog.core.packed import packed_count
+
 Record = tuple[Any, ...]
 
 
@@ -27,7 +29,7 @@ def record_weight(record: Record) -> int:
         payload = record[5]
         return max(1, len(payload.get("forward", ())) + len(payload.get("backward", ())))
     if kind == "optimizer_step":
-        return 1 + len(record[5].get("tensor_ids") or ()) // 25
+        return 1 + packed_count(record[5].get("tensor_ids")) // 25  # packed or a list
     if kind == "__registrations__":  # registrations.REGISTRATIONS: a batch of them
         return max(1, len(record[1]))
     return 1

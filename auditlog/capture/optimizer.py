@@ -17,8 +17,9 @@ import torch
 from auditlog.capture.base import RecorderBase, class_name
 from auditlog.capture.payloads import NonFiniteCount, StackedNorms
 from auditlog.capture.torch_compat import compile_guard, foreach_copy_, foreach_sub_, local_view
-from auditlog.core.chain import Clean, CleanList
+from auditlog.core.chain import Clean
 from auditlog.core.errors import RecordingFailedError, one_line
+from auditlog.core.packed import pack_ints
 
 
 class OptimizerHooks(RecorderBase):
@@ -186,8 +187,9 @@ class OptimizerHooks(RecorderBase):
             "param_norm": param_norms,
         }
 
-    def _ids_of(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> tuple[CleanList, list[CleanList]]:
-        """Tensor ids of the optimizer's parameters, in order and per group (cached).
+    def _ids_of(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> tuple[Clean, list[Clean]]:
+        """Tensor ids of the optimizer's parameters, in order and per group, packed
+        (``core.packed.pack_ints``) and cached: a step then costs nothing for them.
 
         The cache key is the identity of every parameter object: the optimizer
         holds them alive, so an unchanged key means unchanged objects.
@@ -198,8 +200,8 @@ class OptimizerHooks(RecorderBase):
             return cached[1], cached[2]
         ids = self.tensors
         ids.note_optimizer(optimizer, params)  # a tensor no module holds is known by its optimizer
-        tensor_ids = CleanList(ids.get(p, optimizer)[0] for p in params)
-        group_ids = [CleanList(ids.get(p, optimizer)[0] for p in group["params"]) for group in optimizer.param_groups]
+        tensor_ids = Clean(pack_ints([ids.get(p, optimizer)[0] for p in params]))
+        group_ids = [Clean(pack_ints([ids.get(p, optimizer)[0] for p in group["params"]])) for group in optimizer.param_groups]
         self._param_ids[id(optimizer)] = (key, tensor_ids, group_ids)
         if any(local_view(p) is not p for p in params):
             self._sharded.add(id(optimizer))

@@ -224,9 +224,13 @@ _KINDS = [
             "optimizer_id": "per-run id of the optimizer object",
             "optimizer_class": "qualified class name",
             "optimizer_step": "this optimizer's own step count",
-            "param_groups": "list of {hyperparameters..., params: [tensor ids]}",
+            "param_groups": "list of {hyperparameters..., params: the group's tensor ids, packed like "
+            "tensor_ids}",
             "tensor_ids": "ids of the parameters, aligned with the norms below (a sharded DTensor "
-            "parameter: the norms of this rank's shard)",
+            "parameter: the norms of this rank's shard), packed: {i16: base64 of the ids as little-endian "
+            "int16}, or {i32: ...} / {i64: ...}, the narrowest integer width that holds every id (older "
+            "records: a list); readers "
+            "(the steps view, events, the Python API) decode it to the list",
             "grad_norm": "L2 norm of each parameter's gradient, packed: {f32: base64 of little-endian "
             "float32, one per tensor_ids entry, NaN/inf as their bits; absent: [positions of parameters "
             "without a gradient], only when some are} (older records: a list, null where absent); "

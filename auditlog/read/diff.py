@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from auditlog.core.naming import Labels, attached_ids, label_state, short_class
+from auditlog.core.packed import unpack_list
 from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, replay
 from auditlog.core.values import iso, stat_float
 from auditlog.store.eventstore import EventStore
@@ -194,7 +195,7 @@ def run_facts(store: EventStore, run_id: str, tick: Callable[[int], None]) -> Ru
             found = optimizers[key] = _Optimizer(
                 payload.get("optimizer_class"),
                 [{k: v for k, v in g.items() if k != "params"} for g in groups],
-                [[_tensor_name(labels, t) for t in g.get("params") or []] for g in groups],
+                [[_tensor_name(labels, t) for t in _group_ids(g)] for g in groups],
                 [],
             )
         found.lrs.append(tuple(g.get("lr") for g in groups))
@@ -205,6 +206,14 @@ def run_facts(store: EventStore, run_id: str, tick: Callable[[int], None]) -> Ru
         started.get("git"),
     )
     return RunFacts(side, started, ended, state, labels, list(optimizers.values()))
+
+
+def _group_ids(group: dict[str, Any]) -> list[Any]:
+    """A param group's tensor ids, packed (``core.packed``) or a list (older records)."""
+    try:
+        return unpack_list(group.get("params")) or []
+    except ValueError:  # damaged: ``verify`` says what was altered
+        return []
 
 
 def _tensor_name(labels: Labels, tensor_id: Any) -> str:

@@ -10,10 +10,11 @@ exactly was altered.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from auditlog.core.errors import CorruptRecordError
-from auditlog.core.packed import is_packed, unpack_list
+from auditlog.core.packed import is_packed, packed_ints_key, unpack_ints, unpack_list
 
 _INT_COLUMNS = ("stream", "seq", "ts_ns")
 _OPTIONAL_INT_COLUMNS = ("step", "module_id", "tensor_id")
@@ -24,9 +25,9 @@ _PACKED_VECTORS = ("grad_norm", "update_norm", "param_norm")
 def decode_event(row: dict[str, Any], shown: str = "") -> dict[str, Any]:
     """A copy of ``row`` with the payload parsed; raises ``CorruptRecordError`` if malformed.
 
-    Packed per-parameter vectors of ``optimizer_step`` events come back as the
-    lists they stand for (``core.packed``), so readers see one form whatever the
-    record's age; ``verify`` hashes the stored text, never this.
+    Packed per-parameter vectors and tensor id lists of ``optimizer_step`` events
+    come back as the lists they stand for (``core.packed``), so readers see one
+    form whatever the record's age; ``verify`` hashes the stored text, never this.
     """
     where = f"store {shown!r}: " if shown else ""
 
@@ -62,8 +63,24 @@ def decode_event(row: dict[str, Any], shown: str = "") -> dict[str, Any]:
                     payload[name] = unpack_list(value)
                 except (ValueError, TypeError, IndexError):
                     raise bad(f"{name} is not a packed float32 vector") from None
+        _unpack_ids(payload, bad)
     event["payload"] = payload
     return event
+
+
+def _unpack_ids(payload: dict[str, Any], bad: Callable[[str], CorruptRecordError]) -> None:
+    """``tensor_ids`` and each param group's ``params``, packed, as lists of ints (in place)."""
+    where: list[tuple[dict[str, Any], str, str]] = [(payload, "tensor_ids", "tensor_ids")]
+    groups = payload.get("param_groups")
+    if isinstance(groups, list):
+        where += [(g, "params", f"param_groups[{i}].params") for i, g in enumerate(groups) if isinstance(g, dict)]
+    for holder, key, shown in where:
+        value = holder.get(key)
+        if isinstance(value, dict) and packed_ints_key(value) is not None:
+            try:
+                holder[key] = unpack_ints(value)
+            except (ValueError, TypeError):
+                raise bad(f"{shown} is not a packed integer list") from None
 
 
 def payload_object(text: Any) -> dict[str, Any]:

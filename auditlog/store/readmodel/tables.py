@@ -135,6 +135,12 @@ def _vector(name: str) -> str:
     )
 
 
+def _ids(packed: str, listed: str) -> str:
+    """Tensor ids as ``BIGINT[]``: ``packed`` (decoded from ``new_vectors``) when there,
+    else the JSON list ``listed`` (older records; NULL when not a list)."""
+    return f"coalesce({packed}, CASE WHEN json_type({listed}) = 'ARRAY' THEN from_json({listed}, '[\"BIGINT\"]') END)"
+
+
 DERIVATIONS: tuple[str, ...] = (
     f"""INSERT INTO {SCHEMA}.events
         SELECT n.*, m.module, t.name
@@ -205,24 +211,25 @@ DERIVATIONS: tuple[str, ...] = (
         WHERE s IS NOT NULL""",
     # Per-parameter lists are unnested side by side (they zip); the param
     # groups' JSON is read once per group, not once per parameter. Packed
-    # vectors (``core.packed``) come decoded in ``new_vectors`` (``vectors.py``);
-    # list-form ones (older records) are read from the payload.
+    # vectors and tensor ids (``core.packed``) come decoded in ``new_vectors``
+    # (``vectors.py``); list-form ones (older records) are read from the payload.
     f"""INSERT INTO {SCHEMA}.steps
         WITH e AS MATERIALIZED (
             SELECT id, run_id, stream, seq, step, ts_ns,
                    from_json(payload, '{{"optimizer_id":"BIGINT","optimizer_class":"VARCHAR",
-                       "optimizer_step":"BIGINT","tensor_ids":["BIGINT"],"grad_norm":"JSON",
+                       "optimizer_step":"BIGINT","tensor_ids":"JSON","grad_norm":"JSON",
                        "update_norm":"JSON","param_norm":"JSON","nonfinite_grads":"BIGINT",
                        "param_groups":["JSON"]}}') AS p
             FROM new_events WHERE kind = 'optimizer_step'),
         s AS MATERIALIZED (
-            SELECT e.*, {_vector("grad_norm")}, {_vector("update_norm")}, {_vector("param_norm")}
+            SELECT e.*, {_vector("grad_norm")}, {_vector("update_norm")}, {_vector("param_norm")},
+                   {_ids("v.tensor_ids", "p.tensor_ids")} AS tensor_ids, v.group_params
             FROM e LEFT JOIN new_vectors v ON v.id = e.id),
         params AS (
             SELECT id, run_id, stream, seq, step, ts_ns, p.optimizer_id AS optimizer_id,
                    p.optimizer_class AS optimizer_class, p.optimizer_step AS optimizer_step,
                    p.nonfinite_grads AS nonfinite_grads,
-                   unnest(p.tensor_ids) AS tid, generate_subscripts(p.tensor_ids, 1) AS pos,
+                   unnest(tensor_ids) AS tid, generate_subscripts(tensor_ids, 1) AS pos,
                    unnest(grad_norms) AS grad_norm, unnest(update_norms) AS update_norm,
                    unnest(param_norms) AS param_norm
             FROM s),
@@ -231,8 +238,8 @@ DERIVATIONS: tuple[str, ...] = (
                    TRY_CAST(spec ->> 'weight_decay' AS DOUBLE) AS weight_decay,
                    TRY_CAST(spec ->> 'momentum' AS DOUBLE) AS momentum,
                    json_merge_patch(spec, '{{"params":null}}')::JSON AS hyperparameters,
-                   from_json(spec -> 'params', '["BIGINT"]') AS members
-            FROM (SELECT id, unnest(p.param_groups) AS spec,
+                   {_ids("group_params[grp + 1]", "spec -> 'params'")} AS members
+            FROM (SELECT id, group_params, unnest(p.param_groups) AS spec,
                          generate_subscripts(p.param_groups, 1) - 1 AS grp
                   FROM s)),
         groups AS (
