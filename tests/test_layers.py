@@ -1,7 +1,8 @@
 """The layers are kept by import-linter contracts (pyproject ``[tool.importlinter]``).
 
-The check runs on a copy laid out as installed (``cli/`` -> ``auditlog/cli``),
-as ``make lint-imports`` does; a planted violation proves the check can fail.
+The check runs on a copy of the source tree, where ``cli/`` is the top-level
+package ``cli`` (installed as ``auditlog.cli``), as a plain ``lint-imports`` in a
+checkout does; a planted violation proves the check can fail.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ LINT = Path(sys.executable).with_name("lint-imports")
 
 def _stage(root: Path) -> Path:
     shutil.copytree(REPO / "auditlog", root / "auditlog", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "cli", root / "auditlog" / "cli", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "migrations", root / "auditlog" / "migrations", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "cli", root / "cli", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "migrations", root / "migrations", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
     return root
 
@@ -47,7 +48,13 @@ def test_a_layer_violation_is_reported(tmp_path: Path) -> None:
     core.write_text(core.read_text() + "\nfrom auditlog.store import schema  # planted\n")
     capture = root / "auditlog" / "capture" / "buffer.py"
     capture.write_text(capture.read_text() + "\nimport sqlalchemy  # planted\n")
+    read = root / "auditlog" / "read" / "runs.py"
+    read.write_text(read.read_text() + "\nimport auditlog.cli.output  # planted: the library above the CLI\n")
+    command = root / "cli" / "output.py"
+    command.write_text(command.read_text() + "\nimport duckdb  # planted\n")
     done = _lint(root)
     assert done.returncode != 0
     assert "auditlog.core.values -> auditlog.store" in done.stdout
     assert "auditlog.capture.buffer -> sqlalchemy" in done.stdout
+    assert "cli.output -> duckdb" in done.stdout
+    assert "auditlog.read.runs -> auditlog" in done.stdout
