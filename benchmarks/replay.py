@@ -31,6 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from startup import timed
+
 SCRIPT = """
 import torch
 from torch import nn
@@ -63,15 +66,6 @@ def commands(store: str, scratch: str) -> dict[str, list[str]]:
 
 
 TARGETS = {"auditlog verify": TARGET_S, "auditlog tree": TARGET_S, "auditlog restore -o end.safetensors": TARGET_S}
-
-
-def timed(argv: list[str], env: dict[str, str], cwd: str) -> float:
-    start = time.perf_counter()
-    done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
-    elapsed = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed: {done.stderr.strip()}")
-    return elapsed
 
 
 def main(argv: list[str] | None = None) -> None:
