@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from auditlog.capture.norms import GROUP_ELEMENTS, NormPlan, PlanCache, norms_of
@@ -37,3 +38,54 @@ def test_a_cached_plan_that_no_longer_fits_is_worked_out_again() -> None:
     assert torch.equal(cache.norms("k", 1, first), torch.full((5,), 8.0))  # type: ignore[arg-type]
     changed = [torch.ones(8, 8) for _ in range(4)] + [torch.ones(2, 2)]  # same identity claimed, one reshaped
     assert torch.equal(cache.norms("k", 1, changed), torch.tensor([8.0, 8.0, 8.0, 8.0, 2.0]))  # type: ignore[arg-type]
+
+
+def test_mid_sized_cpu_floats_by_dot_products_keep_nan_inf_and_survive_overflow() -> None:
+    torch.manual_seed(1)
+    big = torch.randn(300, 300)
+    huge = torch.full((20000,), 3e19)  # each square overflows float32: the norm does not
+    nan = torch.randn(20000)
+    nan[7] = float("nan")
+    inf = torch.randn(20000, dtype=torch.float64)
+    inf[3] = float("inf")
+    needs_grad = torch.randn(20000, requires_grad=True)
+    tensors = [big, huge, nan, inf, needs_grad, torch.randn(20000).half()[::2]]
+    plan = NormPlan(tensors)
+    assert plan.dots == [0, 1, 2, 3, 4] and plan.rest == [5]
+    got = plan.norms(tensors)
+    assert got is not None
+    want = torch.stack([torch.linalg.vector_norm(t.detach().double()).float() for t in tensors[:5]])
+    assert torch.allclose(got[:5], want, rtol=1e-5, equal_nan=True)
+    got = got[:5]
+    assert torch.allclose(got, want, rtol=1e-5, equal_nan=True)
+    assert torch.isfinite(got[1]) and float(got[1]) == pytest.approx(3e19 * 20000**0.5, rel=1e-5)
+    assert torch.isnan(got[2]) and torch.isinf(got[3])
+
+
+def test_copies_and_differences_follow_the_plan_layout_on_reused_buffers() -> None:
+    tensors = mixed()
+    plan = NormPlan(tensors)
+    before = plan.copy(tensors)
+    again = plan.copy(tensors)
+    assert all(a is b for a, b in zip(before, again, strict=True))  # the plan's buffers, reused
+    after = [t + 0.5 for t in tensors]
+    got = plan.difference_norms(before, after)
+    want = torch.stack([torch.linalg.vector_norm((t - a).float()) for t, a in zip(tensors, after, strict=True)])
+    assert got is not None and torch.allclose(got, want, rtol=1e-5, equal_nan=True)
+
+
+def test_gradient_norms_read_from_the_parameters_or_none_for_the_general_path() -> None:
+    params = [torch.nn.Parameter(torch.randn(8, 8)) for _ in range(6)] + [torch.nn.Parameter(torch.randn(300, 300))]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    plan = NormPlan(params)
+    got = plan.grad_norms(params)
+    want = torch.stack([torch.linalg.vector_norm(p.grad) for p in params])  # type: ignore[arg-type]
+    assert got is not None and torch.allclose(got, want, rtol=1e-5)
+    params[2].grad = None
+    assert plan.grad_norms(params) is None
+    params[2].grad = torch.randn(8, 8)
+    params[6].grad = None
+    assert plan.grad_norms(params) is None
+    params[6].grad = torch.randn(300, 300).to_sparse()
+    assert plan.grad_norms(params) is None

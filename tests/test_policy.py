@@ -115,7 +115,7 @@ def test_audit_samples_activity_and_records_every_step(store: Path, tmp_path: Pa
 def test_structural_checks_run_every_check_every_steps(store: Path, check_every: int) -> None:
     """A change no hook reports (del) is recorded by the first check after it."""
     torch.manual_seed(0)
-    with auditlog.record(store, policy="minimal", check_every=check_every):
+    with auditlog.record(store, policy="minimal", check_every=check_every, check_share=0):
         model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 1))
         model.add_module("extra", nn.Linear(1, 1))
         opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
@@ -130,6 +130,40 @@ def test_structural_checks_run_every_check_every_steps(store: Path, check_every:
     assert [(e["step"], e["payload"]["name"], e["payload"]["detected_at"]) for e in removed] == [
         (3 if check_every == 1 else 5, "extra", "optimizer_step")
     ]
+
+
+def test_check_interval_grows_in_whole_multiples_while_checks_cost_more_than_their_share() -> None:
+    policy = Policy(check_every=10, check_share=0.01)
+    assert policy.check_interval(0.001, 0.013) == 10  # 1 ms checks on 13 ms steps: 0.8% every 10 steps
+    assert policy.check_interval(0.040, 0.140) == 30  # 40 ms on 140 ms steps: every 29 steps keeps 1%
+    assert policy.check_interval(0.040, 0.0) == 10  # no step time measured yet
+    assert Policy(check_every=10, check_share=0).check_interval(1.0, 0.001) == 10
+
+
+def test_expensive_checks_are_spaced_and_a_change_is_still_found_by_the_last_one(store: Path) -> None:
+    """With a share no check can fit in, the first periodic check spaces the next far
+    out; the change no hook reports is then found by the check at run end."""
+    torch.manual_seed(0)
+    with auditlog.record(store, policy="minimal", check_every=2, check_share=1e-9):
+        model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 1))
+        model.add_module("extra", nn.Linear(1, 1))
+        opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
+        for step in range(1, 13):
+            model[:3](torch.randn(2, 3)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if step == 3:
+                del model.extra
+    with auditlog.open(store) as s:
+        removed = [e for e in s.run().events(kinds=["structure_changed"]) if e["payload"]["change"] == "removed"]
+    assert len(removed) == 1 and removed[0]["payload"]["name"] == "extra"
+    assert removed[0]["payload"]["detected_at"] != "optimizer_step"  # not by a periodic check (steps 4..12)
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, "much", True])
+def test_check_share_must_be_a_fraction(value: object) -> None:
+    with pytest.raises(UsageError, match="check_share"):
+        Policy(check_share=value)  # type: ignore[arg-type]
 
 
 def test_norms_every_selects_the_steps_with_update_and_parameter_norms(store: Path) -> None:

@@ -37,7 +37,7 @@ import torch
 
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.ids import ObjectIds, TensorIds
-from auditlog.capture.norms import PlanCache
+from auditlog.capture.norms import NormPlan, PlanCache
 from auditlog.capture.registrations import PENDING_MAX, REGISTRATIONS, Registrations
 from auditlog.capture.source import Location, Site, construction_site, site_location
 from auditlog.capture.torch_compat import buffers_of, parameters_of
@@ -138,11 +138,14 @@ class RecorderBase:
         self._settling = False
         self._unfolded: collections.deque[Registrations] = collections.deque()
         self._folding = False
-        # optimizer steps: what the pre hook found, per optimizer (the copies it made,
-        # never the parameters: the post hook reads them from the optimizer again);
-        # reusable host buffers for the pre-step copy (CPU); the ids of its parameters
-        self._pending_steps: dict[int, tuple[list[torch.Tensor] | None, bool]] = {}
-        self._before_buffers: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[torch.Tensor]] = (
+        # optimizer steps: what the pre hook found, per optimizer (its parameters, the
+        # copies it made, the gradient norms it took; popped by the post hook, and
+        # weakly keyed: a step that raised leaves nothing alive past its optimizer); the
+        # plan of each optimizer's parameters with its reusable buffers for the
+        # pre-step copy (norms.py; weakly keyed: gone with the optimizer); the ids of
+        # its parameters
+        self._pending_steps: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
+        self._param_plans: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[object, NormPlan]] = (
             weakref.WeakKeyDictionary()
         )
         self._param_ids: dict[int, tuple[tuple[int, ...], Clean, list[Clean]]] = {}
@@ -151,6 +154,13 @@ class RecorderBase:
         self._norm_plans = PlanCache()
         self._sharded: set[int] = set()
         self._optimizer_steps: dict[int, int] = {}
+        # structural checks spaced by their cost (Policy.check_interval): smoothed
+        # seconds per check and per step (between optimizer post hooks), the
+        # interval in use, and when the last post hook ran
+        self._check_s = 0.0
+        self._step_s = 0.0
+        self._check_interval = self.policy.check_every
+        self._last_post: float | None = None
         # Module activity of sampled steps: (step, "forward" | "backward", entry),
         # emitted as one ``activity`` event per step (deque: appends from autograd's
         # device threads are safe against the flush).
@@ -405,7 +415,9 @@ class RecorderBase:
     def stop_flops(self, closed_by: str) -> None:
         raise NotImplementedError
 
-    def check_before_step(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+    def check_before_step(
+        self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor], grad_norms: Any = None
+    ) -> None:
         raise NotImplementedError
 
     def check_after_step(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:

@@ -16,10 +16,10 @@ that same step:
   when the parameters were still finite;
 - module activity from the next step on.
 
-Cost: the gradient norms are taken in the pre hook (a second fused norm pass
-per step; the post hook takes its own after the step) and read at once: free on
-CPU, one host-device sync per step on CUDA (why it is opt-in; ``debug`` turns
-it on).
+Cost: the gradient norms are taken in the pre hook anyway (the step record's
+norms are those of the gradients the update used); the check reads them at once:
+free on CPU, one host-device sync per step on CUDA (why it is opt-in; ``debug``
+turns it on).
 
 ``keep_finite_state`` covers the other way parameters go bad: a finite but huge
 update. It copies the parameters before every step (one copy of the parameters
@@ -39,7 +39,7 @@ import torch
 from auditlog.capture.base import RecorderBase
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.norms import norms_of
-from auditlog.capture.payloads import HostCopy, Scalar, SnapshotItems
+from auditlog.capture.payloads import HostCopy, Scalar, SnapshotItems, StackedNorms
 from auditlog.capture.torch_compat import foreach_copy_
 from auditlog.core.policy import Policy
 from auditlog.core.tensors import activity_stats
@@ -48,6 +48,16 @@ from auditlog.core.tensors import activity_stats
 def _finite(norms: torch.Tensor | None) -> bool:
     """Are all these norms finite? (A read: a sync on a device.)"""
     return norms is None or bool(torch.isfinite(norms).all())
+
+
+def _grads_finite(measured: StackedNorms | None, grads: list[torch.Tensor]) -> bool:
+    """Are all gradient norms finite? From the pre hook's norms when it took them
+    (on CPU already read; on a device, a sync), else from norms taken now."""
+    if measured is None:
+        return _finite(norms_of(grads))
+    if measured.norms is None or measured.norms.device.type == "cpu":
+        return measured.nonfinite() == 0
+    return _finite(measured.norms)
 
 
 def _loss_nonfinite(value: Any) -> bool:
@@ -71,8 +81,13 @@ class NonFiniteWatch(RecorderBase):
             weakref.WeakKeyDictionary()
         )
 
-    def check_before_step(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
-        """Optimizer pre hook: gradients (and the loss) of this step, before the update."""
+    def check_before_step(
+        self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor], grad_norms: StackedNorms | None = None
+    ) -> None:
+        """Optimizer pre hook: gradients (and the loss) of this step, before the update.
+
+        ``grad_norms``: the gradient norms the pre hook took for the step record
+        (taken here when it did not)."""
         policy = self.policy
         if self._nonfinite_found or not (policy.nonfinite_check or policy.keep_finite_state):
             return
@@ -81,7 +96,7 @@ class NonFiniteWatch(RecorderBase):
             grads: list[torch.Tensor] = [p.grad for p in present]  # type: ignore[misc]
             loss = self.last_loss()
             bad_loss = loss is not None and _loss_nonfinite(loss)
-            if policy.nonfinite_check and (bad_loss or not _finite(norms_of(grads))):
+            if policy.nonfinite_check and (bad_loss or not _grads_finite(grad_norms, grads)):
                 self._found_before_step(present, grads, loss, "loss" if bad_loss else "gradients")
                 return
             if policy.keep_finite_state:

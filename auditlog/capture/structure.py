@@ -7,7 +7,9 @@ recorder keeps the state its own events describe (the same ``replay.apply`` the
 read side uses); a check walks the live module tree and emits an explicit event
 for every difference, so replaying the record yields the live structure again.
 
-Checks run after every ``check_every``-th optimizer step (policy), when a root
+Checks run after every ``check_every``-th optimizer step (policy; spaced to a
+multiple of it while they would take more than ``check_share`` of the training
+time: ``Policy.check_interval``), when a root
 module is sealed (its first forward), before every snapshot and at run end; a
 change is dated by the check that found it.
 """

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -55,8 +56,12 @@ class Policy:
     # finite state survives a step that makes them non-finite with finite gradients
     nonfinite_check: bool = False
     keep_finite_state: bool = False
-    # structural checks (changes no hook reports: del, .half(), requires_grad_)
+    # structural checks (changes no hook reports: del, .half(), requires_grad_): after
+    # every check_every-th step, spaced further (whole multiples of check_every) while
+    # they would take more than check_share of the training time (0: exactly every
+    # check_every steps)
     check_every: int = 10
+    check_share: float = 0.01
     # snapshots of parameter and buffer values
     snapshot_initial: bool = True
     snapshot_every: int = 0
@@ -75,6 +80,15 @@ class Policy:
         if not self.activity:
             return False
         return step < self.activity_first or step % self.activity_every == 0
+
+    def check_interval(self, check_s: float, step_s: float) -> int:
+        """Steps between structural checks that cost ``check_s`` each, with training
+        steps of ``step_s``: ``check_every``, or the smallest multiple of it that keeps
+        the checks within ``check_share`` of the training time."""
+        every = self.check_every
+        if self.check_share <= 0 or step_s <= 0 or check_s <= self.check_share * step_s * every:
+            return every
+        return every * math.ceil(check_s / (self.check_share * step_s * every))
 
     def norms_due(self, step: int) -> bool:
         """Are update and parameter norms taken during step ``step`` (0-based)?"""
@@ -145,6 +159,9 @@ def _check(key: str, value: Any, source: str) -> None:
     elif key == "on_error":
         if value not in ON_ERROR:
             fail(" | ".join(ON_ERROR))
+    elif key == "check_share":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            fail("a number from 0 to 1")
     elif key in ("include", "exclude"):
         if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) and p for p in value):
             fail("a list of non-empty glob strings")
