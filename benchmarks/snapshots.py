@@ -8,7 +8,11 @@ total (several sizes: ``--gib 0.5,2``). Printed side by side, as ratios:
   ``BlobWriter.store``: content hash overlapped with Parquet writing on the
   pool, as the recording's writer does it) against ``torch.save`` and
   ``safetensors.torch.save_file``; targets: at least torch.save's throughput,
-  0.8x safetensors';
+  0.8x safetensors'. Twice: into the page cache (what each does by default;
+  the kernel writes back later), and durable, every file fsynced before the
+  call returns (auditlog's ``durability = "strict"``; ``os.fsync`` after
+  torch.save and save_file): the speed of the disk, which "snapshots at disk
+  speed" is about, and what an audit trail that must survive a power loss pays;
 - restore: ``SnapshotStore.read_verified`` of every tensor (what
   ``Run.state_dict`` and ``auditlog restore`` do: decode and check the content
   hash in one pass) against ``torch.load`` and ``safetensors.torch.load_file``
@@ -17,8 +21,11 @@ total (several sizes: ``--gib 0.5,2``). Printed side by side, as ratios:
   copy + 64 MiB for auditlog), above the process at start for reads (the result
   itself included, for every method).
 
-Files are written to a temporary directory (``--dir``, default the system's);
-reads come from the page cache, as a restore right after training would.
+Files are written to a temporary directory (``--dir``, default the system's).
+Restores are timed twice: from the page cache, as a restore right after
+training would read them, and cold, every file evicted from the page cache
+first (``fsync``, then ``posix_fadvise(DONTNEED)``: no root needed), as a
+restore of last month's snapshot reads them from the disk.
 
     python benchmarks/snapshots.py                  # 0.5 and 2 GiB
     python benchmarks/snapshots.py --gib 0.1        # quick look
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -36,6 +44,8 @@ import time
 from pathlib import Path
 
 WRITES = ("auditlog", "torch.save", "safetensors")
+DURABLE = " + fsync"
+COLD = " (cold)"
 READS = ("auditlog", "torch.load", "safetensors")
 
 
@@ -69,16 +79,23 @@ def write_child(method: str, gib: float, out: Path) -> dict[str, float]:
     nbytes = sum(t.numel() * t.element_size() for t in state.values())  # type: ignore[attr-defined]
     base, cpu = _rss(), _cpu()
     start = time.perf_counter()
+    durable = method.endswith(DURABLE)
+    method = method.removesuffix(DURABLE)
     if method == "auditlog":
         # What a snapshot does: host copies on the training thread, then the writer's store().
         copies = [(i, t.clone()) for i, t in enumerate(state.values())]  # type: ignore[attr-defined]
-        with BlobWriter(SnapshotStore(out)) as writer:
-            writer.store(copies, lambda sha: False)
+        with BlobWriter(SnapshotStore(out), durable=durable) as writer:
+            writer.store(copies, lambda sha: False)  # type: ignore[arg-type]
         del copies
     elif method == "torch.save":
         torch.save(state, out / "state.pt")
     else:
         save_file(state, str(out / "state.safetensors"))  # type: ignore[arg-type]
+    if durable and method != "auditlog":
+        for path in (next(out.iterdir()), out):  # the file, then its directory entry
+            fd = os.open(path, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
     elapsed, cpu = time.perf_counter() - start, _cpu() - cpu
     disk = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     return {"seconds": elapsed, "cpu": cpu, "bytes": nbytes, "extra_rss": _rss() - base, "disk": disk}
@@ -122,6 +139,22 @@ def read_child(method: str, out: Path) -> dict[str, float]:
     return {"seconds": elapsed, "cpu": cpu, "bytes": nbytes, "extra_rss": _rss() - base, "touched": touched}
 
 
+def _evict(root: Path) -> None:
+    """Drop every file under ``root`` from the page cache (written back first)."""
+    for path in root.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _rate(result: dict[str, float]) -> float:
+    return result["bytes"] / result["seconds"]
+
+
 def _run(*args: str) -> dict[str, float]:
     done = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -131,34 +164,42 @@ def _run(*args: str) -> dict[str, float]:
 
 def report(gib: float, where: str | None) -> None:
     writes: dict[str, dict[str, float]] = {}
-    for method in WRITES:
+    for method in (*WRITES, *(m + DURABLE for m in WRITES)):
         with tempfile.TemporaryDirectory(prefix="auditlog-snapbench-", dir=where) as out:
             writes[method] = _run("--child", f"write:{method}", "--gib", str(gib), "--out", out)
     reads: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="auditlog-snapbench-", dir=where) as out:
         _run("--child", "prepare", "--gib", str(gib), "--out", out)
         for method in READS:
+            _evict(Path(out))
+            reads[method + COLD] = _run("--child", f"read:{method}", "--gib", str(gib), "--out", out)
             reads[method] = _run("--child", f"read:{method}", "--gib", str(gib), "--out", out)
     gb = writes["torch.save"]["bytes"] / (1 << 30)
     print(f"\nstate_dict of {gb:.2f} GiB (one {gib:g} GiB float32 parameter + 64 small)")
-    print("| write | GB/s | vs torch.save | vs safetensors | CPU s/GiB | peak extra RSS | on disk |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for method, r in writes.items():
-        rate = r["bytes"] / r["seconds"]
-        print(
-            f"| {method} | {rate / 1e9:.2f} | {rate / (writes['torch.save']['bytes'] / writes['torch.save']['seconds']):.2f}x "
-            f"| {rate / (writes['safetensors']['bytes'] / writes['safetensors']['seconds']):.2f}x "
-            f"| {r['cpu'] / (r['bytes'] / (1 << 30)):.2f} "
-            f"| {r['extra_rss'] / (1 << 20):.0f} MiB | {r['disk'] / (1 << 30):.2f} GiB |"
-        )
-    print("| restore | GB/s | time vs torch.load | time vs safetensors | CPU s/GiB | peak extra RSS (result included) |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for method, r in reads.items():
-        print(
-            f"| {method} | {r['bytes'] / r['seconds'] / 1e9:.2f} | {r['seconds'] / reads['torch.load']['seconds']:.2f}x "
-            f"| {r['seconds'] / reads['safetensors']['seconds']:.2f}x | {r['cpu'] / (r['bytes'] / (1 << 30)):.2f} "
-            f"| {r['extra_rss'] / (1 << 20):.0f} MiB |"
-        )
+    for suffix, title in (("", "into the page cache"), (DURABLE, "durable: fsynced before returning")):
+        torch_rate = _rate(writes["torch.save" + suffix])
+        safe_rate = _rate(writes["safetensors" + suffix])
+        print(f"| write, {title} | GB/s | vs torch.save | vs safetensors | CPU s/GiB | peak extra RSS | on disk |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for method in WRITES:
+            r = writes[method + suffix]
+            rate = _rate(r)
+            print(
+                f"| {method + suffix} | {rate / 1e9:.2f} | {rate / torch_rate:.2f}x | {rate / safe_rate:.2f}x "
+                f"| {r['cpu'] / (r['bytes'] / (1 << 30)):.2f} "
+                f"| {r['extra_rss'] / (1 << 20):.0f} MiB | {r['disk'] / (1 << 30):.2f} GiB |"
+            )
+    for suffix, title in (("", "from the page cache"), (COLD, "cold: files evicted from the page cache")):
+        base, safe = reads["torch.load" + suffix]["seconds"], reads["safetensors" + suffix]["seconds"]
+        print(f"| restore, {title} | GB/s | time vs torch.load | time vs safetensors | CPU s/GiB | peak extra RSS (result included) |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for method in READS:
+            r = reads[method + suffix]
+            print(
+                f"| {method + suffix} | {r['bytes'] / r['seconds'] / 1e9:.2f} | {r['seconds'] / base:.2f}x "
+                f"| {r['seconds'] / safe:.2f}x | {r['cpu'] / (r['bytes'] / (1 << 30)):.2f} "
+                f"| {r['extra_rss'] / (1 << 20):.0f} MiB |"
+            )
     copy = writes["auditlog"]["bytes"]
     print(f"auditlog write: peak extra RSS - one host copy = {(writes['auditlog']['extra_rss'] - copy) / (1 << 20):.0f} MiB "
           "(target <= 64 MiB)")

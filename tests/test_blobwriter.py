@@ -78,3 +78,37 @@ def test_cpu_and_non_contiguous_inputs_are_made_host_contiguous(tmp_path: Path) 
         ((sha, info),) = writer.store([(1, tensor)], lambda sha: False)
     assert info is not None and sha == tensor_hash(tensor)
     assert torch.equal(files.read_verified(sha, "t"), tensor)
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_durable_writes_fsync_every_new_file_and_the_directories_before_returning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durable: bool
+) -> None:
+    """durability=strict: a snapshot's event is committed after ``store`` returns, so
+    its files (both write paths) and the renames into their directories are on disk
+    by then; the other modes leave write-back to the kernel."""
+    import os
+    import stat
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        mode = os.fstat(fd).st_mode
+        synced.append("dir" if stat.S_ISDIR(mode) else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(blobwriter.os, "fsync", fsync)
+    files = SnapshotStore(tmp_path)
+    big = torch.randn(800_000)  # 3.2 MB: written while it is hashed
+    small = [torch.randn(16) * i for i in range(3)]  # encoded in memory, written once
+    with BlobWriter(files, durable=durable) as writer:
+        stored = writer.store([("big", big)] + [(i, t) for i, t in enumerate(small)], lambda sha: False)
+    if not durable:
+        assert synced == []
+        return
+    assert synced.count("file") == 4
+    directories = {files.path(sha).parent for sha, _ in stored} | {files.root}
+    assert synced.count("dir") == len(directories) and synced[-len(directories) :] == ["dir"] * len(directories)
+    for sha, _ in stored:
+        assert verify_file(files.root, sha) is not None

@@ -176,7 +176,7 @@ class Net(nn.Module):
 def test_replay_follows_changes_no_hook_reports(store: Path) -> None:
     torch.manual_seed(0)
     live: dict[int, dict[str, Any]] = {}
-    with auditlog.record(store, activity_every=1, check_every=1):
+    with auditlog.record(store, activity_every=1, check_every=1, check_share=0):
         model = Net()
         live[0] = live_structure(model)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)

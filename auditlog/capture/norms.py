@@ -55,13 +55,13 @@ class NormPlan:
     permutation back to input order (None when the concatenation already is).
     """
 
-    __slots__ = ("_buffers", "dots", "groups", "order", "rest", "size", "tail")
+    __slots__ = ("_copies", "dots", "groups", "order", "rest", "size", "tail")
 
     def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
         by_kind: dict[tuple[object, ...], list[int]] = {}
         rest: list[int] = []
         self.dots: list[int] = []
-        self._buffers: list[torch.Tensor] | None = None
+        self._copies: list[torch.Tensor] | None = None
         for i, t in enumerate(tensors):
             if t.device.type != "cpu" or not t.is_contiguous():
                 rest.append(i)
@@ -139,9 +139,9 @@ class NormPlan:
         rest = [tensors[i] for i in self.tail]
         if any(t.device.type != "cpu" for t in rest):
             return [torch.stack([tensors[i] for i in members]) for members in self.groups] + [t.clone() for t in rest]
-        buffers = self._buffers
+        buffers = self._copies
         if buffers is None:
-            buffers = self._buffers = [
+            buffers = self._copies = [
                 torch.empty((len(members), *tensors[members[0]].shape), dtype=tensors[members[0]].dtype)
                 for members in self.groups
             ] + [torch.empty_like(t, memory_format=torch.contiguous_format) for t in rest]

@@ -172,7 +172,10 @@ class Recording(contextlib.ContextDecorator):
                 sign = functools.partial(_sign_head, store, key, run_id, stream, launch.world_size)
                 _sign_closed(store, key, closed)
             buffer = RecordBuffer()
-            writer = Writer(store, run_id, stream, buffer, on_error=self.policy.on_error, sign=sign)
+            writer = Writer(
+                store, run_id, stream, buffer, on_error=self.policy.on_error, sign=sign,
+                durable=self.policy.durability == "strict",  # snapshot files fsynced too
+            )
             recorder = Recorder(buffer, self.policy)
             if self.policy.durability != "fast":
                 recorder.step_barrier = writer.flush  # the step's events are committed before training goes on

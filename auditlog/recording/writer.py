@@ -100,6 +100,7 @@ class Writer:
         sign: Callable[[StreamTip], None] | None = None,
         sign_every_events: int = 10_000,
         sign_every_seconds: float = 60.0,
+        durable: bool = False,
     ) -> None:
         self.store = store
         self.run_id = run_id
@@ -132,7 +133,8 @@ class Writer:
         self.dropped = 0
         self._row_prefix = row_prefix(run_id, stream)  # the constant head of every canonical row
         self.snapshots = SnapshotStore(store.location.snapshots)
-        self.blobs = BlobWriter(self.snapshots)  # its pool starts with the first snapshot
+        # its pool starts with the first snapshot; durable: files fsynced before their events
+        self.blobs = BlobWriter(self.snapshots, durable=durable)
         self._catalogued: set[str] = set()
         self._new_blobs: list[dict[str, Any]] = []
         self.failure: BaseException | None = None

@@ -25,6 +25,13 @@ Every file of a snapshot is complete before ``store`` returns, so its event,
 catalogued after, never names a file still being written; a write that fails
 raises ``SnapshotError`` and the snapshot becomes the recorder's fault, as
 before.
+
+``durable`` (the recording's ``durability = "strict"``): every new file is
+fsynced before it is renamed to its hash, and the directories the renames
+touched are fsynced before ``store`` returns, so a snapshot event, committed
+after, never outlives its files in a power loss. The other durability modes
+leave write-back to the kernel, as they do for the event store's WAL
+(docs/how-it-works.md: what a power loss can lose).
 """
 
 from __future__ import annotations
@@ -93,9 +100,11 @@ class _Job:
 class BlobWriter:
     """Stores host copies as snapshot files (``store``), on a pool it owns."""
 
-    def __init__(self, files: SnapshotStore, workers: int = WORKERS) -> None:
+    def __init__(self, files: SnapshotStore, workers: int = WORKERS, durable: bool = False) -> None:
         self.files = files
         self.workers = workers
+        self.durable = durable
+        self._renamed: set[Path] = set()  # directories holding files renamed since the last sync
         self._pool: ThreadPoolExecutor | None = None
         self._digests: ThreadPoolExecutor | None = None  # one digest thread per file being written
         # Per caller key (a tensor id): was its content already stored last time?
@@ -194,7 +203,26 @@ class BlobWriter:
                     out[index] = (out[index][0], info)
         if failures:
             raise SnapshotError(f"cannot write a snapshot file: {failures[0]}") from failures[0]
+        if self.durable:
+            self._sync_directories()
         return out
+
+    def _sync_directories(self) -> None:
+        """fsync the directories renames went into (and the root that holds them)."""
+        touched, self._renamed = self._renamed, set()
+        if not touched:
+            return
+        for directory in sorted(touched | {self.files.root}):
+            try:
+                fd = os.open(directory, os.O_RDONLY)
+            except OSError as exc:
+                raise SnapshotError(f"cannot sync snapshot directory {directory}: {exc}") from exc
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise SnapshotError(f"cannot sync snapshot directory {directory}: {exc}") from exc
+            finally:
+                os.close(fd)
 
     def put(self, tensor: torch.Tensor, sha256: str | None = None) -> BlobInfo:
         """Store one tensor (if its content is not stored yet) and describe it."""
@@ -238,8 +266,9 @@ class BlobWriter:
                 sink = pa.BufferedOutputStream(pa.PythonFile(raw, mode="w"), buffer_size=1 << 20)
                 try:
                     self._encode(job, dtype, schema, compression, level, sink)
+                    raw.sync_on_close = self.durable and job.sha256 is not None  # decided by now
                 finally:
-                    sink.close()
+                    sink.close()  # closes raw too
             finally:
                 raw.close()
             if job.sha256 is None:
@@ -248,6 +277,7 @@ class BlobWriter:
             target = self.files.path(job.sha256)
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, target)
+            self._renamed.add(target.parent)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
@@ -273,7 +303,11 @@ class BlobWriter:
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(memoryview(data))
+                if self.durable:
+                    handle.flush()
+                    os.fsync(handle.fileno())
             os.replace(tmp, target)
+            self._renamed.add(target.parent)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
@@ -316,6 +350,7 @@ class _DigestingFile:
         self._blocks: queue.Queue[bytes | None] = queue.Queue(maxsize=self._AHEAD)
         self._digest: Future[str] = digests.submit(self._run)
         self.closed = False
+        self.sync_on_close = False  # fsync before closing (``BlobWriter.durable``)
 
     def _run(self) -> str:
         digest = hashlib.sha256()
@@ -332,6 +367,7 @@ class _DigestingFile:
     def flush(self) -> None:
         self._handle.flush()
 
+
     def tell(self) -> int:
         return self._handle.tell()
 
@@ -339,7 +375,12 @@ class _DigestingFile:
         if not self.closed:
             self.closed = True
             self._blocks.put(None)
-            self._handle.close()
+            try:
+                if self.sync_on_close:
+                    self._handle.flush()
+                    os.fsync(self._handle.fileno())
+            finally:
+                self._handle.close()
 
     def hexdigest(self) -> str:
         """The digest of everything written (after ``close``)."""
