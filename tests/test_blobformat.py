@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -15,6 +16,7 @@ import torch
 from test_snapshots import DTYPES, same_bits, sample
 
 from auditlog.core.errors import IntegrityError
+from auditlog.core.hashing import content_hasher
 from auditlog.core.tensors import dtype_name, tensor_hash
 from auditlog.store import blobformat
 from auditlog.store.blobformat import (
@@ -146,3 +148,44 @@ def test_a_file_of_the_wrong_size_is_refused(tmp_path: Path) -> None:
     longer = pa.table({"value": pa.array([*table.column(0).to_pylist(), 1.0], pa.float32())})
     pq.write_table(longer.replace_schema_metadata(table.schema.metadata), path)
     assert store.check(info.sha256, info.as_row()) == ["holds 44 of 40 bytes (file modified)"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64, torch.float16], ids=str)
+def test_large_float_files_are_read_straight_into_the_tensor(
+    tmp_path: Path, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New float files hold one data page per row group, their values as they are in
+    memory: restore reads them with preadv (no decode), several row groups included."""
+    monkeypatch.setattr(blobformat, "CHUNK_BYTES", 1 << 20)  # 1 MiB row groups: several per file
+    store = SnapshotStore(tmp_path)
+    tensor = torch.randn(2_500_000).to(dtype)  # above WHOLE_FILE_BYTES (4 MiB): read from the file
+    info = store.put(tensor)
+    with blobformat.SnapshotFile(tmp_path, info.sha256) as found:
+        spans = found.direct_spans()
+        assert spans is not None and len(spans) == info.row_groups > 1
+        decoded = bytearray(found.nbytes)
+    assert same_bits(store.read_verified(info.sha256, "t"), tensor)
+    # the decode path agrees byte for byte
+    with blobformat.SnapshotFile(tmp_path, info.sha256) as found:
+        target = np.frombuffer(decoded, dtype=np.uint8)
+        digest = content_hasher(found.dtype, found.shape)
+        found.read_into(target, digest)
+        assert digest.hexdigest() == info.sha256
+    assert bytes(decoded) == tensor.view(torch.uint8).numpy().tobytes()
+
+
+def test_a_changed_byte_in_a_directly_read_file_is_refused_and_old_layouts_are_decoded(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path)
+    tensor = torch.randn(1_500_000)
+    info = store.put(tensor)
+    path = store.path(info.sha256)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="does not hold the recorded content"):
+        store.read_verified(info.sha256, "t")
+    # pyarrow's default pages (1 MiB, 20,000 rows): values not contiguous, so decoded
+    sha = write_legacy(tmp_path / "old", tensor)
+    with blobformat.SnapshotFile(tmp_path / "old", sha) as found:
+        assert found.direct_spans() is None
+    assert same_bits(SnapshotStore(tmp_path / "old").read_verified(sha, "old"), tensor)

@@ -48,6 +48,12 @@ from auditlog.core.hashing import content_hasher
 
 # Source bytes per chunk (one row group each): bounds the writer's and reader's extra memory.
 CHUNK_BYTES = 16 * 1024 * 1024
+# A data page header (Thrift) of one row group's single page is ~20-30 bytes; a
+# longer gap before the values means several pages (``SnapshotFile.direct_spans``).
+_ONE_PAGE_HEADER = 64
+# Bytes read per ``preadv`` call when reading a file straight into its tensor: the
+# hash starts on the first piece while the next ones are read.
+_READ_PIECE = 4 * 1024 * 1024
 
 # Element size of every torch dtype, by name (tests/test_snapshots.py checks it against torch).
 ITEMSIZE: dict[str, int] = {
@@ -207,6 +213,17 @@ def check_schema(schema: pa.Schema, dtype: str, relpath: str) -> None:
         )
 
 
+def page_options(dtype: str) -> dict[str, Any]:
+    """``ParquetWriter`` options for a new file: floating-point content (stored
+    uncompressed) in one data page per row group, so a restore reads it straight
+    into the tensor (``SnapshotFile.direct_spans``). pyarrow cuts pages at 1 MiB
+    and 20,000 rows by default; ``max_rows_per_page`` needs a recent pyarrow (the
+    writer drops both options where it is unknown: the file is then read decoded)."""
+    if not dtype.startswith(("float", "bfloat", "complex")):
+        return {}
+    return {"data_page_size": 2 * CHUNK_BYTES, "max_rows_per_page": chunk_elements(dtype)}
+
+
 def write_schema(dtype: str, shape: list[int]) -> pa.Schema:
     """The schema the writer gives a new file (the hash is added to its metadata when known)."""
     ((name, kind),) = expected_schema(dtype)
@@ -344,6 +361,100 @@ class SnapshotFile:
                     raise done
                 if digest is not None:
                     digest.update(target[done[0] : done[1]].data)
+        finally:
+            reader.join()
+
+    def read_hashed(self, target: np.ndarray[Any, Any]) -> str:
+        """Fill ``target`` (bytes, exactly ``nbytes`` long) with the content and return
+        the content hash of what is there (``hashing.content_hasher``).
+
+        Straight from the file into ``target`` where the file's layout allows it
+        (``direct_spans``: one ``preadv`` per row group, no decode, no copy), the
+        hash following the reads on this thread; otherwise decoded
+        (``read_into``). What is returned is the hash of the bytes the caller
+        gets, either way: should the direct bytes not hash to the file's name
+        (a file whose layout only looked simple), it is decoded again before
+        anything is said about it.
+        """
+        spans = self.direct_spans()
+        if spans is not None:
+            digest = content_hasher(self.dtype, self.shape)
+            self._read_spans(target, spans, digest)
+            actual = str(digest.hexdigest())
+            if actual == self.sha256:
+                return actual
+        digest = content_hasher(self.dtype, self.shape)
+        self.read_into(target, digest)
+        return str(digest.hexdigest())
+
+    def direct_spans(self) -> list[tuple[int, int]] | None:
+        """``(file offset, length)`` of each row group's content bytes, when they lie in
+        the file as they are: uncompressed, PLAIN, no dictionary, one data page per
+        row group (the writer's layout since ``max_rows_per_page`` is set), and a
+        floating-point dtype (integers are compressed, booleans bit-packed). None
+        otherwise, and for files read whole (``WHOLE_FILE_BYTES``)."""
+        if self.data is not None or self.dtype == "bool" or not self.dtype.startswith(("float", "bfloat", "complex")):
+            return None
+        width = itemsize(self.dtype)
+        per = chunk_elements(self.dtype)
+        if self.row_groups != row_groups_for(self.dtype, self.numel) or self.numel == 0:
+            return None
+        spans: list[tuple[int, int]] = []
+        try:
+            metadata = self.reader.metadata
+            for index in range(self.row_groups):
+                column = metadata.row_group(index).column(0)
+                if column.compression != "UNCOMPRESSED" or column.has_dictionary_page:
+                    return None
+                if not set(column.encodings) <= {"PLAIN", "RLE", "BIT_PACKED"}:
+                    return None
+                length = min(per, self.numel - index * per) * width
+                header = column.total_compressed_size - length
+                if not 0 < header <= _ONE_PAGE_HEADER:
+                    return None  # several pages (headers between the values), or not this layout
+                spans.append((column.data_page_offset + header, length))
+        except (AttributeError, ValueError, IndexError, pa.ArrowException):
+            return None
+        return spans
+
+    def _read_spans(self, target: np.ndarray[Any, Any], spans: list[tuple[int, int]], digest: Any) -> None:
+        """``preadv`` each span into its place in ``target`` on a reader thread, in
+        pieces of ``_READ_PIECE``, while this thread hashes the pieces already read."""
+        done: queue.SimpleQueue[tuple[int, int] | BaseException | None] = queue.SimpleQueue()
+        view = memoryview(target.data).cast("B")
+
+        def fill() -> None:
+            try:
+                fd = os.open(self.path, os.O_RDONLY)
+                try:
+                    position = 0
+                    for offset, length in spans:
+                        for start in range(0, length, _READ_PIECE):
+                            size = min(_READ_PIECE, length - start)
+                            got = 0
+                            while got < size:
+                                read = os.preadv(fd, [view[position + got : position + size]], offset + start + got)
+                                if read <= 0:
+                                    raise SnapshotError(f"snapshot file {self.relpath!r} is shorter than its metadata says")
+                                got += read
+                            done.put((position, position + size))
+                            position += size
+                    check_size(position, self.nbytes, self.relpath)
+                finally:
+                    os.close(fd)
+                done.put(None)
+            except BaseException as exc:  # handed to the caller's thread
+                done.put(exc)
+
+        reader = threading.Thread(target=fill, name="auditlog-read", daemon=True)
+        reader.start()
+        try:
+            while (piece := done.get()) is not None:
+                if isinstance(piece, BaseException):
+                    if isinstance(piece, OSError):
+                        raise SnapshotError(f"snapshot file {self.relpath!r} is unreadable: {piece}") from piece
+                    raise piece
+                digest.update(view[piece[0] : piece[1]])
         finally:
             reader.join()
 

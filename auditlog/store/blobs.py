@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from auditlog.core.errors import IntegrityError
-from auditlog.core.hashing import content_hasher
 from auditlog.store.blobformat import (
     CHUNK_BYTES,
     BlobInfo,
@@ -102,7 +101,7 @@ class SnapshotStore:
         ``read_verified`` is what readers use)."""
         blob = info if isinstance(info, BlobInfo) else blob_from_row(info)
         with SnapshotFile(self.root, blob.sha256) as found:
-            return self._decode(found, None)
+            return self._decode(found)[0]
 
     def read_verified(self, sha256: str, what: str) -> torch.Tensor:
         """The tensor whose content hash the chain recorded as ``sha256``, or ``IntegrityError``.
@@ -116,11 +115,10 @@ class SnapshotStore:
         """
         try:
             with SnapshotFile(self.root, sha256) as found:
-                digest = content_hasher(found.dtype, found.shape)
-                tensor = self._decode(found, digest)
+                tensor, actual = self._decode(found)
         except SnapshotError as exc:
             raise self._unusable(sha256, what, exc) from exc
-        self._compare(sha256, what, digest.hexdigest())
+        self._compare(sha256, what, actual)
         return tensor
 
     def verified_bytes(self, sha256: str, what: str, whole_only: bool = False) -> tuple[BlobInfo, Any] | None:
@@ -140,11 +138,10 @@ class SnapshotStore:
                 return None
             else:
                 with SnapshotFile(self.root, sha256) as found:
-                    digest = content_hasher(found.dtype, found.shape)
                     buffer = np.empty(found.nbytes, dtype=np.uint8)
-                    found.read_into(buffer, digest)
+                    actual = found.read_hashed(buffer)
                     content = buffer
-                    info, actual = found.info(), digest.hexdigest()
+                    info = found.info()
         except SnapshotError as exc:
             raise self._unusable(sha256, what, exc) from exc
         self._compare(sha256, what, actual)
@@ -163,14 +160,14 @@ class SnapshotStore:
                 f"{actual[:16]}..., the record says {sha256[:16]}... (file replaced or modified)"
             )
 
-    def _decode(self, found: SnapshotFile, digest: Any) -> torch.Tensor:
-        """The file's tensor, built in its final buffer; the bytes written there are
-        hashed into ``digest`` (when given) as they arrive (``SnapshotFile.read_into``)."""
+    def _decode(self, found: SnapshotFile) -> tuple[torch.Tensor, str]:
+        """The file's tensor, built in its final buffer, and the content hash of the
+        bytes written there, taken as they arrive (``SnapshotFile.read_hashed``)."""
         import torch
 
         out = torch.empty(found.numel, dtype=dtype_from_name(found.dtype))
-        found.read_into(out.view(torch.uint8).numpy(), digest)
-        return out.reshape(found.shape)
+        actual = found.read_hashed(out.view(torch.uint8).numpy())
+        return out.reshape(found.shape), actual
 
     def describe(self, sha256: str) -> BlobInfo:
         """What the file named by ``sha256`` holds, from the file alone (no catalog).

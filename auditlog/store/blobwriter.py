@@ -62,6 +62,7 @@ from auditlog.store.blobformat import (
     codec_for,
     file_digest,
     layout_of,
+    page_options,
     relpath,
     row_groups_for,
     write_schema,
@@ -317,10 +318,14 @@ class BlobWriter:
     def _encode(job: _Job, dtype: str, schema: pa.Schema, compression: str, level: int | None, sink: Any) -> None:
         """The Parquet file of ``job``'s tensor into ``sink``, chunk by chunk, until it is
         written or abandoned; the hash goes into its metadata once decided."""
-        with pq.ParquetWriter(
-            sink, schema, compression=compression, compression_level=level,
-            use_dictionary=False, write_statistics=False,
-        ) as writer:
+        options: dict[str, Any] = {
+            "compression": compression, "compression_level": level, "use_dictionary": False, "write_statistics": False,
+        }
+        try:
+            parquet = pq.ParquetWriter(sink, schema, **options, **page_options(dtype))
+        except TypeError:  # a pyarrow without max_rows_per_page: pages as it cuts them
+            parquet = pq.ParquetWriter(sink, schema, **options)
+        with parquet as writer:
             wrote = False
             for column in _columns(job.tensor, dtype):
                 if job.abandoned:
