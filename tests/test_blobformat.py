@@ -87,7 +87,7 @@ def write_legacy(root: Path, tensor: torch.Tensor) -> str:
     schema = pa.schema([field], metadata={b"auditlog.sha256": sha.encode(), b"auditlog.dtype": dtype_name(tensor.dtype).encode(),
                                           b"auditlog.shape": json.dumps(list(tensor.shape)).encode()})
     flat = tensor.reshape(-1)
-    per_chunk = blobformat.CHUNK_BYTES // flat.element_size()
+    per_chunk = blobformat.LEGACY_CHUNK_BYTES // flat.element_size()
     with pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=False) as writer:
         for start in range(0, flat.numel(), per_chunk):
             part = flat[start : start + per_chunk]
@@ -105,7 +105,7 @@ def test_files_written_before_issue_18_still_read_and_verify(tmp_path: Path) -> 
         assert same_bits(store.read_verified(sha, "old"), tensor)
         # the catalog row that writer made counted chunks, not the file's row groups
         row = {**store.describe(sha).as_row(), "file_sha256": file_digest(store.path(sha)),
-               "row_groups": blobformat.row_groups_for(dtype_name(tensor.dtype), tensor.numel())}
+               "row_groups": blobformat.legacy_chunks(dtype_name(tensor.dtype), tensor.numel())}
         assert store.check(sha, row) == []
     assert legacy_row_groups("float32", big.numel()) == pq.ParquetFile(store.path(tensor_hash(big))).num_row_groups == 3
 

@@ -219,8 +219,8 @@ class SnapshotStore:
 def _legacy_groups(listed: BlobInfo, in_file: int) -> bool:
     """A catalog row of the writer before issue 18: it counted chunks, while pyarrow
     split chunks of more than 1Mi rows into several row groups in the file."""
-    from auditlog.store.blobformat import row_groups_for
+    from auditlog.store.blobformat import legacy_chunks
 
-    return listed.row_groups == row_groups_for(listed.dtype, listed.numel) and in_file == legacy_row_groups(
+    return listed.row_groups == legacy_chunks(listed.dtype, listed.numel) and in_file == legacy_row_groups(
         listed.dtype, listed.numel
     )
