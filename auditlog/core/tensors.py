@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 import torch
 
 from auditlog.core.hashing import content_hasher
@@ -215,11 +214,9 @@ def activity_stats(tensor: torch.Tensor, full: bool = True, units: bool = False)
     """Statistics of a module output or gradient, as cheaply as the device allows.
 
     On CPU there is no device to stay away from, so the numbers are read at once,
-    from four reductions that are fast there: on a contiguous float32/float64
-    tensor numpy's ``dot``, ``sum``, ``min`` and ``max`` over its memory (1-4 us
-    each on a 64x256 float32 tensor; a torch op plus ``.item()`` costs 4-5 us,
-    and ``std``, ``std_mean`` and ``isnan(x).sum()`` took 20-100 us, measured
-    with torch 2.13), otherwise torch's ``vector_norm``, ``sum`` and ``aminmax``:
+    from the three reductions that are fast there (``sum``, ``vector_norm``,
+    ``aminmax``: ~5 us each on a 64x256 float32 tensor, where ``std``,
+    ``std_mean`` and ``isnan(x).sum()`` took 20-100 us, measured with torch 2.13):
 
     - mean = sum / n; std (population) = sqrt(norm^2/n - mean^2), computed in
       float64 from float32 reductions. Where mean^2 is more than half of the mean
@@ -249,21 +246,12 @@ def activity_stats(tensor: torch.Tensor, full: bool = True, units: bool = False)
         x = torch.view_as_real(x) if x.is_complex() else x.float()
         if x.dtype not in _FAST_FLOATS:
             x = x.float()
-    # Plain tensors only: a subclass's own __torch_function__ decides what its reductions do.
-    plain = type(x) is torch.Tensor and x.is_contiguous() and not (x.is_neg() or x.is_conj())
-    flat = x.numpy().reshape(-1) if plain else None
-    if flat is not None:  # numpy's reductions: ~1-3 us each where a torch op plus .item() is ~4-5
-        norm = math.sqrt(float(np.dot(flat, flat)))
-    else:
-        norm = torch.linalg.vector_norm(x).item()
+    norm = torch.linalg.vector_norm(x).item()
     if not full:
         out["norm"] = norm
     else:
-        if flat is not None:
-            total, low, high = float(flat.sum()), float(flat.min()), float(flat.max())
-        else:
-            lo, hi = torch.aminmax(x)
-            total, low, high = x.sum().item(), lo.item(), hi.item()
+        total = x.sum().item()
+        lo, hi = torch.aminmax(x)
         mean = total / numel
         square = norm * norm / numel
         if mean * mean <= 0.5 * square and square - square == 0.0:
@@ -273,8 +261,8 @@ def activity_stats(tensor: torch.Tensor, full: bool = True, units: bool = False)
         out["norm"] = norm
         out["mean"] = mean
         out["std"] = std
-        out["min"] = low
-        out["max"] = high
+        out["min"] = lo.item()
+        out["max"] = hi.item()
     if norm - norm == 0.0:  # finite norm: every element is finite
         out["nan"] = out["inf"] = 0
         if full and mean - mean != 0.0:  # the float32 sum overflowed
