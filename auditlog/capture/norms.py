@@ -204,9 +204,10 @@ def _dot_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
     dot does not (torch's own float32 norm overflows there too).
     """
     squares = np.empty(len(tensors), dtype=np.float64)
-    for i, t in enumerate(tensors):
-        a = (t.detach() if t.requires_grad else t).numpy().reshape(-1)
-        squares[i] = np.dot(a, a)
+    with np.errstate(all="ignore"):  # an overflow is handled below, never a warning in the user's output
+        for i, t in enumerate(tensors):
+            a = (t.detach() if t.requires_grad else t).numpy().reshape(-1)
+            squares[i] = np.dot(a, a)
     norms = np.sqrt(squares)
     if not np.isfinite(squares).all():
         for i in np.flatnonzero(~np.isfinite(squares)).tolist():
