@@ -33,7 +33,7 @@ import math
 import os
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -350,30 +350,16 @@ class SnapshotFile:
                     digest.update(target[position - piece.nbytes : position].data)
             check_size(position, self.nbytes, self.relpath)
             return
-        filled: queue.SimpleQueue[tuple[int, int] | BaseException | None] = queue.SimpleQueue()
 
-        def fill() -> None:
-            try:
-                position = 0
-                for piece in self.pieces():
-                    end = self._place(target, position, piece)
-                    filled.put((position, end))
-                    position = end
-                check_size(position, self.nbytes, self.relpath)
-                filled.put(None)
-            except BaseException as exc:  # handed to the caller's thread
-                filled.put(exc)
+        def fill(ready: Callable[[int, int], None]) -> None:
+            position = 0
+            for piece in self.pieces():
+                end = self._place(target, position, piece)
+                ready(position, end)
+                position = end
+            check_size(position, self.nbytes, self.relpath)
 
-        reader = threading.Thread(target=fill, name="auditlog-read", daemon=True)
-        reader.start()
-        try:
-            while (done := filled.get()) is not None:
-                if isinstance(done, BaseException):
-                    raise done
-                if digest is not None:
-                    digest.update(target[done[0] : done[1]].data)
-        finally:
-            reader.join()
+        _hash_while_filling(fill, memoryview(target.data).cast("B"), digest, self.relpath)
 
     def read_hashed(self, target: np.ndarray[Any, Any]) -> str:
         """Fill ``target`` (bytes, exactly ``nbytes`` long) with the content and return
@@ -431,43 +417,28 @@ class SnapshotFile:
     def _read_spans(self, target: np.ndarray[Any, Any], spans: list[tuple[int, int]], digest: Any) -> None:
         """``preadv`` each span into its place in ``target`` on a reader thread, in
         pieces of ``_READ_PIECE``, while this thread hashes the pieces already read."""
-        done: queue.SimpleQueue[tuple[int, int] | BaseException | None] = queue.SimpleQueue()
         view = memoryview(target.data).cast("B")
 
-        def fill() -> None:
+        def fill(ready: Callable[[int, int], None]) -> None:
+            fd = os.open(self.path, os.O_RDONLY)
             try:
-                fd = os.open(self.path, os.O_RDONLY)
-                try:
-                    position = 0
-                    for offset, length in spans:
-                        for start in range(0, length, _READ_PIECE):
-                            size = min(_READ_PIECE, length - start)
-                            got = 0
-                            while got < size:
-                                read = os.preadv(fd, [view[position + got : position + size]], offset + start + got)
-                                if read <= 0:
-                                    raise SnapshotError(f"snapshot file {self.relpath!r} is shorter than its metadata says")
-                                got += read
-                            done.put((position, position + size))
-                            position += size
-                    check_size(position, self.nbytes, self.relpath)
-                finally:
-                    os.close(fd)
-                done.put(None)
-            except BaseException as exc:  # handed to the caller's thread
-                done.put(exc)
+                position = 0
+                for offset, length in spans:
+                    for start in range(0, length, _READ_PIECE):
+                        size = min(_READ_PIECE, length - start)
+                        got = 0
+                        while got < size:
+                            read = os.preadv(fd, [view[position + got : position + size]], offset + start + got)
+                            if read <= 0:
+                                raise SnapshotError(f"snapshot file {self.relpath!r} is shorter than its metadata says")
+                            got += read
+                        ready(position, position + size)
+                        position += size
+                check_size(position, self.nbytes, self.relpath)
+            finally:
+                os.close(fd)
 
-        reader = threading.Thread(target=fill, name="auditlog-read", daemon=True)
-        reader.start()
-        try:
-            while (piece := done.get()) is not None:
-                if isinstance(piece, BaseException):
-                    if isinstance(piece, OSError):
-                        raise SnapshotError(f"snapshot file {self.relpath!r} is unreadable: {piece}") from piece
-                    raise piece
-                digest.update(view[piece[0] : piece[1]])
-        finally:
-            reader.join()
+        _hash_while_filling(fill, view, digest, self.relpath)
 
     def _place(self, target: np.ndarray[Any, Any], position: int, piece: memoryview) -> int:
         end = position + piece.nbytes
@@ -491,6 +462,35 @@ class SnapshotFile:
                 width = chunk.type.bit_width // 8
                 data = memoryview(chunk.buffers()[1]).cast("B")
                 yield data[chunk.offset * width : (chunk.offset + len(chunk)) * width]
+
+
+def _hash_while_filling(
+    fill: Callable[[Callable[[int, int], None]], None], view: memoryview, digest: Any, relpath: str
+) -> None:
+    """Run ``fill`` on a reader thread; it fills ``view`` and calls ``ready(start, end)``
+    for each piece in order, which this thread hashes into ``digest`` (when given)
+    meanwhile. An error on the reader is raised here (an ``OSError`` as ``SnapshotError``)."""
+    done: queue.SimpleQueue[tuple[int, int] | BaseException | None] = queue.SimpleQueue()
+
+    def run() -> None:
+        try:
+            fill(lambda start, end: done.put((start, end)))
+            done.put(None)
+        except BaseException as exc:  # handed to the caller's thread
+            done.put(exc)
+
+    reader = threading.Thread(target=run, name="auditlog-read", daemon=True)
+    reader.start()
+    try:
+        while (piece := done.get()) is not None:
+            if isinstance(piece, BaseException):
+                if isinstance(piece, OSError):
+                    raise SnapshotError(f"snapshot file {relpath!r} is unreadable: {piece}") from piece
+                raise piece
+            if digest is not None:
+                digest.update(view[piece[0] : piece[1]])
+    finally:
+        reader.join()
 
 
 def check_size(stored: int, expected: int, relpath: str) -> None:
