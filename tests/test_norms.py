@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -93,3 +94,32 @@ def test_gradient_norms_read_from_the_parameters_or_none_for_the_general_path() 
     assert plan.grad_norms(params) is None
     params[6].grad = torch.randn(300, 300).to_sparse()
     assert plan.grad_norms(params) is None
+    params[6].grad = torch.randn(300, 300)
+    params[0].data = torch.randn(3, 3)  # changed shape in place: the plan no longer fits
+    params[0].grad = torch.randn(3, 3)
+    with pytest.raises(RuntimeError):
+        plan.grad_norms(params)
+
+
+def test_a_parameter_reshaped_in_place_gets_a_new_plan_and_exact_norms(store: Path) -> None:
+    """``p.data = ...`` keeps the object (the plan's identity) but not its shape: the
+    step's norms come out right, from a plan worked out again."""
+    import auditlog
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(16)) for _ in range(6)]
+    expected: list[list[float]] = []
+    with auditlog.record(store, policy="minimal"):
+        opt = torch.optim.SGD(params, lr=0.1)
+        for step in range(4):
+            if step == 2:
+                params[1].data = torch.randn(24)  # same object, new shape
+            opt.zero_grad()
+            sum((p * p).sum() for p in params).backward()  # type: ignore[union-attr]
+            expected.append([float(p.grad.norm()) for p in params])  # type: ignore[union-attr]
+            opt.step()
+    with auditlog.open(store) as s:
+        steps = [e["payload"]["grad_norm"] for e in s.run().events(kinds=["optimizer_step"])]
+    assert len(steps) == 4
+    for got, want in zip(steps, expected, strict=True):
+        assert got == pytest.approx(want, rel=1e-5)

@@ -106,12 +106,14 @@ class NormPlan:
         checking it and slicing it per group took three (~3 ms a step at 5,000
         parameters). None when a gradient is absent or not strided: the caller
         then takes the general path (``norms`` of the gradients present).
+        RuntimeError when the plan no longer fits the parameters (one changed
+        shape in place: the caller works out a new plan).
         """
         if not params:
             return None
         try:
             out = self._reduce(lambda members: [params[i].grad for i in members], strict=True)  # type: ignore[misc]
-        except (TypeError, RuntimeError, AttributeError):  # a None or sparse gradient
+        except (TypeError, AttributeError):  # a None or sparse gradient
             return None
         return out
 

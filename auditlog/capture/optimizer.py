@@ -226,7 +226,11 @@ class OptimizerHooks(RecorderBase):
         identity = self._param_ids[key][0]  # set by _ids_of (the pre hook calls it first)
         with torch.no_grad():
             if key not in self._sharded:
-                norms = self._param_plan(optimizer, params)[0].grad_norms(params)
+                try:
+                    norms = self._param_plan(optimizer, params)[0].grad_norms(params)
+                except RuntimeError:  # the plan no longer fits (a shape changed in place), or mixed layouts
+                    self._param_plans.pop(optimizer, None)
+                    norms = None
                 if norms is not None:
                     return StackedNorms(norms, len(params))
             grads = [p.grad for p in params]
