@@ -123,3 +123,15 @@ def test_a_parameter_reshaped_in_place_gets_a_new_plan_and_exact_norms(store: Pa
     assert len(steps) == 4
     for got, want in zip(steps, expected, strict=True):
         assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_tensor_subclasses_keep_torch_reductions() -> None:
+    class Tagged(torch.Tensor):
+        pass
+
+    plain = torch.randn(20000)
+    tagged = plain.clone().as_subclass(Tagged)
+    plan = NormPlan([plain, tagged, torch.nn.Parameter(plain.clone())])
+    assert plan.dots == [0, 2] and plan.rest == [1]
+    got = plan.norms([plain, tagged, plain])
+    assert got is not None and torch.allclose(got, torch.linalg.vector_norm(plain).repeat(3), rtol=1e-5)

@@ -44,6 +44,7 @@ DOT_MAX = 1 << 22
 dispatch is noise beside the bytes, and torch's accumulation keeps more digits."""
 
 _DOT_DTYPES = (torch.float32, torch.float64)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 class NormPlan:
@@ -67,7 +68,9 @@ class NormPlan:
                 rest.append(i)
             elif t.numel() <= SMALL:
                 by_kind.setdefault((tuple(t.shape), t.dtype), []).append(i)
-            elif t.numel() <= DOT_MAX and t.dtype in _DOT_DTYPES and not (t.is_conj() or t.is_neg()):
+            elif (
+                t.numel() <= DOT_MAX and t.dtype in _DOT_DTYPES and type(t) in _PLAIN and not (t.is_conj() or t.is_neg())
+            ):  # plain tensors only: a subclass's own __torch_function__ decides what it does
                 self.dots.append(i)
             else:
                 rest.append(i)
