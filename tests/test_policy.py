@@ -271,6 +271,7 @@ def test_policy_files_and_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyP
         ("activity_every = 'often'\n", "'activity_every'"),
         ("norms_every = 0\n", "'norms_every'"),
         ("check_every = 'sometimes'\n", "'check_every'"),
+        ("check_share = 2\n", "'check_share'"),
         ('backward = "sideways"\n', "'backward'"),
         ('preset = "paranoid"\n', "unknown policy preset 'paranoid'"),
         ("include = [1, 2]\n", "'include'"),

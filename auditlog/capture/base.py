@@ -37,7 +37,7 @@ import torch
 
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.ids import ObjectIds, TensorIds
-from auditlog.capture.norms import NormPlan, PlanCache
+from auditlog.capture.norms import PlanCache
 from auditlog.capture.registrations import PENDING_MAX, REGISTRATIONS, Registrations
 from auditlog.capture.source import Location, Site, construction_site, site_location
 from auditlog.capture.torch_compat import buffers_of, parameters_of
@@ -145,9 +145,7 @@ class RecorderBase:
         # pre-step copy (norms.py; weakly keyed: gone with the optimizer); the ids of
         # its parameters
         self._pending_steps: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
-        self._param_plans: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[object, NormPlan]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._param_plans = PlanCache(weak=True)
         self._param_ids: dict[int, tuple[tuple[int, ...], Clean, list[Clean]]] = {}
         # how to compute each optimizer's per-parameter norms in a few ops (norms.py);
         # the optimizers whose parameters include DTensors (norms of local shards)

@@ -21,7 +21,9 @@ float per parameter.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, MutableMapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -238,30 +240,40 @@ def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
 
 
 class PlanCache:
-    """``NormPlan`` s kept per caller-chosen key (an optimizer and a purpose), each valid
-    for one identity of the parameter list: worked out again only when that changes."""
+    """``NormPlan`` s kept per caller-chosen key (an optimizer and a purpose, or the
+    optimizer itself), each valid for one identity of the parameter list: worked
+    out again only when that changes. ``weak``: keyed by objects held weakly (a plan
+    and the copies it keeps go with its optimizer)."""
 
     __slots__ = ("_plans",)
 
-    def __init__(self) -> None:
-        self._plans: dict[object, tuple[object, NormPlan]] = {}
+    def __init__(self, weak: bool = False) -> None:
+        self._plans: MutableMapping[Any, tuple[object, NormPlan]] = weakref.WeakKeyDictionary() if weak else {}
 
-    def norms(self, key: object, identity: object, tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
-        """The norms of ``tensors`` (see ``NormPlan.norms``) with the plan cached under ``key``.
-
-        ``identity`` stands for the tensors' shapes (the parameters' ids, say: a
-        gradient has its parameter's shape). Should a cached plan not fit after
-        all (stacking raises), it is worked out again from the tensors themselves.
-        """
+    def plan(self, key: object, identity: object, tensors: Sequence[torch.Tensor]) -> NormPlan:
+        """The plan under ``key`` for ``identity`` (``identity`` stands for the tensors'
+        shapes: the parameters' ids, say; a gradient has its parameter's shape),
+        worked out from ``tensors`` when there is none that fits."""
         cached = self._plans.get(key)
         if cached is not None and cached[0] == identity and cached[1].size == len(tensors):
-            try:
-                return cached[1].norms(tensors)
-            except RuntimeError:
-                pass
+            return cached[1]
         plan = NormPlan(tensors)
         self._plans[key] = (identity, plan)
-        return plan.norms(tensors)
+        return plan
+
+    def forget(self, key: object) -> None:
+        """Drop the plan under ``key``: it no longer fits (a shape changed in place)."""
+        self._plans.pop(key, None)
+
+    def norms(self, key: object, identity: object, tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+        """The norms of ``tensors`` (see ``NormPlan.norms``) with the plan cached under
+        ``key``; should a cached plan not fit after all (stacking raises), it is
+        worked out again from the tensors themselves."""
+        try:
+            return self.plan(key, identity, tensors).norms(tensors)
+        except RuntimeError:
+            self.forget(key)
+            return self.plan(key, identity, tensors).norms(tensors)
 
 
 def norms_of(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:

@@ -63,13 +63,7 @@ class OptimizerHooks(RecorderBase):
         tensors it works on: the parameters themselves, or each DTensor's local shard."""
         key = id(optimizer)
         tensors = [local_view(p.detach()) for p in params] if key in self._sharded else params
-        identity = self._param_ids[key][0]
-        cached = self._param_plans.get(optimizer)
-        if cached is not None and cached[0] == identity and cached[1].size == len(tensors):
-            return cached[1], tensors
-        plan = NormPlan(tensors)
-        self._param_plans[optimizer] = (identity, plan)
-        return plan, tensors
+        return self._param_plans.plan(optimizer, self._param_ids[key][0], tensors), tensors
 
     def _copy_before(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> list[torch.Tensor] | None:
         """The parameters' values before the step, for exact update norms
@@ -79,7 +73,7 @@ class OptimizerHooks(RecorderBase):
             try:
                 return plan.copy(tensors)
             except RuntimeError:  # a parameter changed shape or dtype in place (``.data = ``)
-                self._param_plans.pop(optimizer, None)
+                self._param_plans.forget(optimizer)
                 plan, tensors = self._param_plan(optimizer, params)
                 return plan.copy(tensors)
 
@@ -206,7 +200,7 @@ class OptimizerHooks(RecorderBase):
                             StackedNorms(plan.difference_norms(pending.before, tensors), len(params))
                         )
                 except RuntimeError:  # a parameter changed shape or dtype inside the step
-                    self._param_plans.pop(optimizer, None)
+                    self._param_plans.forget(optimizer)
         return {
             "param_groups": groups,
             "tensor_ids": tensor_ids,
@@ -229,7 +223,7 @@ class OptimizerHooks(RecorderBase):
                 try:
                     norms = self._param_plan(optimizer, params)[0].grad_norms(params)
                 except RuntimeError:  # the plan no longer fits (a shape changed in place), or mixed layouts
-                    self._param_plans.pop(optimizer, None)
+                    self._param_plans.forget(optimizer)
                     norms = None
                 if norms is not None:
                     return StackedNorms(norms, len(params))

@@ -22,6 +22,7 @@ before, enough to add a ~0.1 s full collection to the build).
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -80,17 +81,34 @@ def _site(code: Any, line: Any) -> Location | None:
     return None if code is None else site_location((code, line))
 
 
+def _walk(flat: list[Any]) -> Iterator[tuple[list[Any], list[Any] | None]]:
+    """Each flat registration as ``(its fixed-width values, its shape)``: the shape is
+    the sizes after a tensor record's ``ndim`` (None without one, or for a module)."""
+    index, end = 0, len(flat)
+    while index < end:
+        if flat[index] == "module_registered":
+            yield flat[index:index + MODULE_WIDTH], None
+            index += MODULE_WIDTH
+            continue
+        fields = flat[index:index + TENSOR_WIDTH]
+        index += TENSOR_WIDTH
+        ndim = fields[-1]
+        shape = None
+        if ndim is not None:
+            shape = flat[index:index + ndim]
+            index += ndim
+        yield fields, shape
+
+
 def parse(flat: list[Any]) -> list[tuple[Any, ...]]:
     """The ordinary records ``(kind, ts_ns, step, module_id, tensor_id, payload)``
     of a run of flat registrations, payloads exactly as docs/events.md gives them."""
     out: list[tuple[Any, ...]] = []
-    index, end = 0, len(flat)
-    while index < end:
-        kind = flat[index]
+    for fields, shape in _walk(flat):
+        kind = fields[0]
         if kind == "module_registered":
             (_, ts_ns, step, module_id, tensor_id, name, child_id, child_cls, parent_cls, code, line,
-             parent_code, parent_line, adopted, detected_at) = flat[index:index + MODULE_WIDTH]
-            index += MODULE_WIDTH
+             parent_code, parent_line, adopted, detected_at) = fields
             body = Clean({
                 "name": name,
                 "child_id": child_id,
@@ -102,17 +120,14 @@ def parse(flat: list[Any]) -> list[tuple[Any, ...]]:
                 body["parent_source"] = _site(parent_code, parent_line)
         else:
             (_, ts_ns, step, module_id, tensor_id, name, module_cls, dtype, device, lazy, flag, code, line,
-             module_code, module_line, adopted, detected_at, ndim) = flat[index:index + TENSOR_WIDTH]
-            index += TENSOR_WIDTH
+             module_code, module_line, adopted, detected_at, _) = fields
             body = Clean(name=name, module_class=module_cls)
             if dtype is None:
                 body.update(shape=None, dtype=None, device=None)
             elif lazy:
                 body.update(shape=None, dtype=dtype_name(dtype), device=_device(device), lazy=True)
             else:
-                body.update(shape=flat[index:index + ndim], dtype=dtype_name(dtype), device=_device(device))
-            if ndim is not None:
-                index += ndim
+                body.update(shape=shape, dtype=dtype_name(dtype), device=_device(device))
             body["requires_grad" if kind == "parameter_registered" else "persistent"] = flag
             body["source"] = _site(code, line)
             if module_code is not ABSENT:
@@ -129,14 +144,12 @@ def fold(state: ModelState, flat: list[Any]) -> None:
     """Fold a run of flat registrations into ``state`` straight from the values:
     what ``replay.apply`` does with their events (tests compare the two), without
     building ~10 dicts per event on the training thread."""
-    index, end = 0, len(flat)
     node = state.node
-    while index < end:
-        kind = flat[index]
+    for fields, shape in _walk(flat):
+        kind = fields[0]
         if kind == "module_registered":
             (_, _, _, parent_id, _, name, child_id, child_cls, parent_cls, code, line,
-             parent_code, parent_line, adopted, _) = flat[index:index + MODULE_WIDTH]
-            index += MODULE_WIDTH
+             parent_code, parent_line, adopted, _) = fields
             parent = node(parent_id, parent_cls)
             if parent.source is None and parent_code is not ABSENT and parent_code is not None:
                 parent.source = _site(parent_code, parent_line)
@@ -149,12 +162,7 @@ def fold(state: ModelState, flat: list[Any]) -> None:
                     child.source = _site(code, line)
             continue
         (_, _, _, module_id, tensor_id, name, module_cls, dtype, device, _lazy, flag, code, line,
-         module_code, module_line, _, _, ndim) = flat[index:index + TENSOR_WIDTH]
-        index += TENSOR_WIDTH
-        shape = None
-        if ndim is not None:
-            shape = flat[index:index + ndim]
-            index += ndim
+         module_code, module_line, _, _, _) = fields
         module = node(module_id, module_cls)
         if module.source is None and module_code is not ABSENT and module_code is not None:
             module.source = _site(module_code, module_line)
