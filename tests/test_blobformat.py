@@ -19,12 +19,12 @@ from auditlog.core.errors import IntegrityError
 from auditlog.core.hashing import content_hasher
 from auditlog.core.tensors import dtype_name, tensor_hash
 from auditlog.store import blobformat
+from auditlog.store.blobcheck import verify_file
 from auditlog.store.blobformat import (
     ITEMSIZE,
     SnapshotError,
     file_digest,
     legacy_row_groups,
-    verify_file,
 )
 from auditlog.store.blobs import SnapshotStore
 

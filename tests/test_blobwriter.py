@@ -12,7 +12,8 @@ from test_snapshots import DTYPES, same_bits, sample
 
 from auditlog.core.tensors import tensor_hash
 from auditlog.store import blobformat, blobwriter
-from auditlog.store.blobformat import SnapshotError, verify_file
+from auditlog.store.blobcheck import verify_file
+from auditlog.store.blobformat import SnapshotError
 from auditlog.store.blobs import SnapshotStore
 from auditlog.store.blobwriter import BlobWriter
 

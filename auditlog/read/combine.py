@@ -38,7 +38,8 @@ from typing import Any
 from auditlog.core.errors import StoreError, UsageError
 from auditlog.integrity.signing import KeyRing
 from auditlog.integrity.verify import verify_run
-from auditlog.store.blobformat import SnapshotError, verify_file
+from auditlog.store.blobcheck import verify_file
+from auditlog.store.blobformat import SnapshotError
 from auditlog.store.blobs import SnapshotStore, blob_from_row
 from auditlog.store.eventstore import EventStore
 from auditlog.store.location import StoreLocation, resolve_store

@@ -10,7 +10,7 @@ metadata repeats dtype and shape; the file's key-value metadata, the hash.
 
 Everything here works on dtype *names* with pyarrow and numpy only: ``auditlog
 verify`` and the read model check a file's content hash by decoding its bytes
-(``SnapshotFile.pieces``) and hashing them (``verify_file``), and never import
+(``SnapshotFile.pieces``) and hashing them (``blobcheck.verify_file``), and never import
 torch. ``auditlog.store.blobs`` builds tensors from the same bytes
 (``SnapshotFile.read_into``).
 
@@ -26,7 +26,6 @@ reader follows each file's own codec, and a null value is refused.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -59,6 +58,7 @@ _ONE_PAGE_HEADER = 64
 # Bytes read per ``preadv`` call when reading a file straight into its tensor: the
 # hash starts on the first piece while the next ones are read.
 _READ_PIECE = 4 * 1024 * 1024
+_READ_AHEAD = 32 * 1024 * 1024
 
 # Element size of every torch dtype, by name (tests/test_snapshots.py checks it against torch).
 ITEMSIZE: dict[str, int] = {
@@ -95,6 +95,13 @@ NATIVE: dict[str, tuple[Any, pa.DataType]] = {
 # per-file overhead, not bytes.
 WHOLE_FILE_BYTES = 4 * 1024 * 1024
 
+# A file whose key-value metadata holds ``FILE_DIGEST_KEY: FRAMING`` has the framing
+# digest as its catalog ``file_sha256`` (``blobcheck.framing_digest``: every byte
+# outside the values, which the content hash covers); any other, the SHA-256 of
+# every byte.
+FILE_DIGEST_KEY = b"auditlog.file_digest"
+FRAMING = b"framing-v1"
+
 # pyarrow's default row group length: the writer before issue 18 let it split
 # chunks of more rows, so such files have more row groups than chunks.
 _LEGACY_GROUP_ROWS = 1024 * 1024
@@ -108,10 +115,9 @@ class SnapshotError(AuditlogError):
 class BlobInfo:
     """One stored tensor content: the catalog row the event store keeps.
 
-    ``file_sha256`` is the SHA-256 of the file's bytes, computed while the file
-    is written (the bytes pass through the digest on their way to the disk):
+    ``file_sha256`` is the file's catalog digest (``blobcheck.stored_digest``):
     the content hash and the schema check do not cover every byte of a file
-    (docs/integrity.md), this does.
+    (docs/integrity.md); with it, every byte is covered.
     """
 
     sha256: str
@@ -281,6 +287,8 @@ class SnapshotFile:
             if any(d < 0 for d in self.shape):
                 raise ValueError(f"negative dimension in shape {self.shape}")
             self.row_groups = self.reader.num_row_groups
+            # Which digest the catalog's ``file_sha256`` is (``blobcheck.stored_digest``).
+            self.framed = (self.reader.metadata.metadata or {}).get(FILE_DIGEST_KEY) == FRAMING
         except (OSError, pa.ArrowException, ValueError, KeyError, TypeError) as exc:
             self.close()
             raise SnapshotError(f"snapshot file {self.relpath!r} is unreadable: {exc}") from exc
@@ -386,33 +394,11 @@ class SnapshotFile:
 
     def direct_spans(self) -> list[tuple[int, int]] | None:
         """``(file offset, length)`` of each row group's content bytes, when they lie in
-        the file as they are: uncompressed, PLAIN, no dictionary, one data page per
-        row group (the writer's layout since ``max_rows_per_page`` is set), and a
-        floating-point dtype (integers are compressed, booleans bit-packed). None
-        otherwise, and for files read whole (``WHOLE_FILE_BYTES``)."""
-        if self.data is not None or self.dtype == "bool" or not self.dtype.startswith(("float", "bfloat", "complex")):
+        the file as they are (``value_spans``); None otherwise, and for files read
+        whole (``WHOLE_FILE_BYTES``)."""
+        if self.data is not None:
             return None
-        width = itemsize(self.dtype)
-        per = chunk_elements(self.dtype)
-        if self.row_groups != row_groups_for(self.dtype, self.numel) or self.numel == 0:
-            return None
-        spans: list[tuple[int, int]] = []
-        try:
-            metadata = self.reader.metadata
-            for index in range(self.row_groups):
-                column = metadata.row_group(index).column(0)
-                if column.compression != "UNCOMPRESSED" or column.has_dictionary_page:
-                    return None
-                if not set(column.encodings) <= {"PLAIN", "RLE", "BIT_PACKED"}:
-                    return None
-                length = min(per, self.numel - index * per) * width
-                header = column.total_compressed_size - length
-                if not 0 < header <= _ONE_PAGE_HEADER:
-                    return None  # several pages (headers between the values), or not this layout
-                spans.append((column.data_page_offset + header, length))
-        except (AttributeError, ValueError, IndexError, pa.ArrowException):
-            return None
-        return spans
+        return value_spans(self.reader.metadata, self.dtype, self.numel)
 
     def _read_spans(self, target: np.ndarray[Any, Any], spans: list[tuple[int, int]], digest: Any) -> None:
         """``preadv`` each span into its place in ``target`` on a reader thread, in
@@ -426,6 +412,7 @@ class SnapshotFile:
                 for offset, length in spans:
                     for start in range(0, length, _READ_PIECE):
                         size = min(_READ_PIECE, length - start)
+                        _read_ahead(fd, offset + start, size)
                         got = 0
                         while got < size:
                             read = os.preadv(fd, [view[position + got : position + size]], offset + start + got)
@@ -464,6 +451,52 @@ class SnapshotFile:
                 yield data[chunk.offset * width : (chunk.offset + len(chunk)) * width]
 
 
+def value_spans(metadata: Any, dtype: str, numel: int) -> list[tuple[int, int]] | None:
+    """``(file offset, length)`` of each row group's content bytes, from a file's footer,
+    when they lie in the file as they are: one uncompressed data page per row
+    group, no dictionary (the writer's layout since ``max_rows_per_page`` is set),
+    and a floating-point dtype (integers are compressed, booleans bit-packed).
+    None otherwise.
+
+    Only sizes and offsets are read from the footer: pyarrow (26.0) aborts the
+    process on an out-of-range codec or encoding number in a forged footer when
+    ``compression`` or ``encodings`` is read, so "uncompressed" is "compressed
+    size equals uncompressed size" here. A span list is never trusted for the
+    values: a direct read is checked against the content hash and decoded again
+    on a mismatch (``read_hashed``), and the framing digest covers the footer
+    the spans come from (``blobcheck``).
+    """
+    if dtype == "bool" or not dtype.startswith(("float", "bfloat", "complex")) or numel == 0:
+        return None
+    width = itemsize(dtype)
+    per = chunk_elements(dtype)
+    spans: list[tuple[int, int]] = []
+    try:
+        if metadata.num_row_groups != row_groups_for(dtype, numel):
+            return None
+        for index in range(metadata.num_row_groups):
+            column = metadata.row_group(index).column(0)
+            if column.has_dictionary_page or column.total_compressed_size != column.total_uncompressed_size:
+                return None
+            length = min(per, numel - index * per) * width
+            header = column.total_compressed_size - length
+            if not 0 < header <= _ONE_PAGE_HEADER:
+                return None  # several pages (headers between the values), or not this layout
+            spans.append((column.data_page_offset + header, length))
+    except (AttributeError, ValueError, IndexError, OverflowError, pa.ArrowException):
+        return None
+    return spans
+
+
+def _read_ahead(fd: int, offset: int, size: int) -> None:
+    """Ask the kernel to start reading the ``_READ_AHEAD`` bytes after this piece while it
+    is read: a cold file (last month's snapshot) then streams from the disk without
+    stalls between ``preadv`` calls, and no more than that is asked for at once.
+    Measured on 0.5 GiB cold: 0.43-0.87 s against 0.73-1.02 s without."""
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, offset + size, _READ_AHEAD, os.POSIX_FADV_WILLNEED)
+
+
 def _hash_while_filling(
     fill: Callable[[Callable[[int, int], None]], None], view: memoryview, digest: Any, relpath: str
 ) -> None:
@@ -497,69 +530,6 @@ def check_size(stored: int, expected: int, relpath: str) -> None:
     """``SnapshotError`` unless a file held exactly the bytes its dtype and shape call for."""
     if stored != expected:
         raise SnapshotError(f"snapshot file {relpath!r} holds {stored} of {expected} bytes")
-
-
-def verify_file(root: Path, sha256: str) -> BlobInfo:
-    """The facts of the file named by ``sha256`` once its content hashed to ``sha256``,
-    with the digest of its bytes (``file_sha256``).
-
-    Torch-free: the bytes are decoded with pyarrow and hashed as
-    ``auditlog.tensor_hash`` would hash the tensor, while another thread digests
-    the file. ``SnapshotError`` when the file is missing, unreadable, not exactly
-    a snapshot's schema, the wrong size, or holds other content (its message
-    then says ``does not match its name``).
-    """
-    with SnapshotFile(root, sha256) as found:
-        if found.data is not None:  # read whole: its digest from the same bytes, no thread
-            _check_content(found, None)
-            return dataclasses.replace(found.info(), file_sha256=hashlib.sha256(found.data).hexdigest())
-        with ThreadPoolExecutor(1, thread_name_prefix="auditlog-digest") as pool:
-            whole = pool.submit(file_digest, found.path)
-            _check_content(found, None)
-            try:
-                file_sha256 = whole.result()
-            except OSError as exc:
-                raise SnapshotError(f"snapshot file {found.relpath!r} is unreadable: {exc}") from exc
-        return dataclasses.replace(found.info(), file_sha256=file_sha256)
-
-
-def _check_content(found: SnapshotFile, keep: list[memoryview] | None) -> None:
-    """``SnapshotError`` unless the decoded content hashes to the file's name; the
-    decoded pieces are appended to ``keep`` when given."""
-    actual = decoded_hash(found, keep)
-    if actual != found.sha256:
-        raise SnapshotError(f"content hash {actual[:16]}... does not match its name (file modified)")
-
-
-def decoded_hash(found: SnapshotFile, keep: list[memoryview] | None) -> str:
-    """The content hash of what ``found`` decodes to (its pieces appended to ``keep`` when
-    given); ``SnapshotError`` for a file that cannot be decoded or is the wrong size."""
-    digest = content_hasher(found.dtype, found.shape)
-    stored = 0
-    for piece in found.pieces():
-        digest.update(piece)
-        stored += piece.nbytes
-        if keep is not None:
-            keep.append(piece)
-    check_size(stored, found.nbytes, found.relpath)
-    return str(digest.hexdigest())
-
-
-def read_whole(root: Path, sha256: str) -> tuple[BlobInfo, bytes | memoryview, str] | None:
-    """A small file's facts, decoded content (C-order bytes) and the hash of that content,
-    from one read of the file; None for a file too big to be read whole (the caller streams it).
-
-    Torch-free (``auditlog restore`` writes these bytes into a safetensors file
-    as they are); the caller compares the hash with ``sha256``. ``SnapshotError``
-    for a missing, unreadable or malformed file.
-    """
-    with SnapshotFile(root, sha256) as found:
-        if found.data is None:
-            return None
-        pieces: list[memoryview] = []
-        actual = decoded_hash(found, pieces)
-        content: bytes | memoryview = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-        return found.info(), content, actual
 
 
 def reason(exc: SnapshotError) -> str:

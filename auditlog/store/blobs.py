@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from auditlog.core.errors import IntegrityError
+from auditlog.store.blobcheck import read_whole, verify_file
 from auditlog.store.blobformat import (
     CHUNK_BYTES,
     BlobInfo,
@@ -39,10 +40,8 @@ from auditlog.store.blobformat import (
     expected_schema,
     file_digest,
     legacy_row_groups,
-    read_whole,
     reason,
     relpath,
-    verify_file,
 )
 
 if TYPE_CHECKING:
@@ -125,7 +124,7 @@ class SnapshotStore:
         """Torch-free ``read_verified``: the file's facts and its content's C-order bytes
         (a bytes-like object), checked against ``sha256`` with the same errors.
 
-        A small file is read whole in one call (``blobformat.read_whole``); a
+        A small file is read whole in one call (``blobcheck.read_whole``); a
         bigger one is decoded into a numpy buffer as ``read_verified`` does, or,
         with ``whole_only``, left alone (None).
         """
@@ -183,7 +182,7 @@ class SnapshotStore:
         """What is wrong with the stored content ``sha256`` and its catalog row (empty: nothing).
 
         The file must exist, have exactly a snapshot's schema and decode to
-        content hashing to its name (torch-free: ``blobformat.verify_file``);
+        content hashing to its name (torch-free: ``blobcheck.verify_file``);
         the catalog row (a cache) must exist and agree with the file in every
         field, ``file_sha256`` (the digest of every byte) included.
         """

@@ -3,11 +3,13 @@
 A snapshot's tensors arrive as host copies (C-contiguous CPU tensors). For each,
 the caller's thread (the recording's writer) computes the content hash, which
 the event needs, while a small pool (``WORKERS`` threads) encodes Parquet and
-writes the file, and a digest thread per file computes the file's SHA-256
-(``file_sha256``) from the bytes on their way to the disk; ``hashlib`` and
-pyarrow release the GIL, so these run on separate cores where there are some.
-Nothing is copied between the host copy and Parquet's page buffers: columns are
-zero-copy views of the host copy, chunk by chunk.
+writes the file; ``hashlib`` and pyarrow release the GIL, so these run on
+separate cores where there are some. The content hash is the only pass of
+SHA-256 over the values: the catalog digest (``file_sha256``) of a file written
+here is its framing digest (``blobcheck``), the bytes outside the values, read
+back once the file is closed. Nothing is copied between the host copy and
+Parquet's page buffers: columns are zero-copy views of the host copy, chunk by
+chunk, and pyarrow writes to the file itself.
 
 Content addressing means a file's name is only known once its hash is. Two ways
 of writing, chosen per tensor:
@@ -39,14 +41,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import queue
 import tempfile
 import threading
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -54,13 +55,16 @@ import pyarrow.parquet as pq
 import torch
 
 from auditlog.core.tensors import dtype_name, tensor_hash
+from auditlog.store.blobcheck import stored_digest, written_digest
 from auditlog.store.blobformat import (
+    FILE_DIGEST_KEY,
+    FRAMING,
     NATIVE,
     BlobInfo,
     SnapshotError,
+    SnapshotFile,
     chunk_elements,
     codec_for,
-    file_digest,
     layout_of,
     page_options,
     relpath,
@@ -107,7 +111,6 @@ class BlobWriter:
         self.durable = durable
         self._renamed: set[Path] = set()  # directories holding files renamed since the last sync
         self._pool: ThreadPoolExecutor | None = None
-        self._digests: ThreadPoolExecutor | None = None  # one digest thread per file being written
         # Per caller key (a tensor id): was its content already stored last time?
         self._unchanged: dict[Hashable, bool] = {}
         self._made: set[Path] = set()  # directories known to exist (set.add is atomic)
@@ -119,15 +122,9 @@ class BlobWriter:
         self.close()
 
     def close(self) -> None:
-        for pool in (self._pool, self._digests):
-            if pool is not None:
-                pool.shutdown(wait=True)
-        self._pool = self._digests = None
-
-    def _digest_pool(self) -> ThreadPoolExecutor:
-        if self._digests is None:
-            self._digests = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="auditlog-digest")
-        return self._digests
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        self._pool = None
 
     def _submit(self, job: _Job) -> Future[BlobInfo | None]:
         if self._pool is None:
@@ -242,14 +239,19 @@ class BlobWriter:
 
     def _existing(self, sha256: str) -> BlobInfo:
         """The catalog row of content stored already: its file's own facts and digest."""
-        return dataclasses.replace(self.files.describe(sha256), file_sha256=file_digest(self.files.path(sha256)))
+        with SnapshotFile(self.files.root, sha256) as found:
+            return dataclasses.replace(found.info(), file_sha256=stored_digest(found))
 
     # ------------------------------------------------------------------ one file (pool thread)
     def _write(self, job: _Job) -> BlobInfo | None:
         """Write ``job``'s tensor to a temporary file; rename it to its hash when decided.
 
-        The bytes go through a SHA-256 on their way to the file (``file_sha256``):
-        no second read of the file.
+        pyarrow writes the file itself (a native file: no Python between its
+        pages and the disk, no copy). The catalog digest is the framing digest
+        (``blobcheck``): the file is marked framed, and once closed its few
+        bytes outside the values are read back and hashed; the values are the
+        content hash's, computed on the caller's thread meanwhile. No second
+        SHA-256 pass over the values.
         """
         tensor = job.tensor
         dtype = dtype_name(tensor.dtype)
@@ -261,20 +263,19 @@ class BlobWriter:
         if tensor.numel() * tensor.element_size() < IN_MEMORY_BYTES:
             return self._write_small(job, dtype, schema, compression, level)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=self.files.root)
+        os.close(fd)
         try:
-            raw = _DigestingFile(os.fdopen(fd, "wb"), self._digest_pool())
-            try:  # the digest thread ends only when raw is closed: closed whatever happens
-                sink = pa.BufferedOutputStream(pa.PythonFile(raw, mode="w"), buffer_size=1 << 20)
-                try:
-                    self._encode(job, dtype, schema, compression, level, sink)
-                    raw.sync_on_close = self.durable and job.sha256 is not None  # decided by now
-                finally:
-                    sink.close()  # closes raw too
+            sink = pa.OSFile(tmp, "wb")
+            try:
+                self._encode(job, dtype, schema, compression, level, sink, framed=True)
             finally:
-                raw.close()
+                sink.close()
             if job.sha256 is None:
                 Path(tmp).unlink(missing_ok=True)
                 return None
+            file_sha256 = written_digest(Path(tmp), dtype, tensor.numel())
+            if self.durable:
+                _fsync(tmp)
             target = self.files.path(job.sha256)
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, target)
@@ -282,13 +283,15 @@ class BlobWriter:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return dataclasses.replace(describe_tensor(tensor, job.sha256), file_sha256=raw.hexdigest())
+        return dataclasses.replace(describe_tensor(tensor, job.sha256), file_sha256=file_sha256)
 
     def _write_small(self, job: _Job, dtype: str, schema: pa.Schema, compression: str, level: int | None) -> BlobInfo | None:
-        """``_write`` for a small tensor: encoded in memory, digested in one call, written once.
+        """``_write`` for a small tensor: encoded in memory, digested whole in one call
+        (not framed: the bytes are in hand), written once with one ``write``.
 
-        No digest thread and no block queue: for the thousands of small tensors of a
-        wide model those hand-offs cost more than the bytes (measured: ~1 ms a file).
+        For the thousands of small tensors of a wide model, per-file work costs
+        more than the bytes (measured: ~1 ms a file with a temporary file and a
+        digest thread each).
         """
         buffer = pa.BufferOutputStream()
         self._encode(job, dtype, schema, compression, level, buffer)
@@ -315,9 +318,12 @@ class BlobWriter:
         return dataclasses.replace(describe_tensor(job.tensor, job.sha256), file_sha256=file_sha256)
 
     @staticmethod
-    def _encode(job: _Job, dtype: str, schema: pa.Schema, compression: str, level: int | None, sink: Any) -> None:
+    def _encode(
+        job: _Job, dtype: str, schema: pa.Schema, compression: str, level: int | None, sink: Any, framed: bool = False
+    ) -> None:
         """The Parquet file of ``job``'s tensor into ``sink``, chunk by chunk, until it is
-        written or abandoned; the hash goes into its metadata once decided."""
+        written or abandoned; the hash goes into its metadata once decided, with the
+        framed marking (``blobcheck``) when ``framed``."""
         options: dict[str, Any] = {
             "compression": compression, "compression_level": level, "use_dictionary": False, "write_statistics": False,
         }
@@ -336,60 +342,17 @@ class BlobWriter:
                 writer.write_table(schema.empty_table())
             job.decided.wait()
             if job.sha256 is not None:
-                writer.add_key_value_metadata({"auditlog.sha256": job.sha256})
+                extra = {FILE_DIGEST_KEY: FRAMING} if framed else {}
+                writer.add_key_value_metadata({b"auditlog.sha256": job.sha256.encode(), **extra})
 
 
-class _DigestingFile:
-    """A file that digests every byte written to it (pyarrow writes through it).
-
-    The SHA-256 runs on a thread of its own (a third core, beside the content
-    hash and the Parquet encoding): ``write`` gets immutable ``bytes`` from
-    pyarrow, hands them to the digest thread and writes them to the file. At
-    most ``_AHEAD`` blocks (about 1 MiB each) wait for the digest.
-    """
-
-    _AHEAD = 8
-
-    def __init__(self, handle: BinaryIO, digests: ThreadPoolExecutor) -> None:
-        self._handle = handle
-        self._blocks: queue.Queue[bytes | None] = queue.Queue(maxsize=self._AHEAD)
-        self._digest: Future[str] = digests.submit(self._run)
-        self.closed = False
-        self.sync_on_close = False  # fsync before closing (``BlobWriter.durable``)
-
-    def _run(self) -> str:
-        digest = hashlib.sha256()
-        while (block := self._blocks.get()) is not None:
-            digest.update(block)
-        return digest.hexdigest()
-
-    def write(self, data: Any) -> int:
-        if not isinstance(data, bytes):
-            data = bytes(data)  # only immutable blocks may wait in the queue
-        self._blocks.put(data)
-        return self._handle.write(data)
-
-    def flush(self) -> None:
-        self._handle.flush()
-
-
-    def tell(self) -> int:
-        return self._handle.tell()
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._blocks.put(None)
-            try:
-                if self.sync_on_close:
-                    self._handle.flush()
-                    os.fsync(self._handle.fileno())
-            finally:
-                self._handle.close()
-
-    def hexdigest(self) -> str:
-        """The digest of everything written (after ``close``)."""
-        return self._digest.result()
+def _fsync(path: str) -> None:
+    """Flush a closed file's data to the disk (any descriptor of the file will do)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _columns(tensor: torch.Tensor, dtype: str) -> Any:

@@ -228,7 +228,7 @@ class EventQueries:
         with self.guard("reading events"), self.engine.connect() as conn:
             result = conn.execution_options(stream_results=True, yield_per=batch).execute(query)
             keys = list(result.keys())
-            for row in result.tuples():  # zip over plain tuples: ~2x cheaper than RowMapping -> dict
+            for row in result:  # zip over rows (tuple-like): ~2x cheaper than RowMapping -> dict
                 yield dict(zip(keys, row, strict=True))
 
     def event_tuples(

@@ -22,7 +22,7 @@ The projection's catalog is not a copy of the store's ``snapshot_blobs`` table
 (a cache anyone can edit): each content hash the chained snapshot events name
 is read from the location its hash alone gives, its schema checked, its
 content hash recomputed from the decoded bytes without torch
-(``blobformat.verify_file``), and only then are its facts and the file's
+(``blobcheck.verify_file``), and only then are its facts and the file's
 identity and digest recorded. A file that fails is
 recorded in ``rejected_blobs`` with the reason, never read by a query; a file
 changed after verification is left out of ``tensor_values`` by the session
@@ -153,16 +153,12 @@ def check_blobs(snapshots: Path, hashes: list[str]) -> list[CheckedBlob]:
     """Verify the files of ``hashes`` (location from the hash, exact schema, content hash).
 
     Torch-free: the content hash is recomputed from the bytes pyarrow decodes
-    (``blobformat.verify_file``).
+    (``blobcheck.verify_file``).
     """
     if not hashes:
         return []
-    from auditlog.store.blobformat import (  # pyarrow: only with snapshots
-        SnapshotError,
-        reason,
-        relpath,
-        verify_file,
-    )
+    from auditlog.store.blobcheck import verify_file  # pyarrow: only with snapshots
+    from auditlog.store.blobformat import SnapshotError, reason, relpath
 
     out: list[CheckedBlob] = []
     for sha in hashes:
@@ -185,11 +181,14 @@ def changed_files(snapshots: Path, rows: list[tuple[str, str, list[int]]]) -> di
     """``sha256 -> why`` for verified files that are no longer the bytes verified.
 
     ``rows``: ``(sha256, file digest at verification, identity at verification)``.
-    An unchanged identity is trusted; a changed one is digested again.
+    An unchanged identity is trusted; a changed one is checked again
+    (``blobcheck.unchanged``: its digest, and its content hash where the digest
+    leaves the values to it).
     """
     if not rows:
         return {}
-    from auditlog.store.blobformat import file_digest, relpath
+    from auditlog.store.blobcheck import unchanged
+    from auditlog.store.blobformat import relpath
 
     changed: dict[str, str] = {}
     for sha, digest, identity in rows:
@@ -197,6 +196,6 @@ def changed_files(snapshots: Path, rows: list[tuple[str, str, list[int]]]) -> di
         now = file_identity(path)
         if now is None:
             changed[sha] = f"snapshots/{relpath(sha)} is missing"
-        elif now != list(identity) and file_digest(path) != digest:
+        elif now != list(identity) and not unchanged(snapshots, sha, digest):
             changed[sha] = f"snapshots/{relpath(sha)} changed since it was verified"
     return changed

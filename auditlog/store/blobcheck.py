@@ -1,0 +1,185 @@
+"""Checking a snapshot file against its name and its catalog digest, without torch.
+
+Two digests cover every byte of a snapshot file between them:
+
+- the *content hash*, the file's name (``auditlog.core.hashing``): the values,
+  as decoded, with dtype and shape;
+- the catalog's ``file_sha256``, which makes a change anywhere else visible
+  (the writer's name, the schema's column name, level encodings a required
+  column ignores: docs/integrity.md lists what the content hash and the schema
+  check alone miss). For files the writer marks *framed* (``FILE_DIGEST_KEY``
+  in the footer: every file written through the pool since this module
+  exists), it is the *framing digest*: SHA-256 over the bytes outside the value
+  spans (``framing_digest``), which costs a few small reads after writing
+  instead of a second SHA-256 pass over every byte; for any other file (small
+  files written in one piece, files written before), the SHA-256 of every byte.
+
+A changed byte inside a value span changes the decoded values, so the content
+hash catches it; one outside changes the framing digest. That is why a framed
+file is only "unchanged" when both still hold (``unchanged``), where a file
+with a whole-file digest needs its digest alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from auditlog.core.hashing import content_hasher
+from auditlog.store.blobformat import (
+    BlobInfo,
+    SnapshotError,
+    SnapshotFile,
+    check_size,
+    file_digest,
+    value_spans,
+)
+
+FRAMING_PREFIX = b"auditlog-framing-v1\0"
+
+
+def framing_digest(read: Callable[[int, int], bytes], size: int, spans: list[tuple[int, int]]) -> str:
+    """SHA-256 over ``FRAMING_PREFIX``, the compact JSON ``[size, spans]``, a NUL byte,
+    then every byte of the file outside ``spans`` in file order (``read(offset,
+    length)`` reads them).
+
+    ``spans`` are the value spans the file's own footer gives (``value_spans``);
+    spans that do not lie in order inside the file count as none (the digest then
+    covers every byte), so the digest is defined for any bytes at all.
+    """
+    position = 0
+    for offset, length in spans:
+        if offset < position or length < 0 or offset + length > size:
+            spans = []
+            break
+        position = offset + length
+    digest = hashlib.sha256(FRAMING_PREFIX)
+    digest.update(json.dumps([size, spans], separators=(",", ":")).encode() + b"\0")
+    position = 0
+    for offset, length in [*spans, (size, 0)]:
+        if offset > position:
+            digest.update(read(position, offset - position))
+        position = offset + length
+    return digest.hexdigest()
+
+
+def _pread_all(fd: int, offset: int, length: int) -> bytes:
+    """``length`` bytes at ``offset`` (fewer only at the end of the file)."""
+    parts: list[bytes] = []
+    while length > 0:
+        part = os.pread(fd, length, offset)
+        if not part:
+            break
+        parts.append(part)
+        offset += len(part)
+        length -= len(part)
+    return b"".join(parts)
+
+
+def _framing_of_path(path: Path, spans: list[tuple[int, int]]) -> str:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return framing_digest(lambda offset, length: _pread_all(fd, offset, length), os.fstat(fd).st_size, spans)
+    finally:
+        os.close(fd)
+
+
+def written_digest(path: Path, dtype: str, numel: int) -> str:
+    """The framing digest of a file the writer has just closed (its footer read back:
+    a few small reads from the page cache, not a pass over the values)."""
+    spans = value_spans(pq.read_metadata(path), dtype, numel)
+    return _framing_of_path(path, spans or [])
+
+
+def stored_digest(found: SnapshotFile) -> str:
+    """What the catalog's ``file_sha256`` of an open file should be, by the file's own
+    marking: the framing digest, or the SHA-256 of every byte."""
+    if not found.framed:
+        return hashlib.sha256(found.data).hexdigest() if found.data is not None else file_digest(found.path)
+    spans = value_spans(found.reader.metadata, found.dtype, found.numel) or []
+    if found.data is not None:
+        data = found.data
+        return framing_digest(lambda offset, length: data[offset : offset + length], len(data), spans)
+    return _framing_of_path(found.path, spans)
+
+
+def verify_file(root: Path, sha256: str) -> BlobInfo:
+    """The facts of the file named by ``sha256`` once its content hashed to ``sha256``,
+    with its catalog digest (``file_sha256``, ``stored_digest``).
+
+    Torch-free: the bytes are decoded with pyarrow and hashed as
+    ``auditlog.tensor_hash`` would hash the tensor; a file with a whole-file
+    digest is digested on another thread meanwhile. ``SnapshotError`` when the
+    file is missing, unreadable, not exactly a snapshot's schema, the wrong size,
+    or holds other content (its message then says ``does not match its name``).
+    """
+    with SnapshotFile(root, sha256) as found:
+        if found.framed or found.data is not None:  # a few small reads, or bytes in hand: no thread
+            _check_content(found)
+            return dataclasses.replace(found.info(), file_sha256=stored_digest(found))
+        with ThreadPoolExecutor(1, thread_name_prefix="auditlog-digest") as pool:
+            whole = pool.submit(file_digest, found.path)
+            _check_content(found)
+            try:
+                file_sha256 = whole.result()
+            except OSError as exc:
+                raise SnapshotError(f"snapshot file {found.relpath!r} is unreadable: {exc}") from exc
+        return dataclasses.replace(found.info(), file_sha256=file_sha256)
+
+
+def unchanged(root: Path, sha256: str, digest: str) -> bool:
+    """Whether the file named ``sha256`` still holds the bytes that were verified with
+    catalog digest ``digest``: that digest again, and for a framed file (whose
+    digest leaves the values to the content hash) its content hash too."""
+    try:
+        with SnapshotFile(root, sha256) as found:
+            if stored_digest(found) != digest:
+                return False
+            return not found.framed or decoded_hash(found, None) == sha256
+    except (SnapshotError, OSError):
+        return False
+
+
+def _check_content(found: SnapshotFile) -> None:
+    """``SnapshotError`` unless the decoded content hashes to the file's name."""
+    actual = decoded_hash(found, None)
+    if actual != found.sha256:
+        raise SnapshotError(f"content hash {actual[:16]}... does not match its name (file modified)")
+
+
+def decoded_hash(found: SnapshotFile, keep: list[memoryview] | None) -> str:
+    """The content hash of what ``found`` decodes to (its pieces appended to ``keep`` when
+    given); ``SnapshotError`` for a file that cannot be decoded or is the wrong size."""
+    digest = content_hasher(found.dtype, found.shape)
+    stored = 0
+    for piece in found.pieces():
+        digest.update(piece)
+        stored += piece.nbytes
+        if keep is not None:
+            keep.append(piece)
+    check_size(stored, found.nbytes, found.relpath)
+    return str(digest.hexdigest())
+
+
+def read_whole(root: Path, sha256: str) -> tuple[BlobInfo, bytes | memoryview, str] | None:
+    """A small file's facts, decoded content (C-order bytes) and the hash of that content,
+    from one read of the file; None for a file too big to be read whole (the caller streams it).
+
+    Torch-free (``auditlog restore`` writes these bytes into a safetensors file
+    as they are); the caller compares the hash with ``sha256``. ``SnapshotError``
+    for a missing, unreadable or malformed file.
+    """
+    with SnapshotFile(root, sha256) as found:
+        if found.data is None:
+            return None
+        pieces: list[memoryview] = []
+        actual = decoded_hash(found, pieces)
+        content: bytes | memoryview = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return found.info(), content, actual
