@@ -72,6 +72,22 @@ def test_a_failed_write_is_an_error_and_leaves_no_file(tmp_path: Path) -> None:
     assert leftovers(tmp_path) == []
 
 
+def test_a_write_failing_after_its_file_was_made_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The temporary file exists and is complete when the framing digest is read back:
+    an error there (an I/O error, a full disk) is the snapshot's error, and the
+    temporary file goes."""
+
+    def unreadable(path: Path, dtype: str, numel: int) -> str:
+        assert path.exists() and path.name.startswith(".tmp-")
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(blobwriter, "written_digest", unreadable)
+    files = SnapshotStore(tmp_path)
+    with BlobWriter(files) as writer, pytest.raises(SnapshotError, match="Input/output error"):
+        writer.store([(1, torch.randn(1 << 20))], lambda sha: False)
+    assert leftovers(tmp_path) == [] and list(tmp_path.rglob("*.parquet")) == []
+
+
 def test_cpu_and_non_contiguous_inputs_are_made_host_contiguous(tmp_path: Path) -> None:
     files = SnapshotStore(tmp_path)
     tensor = torch.randn(40, 30).t()
