@@ -30,12 +30,15 @@ def leftovers(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.name.startswith(".tmp-")]
 
 
+@pytest.mark.parametrize("hashers", [1, 3])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_overlapped_writes_round_trip_every_dtype_bitwise(tmp_path: Path, dtype: torch.dtype, small_chunks: None) -> None:
+def test_overlapped_writes_round_trip_every_dtype_bitwise(
+    tmp_path: Path, dtype: torch.dtype, hashers: int, small_chunks: None
+) -> None:
     files = SnapshotStore(tmp_path)
     big = sample(dtype).repeat(100, 20)  # 60,000 elements: several 4 KiB row groups
     tensors = [big, big.t(), big[::3, 1:], big[5, 7], big[:0], sample(dtype)]
-    with BlobWriter(files) as writer:
+    with BlobWriter(files, hashers=hashers) as writer:
         stored = writer.store([(i, t.contiguous()) for i, t in enumerate(tensors)], lambda sha: False)
     for tensor, (sha, info) in zip(tensors, stored, strict=True):
         assert sha == tensor_hash(tensor)
@@ -45,10 +48,13 @@ def test_overlapped_writes_round_trip_every_dtype_bitwise(tmp_path: Path, dtype:
     assert leftovers(tmp_path) == []
 
 
-def test_each_content_is_written_once_and_abandoned_writes_leave_nothing(tmp_path: Path, small_chunks: None) -> None:
+@pytest.mark.parametrize("hashers", [1, 3])
+def test_each_content_is_written_once_and_abandoned_writes_leave_nothing(
+    tmp_path: Path, hashers: int, small_chunks: None
+) -> None:
     files = SnapshotStore(tmp_path)
     a, b = torch.randn(50_000), torch.randn(50_000)
-    with BlobWriter(files) as writer:
+    with BlobWriter(files, hashers=hashers) as writer:
         first = writer.store([(1, a), (2, a.clone()), (3, b)], lambda sha: False)
         assert [info is not None for _, info in first] == [True, False, True]  # a twice: stored once
         on_disk = sorted(p.name for p in tmp_path.rglob("*.parquet"))
@@ -61,6 +67,45 @@ def test_each_content_is_written_once_and_abandoned_writes_leave_nothing(tmp_pat
         # b was unchanged last time: now it is hashed first, and still not written again
         third = writer.store([(3, b)], lambda sha: True)
         assert third == [(first[2][0], None)] and leftovers(tmp_path) == []
+
+
+def test_large_tensors_are_hashed_side_by_side_with_several_hashers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One SHA-256 stream caps a snapshot at one core's hashing speed: with several
+    hashers the large tensors are hashed on the hash pool, concurrently, and the
+    result is the same as hashing them in turn."""
+    import threading
+    import time
+
+    running, overlapped, threads = [0], [0], set()
+    lock = threading.Lock()
+    real_hash = blobwriter.tensor_hash
+
+    def watched(tensor: torch.Tensor) -> str:
+        with lock:
+            running[0] += 1
+            overlapped[0] = max(overlapped[0], running[0])
+            threads.add(threading.current_thread().name)
+        time.sleep(0.05)  # long enough for the others to start
+        try:
+            return real_hash(tensor)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(blobwriter, "tensor_hash", watched)
+    tensors = [torch.randn(1 << 20) for _ in range(4)]  # 4 MiB each: above OVERLAP_BYTES
+    outcomes = {}
+    for hashers in (1, 3):
+        running[0] = overlapped[0] = 0
+        threads.clear()
+        with BlobWriter(SnapshotStore(tmp_path / str(hashers)), hashers=hashers) as writer:
+            outcomes[hashers] = writer.store(list(enumerate(tensors)), lambda sha: False)
+        assert all(name.startswith("auditlog-hash") for name in threads) == (hashers > 1)
+        assert (overlapped[0] > 1) == (hashers > 1)
+    assert [sha for sha, _ in outcomes[1]] == [sha for sha, _ in outcomes[3]] == [real_hash(t) for t in tensors]
+    assert blobwriter.default_hashers() >= 1
 
 
 def test_a_failed_write_is_an_error_and_leaves_no_file(tmp_path: Path) -> None:
