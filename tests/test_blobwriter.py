@@ -174,3 +174,22 @@ def test_durable_writes_fsync_every_new_file_and_the_directories_before_returnin
     assert synced.count("dir") == len(directories) and synced[-len(directories) :] == ["dir"] * len(directories)
     for sha, _ in stored:
         assert verify_file(files.root, sha) is not None
+
+
+def test_many_tensors_are_read_side_by_side_and_the_first_bad_one_is_the_error(tmp_path: Path) -> None:
+    from auditlog.core.errors import IntegrityError
+
+    files = SnapshotStore(tmp_path)
+    tensors = [torch.randn(300_000) * i for i in range(1, 6)]  # 1.2 MB each: read from the file
+    with BlobWriter(files) as writer:
+        shas = [sha for sha, _ in writer.store(list(enumerate(tensors)), lambda sha: False)]
+    wanted = [(sha, f"t{i}") for i, sha in enumerate(shas)] + [(shas[0], "again")]
+    loaded = files.read_many(wanted)
+    assert list(loaded) == shas and all(same_bits(loaded[s], t) for s, t in zip(shas, tensors, strict=True))
+    for index in (3, 1):  # two damaged files: the error names the first in order
+        path = files.path(shas[index])
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match=r"snapshot of t1 \("):
+        files.read_many(wanted)

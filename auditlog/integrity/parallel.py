@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from auditlog.core.cpus import usable_cpus
 from auditlog.integrity.chaincheck import StreamCheck
 from auditlog.integrity.merkle import PackedLeaves, subtree_root
 from auditlog.integrity.report import VerifyReport
@@ -76,10 +77,7 @@ def core_free() -> bool:
     and the load (one-minute average, which counts this process too) below one more than
     that. On a saturated machine the two halves took as long as the whole (the split
     then costs ~5-10%); with the other core only partly busy it still gained 1.5x."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
+    cores = usable_cpus()
     try:
         load = os.getloadavg()[0]
     except OSError:

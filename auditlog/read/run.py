@@ -261,13 +261,11 @@ class Run:
         # Every value is read back and its content hash compared with the hash the
         # chain recorded: a file replaced under a hash is an IntegrityError naming it.
         snapshots = SnapshotStore(self.store.location.snapshots)
-        loaded: dict[str, torch.Tensor] = {}
-        out: dict[str, torch.Tensor] = {}
+        wanted: dict[str, str] = {}
         for key, sha in plan:
-            if sha not in loaded:
-                loaded[sha] = snapshots.read_verified(sha, f"{key} at {when}")
-            out[key] = loaded[sha]
-        return out
+            wanted.setdefault(sha, f"{key} at {when}")  # a shared content is named by its first key
+        loaded = snapshots.read_many(list(wanted.items()))
+        return {key: loaded[sha] for key, sha in plan}
 
     def checked_plan(
         self, step: int | None, seq: int | None, root: str | None, allow_partial: bool

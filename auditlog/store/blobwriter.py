@@ -57,6 +57,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from auditlog.core.cpus import usable_cpus
 from auditlog.core.tensors import dtype_name, tensor_hash
 from auditlog.store.blobcheck import stored_digest, written_digest
 from auditlog.store.blobformat import (
@@ -96,11 +97,7 @@ def default_hashers() -> int:
     many cores the machine has; tensors are independent, so their hashes are
     not. The writes take ``WORKERS`` more threads.
     """
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 2
-    return max(1, min(4, cpus // 2))
+    return max(1, min(4, usable_cpus() // 2))
 
 
 @dataclass
