@@ -191,19 +191,26 @@ def _run(*args: str) -> dict[str, float]:
 def _best(into: dict[str, dict[str, float]], method: str, result: dict[str, float]) -> None:
     """Keep the fastest round of ``method`` (peak RSS: the largest seen)."""
     kept = into.get(method)
+    peak = max(result["extra_rss"], kept["extra_rss"]) if kept else result["extra_rss"]
     if kept is None or result["seconds"] < kept["seconds"]:
-        into[method] = {**result, "extra_rss": max(result["extra_rss"], kept["extra_rss"]) if kept else result["extra_rss"]}
+        into[method] = {**result, "extra_rss": peak}
     else:
-        kept["extra_rss"] = max(kept["extra_rss"], result["extra_rss"])
+        kept["extra_rss"] = peak
+
+
+def _rotated(methods: tuple[str, ...], turn: int) -> tuple[str, ...]:
+    """``methods`` starting at a different one each round: what one method leaves behind
+    (freed pages, dirty pages being written back) must not favour the same method every
+    round."""
+    first = turn % len(methods)
+    return methods[first:] + methods[:first]
 
 
 def report(gib: float, where: str | None, rounds: int, warm: float) -> None:
     writes: dict[str, dict[str, float]] = {}
     reads: dict[str, dict[str, float]] = {}
     for turn in range(rounds):  # methods interleaved, so a slow spell of the machine hits all of them
-        # and in turn first: what one method leaves behind (freed pages, dirty pages
-        # being written back) must not favour the same method every round
-        order = WRITES[turn % len(WRITES):] + WRITES[: turn % len(WRITES)]
+        order = _rotated(WRITES, turn)
         for method in (*order, *(m + DURABLE for m in order)):
             with tempfile.TemporaryDirectory(prefix="auditlog-snapbench-", dir=where) as out:
                 result = _run("--child", f"write:{method}", "--gib", str(gib), "--out", out, "--warm", str(warm))
@@ -217,7 +224,7 @@ def report(gib: float, where: str | None, rounds: int, warm: float) -> None:
     with tempfile.TemporaryDirectory(prefix="auditlog-snapbench-", dir=where) as out:
         _run("--child", "prepare", "--gib", str(gib), "--out", out)
         for turn in range(rounds):
-            for method in READS[turn % len(READS):] + READS[: turn % len(READS)]:
+            for method in _rotated(READS, turn):
                 _evict(Path(out))
                 _best(reads, method + COLD, _run("--child", f"read:{method}", "--gib", str(gib), "--out", out))
                 _best(reads, method, _run("--child", f"read:{method}", "--gib", str(gib), "--out", out))

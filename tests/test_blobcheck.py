@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import NamedTuple
 
 import pyarrow.parquet as pq
 import pytest
@@ -27,27 +28,36 @@ from auditlog.store.blobs import SnapshotStore
 from auditlog.store.blobwriter import BlobWriter
 
 
-def framed_file(root: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[SnapshotStore, str, str]:
-    """A float32 file of 7 row groups written through the pool (framed), with its
-    catalog digest."""
+class Framed(NamedTuple):
+    """A framed file as written: where it is, its bytes, its value spans and its catalog digest."""
+
+    files: SnapshotStore
+    sha: str
+    path: Path
+    data: bytes
+    spans: list[tuple[int, int]]
+    digest: str
+
+
+def framed_file(root: Path, monkeypatch: pytest.MonkeyPatch) -> Framed:
+    """A float32 file of 7 row groups written through the pool (framed)."""
     monkeypatch.setattr(blobformat, "CHUNK_BYTES", 64 * 1024)
     files = SnapshotStore(root)
     with BlobWriter(files) as writer:
         ((sha, info),) = writer.store([("w", torch.randn(100_000))], lambda _: False)
     assert info is not None
-    return files, sha, info.file_sha256
+    path = files.path(sha)
+    metadata = pq.read_metadata(path)
+    assert metadata.metadata[FILE_DIGEST_KEY] == FRAMING
+    spans = value_spans(metadata, "float32", 100_000)
+    assert spans is not None and len(spans) == 7 and sum(n for _, n in spans) == 400_000
+    return Framed(files, sha, path, path.read_bytes(), spans, info.file_sha256)
 
 
 def test_pool_files_are_framed_and_their_digest_leaves_out_exactly_the_values(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    files, sha, digest = framed_file(tmp_path, monkeypatch)
-    path = files.path(sha)
-    data = path.read_bytes()
-    metadata = pq.read_metadata(path)
-    assert metadata.metadata[FILE_DIGEST_KEY] == FRAMING
-    spans = value_spans(metadata, "float32", 100_000)
-    assert spans is not None and len(spans) == 7 and sum(n for _, n in spans) == 400_000
+    files, sha, path, data, spans, digest = framed_file(tmp_path, monkeypatch)
     # recomputed by hand: prefix, [size, spans], then the bytes between the spans
     expected = hashlib.sha256(b"auditlog-framing-v1\0")
     expected.update(f"[{len(data)},{[list(s) for s in spans]}]".replace(" ", "").encode() + b"\0")
@@ -70,11 +80,7 @@ def test_pool_files_are_framed_and_their_digest_leaves_out_exactly_the_values(
 def test_every_changed_byte_outside_the_values_and_any_inside_is_caught(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    files, sha, digest = framed_file(tmp_path, monkeypatch)
-    path = files.path(sha)
-    original = path.read_bytes()
-    spans = value_spans(pq.read_metadata(path), "float32", 100_000)
-    assert spans is not None
+    files, sha, path, original, spans, digest = framed_file(tmp_path, monkeypatch)
     inside = {o + n // 2 for o, n in spans} | {spans[0][0], spans[-1][0] + spans[-1][1] - 1}
     outside = [i for i in range(len(original)) if not any(o <= i < o + n for o, n in spans)]
     assert 200 < len(outside) < 5000

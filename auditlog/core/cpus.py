@@ -11,3 +11,10 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not on Linux
         return os.cpu_count() or 1
+
+
+def side_by_side(at_least: int) -> int:
+    """Threads for work that scales with cores (hashing a snapshot's tensors, reading
+    them back): half the usable CPUs, so that the threads feeding them (writes,
+    reads) keep a core, at most 4, and no fewer than ``at_least``."""
+    return max(at_least, min(4, usable_cpus() // 2))

@@ -125,21 +125,21 @@ class SnapshotStore:
 
         One read checks its content hash on one core while a reader thread fills
         the tensor; reading two or more tensors side by side keeps every core
-        busy (measured on 8 x 64 MiB, 2 CPUs: 1.47-1.54x ``torch.load``'s time one
-        at a time, 1.02-1.26x two at a time). Readers: half the usable CPUs, at
-        least 2 and at most 4. The results are what the caller keeps anyway, so
+        busy (measured on 8 x 64 MiB, 2 CPUs: 1.5-2.3x ``torch.load``'s time one
+        at a time, 1.0-1.3x two at a time). Readers: ``side_by_side(2)`` (half
+        the usable CPUs, at least 2, at most 4). The results are what the caller keeps anyway, so
         the extra memory is the pieces in flight. The first failing tensor in
         ``wanted`` order is the error raised, as reading them in turn would.
         """
         from concurrent.futures import ThreadPoolExecutor
 
-        from auditlog.core.cpus import usable_cpus
+        from auditlog.core.cpus import side_by_side
 
         first: dict[str, str] = {}
         for sha, what in wanted:
             first.setdefault(sha, what)
         distinct = list(first.items())
-        readers = min(len(distinct), max(2, min(4, usable_cpus() // 2)))
+        readers = min(len(distinct), side_by_side(2))
         if readers <= 1:
             return {sha: self.read_verified(sha, what) for sha, what in distinct}
         with ThreadPoolExecutor(readers, thread_name_prefix="auditlog-restore") as pool:

@@ -57,7 +57,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from auditlog.core.cpus import usable_cpus
+from auditlog.core.cpus import side_by_side
 from auditlog.core.tensors import dtype_name, tensor_hash
 from auditlog.store.blobcheck import stored_digest, written_digest
 from auditlog.store.blobformat import (
@@ -97,7 +97,7 @@ def default_hashers() -> int:
     many cores the machine has; tensors are independent, so their hashes are
     not. The writes take ``WORKERS`` more threads.
     """
-    return max(1, min(4, usable_cpus() // 2))
+    return side_by_side(1)
 
 
 @dataclass
@@ -254,15 +254,9 @@ class BlobWriter:
             return
         for directory in sorted(touched | {self.files.root}):
             try:
-                fd = os.open(directory, os.O_RDONLY)
+                _fsync(directory)
             except OSError as exc:
                 raise SnapshotError(f"cannot sync snapshot directory {directory}: {exc}") from exc
-            try:
-                os.fsync(fd)
-            except OSError as exc:
-                raise SnapshotError(f"cannot sync snapshot directory {directory}: {exc}") from exc
-            finally:
-                os.close(fd)
 
     def put(self, tensor: torch.Tensor, sha256: str | None = None) -> BlobInfo:
         """Store one tensor (if its content is not stored yet) and describe it."""
@@ -388,8 +382,9 @@ class BlobWriter:
                 writer.add_key_value_metadata({b"auditlog.sha256": job.sha256.encode(), **extra})
 
 
-def _fsync(path: str) -> None:
-    """Flush a closed file's data to the disk (any descriptor of the file will do)."""
+def _fsync(path: str | Path) -> None:
+    """Flush a closed file's data, or a directory's entries, to the disk (any descriptor
+    of it will do)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
