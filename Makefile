@@ -58,6 +58,7 @@ bench: venv
 	$(BIN)/python benchmarks/ingest.py
 	$(BIN)/python benchmarks/memory.py
 	$(BIN)/python benchmarks/snapshots.py
+	$(BIN)/python benchmarks/snapshot_stall.py
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/verify.py
 	$(BIN)/python benchmarks/replay.py

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from auditlog.capture.buffer import RecordBuffer
+from auditlog.capture.hostbuffers import HostBuffers
 from auditlog.capture.ids import ObjectIds, TensorIds
 from auditlog.capture.norms import PlanCache
 from auditlog.capture.registrations import PENDING_MAX, REGISTRATIONS, Registrations
@@ -183,6 +184,8 @@ class RecorderBase:
         self._finalizers: list[weakref.finalize[Any, Any]] = []
         # snapshots emitted and not yet stored by the writer (roots.py: overruns, back-pressure)
         self._in_flight: list[SnapshotItems] = []
+        # host copies of the last stored periodic snapshot, for the next one (hostbuffers.py)
+        self._host_buffers = HostBuffers()
         self._finished = False
         # Set by the session: durability step/strict waits for the writer after each
         # step; on_error=fail stops training when the writer has failed.

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from auditlog.capture.hostbuffers import HostBuffers, poolable
 from auditlog.capture.torch_compat import local_view, shard_facts
 from auditlog.core.chain import Clean
 from auditlog.core.packed import pack_f32
@@ -39,12 +40,15 @@ class HostCopy:
     A CPU tensor is cloned. A CUDA tensor goes to pinned host memory through
     ``HostValues`` (a non-blocking copy and an event): the training thread goes
     on at once, and the writer waits on the event, not the whole device, before
-    it reads the bytes.
+    it reads the bytes. With ``buffers`` (periodic snapshots) a CPU tensor is
+    copied into a buffer kept from the last snapshot where one fits
+    (``hostbuffers``: warm memory, no page faults on the training thread), and
+    ``pooled`` says the copy goes back there once the writer is done with it.
     """
 
-    __slots__ = ("copy", "shard", "stats")
+    __slots__ = ("copy", "pooled", "shard", "stats")
 
-    def __init__(self, source: torch.Tensor, with_stats: bool = False) -> None:
+    def __init__(self, source: torch.Tensor, with_stats: bool = False, buffers: HostBuffers | None = None) -> None:
         with torch.no_grad():
             # A sharded (DTensor) value: this process's shard, and where it lies.
             self.shard = shard_facts(source)
@@ -54,8 +58,12 @@ class HostCopy:
             # OpenMP team and make the training thread's workers sleep between ops
             # (measured: 1.5-2x on every step). The writer only reads 7 numbers.
             self.stats = device_stats(source) if with_stats else None
+            self.pooled = buffers is not None and poolable(source)
             if source.device.type == "cuda":
                 self.copy = HostValues(source)
+            elif self.pooled:
+                assert buffers is not None
+                self.copy = HostValues(buffers.copy_of(source))
             else:
                 # C-contiguous, so hashing and writing on the writer need no torch copy.
                 self.copy = HostValues(source.clone(memory_format=torch.contiguous_format))
@@ -101,13 +109,15 @@ class SnapshotItems:
     ``done`` is set once the writer has finished with it (stored, or failed):
     the recorder counts the snapshots not done yet when the next one is due
     (``RootTracking.snapshot``: an overrun, reported in the event, and the
-    bound on how many host copies wait).
+    bound on how many host copies wait). ``buffers``: where the host copies
+    that came from kept buffers go back once stored (``hostbuffers``).
     """
 
-    __slots__ = ("done", "items", "nbytes")
+    __slots__ = ("buffers", "done", "items", "nbytes")
 
-    def __init__(self, items: list[tuple[int, HostCopy]]) -> None:
+    def __init__(self, items: list[tuple[int, HostCopy]], buffers: HostBuffers | None = None) -> None:
         self.items = items
+        self.buffers = buffers
         self.nbytes = sum(p.copy.tensor.numel() * p.copy.tensor.element_size() for _, p in items)
         self.done = threading.Event()
 
@@ -125,6 +135,8 @@ class SnapshotItems:
             new_bytes = sum(n for _, n in stored)
             logical = sum(c.numel() * c.element_size() for _, c in copies)
         finally:
+            if self.buffers is not None:  # the writer is done with every copy: the next snapshot's
+                self.buffers.give([p.copy.tensor for _, p in self.items if p.pooled])
             self.items = []  # the host copies go now, whatever happened
             self.done.set()
         return {

@@ -213,5 +213,6 @@ class Recorder(
         self.check(roots, "run_end")
         if self.policy.snapshot_final and roots:
             self.snapshot(roots, "run_end")
+        self._host_buffers.close()  # no more snapshots to copy into them
         self._finished = True
         self.release_roots()

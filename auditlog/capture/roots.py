@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from auditlog.capture.base import RecorderBase, module_members
+from auditlog.capture.hostbuffers import HostBuffers
 from auditlog.capture.payloads import HostCopy, SnapshotItems
 from auditlog.capture.torch_compat import (
     buffers_of,
@@ -58,7 +59,9 @@ class RootTracking(RecorderBase):
                 self.adopt(root)
             self.track_root(root)
             overrun = self._snapshot_room()
-            snapshot = SnapshotItems(self._snapshot_items(module_members(root)))
+            # Recurring snapshots copy into the last one's buffers (hostbuffers.py).
+            buffers = self._host_buffers if self.policy.snapshot_every > 0 else None
+            snapshot = SnapshotItems(self._snapshot_items(module_members(root), buffers), buffers)
             payload: dict[str, Any] = {"trigger": trigger, "tag": tag, "snapshot": snapshot}
             if overrun is not None:
                 payload["overrun"] = overrun
@@ -141,9 +144,10 @@ class RootTracking(RecorderBase):
             self.fault("root_released_snapshot", exc)
 
     def _snapshot_items(
-        self, members: Iterator[tuple[torch.nn.Module, str, str, torch.Tensor]]
+        self, members: Iterator[tuple[torch.nn.Module, str, str, torch.Tensor]], buffers: HostBuffers | None = None
     ) -> list[tuple[int, HostCopy]]:
-        """Host copies of the tensors at these places, each tensor once."""
+        """Host copies of the tensors at these places, each tensor once (into ``buffers``
+        where they fit)."""
         items: list[tuple[int, HostCopy]] = []
         seen: set[int] = set()
         with torch.no_grad():
@@ -154,7 +158,7 @@ class RootTracking(RecorderBase):
                 if tensor_id in seen:
                     continue
                 seen.add(tensor_id)
-                items.append((tensor_id, HostCopy(tensor)))
+                items.append((tensor_id, HostCopy(tensor, buffers=buffers)))
         return items
 
     def _released_items(
