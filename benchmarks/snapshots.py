@@ -82,45 +82,65 @@ def _warm(gib: float) -> None:
     del block
 
 
-def write_child(method: str, gib: float, out: Path, warm: float) -> dict[str, float]:
-    import torch
-    from safetensors.torch import save_file
-
-    from auditlog.store.blobs import SnapshotStore
-    from auditlog.store.blobwriter import BlobWriter
+def write_child(method: str, gib: float, out: Path, warm: float, periodic: bool = False) -> dict[str, float]:
+    """One write of ``method`` (``--periodic``: the second of two, the state changed in
+    between, as in a run that snapshots or checkpoints every N steps)."""
+    from auditlog.capture.hostbuffers import HostBuffers
 
     if warm:
         _warm(warm * gib)
     state = _state(gib)
     nbytes = sum(t.numel() * t.element_size() for t in state.values())  # type: ignore[attr-defined]
-    base, cpu0 = _rss(), _cpu()
-    start = time.perf_counter()
     durable = method.endswith(DURABLE)
     method = method.removesuffix(DURABLE)
-    copied, copy_cpu = start, 0.0
+    buffers = HostBuffers()  # what a recording keeps between periodic snapshots (capture/hostbuffers.py)
+    if periodic:
+        (out / "first").mkdir()
+        _write_once(method, state, out / "first", durable, buffers)
+        for tensor in state.values():
+            tensor.add_(1.0)  # type: ignore[attr-defined]  # new content: nothing deduplicated
+    base, cpu0 = _rss(), _cpu()
+    start = time.perf_counter()
+    copied, copy_cpu = _write_once(method, state, out, durable, buffers)
+    elapsed, cpu = time.perf_counter() - start, _cpu() - cpu0
+    disk = sum(p.stat().st_size for p in out.rglob("*") if p.is_file() and p.relative_to(out).parts[0] != "first")
+    return {
+        # a warmed (or periodic) process's peak is the warming block (or the first write): no figure then
+        "seconds": elapsed, "cpu": cpu, "bytes": nbytes, "disk": disk,
+        "extra_rss": -1 if warm or periodic else _rss() - base,
+        "copy_seconds": copied - start, "copy_cpu": copy_cpu - cpu0,
+    }
+
+
+def _write_once(method: str, state: dict[str, object], out: Path, durable: bool, buffers: object) -> tuple[float, float]:
+    """Write ``state`` into ``out``; returns when the host copies were done (auditlog) and the CPU time then."""
+    import torch
+    from safetensors.torch import save_file
+
+    from auditlog.capture.hostbuffers import HostBuffers
+    from auditlog.store.blobs import SnapshotStore
+    from auditlog.store.blobwriter import BlobWriter
+
+    assert isinstance(buffers, HostBuffers)
+    copied, copy_cpu = time.perf_counter(), _cpu()
     if method == "auditlog":
         # What a snapshot does: host copies on the training thread, then the writer's store().
-        copies = [(i, t.clone()) for i, t in enumerate(state.values())]  # type: ignore[attr-defined]
-        copied, copy_cpu = time.perf_counter(), _cpu() - cpu0
+        copies = [(i, buffers.copy_of(t)) for i, t in enumerate(state.values())]  # type: ignore[arg-type]
+        copied, copy_cpu = time.perf_counter(), _cpu()
         with BlobWriter(SnapshotStore(out), durable=durable) as writer:
             writer.store(copies, lambda sha: False)  # type: ignore[arg-type]
+        buffers.give([copy for _, copy in copies])  # the writer is done: the next snapshot's buffers
         del copies
     elif method == "torch.save":
         torch.save(state, out / "state.pt")
     else:
         save_file(state, str(out / "state.safetensors"))  # type: ignore[arg-type]
     if durable and method != "auditlog":
-        for path in (next(out.iterdir()), out):  # the file, then its directory entry
+        for path in (next(p for p in out.iterdir() if p.is_file()), out):  # the file, then its directory entry
             fd = os.open(path, os.O_RDONLY)
             os.fsync(fd)
             os.close(fd)
-    elapsed, cpu = time.perf_counter() - start, _cpu() - cpu0
-    disk = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    return {
-        # a warmed process's peak is the warming block: no figure then
-        "seconds": elapsed, "cpu": cpu, "bytes": nbytes, "extra_rss": -1 if warm else _rss() - base, "disk": disk,
-        "copy_seconds": copied - start, "copy_cpu": copy_cpu,
-    }
+    return copied, copy_cpu
 
 
 def prepare(gib: float, out: Path) -> None:
@@ -206,14 +226,17 @@ def _rotated(methods: tuple[str, ...], turn: int) -> tuple[str, ...]:
     return methods[first:] + methods[:first]
 
 
-def report(gib: float, where: str | None, rounds: int, warm: float) -> None:
+def report(gib: float, where: str | None, rounds: int, warm: float, periodic: bool) -> None:
     writes: dict[str, dict[str, float]] = {}
     reads: dict[str, dict[str, float]] = {}
     for turn in range(rounds):  # methods interleaved, so a slow spell of the machine hits all of them
         order = _rotated(WRITES, turn)
         for method in (*order, *(m + DURABLE for m in order)):
             with tempfile.TemporaryDirectory(prefix="auditlog-snapbench-", dir=where) as out:
-                result = _run("--child", f"write:{method}", "--gib", str(gib), "--out", out, "--warm", str(warm))
+                result = _run(
+                    "--child", f"write:{method}", "--gib", str(gib), "--out", out, "--warm", str(warm),
+                    *(["--periodic"] if periodic else []),
+                )
                 _best(writes, method, result)
                 if method.startswith("auditlog"):  # the writer's part alone (the training thread has gone on)
                     writer = method.replace("auditlog", WRITER, 1)
@@ -230,6 +253,8 @@ def report(gib: float, where: str | None, rounds: int, warm: float) -> None:
                 _best(reads, method, _run("--child", f"read:{method}", "--gib", str(gib), "--out", out))
     gb = writes["torch.save"]["bytes"] / (1 << 30)
     warmed = f"; every write process first touched {warm:g}x that much memory (--warm)" if warm else ""
+    if periodic:
+        warmed += "; the second write of each process, the state changed in between (--periodic)"
     print(f"\nstate_dict of {gb:.2f} GiB (one {gib:g} GiB float32 parameter + 64 small); best of {rounds} rounds{warmed}")
     for suffix, title in (("", "into the page cache"), (DURABLE, "durable: fsynced before returning")):
         torch_rate = _rate(writes["torch.save" + suffix])
@@ -256,7 +281,7 @@ def report(gib: float, where: str | None, rounds: int, warm: float) -> None:
                 f"| {r['extra_rss'] / (1 << 20):.0f} MiB |"
             )
     copy = writes["auditlog"]["bytes"]
-    if not warm:
+    if not (warm or periodic):
         print(f"auditlog write: peak extra RSS - one host copy = {(writes['auditlog']['extra_rss'] - copy) / (1 << 20):.0f} MiB "
               "(target <= 64 MiB)")
 
@@ -272,6 +297,12 @@ def main() -> None:
         "whose free memory the host backs lazily, the first touch of a page costs several times a write; a "
         "snapshot touches one host copy more than torch.save, so this shows the write without that effect",
     )
+    parser.add_argument(
+        "--periodic", action="store_true",
+        help="time each method's second write in its process, the state changed in between: the steady state "
+        "of a run that snapshots (or checkpoints) every N steps, where a snapshot's host copy goes into the "
+        "last one's buffers",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -282,11 +313,14 @@ def main() -> None:
             print("{}")
             return
         kind, method = args.child.split(":", 1)
-        result = write_child(method, float(args.gib), out, args.warm) if kind == "write" else read_child(method, out)
+        result = (
+            write_child(method, float(args.gib), out, args.warm, args.periodic) if kind == "write"
+            else read_child(method, out)
+        )
         print(json.dumps(result))
         return
     for size in (float(g) for g in args.gib.split(",")):
-        report(size, args.dir, max(1, args.rounds), args.warm)
+        report(size, args.dir, max(1, args.rounds), args.warm, args.periodic)
     print("\nTimings on a shared machine are indicative only: rerun on a quiet one for figures.")
 
 

@@ -49,6 +49,9 @@ def test_give_replaces_what_is_kept_and_close_keeps_nothing() -> None:
     assert buffers.held_bytes == 800
     buffers.give([torch.empty(10)])  # the last snapshot's copies only: never more than one snapshot's worth
     assert buffers.held_bytes == 40
+    buffers.drop_unused()  # the next snapshot took what fitted: the rest goes
+    assert buffers.held_bytes == 0
+    buffers.give([torch.empty(10)])
     buffers.close()
     assert buffers.held_bytes == 0
     buffers.give([torch.empty(10)])  # a snapshot finishing after the recording ended
@@ -102,6 +105,27 @@ def test_periodic_snapshots_reuse_buffers_and_restore_bitwise(tmp_path: Path) ->
             for key, value in expected.items():
                 assert restored[key].dtype == value.dtype and torch.equal(restored[key], value), (step, key)
         assert run.verify().ok
+
+
+def test_buffers_of_tensors_that_are_gone_are_let_go_by_the_next_snapshot(tmp_path: Path) -> None:
+    """A model replaced between snapshots: the old model's kept copies fit nothing and are
+    dropped when the next snapshot is taken, not kept beside its copies."""
+    with auditlog.record(tmp_path / "store.db", snapshot_every=1) as recording:
+        recorder = recording.recorder
+        assert recorder is not None
+        model = nn.Linear(32, 32)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(4, 32)).sum().backward()
+        opt.step()
+        recording.flush()
+        assert recorder._host_buffers.held_bytes == (32 * 32 + 32) * 4
+        model = nn.Linear(16, 16)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(4, 16)).sum().backward()
+        opt.step()
+        recording.flush()
+        held = recorder._host_buffers.held_bytes
+    assert held == (16 * 16 + 16) * 4  # the new model's copies only
 
 
 def test_without_periodic_snapshots_nothing_is_kept(tmp_path: Path) -> None:

@@ -13,8 +13,11 @@ When snapshots recur (``snapshot_every``), the host copies of the last snapshot
 the writer has finished are kept here, and the next snapshot copies into them
 (same shape and dtype; anything else is allocated as before). What is kept is
 bounded: ``give`` replaces the buffers held with the ones given, so at most one
-snapshot's host copies wait here, and a buffer is handed out only after the
-writer is done with it (``SnapshotItems`` gives them back once stored). The
+snapshot's host copies wait here; the next snapshot lets go of those it did
+not use (``drop_unused``); and a buffer is handed out only after the writer is
+done with it (``SnapshotItems`` gives them back once stored). Kept and
+in-flight host copies together stay within the two host copies of the model
+that snapshot back-pressure allows (docs/snapshots.md). The
 price is that one host copy of the snapshotted state stays allocated between
 snapshots instead of being returned to the system; the peak (a host copy per
 snapshot in flight) is unchanged. CUDA snapshots copy into pinned memory, which
@@ -61,6 +64,13 @@ class HostBuffers:
         with self._lock:
             if not self._closed:
                 self._free = free
+
+    def drop_unused(self) -> None:
+        """A snapshot has taken its copies: let go of the kept buffers it did not use (their
+        shapes are gone), so that kept and in-flight copies stay within the bound the
+        snapshot back-pressure sets."""
+        with self._lock:
+            self._free = {}
 
     def close(self) -> None:
         """Recording is over: let every buffer go, and keep none given back later."""

@@ -62,6 +62,8 @@ class RootTracking(RecorderBase):
             # Recurring snapshots copy into the last one's buffers (hostbuffers.py).
             buffers = self._host_buffers if self.policy.snapshot_every > 0 else None
             snapshot = SnapshotItems(self._snapshot_items(module_members(root), buffers), buffers)
+            if buffers is not None:
+                buffers.drop_unused()
             payload: dict[str, Any] = {"trigger": trigger, "tag": tag, "snapshot": snapshot}
             if overrun is not None:
                 payload["overrun"] = overrun
