@@ -188,6 +188,51 @@ def test_flops_of_one_step_match_torch_flop_counter(store: Path) -> None:
     assert "aten.convolution" in payload["by_operator"]
 
 
+def test_the_recorders_own_statistics_stay_outside_the_counted_forward(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``debug`` every module call's statistics run during the counted first
+    forward; they are not the model's operations: the counting mode sees the model's
+    ops only (each op it sees costs ~70 us of Python dispatch), and counts the same."""
+    from auditlog.capture import flops, torch_compat
+
+    seen: list[str] = []
+
+    def watching_mode() -> Any:
+        mode = torch_compat.flop_counting_mode()
+        counting = type(mode).__torch_dispatch__
+
+        def dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            seen.append(str(func._overloadpacket))
+            return counting(self, func, types, args, kwargs)
+
+        monkeypatch.setattr(type(mode), "__torch_dispatch__", dispatch)
+        return mode
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4))
+
+    x = torch.randn(16, 8)
+    plain = build()
+    with watching_mode():  # the model's own forward ops (autograd's detach of a saved output included)
+        plain(x)
+    model_ops, seen[:] = list(seen), []
+    monkeypatch.setattr(flops, "flop_counting_mode", watching_mode)
+    with auditlog.record(store, policy="debug"):
+        model = build()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(x).pow(2).mean().backward()
+        opt.step()
+    with auditlog.open(store) as s:
+        run = s.run()
+        (event,) = list(run.events(kinds=["flops"]))
+        activity = [e for e in run.events(kinds=["activity"]) if e["step"] == 0]
+    assert "aten.addmm" in model_ops and seen == model_ops
+    assert event["payload"]["forward_flops"] == 2 * 16 * (8 * 8 + 8 * 4)
+    assert len(activity[0]["payload"]["forward"]) == 4  # and every call's statistics were still taken
+
+
 def test_flop_counting_never_pops_a_mode_the_user_entered_inside_it(store: Path) -> None:
     """A mode the user enters inside the measured forward stays theirs: ours is left at
     the next chance (run end here), never popped over theirs; and ours is never open

@@ -125,7 +125,8 @@ class ActivityHooks(RecorderBase):
             if not stack:
                 self.root_entered(called)  # the outermost call: FLOPs (never of a compiled model), a loss
             if self.sampling and self.policy.activity and self._selected_module(module, self.module_id(module)):
-                self._inputs[(id(module), len(stack))] = self._input_check(args)
+                with self.uncounted():  # our statistics are not the model's FLOPs (flops.py)
+                    self._inputs[(id(module), len(stack))] = self._input_check(args)
             stack.append(module)
         except Exception as exc:
             self.fault("forward_pre_hook", exc)
@@ -182,7 +183,8 @@ class ActivityHooks(RecorderBase):
                 return None
             tensors = tensors_in(output)
             full = self.policy.stats == "full"
-            stats = [self._output_stats(t, full) for t in tensors[:MAX_TENSORS]]
+            with self.uncounted():
+                stats = [self._output_stats(t, full) for t in tensors[:MAX_TENSORS]]
             self._add_activity(
                 self.step,
                 "forward",

@@ -416,6 +416,9 @@ class RecorderBase:
     def stop_flops(self, closed_by: str) -> None:
         raise NotImplementedError
 
+    def uncounted(self) -> contextlib.AbstractContextManager[None]:
+        raise NotImplementedError
+
     def check_before_step(
         self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor], grad_norms: Any = None
     ) -> None:

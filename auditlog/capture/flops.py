@@ -25,6 +25,7 @@ not counted: dynamo would trace the mode.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -37,6 +38,7 @@ from auditlog.capture.torch_compat import (
     in_backward,
     innermost_dispatch_mode,
     is_compiled_wrapper,
+    outside_mode,
 )
 from auditlog.core.policy import Policy
 
@@ -72,6 +74,14 @@ class FlopCounting(RecorderBase):
         """A root's forward returned (or raised): leave the mode when it is the counted one."""
         if self._flop_counter is not None and id(module) == self._flop_root:
             self.stop_flops("forward")
+
+    def uncounted(self) -> contextlib.AbstractContextManager[None]:
+        """Where the recorder's own tensor work runs while a forward is counted: outside
+        the counting mode (``torch_compat.outside_mode``), so it costs no dispatch."""
+        counter = self._flop_counter
+        if counter is None or threading.get_ident() != self._flop_thread:
+            return contextlib.nullcontext()
+        return outside_mode(counter)
 
     def flops_counting(self) -> bool:
         """Is a root forward being counted right now?"""
