@@ -85,6 +85,12 @@ def _warm(gib: float) -> None:
 def write_child(method: str, gib: float, out: Path, warm: float, periodic: bool = False) -> dict[str, float]:
     """One write of ``method`` (``--periodic``: the second of two, the state changed in
     between, as in a run that snapshots or checkpoints every N steps)."""
+    # Every method's modules imported before the baseline: pyarrow alone adds ~70 MiB of
+    # RSS, which is no part of any write (it was counted into every method's peak before).
+    import safetensors.torch  # noqa: F401
+
+    import auditlog.store.blobs
+    import auditlog.store.blobwriter  # noqa: F401
     from auditlog.capture.hostbuffers import HostBuffers
 
     if warm:

@@ -16,7 +16,6 @@ import torch
 from test_snapshots import DTYPES, same_bits, sample
 
 from auditlog.core.errors import IntegrityError
-from auditlog.core.hashing import content_hasher
 from auditlog.core.tensors import dtype_name, tensor_hash
 from auditlog.store import blobformat
 from auditlog.store.blobcheck import verify_file
@@ -78,8 +77,9 @@ def test_new_files_floats_uncompressed_integers_zstd_no_statistics(tmp_path: Pat
 
 def write_legacy(root: Path, tensor: torch.Tensor) -> str:
     """A file as the writer before issue 18 made it: zstd, statistics, a nullable column,
-    16 MiB chunks that pyarrow split into row groups of 1Mi rows."""
-    sha = tensor_hash(tensor)
+    16 MiB chunks that pyarrow split into row groups of 1Mi rows, named by content
+    hash v1 (no version in its footer)."""
+    sha = tensor_hash(tensor, tree=False)
     path = root / sha[:2] / f"{sha}.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
     native = {torch.float32: pa.float32(), torch.int64: pa.int64()}.get(tensor.dtype)
@@ -107,7 +107,7 @@ def test_files_written_before_issue_18_still_read_and_verify(tmp_path: Path) -> 
         row = {**store.describe(sha).as_row(), "file_sha256": file_digest(store.path(sha)),
                "row_groups": blobformat.legacy_chunks(dtype_name(tensor.dtype), tensor.numel())}
         assert store.check(sha, row) == []
-    assert legacy_row_groups("float32", big.numel()) == pq.ParquetFile(store.path(tensor_hash(big))).num_row_groups == 3
+    assert legacy_row_groups("float32", big.numel()) == pq.ParquetFile(store.path(tensor_hash(big, tree=False))).num_row_groups == 3
 
 
 def test_a_null_value_in_an_old_nullable_column_is_refused(tmp_path: Path) -> None:
@@ -168,7 +168,7 @@ def test_large_float_files_are_read_straight_into_the_tensor(
     # the decode path agrees byte for byte
     with blobformat.SnapshotFile(tmp_path, info.sha256) as found:
         target = np.frombuffer(decoded, dtype=np.uint8)
-        digest = content_hasher(found.dtype, found.shape)
+        digest = found.hasher()
         found.read_into(target, digest)
         assert digest.hexdigest() == info.sha256
     assert bytes(decoded) == tensor.view(torch.uint8).numpy().tobytes()

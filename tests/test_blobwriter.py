@@ -69,43 +69,54 @@ def test_each_content_is_written_once_and_abandoned_writes_leave_nothing(
         assert third == [(first[2][0], None)] and leftovers(tmp_path) == []
 
 
-def test_large_tensors_are_hashed_side_by_side_with_several_hashers(
+def test_large_tensors_are_hashed_on_several_threads_with_several_hashers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One SHA-256 stream caps a snapshot at one core's hashing speed: with several
-    hashers the large tensors are hashed on the hash pool, concurrently, and the
-    result is the same as hashing them in turn."""
+    hashers the leaves of a large tensor (content hash v2) are hashed on the leaf
+    pool, concurrently, and the names and files are the same as hashed in turn."""
     import threading
     import time
 
+    from auditlog.core import hashing
+
     running, overlapped, threads = [0], [0], set()
     lock = threading.Lock()
-    real_hash = blobwriter.tensor_hash
+    real_leaf = hashing._leaf_digest
 
-    def watched(tensor: torch.Tensor) -> str:
+    def watched(leaf: memoryview) -> bytes:
         with lock:
             running[0] += 1
             overlapped[0] = max(overlapped[0], running[0])
             threads.add(threading.current_thread().name)
-        time.sleep(0.05)  # long enough for the others to start
+        time.sleep(0.02)  # long enough for the others to start
         try:
-            return real_hash(tensor)
+            return real_leaf(leaf)
         finally:
             with lock:
                 running[0] -= 1
 
-    monkeypatch.setattr(blobwriter, "tensor_hash", watched)
-    tensors = [torch.randn(1 << 20) for _ in range(4)]  # 4 MiB each: above OVERLAP_BYTES
+    monkeypatch.setattr(hashing, "_leaf_digest", watched)
+    monkeypatch.setattr(hashing, "LEAF_BYTES", 64 * 1024)
+    tensors = [torch.randn(1 << 20) for _ in range(2)]  # 4 MiB each: 64 leaves, above OVERLAP_BYTES
     outcomes = {}
     for hashers in (1, 3):
         running[0] = overlapped[0] = 0
         threads.clear()
         with BlobWriter(SnapshotStore(tmp_path / str(hashers)), hashers=hashers) as writer:
             outcomes[hashers] = writer.store(list(enumerate(tensors)), lambda sha: False)
-        assert all(name.startswith("auditlog-hash") for name in threads) == (hashers > 1)
-        assert (overlapped[0] > 1) == (hashers > 1)
-    assert [sha for sha, _ in outcomes[1]] == [sha for sha, _ in outcomes[3]] == [real_hash(t) for t in tensors]
-    assert blobwriter.default_hashers() >= 1
+        if hashers == 1:  # in turn, on the caller's thread
+            assert threads == set() and overlapped[0] == 0
+        else:
+            assert threads and all(name.startswith("auditlog-leaf") for name in threads) and overlapped[0] > 1
+        for sha, info in outcomes[hashers]:
+            assert info is not None and verify_file(tmp_path / str(hashers), sha) == info
+    assert [sha for sha, _ in outcomes[1]] == [sha for sha, _ in outcomes[3]] == [tensor_hash(t) for t in tensors]
+    # the names are v2 and the files say so; a v1 name would differ
+    assert all(sha != tensor_hash(t, tree=False) for (sha, _), t in zip(outcomes[1], tensors, strict=True))
+    for sha, _ in outcomes[3]:
+        footer = pq.ParquetFile(SnapshotStore(tmp_path / "3").path(sha)).metadata.metadata
+        assert footer[hashing.TREE_KEY] == hashing.TREE
 
 
 def test_a_failed_write_is_an_error_and_leaves_no_file(tmp_path: Path) -> None:

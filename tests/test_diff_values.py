@@ -146,3 +146,50 @@ def test_tolerance_options_need_values(runs: Runs) -> None:
     assert result.exit_code == 2 and "--values" in result.stderr
     negative = runs.cli("base", "same", "--rtol", "-1")
     assert negative.exit_code == 2 and "--rtol" in negative.stderr
+
+
+def test_runs_of_two_content_hash_versions_compare_equal_where_their_values_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run recorded before content hash v2 named its large tensors by v1: the same
+    values have another name in a new run. Neither diff may call them different."""
+    from auditlog.core import hashing
+    from auditlog.read.diff import diff_runs
+    from auditlog.recording import metadata
+
+    store = tmp_path / "store"
+
+    def big_run() -> str:
+        torch.manual_seed(0)
+        with auditlog.record(store, snapshot_every=1, argv=["train.py"]) as rec:
+            model = nn.Linear(1100, 1000)  # 4.4 MB of weight: over one 4 MiB leaf
+            opt = torch.optim.SGD(model.parameters(), lr=0.0)  # values unchanged by the step
+            model(torch.randn(2, 1100)).sum().backward()
+            opt.step()
+        assert rec.run_id is not None
+        return rec.run_id
+
+    with monkeypatch.context() as old:  # as a recorder before v2 hashed: v1 throughout
+        old.setattr(hashing, "LEAF_BYTES", 1 << 40)
+        old.setattr(metadata, "CONTENT_HASH_VERSION", 1)
+        run_v1 = big_run()
+    run_v2 = big_run()
+    event_store = EventStore.open(store)
+    try:
+        hashes = [
+            {e["payload"]["tensors"][0]["sha256"] for e in map(_loaded, event_store.iter_events(run, kinds=["construction_sealed"]))}
+            for run in (run_v1, run_v2)
+        ]
+        assert hashes[0] != hashes[1]  # the weight's names differ
+        construction = diff_runs(event_store, run_v1, run_v2)
+        assert construction.init_values_differ == [] and not [c for c in construction.changes if "init" in c.fields]
+        values = first_divergence(event_store, run_v1, run_v2)
+        assert values.first is None and values.compared > values.equal_hashes  # read, and found equal
+        third = big_run()  # one version: equal names, nothing read
+        assert first_divergence(event_store, run_v2, third).compared == first_divergence(event_store, run_v2, third).equal_hashes
+    finally:
+        event_store.close()
+
+
+def _loaded(row: dict[str, Any]) -> dict[str, Any]:
+    return {**row, "payload": json.loads(row["payload"])}

@@ -60,6 +60,8 @@ _KINDS = [
             "seeds": "{torch_initial_seed} at start",
             "policy": "capture settings in force (backward mechanism, ...)",
             "auditlog": "auditlog version",
+            "content_hash": "how the run's tensor content hashes are made: 2 (a tree of SHA-256 leaves for "
+            "tensors over 4 MiB; docs/integrity.md); absent in runs recorded before, whose hashes are version 1",
         },
     ),
     Kind(

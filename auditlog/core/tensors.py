@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from auditlog.core.hashing import content_hasher
+from auditlog.core.hashing import content_hasher, is_tree
 from auditlog.core.values import finite_or_text
 
 _FAST_FLOATS = (torch.float32, torch.float64)
@@ -315,15 +315,28 @@ def _raw_chunks(tensor: torch.Tensor) -> Any:
         yield part.contiguous().view(torch.uint8).numpy().data
 
 
-def tensor_hash(tensor: torch.Tensor) -> str:
+def tensor_hash(tensor: torch.Tensor, tree: bool = True, threads: int = 1) -> str:
     """Content hash of a tensor: SHA-256 over dtype, shape and raw bytes (C order).
 
     This is the identity used for sealed initial values and for snapshots, so an
     identical tensor always has one hash, whatever its strides or device. The
-    torch-free part (prefix and header) is ``auditlog.core.hashing.content_hasher``,
-    which the read side uses to check files without torch.
+    torch-free definition (both versions, prefix and header) is
+    ``auditlog.core.hashing.content_hasher``, which the read side uses to check
+    files without torch. ``tree``: version 2 (a tree of SHA-256 leaves for
+    tensors over 4 MiB; False: version 1, what older records used);
+    ``threads`` > 1 hashes the leaves side by side.
     """
-    digest = content_hasher(dtype_name(tensor.dtype), tensor.shape)
-    for chunk in _raw_chunks(tensor):
+    nbytes = tensor.numel() * tensor.element_size()
+    digest = content_hasher(dtype_name(tensor.dtype), tensor.shape, nbytes, tree, threads)
+    for chunk in _raw_chunks(tensor):  # a GPU's chunks: the hasher keeps at most 16 leaves alive
         digest.update(chunk)
     return digest.hexdigest()
+
+
+def matches_recorded(tensor: torch.Tensor, recorded: str, threads: int = 1) -> bool:
+    """Whether ``tensor`` has the content hash ``recorded`` under either version (a
+    record made before version 2 hashed large tensors as version 1)."""
+    if tensor_hash(tensor, threads=threads) == recorded:
+        return True
+    nbytes = tensor.numel() * tensor.element_size()
+    return is_tree(nbytes) and tensor_hash(tensor, tree=False) == recorded

@@ -19,8 +19,9 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from auditlog.core.cpus import hash_threads
 from auditlog.core.errors import AuditlogError, IntegrityError
-from auditlog.core.tensors import tensor_hash
+from auditlog.core.tensors import matches_recorded, tensor_hash
 from auditlog.core.values import iso
 from auditlog.core.version import __version__
 from auditlog.integrity.attest import (
@@ -81,8 +82,8 @@ def _check_model(path: Path, expected: list[tuple[str, str]], when: str) -> None
         raise IntegrityError(f"model file {str(path)!r} does not hold the recorded state_dict at {when}: "
                              f"keys differ ({', '.join(odd[:5])})")
     for key, sha in expected:
-        actual = tensor_hash(tensors[key])
-        if actual != sha:
+        if not matches_recorded(tensors[key], sha, threads=hash_threads()):
+            actual = tensor_hash(tensors[key])
             raise IntegrityError(f"model file {str(path)!r}: tensor {key} is not the recorded value at {when} "
                                  f"(hash {actual[:16]}..., the record says {sha[:16]}...)")
 
@@ -111,7 +112,8 @@ def attest(store: EventStore, run_id: str, step: int | None, model: Path, key: E
     subjects: list[dict[str, Any]] = [
         {"name": model.name, "digest": {"sha256": file_digest(model)}, "annotations": {"kind": MODEL_ANNOTATION}},
         *({"name": f"tensor:{k}", "digest": {"sha256": sha},
-           "annotations": {"kind": "tensor content hash (auditlog.tensor_hash: SHA-256 over dtype, shape, bytes)"}}
+           "annotations": {"kind": "tensor content hash (auditlog.tensor_hash: SHA-256 over dtype, shape, bytes; "
+                                      "over 4 MiB, over the SHA-256 of each 4 MiB leaf)"}}
           for k, sha in hashes),
     ]
     sid = store_id(store)

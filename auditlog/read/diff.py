@@ -43,11 +43,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from auditlog.core.hashing import content_hash_version
 from auditlog.core.naming import Labels, attached_ids, label_state, short_class
 from auditlog.core.packed import unpack_list
 from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, replay
 from auditlog.core.values import iso, stat_float
+from auditlog.store.blobs import SnapshotStore
 from auditlog.store.eventstore import EventStore
+
+SameContent = Callable[[str, str], bool]  # two hashes, one content? (runs of two hash versions)
 
 Progress = Callable[[int, int], None]
 
@@ -387,6 +391,7 @@ def _compare_items(
     renames: dict[str, str],
     compared: tuple[str, ...],
     init_values_differ: list[str] | None = None,
+    same_content: SameContent | None = None,
 ) -> list[Change]:
     changes: list[Change] = []
     mapped = {renamed_label(name, renames): name for name in items_a}
@@ -401,7 +406,7 @@ def _compare_items(
             if item_a.get(key) != item_b.get(key):
                 fields[key] = (item_a.get(key), item_b.get(key))
         if init_values_differ is not None:
-            _compare_init(new_name, item_a, item_b, fields, init_values_differ)
+            _compare_init(new_name, item_a, item_b, fields, init_values_differ, same_content)
         if old_name != new_name and section == "modules" and old_name in renames:
             changes.append(Change(section, old_name, "renamed", fields, item_a, item_b, new_name=new_name))
         elif fields:
@@ -427,11 +432,13 @@ def _compare_init(
     item_b: dict[str, Any],
     fields: dict[str, tuple[Any, Any]],
     init_values_differ: list[str],
+    same_content: SameContent | None = None,
 ) -> None:
     init_a, init_b = item_a.get("init"), item_b.get("init")
     if not init_a or not init_b or "shape" in fields or "dtype" in fields:
         return
-    if init_a.get("sha256") == init_b.get("sha256"):
+    sha_a, sha_b = init_a.get("sha256"), init_b.get("sha256")
+    if sha_a == sha_b or (same_content and isinstance(sha_a, str) and isinstance(sha_b, str) and same_content(sha_a, sha_b)):
         return
     if distribution_changed(init_a, init_b):
         fields["init"] = (init_a, init_b)
@@ -546,6 +553,10 @@ def diff_runs(store: EventStore, run_a: str, run_b: str, progress: Progress | No
     modules_a, modules_b = module_items(a), module_items(b)
     renames = find_renames(a, b, modules_a, modules_b)
     init_values_differ: list[str] = []
+    # Runs of two content hash versions (one recorded before v2): a differing hash of a
+    # large tensor may still be one content, told by the stored values.
+    versions = {content_hash_version(a.started), content_hash_version(b.started)}
+    same_content = SnapshotStore(store.location.snapshots).same_content if len(versions) > 1 else None
     changes = _compare_metadata(a, b)
     code = [c for c in changes if c.section == "code"]
     metadata = [c for c in changes if c.section == "metadata"]
@@ -559,6 +570,7 @@ def diff_runs(store: EventStore, run_a: str, run_b: str, progress: Progress | No
             renames,
             ("shape", "dtype", "device", "requires_grad", "source"),
             init_values_differ,
+            same_content,
         ),
         *_compare_items(
             "buffers",
@@ -567,6 +579,7 @@ def diff_runs(store: EventStore, run_a: str, run_b: str, progress: Progress | No
             renames,
             ("shape", "dtype", "device", "persistent", "source"),
             init_values_differ,
+            same_content,
         ),
         *_compare_hyperparameters(a, b),
         *metadata,

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from auditlog.core.hashing import CONTENT_HASH_VERSION
 from auditlog.core.liveness import process_start_ticks
 from auditlog.core.version import __version__
 from auditlog.recording.launch import Launch, detect_launch
@@ -126,6 +127,8 @@ def static_metadata(
         "seeds": seeds(),
         "policy": policy,
         "auditlog": __version__,
+        # How this run's tensor content hashes are made (auditlog.core.hashing).
+        "content_hash": CONTENT_HASH_VERSION,
         "code_path": str(code_path) if code_path else None,
     }
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from auditlog.core.hashing import content_hasher
+from auditlog.core.cpus import hash_threads
 from auditlog.store.blobformat import (
     BlobInfo,
     SnapshotError,
@@ -157,7 +157,8 @@ def _check_content(found: SnapshotFile) -> None:
 def decoded_hash(found: SnapshotFile, keep: list[memoryview] | None) -> str:
     """The content hash of what ``found`` decodes to (its pieces appended to ``keep`` when
     given); ``SnapshotError`` for a file that cannot be decoded or is the wrong size."""
-    digest = content_hasher(found.dtype, found.shape)
+    # Decoded pieces stay alive while a leaf of theirs is queued (at most 16 leaves).
+    digest = found.hasher(hash_threads())
     stored = 0
     for piece in found.pieces():
         digest.update(piece)
@@ -165,7 +166,7 @@ def decoded_hash(found: SnapshotFile, keep: list[memoryview] | None) -> str:
         if keep is not None:
             keep.append(piece)
     check_size(stored, found.nbytes, found.relpath)
-    return str(digest.hexdigest())
+    return digest.hexdigest()
 
 
 def read_whole(root: Path, sha256: str) -> tuple[BlobInfo, bytes | memoryview, str] | None:

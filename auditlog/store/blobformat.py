@@ -6,7 +6,8 @@ column: ``value`` (one row per element, C order) for dtypes Arrow has, so that
 DuckDB reads values directly; ``raw`` (large binary, one row per chunk of the
 tensor's bytes) for the others (bfloat16, the float8 family, complex, ...).
 One row group per chunk of at most ``CHUNK_BYTES`` of source bytes. The schema
-metadata repeats dtype and shape; the file's key-value metadata, the hash.
+metadata repeats dtype and shape; the file's key-value metadata, the hash (and
+its version where it is v2: ``hashing.TREE_KEY``).
 
 Everything here works on dtype *names* with pyarrow and numpy only: ``auditlog
 verify`` and the read model check a file's content hash by decoding its bytes
@@ -42,8 +43,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from auditlog.core.cpus import hash_threads
 from auditlog.core.errors import AuditlogError
-from auditlog.core.hashing import content_hasher
+from auditlog.core.hashing import TREE, TREE_KEY, Hasher, content_hasher
 
 # Source bytes per chunk (one row group each): bounds the writer's and reader's extra memory.
 CHUNK_BYTES = 4 * 1024 * 1024
@@ -287,8 +289,11 @@ class SnapshotFile:
             if any(d < 0 for d in self.shape):
                 raise ValueError(f"negative dimension in shape {self.shape}")
             self.row_groups = self.reader.num_row_groups
+            footer = self.reader.metadata.metadata or {}
             # Which digest the catalog's ``file_sha256`` is (``blobcheck.stored_digest``).
-            self.framed = (self.reader.metadata.metadata or {}).get(FILE_DIGEST_KEY) == FRAMING
+            self.framed = footer.get(FILE_DIGEST_KEY) == FRAMING
+            # Which content hash version names the file (``hashing``: v2 where marked, else v1).
+            self.tree = footer.get(TREE_KEY) == TREE
         except (OSError, pa.ArrowException, ValueError, KeyError, TypeError) as exc:
             self.close()
             raise SnapshotError(f"snapshot file {self.relpath!r} is unreadable: {exc}") from exc
@@ -371,7 +376,8 @@ class SnapshotFile:
 
     def read_hashed(self, target: np.ndarray[Any, Any]) -> str:
         """Fill ``target`` (bytes, exactly ``nbytes`` long) with the content and return
-        the content hash of what is there (``hashing.content_hasher``).
+        the content hash of what is there (``hasher``: the version the file is
+        marked with; v2's leaves hashed on ``hash_threads`` cores).
 
         Straight from the file into ``target`` where the file's layout allows it
         (``direct_spans``: one ``preadv`` per row group, no decode, no copy), the
@@ -383,14 +389,20 @@ class SnapshotFile:
         """
         spans = self.direct_spans()
         if spans is not None:
-            digest = content_hasher(self.dtype, self.shape)
+            digest = self.hasher(hash_threads())
             self._read_spans(target, spans, digest)
-            actual = str(digest.hexdigest())
+            actual = digest.hexdigest()
             if actual == self.sha256:
                 return actual
-        digest = content_hasher(self.dtype, self.shape)
+        digest = self.hasher(hash_threads())
         self.read_into(target, digest)
-        return str(digest.hexdigest())
+        return digest.hexdigest()
+
+    def hasher(self, threads: int = 1) -> Hasher:
+        """A content hasher of the version this file's name is in (``hashing.content_hasher``):
+        feed it the content's bytes. ``threads`` > 1: only for bytes that stay in place
+        until the digest is taken (a read's target)."""
+        return content_hasher(self.dtype, self.shape, self.nbytes, self.tree, threads)
 
     def direct_spans(self) -> list[tuple[int, int]] | None:
         """``(file offset, length)`` of each row group's content bytes, when they lie in

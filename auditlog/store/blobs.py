@@ -1,7 +1,8 @@
 """Content-addressed tensor snapshots in Parquet: the ``snapshots/`` directory of a store.
 
 One file per distinct tensor content, at ``snapshots/<h[:2]>/<h>.parquet`` where
-``h`` is ``auditlog.tensor_hash`` (SHA-256 over dtype, shape and C-order bytes):
+``h`` is ``auditlog.tensor_hash`` (SHA-256 over dtype, shape and C-order bytes; over
+4 MiB, over the SHA-256 of each 4 MiB leaf: ``auditlog.core.hashing``):
 an identical tensor (a tied weight, a frozen layer, an unchanged buffer) is stored
 once however often it is snapshotted, and a file can be checked against its name.
 The file format and its torch-free verification are ``auditlog.store.blobformat``;
@@ -28,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from auditlog.core.errors import IntegrityError
+from auditlog.core.errors import AuditlogError, IntegrityError
+from auditlog.core.hashing import is_tree
 from auditlog.store.blobcheck import read_whole, verify_file
 from auditlog.store.blobformat import (
     CHUNK_BYTES,
@@ -171,6 +173,26 @@ class SnapshotStore:
             raise self._unusable(sha256, what, exc) from exc
         self._compare(sha256, what, actual)
         return info, content
+
+    def same_content(self, sha_a: str, sha_b: str) -> bool:
+        """Whether the files named ``sha_a`` and ``sha_b`` hold one content: possible only
+        for a tensor over one leaf named under both content hash versions (a run
+        recorded before v2 and a newer one; ``auditlog.core.hashing``). Each is read
+        and checked against its own name; a missing or damaged file is not the
+        same content (``verify`` says what is wrong with it). Torch-free."""
+        if sha_a == sha_b:
+            return True
+        try:
+            info_a, info_b = self.describe(sha_a), self.describe(sha_b)
+            if (info_a.dtype, info_a.shape) != (info_b.dtype, info_b.shape) or not is_tree(info_a.nbytes):
+                return False
+            value_a = self.verified_bytes(sha_a, "a tensor")
+            value_b = self.verified_bytes(sha_b, "a tensor")
+        except AuditlogError:
+            return False
+        if value_a is None or value_b is None:
+            return False
+        return bool(memoryview(value_a[1]).cast("B") == memoryview(value_b[1]).cast("B"))
 
     @staticmethod
     def _unusable(sha256: str, what: str, exc: SnapshotError) -> IntegrityError:
