@@ -3,6 +3,7 @@ numpy, files of the layout before issue 18 still read, one changed byte caught."
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -120,6 +121,56 @@ def test_a_null_value_in_an_old_nullable_column_is_refused(tmp_path: Path) -> No
         verify_file(tmp_path, sha)
     with pytest.raises(IntegrityError, match="null values"):
         SnapshotStore(tmp_path).read_verified(sha, "t")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+def test_a_file_is_checked_under_the_hash_version_its_footer_names(
+    tmp_path: Path, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tensor over one leaf is named by content hash v2 and its file says so; every
+    reader checks it as v2, a changed value is caught, and a footer that no longer
+    names the version (or names it on a v1 file) makes the file fail its name."""
+    from auditlog.core import hashing
+
+    monkeypatch.setattr(hashing, "LEAF_BYTES", 64 * 1024)  # 64 KiB leaves: v2 at test size
+    store = SnapshotStore(tmp_path)
+    tensor = (torch.randn(100_000) * 100).to(dtype)  # 200-800 KB: several leaves
+    info = store.put(tensor)
+    assert info.sha256 == tensor_hash(tensor) != tensor_hash(tensor, tree=False)
+    path = store.path(info.sha256)
+    assert pq.ParquetFile(path).metadata.metadata[hashing.TREE_KEY] == hashing.TREE
+    assert verify_file(tmp_path, info.sha256) == info and store.check(info.sha256, info.as_row()) == []
+    assert same_bits(store.read_verified(info.sha256, "t"), tensor)
+    v2_bytes = path.read_bytes()
+
+    rewrite_footer(path, {b"auditlog.sha256": info.sha256.encode()})  # the version dropped: checked as v1
+    with pytest.raises(SnapshotError, match="does not match its name"):
+        verify_file(tmp_path, info.sha256)
+    with pytest.raises(IntegrityError, match="does not hold the recorded content"):
+        store.read_verified(info.sha256, "t")
+    # a v1 file (an older record) claiming v2 fails the same way
+    old = write_legacy(tmp_path / "old", tensor)
+    assert verify_file(tmp_path / "old", old).sha256 == old
+    rewrite_footer(SnapshotStore(tmp_path / "old").path(old), {b"auditlog.sha256": old.encode(), hashing.TREE_KEY: hashing.TREE})
+    with pytest.raises(SnapshotError, match="does not match its name"):
+        verify_file(tmp_path / "old", old)
+    # the v2 file back as written: good again; then one value byte changed
+    path.write_bytes(v2_bytes)
+    assert verify_file(tmp_path, info.sha256) == info
+    data = bytearray(v2_bytes)
+    data[len(data) // 3] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert store.check(info.sha256, info.as_row()) != []
+    with pytest.raises(IntegrityError):
+        store.read_verified(info.sha256, "t")
+
+
+def rewrite_footer(path: Path, footer: dict[bytes, bytes]) -> None:
+    """The file's values and schema written again under another key-value footer."""
+    table = pq.read_table(io.BytesIO(path.read_bytes()))
+    with pq.ParquetWriter(path, table.schema, compression="none") as writer:
+        writer.write_table(table)
+        writer.add_key_value_metadata(footer)
 
 
 def test_one_changed_byte_is_caught_by_every_reader(tmp_path: Path) -> None:
