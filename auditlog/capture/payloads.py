@@ -20,6 +20,7 @@ import torch
 from auditlog.capture.hostbuffers import HostBuffers, poolable
 from auditlog.capture.torch_compat import local_view, shard_facts
 from auditlog.core.chain import Clean
+from auditlog.core.cpus import hash_threads
 from auditlog.core.packed import pack_f32
 from auditlog.core.tensors import HostValues, StatsRecord, device_stats, tensor_hash
 from auditlog.core.values import finite_or_text
@@ -91,7 +92,8 @@ class SealItems:
         if self.store:
             digests = [sha for sha, _ in sink.store_blobs(copies)]
         else:
-            digests = [tensor_hash(copy) for _, copy in copies]
+            threads = hash_threads()  # the leaves of a large tensor on every core (core.hashing)
+            digests = [tensor_hash(copy, threads=threads) for _, copy in copies]
         del copies
         for (tensor_id, pending), digest in zip(self.items, digests, strict=True):
             stats = pending.stats.resolve() if pending.stats is not None else None
