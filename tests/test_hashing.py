@@ -10,6 +10,7 @@ import json
 import random
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -125,3 +126,20 @@ def test_a_recorded_hash_matches_under_either_version() -> None:
     other = big.clone()
     other[-1] += 1
     assert not matches_recorded(other, tensor_hash(big)) and not matches_recorded(other, tensor_hash(big, tree=False))
+
+
+VECTORS = [  # docs/integrity.md lists the same
+    ("uint8", [3], bytes([1, 2, 3]), "8199d3480b70222568f484f54da71b3b23d3d144243d9ad876cfa9e863808764"),
+    ("uint8", [LEAF_BYTES + 1], bytes(LEAF_BYTES + 1), "ab81fd72311dd8de868e92b1e3225467f3d12654423a9920562e4c68c6d23d0c"),
+    ("float32", [3, 1 << 20], bytes(12 << 20), "19ab8c4f7a475b3a8f72b7bcb128b7de403a32a25903047e0b932462c4fa5d0c"),
+]
+
+
+@pytest.mark.parametrize(("dtype", "shape", "data", "expected"), VECTORS, ids=["v1", "two-leaves", "three-leaves"])
+def test_the_documented_vectors(dtype: str, shape: list[int], data: bytes, expected: str) -> None:
+    by_hand = by_hand_v1 if len(data) <= LEAF_BYTES else by_hand_v2
+    assert by_hand(dtype, shape, data) == expected  # hashlib alone, from the definition
+    digest = content_hasher(dtype, shape, len(data), threads=2)
+    digest.update(data)
+    assert digest.hexdigest() == expected
+    assert expected in (Path(__file__).parent.parent / "docs" / "integrity.md").read_text()
