@@ -6,8 +6,9 @@ Two versions, told apart by a file's footer (``TREE_KEY``) and never by guessing
   ``LEAF_BYTES`` since): SHA-256 over ``HASH_PREFIX``, the JSON header ``[dtype name,
   shape]`` (compact separators) and a NUL byte, then the tensor's bytes in C
   order.
-- **v2** (tensors of more than ``LEAF_BYTES`` bytes in new records): the bytes are cut into leaves of ``LEAF_BYTES`` (the last
-  one shorter), each leaf hashed with plain SHA-256, and the hash is SHA-256
+- **v2** (tensors of more than ``LEAF_BYTES`` bytes in new records): the bytes
+  are cut into leaves of ``LEAF_BYTES`` (the last one shorter), each leaf
+  hashed with plain SHA-256, and the hash is SHA-256
   over ``TREE_PREFIX``, the same header and NUL, then the leaf digests (32
   bytes each) in order. The leaves are independent, so they are hashed on
   several cores (``update`` hands them to a thread pool): one SHA-256 stream

@@ -4,8 +4,9 @@ The first optimizer step, among the steps both runs snapshotted, and the first
 tensor in ``state_dict`` order at that step, whose stored values differ
 (bitwise, or beyond ``atol``/``rtol``). Content hashes decide equality without
 reading a file; only differing tensors are loaded (and found equal after all
-when their bytes are: one content under two content hash versions). Tensors are matched by label
-after the renames the construction diff finds (``auditlog.read.diff``).
+when their bytes are: one content under two content hash versions). Tensors
+are matched by label after the renames the construction diff finds
+(``auditlog.read.diff``).
 """
 
 from __future__ import annotations
@@ -261,9 +262,9 @@ def _compare(
     elif blob_a.dtype != blob_b.dtype:
         reason = "dtype"
     max_abs: float | None = None
-    if reason == "values" and _same_bits(tensor_a, tensor_b):
-        return None  # one content named under two hash versions (a run recorded before v2)
     if reason == "values":
+        if _same_bits(tensor_a, tensor_b):
+            return None  # one content named under two hash versions (a run recorded before v2)
         wide_a, wide_b = _as_float64(tensor_a), _as_float64(tensor_b)
         if tolerant and torch.allclose(wide_a, wide_b, rtol=rtol, atol=atol):
             return None
