@@ -34,6 +34,10 @@ def test_every_emitted_kind_and_field_is_documented(store: Path) -> None:
                 run.log(acc=0.5)
                 (model(torch.randn(3, 2)).sum() * float("nan")).backward()  # nonfinite_found
                 opt.step()
+                scaler = torch.amp.GradScaler("cpu")  # step_skipped: the NaN gradients again
+                scaler.scale(model(torch.randn(3, 2)).sum() * float("nan")).backward()
+                scaler.step(opt)
+                scaler.update()
     finally:
         nn_module._global_module_registration_hooks = registration_hooks
     with auditlog.open(store) as s:

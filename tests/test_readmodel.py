@@ -153,8 +153,8 @@ def test_backward_stats_equal_sqlite_json(rec: Recorded, session: QuerySession) 
 def test_steps_equal_sqlite_json(rec: Recorded, session: QuerySession) -> None:
     got = rows(
         session,
-        "select step, param_index, tensor_id, grad_norm, update_norm, param_norm, lr, weight_decay "
-        f"from steps where run_id = '{rec.mlp_id}' order by step, param_index",
+        "select step, param_index, tensor_id, grad_norm, update_norm, param_norm, lr, weight_decay, "
+        f"raw_grad_norm, grads_modified from steps where run_id = '{rec.mlp_id}' order by step, param_index",
     )
     # The vectors are stored packed (core.packed): decoded here by the standard
     # library's array module, in DuckDB from numpy (readmodel/vectors.py).
@@ -165,12 +165,13 @@ def test_steps_equal_sqlite_json(rec: Recorded, session: QuerySession) -> None:
         p = json.loads(text)
         assert is_packed(p["grad_norm"]) and (p["update_norm"] is None or is_packed(p["update_norm"]))
         p["tensor_ids"] = unpack_list(p["tensor_ids"])  # packed (core.packed)
-        grads, updates, params = (unpack_list(p[k]) or [None] * len(p["tensor_ids"]) for k in VECTORS)
+        grads, updates, params = (unpack_list(p[k]) or [None] * len(p["tensor_ids"]) for k in VECTORS[:3])
+        assert p["grads_modified"] is False and p.get("raw_grad_norm") is None  # a plain loop: raw is used
         group = p["param_groups"][0]
         for i, tensor_id in enumerate(p["tensor_ids"]):
             want.append(
                 (step, i, tensor_id, stat_float(grads[i]), stat_float(updates[i]), stat_float(params[i]),
-                 group["lr"], group["weight_decay"])
+                 group["lr"], group["weight_decay"], stat_float(grads[i]), False)
             )
     assert len(got) == len(want) == 8 * 14  # 8 steps x 14 parameters, one param group
     # default norms_every=10: update and parameter norms on the first step only
@@ -178,6 +179,7 @@ def test_steps_equal_sqlite_json(rec: Recorded, session: QuerySession) -> None:
     for g, w in zip(got, want, strict=True):
         assert g[:3] == w[:3]
         assert all(same(a, b) for a, b in zip(g[3:], w[3:], strict=True)), (g, w)
+    assert all(g[9] is False for g in got)
     momentum = rows(session, f"select distinct momentum, lr from steps where run_id = '{rec.nan_id}'")
     assert momentum == [(0.9, 0.5)]
     assert rows(session, f"select distinct momentum from steps where run_id = '{rec.mlp_id}'") == [(None,)]

@@ -404,7 +404,7 @@ class RecorderBase:
     def root_left(self, module: torch.nn.Module, output: Any) -> None:
         raise NotImplementedError
 
-    def flush_metrics(self) -> None:
+    def flush_metrics(self, skipped: bool = False) -> None:
         raise NotImplementedError
 
     def flops_root_started(self, module: torch.nn.Module) -> None:

@@ -10,8 +10,13 @@ visible to hooks:
   ``model_output``. A loss module called inside that root's forward returns the
   very tensor the output carries: it is recorded once.
 
-A loss computed by a function (``F.cross_entropy(...)``) passes no hook; such a
-script logs it with ``auditlog.log(loss=...)``.
+- the scalar a ``backward()`` starts from (``backward.py``), origin ``backward``:
+  a loss computed by a function (``F.cross_entropy(...)``) or custom code passes
+  no module hook, but it is what the model trains on. When a loss module's or
+  root's loss was recorded for the same backward, the backward's scalar is the
+  same tensor (nothing more is recorded) or another one (``loss / accumulation``,
+  a sum of losses): then it is recorded as ``backward_loss`` beside it. A scalar
+  a ``GradScaler`` scaled is recorded unscaled (the value ``scale()`` was given).
 
 Cost. The global per-call hooks are present only on sampled steps
 (``recorder.py``), so the loss cannot come from them. Instead, the first time a
@@ -88,6 +93,9 @@ class MetricHooks(RecorderBase):
         self._loss_roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self._watch_depth = 0
         self._last_loss: tuple[int, Any] | None = None
+        # ids of the training losses recorded since the last backward started (is the
+        # backward's scalar one of them?)
+        self._since_backward: list[int] = []
 
     # ------------------------------------------------------------------ watching
     def watch_call(self, called: torch.nn.Module, root_call: bool) -> None:
@@ -134,6 +142,8 @@ class MetricHooks(RecorderBase):
                 if value.numel() == 1 and id(value) not in self._losses_in_root:
                     self._record_loss(module, value, "model_output")
                     self._loss_roots.add(unwrap_compiled(module))
+                    if value.requires_grad:
+                        self._since_backward.append(id(value))
             elif isinstance(value, (float, int)) and not isinstance(value, bool):
                 self._record_loss(module, value, "model_output")
                 self._loss_roots.add(unwrap_compiled(module))
@@ -170,9 +180,28 @@ class MetricHooks(RecorderBase):
                 if self._root_depth:
                     self._losses_in_root.add(id(output))
                 self._record_loss(module, output, "loss_module")
+                if output.requires_grad:
+                    self._since_backward.append(id(output))
         except Exception as exc:
             self.fault("loss_forward_hook", exc)
         return None
+
+    def backward_started(self, root: torch.Tensor | None, scaled_from: Any) -> None:
+        """An outermost ``backward()`` starts from ``root`` (a scalar, or None when it is not
+        one); ``scaled_from``: ``(value, id)`` of the loss a ``GradScaler`` scaled into it."""
+        since, self._since_backward = self._since_backward, []
+        if root is None or not self.policy.loss or not root.requires_grad:
+            return
+        if scaled_from is not None:
+            value, source = scaled_from
+        else:
+            value, source = metric_value(root), id(root)
+        if source in since:
+            return  # the loss module's or model's own loss: recorded already
+        entry = {"name": "backward_loss" if since else "loss", "value": value, "origin": "backward", "module_id": None}
+        if scaled_from is not None:
+            entry["scaled"] = True
+        self._add_metric(entry, training=True)
 
     def _record_loss(self, module: torch.nn.Module, value: torch.Tensor | float, origin: str) -> None:
         training = value.requires_grad if isinstance(value, torch.Tensor) else torch.is_grad_enabled()
@@ -182,8 +211,11 @@ class MetricHooks(RecorderBase):
             "origin": origin,
             "module_id": self.module_id(unwrap_compiled(module)),
         }
+        self._add_metric(entry, training)
+
+    def _add_metric(self, entry: dict[str, Any], training: bool) -> None:
         self._metrics.append((self.step, entry))
-        if training:
+        if training and entry["name"] == "loss":
             self._last_loss = (self.step, entry["value"])
         if len(self._metrics) >= METRICS_FLUSH:
             self.flush_metrics()
@@ -194,13 +226,18 @@ class MetricHooks(RecorderBase):
         return last[1] if last is not None and last[0] == self.step else None
 
     # ------------------------------------------------------------------ emitting
-    def flush_metrics(self) -> None:
-        """Emit the held loss entries: one ``metrics`` event per step they belong to."""
+    def flush_metrics(self, skipped: bool = False) -> None:
+        """Emit the held loss entries: one ``metrics`` event per step they belong to.
+
+        ``skipped``: they belong to an iteration whose optimizer step was skipped
+        (``step_skipped``): marked so, and not that step's loss."""
         if not self._metrics:
             return
         held, self._metrics = self._metrics, []
         by_step: dict[int, list[dict[str, Any]]] = {}
         for step, entry in held:
+            if skipped:
+                entry["skipped"] = True
             by_step.setdefault(step, []).append(entry)
         for step, entries in by_step.items():
             self.emit("metrics", None, None, {"metrics": entries}, step=step)

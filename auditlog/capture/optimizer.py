@@ -1,36 +1,167 @@
 """Optimizer steps: hyperparameters of every param group and per-parameter norms.
 
-The pre hook sees the gradients before the step (and copies the parameters when
-exact update norms are due); the post hook counts the step, emits the step's
-module activity, runs the periodic structural check and snapshot, and then the
-``optimizer_step`` event, so "the state after step N" is exactly the events up
-to that event. It also decides whether the next step is sampled (per-call hooks
-present) or not.
+Gradient norms are taken where the update consumes the gradients
+(docs/events.md, "When each number is taken"):
+
+- a plain step (``zero_grad; backward; [clip]; step()``): in the pre hook, the
+  gradients as ``step()`` finds them;
+- ``step(closure)`` (LBFGS, Lightning's automatic optimization): the gradients
+  exist only once ``step()`` has run the closure, so they are read in the post
+  hook (the closure's last evaluation; torch's optimizers never change ``.grad``);
+- a fused optimizer handed a ``GradScaler``'s scale (``optimizer.grad_scale``): the
+  norms divided by that scale, as the fused kernel unscales them.
+
+Beside them, the *raw* norms: the gradients as the last ``backward()`` left them
+(``backward.py`` calls ``backward_finished``), before any clipping or unscaling. If
+no gradient was replaced or changed in place since (``grad_fingerprint``), the
+two are one measurement, taken once; otherwise both are recorded.
+
+The pre hook also copies the parameters when exact update norms are due; the
+post hook counts the step, emits the step's module activity, runs the periodic
+structural check and snapshot, and then the ``optimizer_step`` event, so "the
+state after step N" is exactly the events up to that event. It also decides
+whether the next step is sampled (per-call hooks present) or not. A step a
+``GradScaler`` skips is a ``step_skipped`` event, not a step.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any, NamedTuple
 
 import torch
 
 from auditlog.capture.base import RecorderBase, class_name
-from auditlog.capture.norms import NormPlan
+from auditlog.capture.buffer import RecordBuffer
+from auditlog.capture.norms import NormPlan, norms_of
 from auditlog.capture.payloads import NonFiniteCount, StackedNorms
-from auditlog.capture.torch_compat import compile_guard, local_view
+from auditlog.capture.torch_compat import compile_guard, grad_fingerprint, local_view
+from auditlog.core.policy import Policy
 from auditlog.core.chain import Clean
 from auditlog.core.errors import RecordingFailedError, one_line
 from auditlog.core.packed import pack_ints
 
 
 class OptimizerHooks(RecorderBase):
-    """The optimizer step pre and post hooks."""
+    """The optimizer step pre and post hooks, and the gradients each backward left."""
 
+    def __init__(self, buffer: RecordBuffer, policy: Policy | None = None) -> None:
+        super().__init__(buffer, policy)
+        # Optimizers seen stepping (weakly): the ones whose raw norms a backward takes.
+        self._stepping: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        # Per optimizer, the gradients the last backward left (``_Raw``), until its step.
+        self._raw: weakref.WeakKeyDictionary[torch.optim.Optimizer, _Raw] = weakref.WeakKeyDictionary()
+        # The same for trainable parameters of the roots that no optimizer seen so far
+        # holds (the first step of each optimizer), by parameter id.
+        self._unbound: _Unbound | None = None
+        self._all_bound: object = None  # the structure at which every trainable parameter had an optimizer
+        self._post_calls = 0  # post hooks run (GradScaler.step: did the optimizer step?)
+
+    # ------------------------------------------------------------------ backward
+    def backward_finished(self) -> None:
+        """An outermost ``backward()`` returned: measure the gradients it left (raw norms)."""
+        if not self.policy.grad_norms:
+            return
+        with torch.no_grad():
+            known = list(self._stepping)
+            covered: set[int] = set()
+            sizes = []
+            for optimizer in known:
+                params = [p for group in optimizer.param_groups for p in group["params"]]
+                if id(optimizer) not in self._param_ids:
+                    self._ids_of(optimizer, params)
+                self._raw[optimizer] = _Raw(self._grad_norms(optimizer, params), grad_fingerprint(params))
+                covered.update(map(id, params))
+                sizes.append(len(params))
+            # Looking for parameters no optimizer holds walks every root: only until none
+            # is left, and again once the structure or the optimizers change.
+            structure = (self._registrations, tuple(map(id, known)), tuple(sizes))
+            if structure == self._all_bound:
+                self._unbound = None
+                return
+            self._unbound = self._measure_unbound(covered)
+            self._all_bound = structure if self._unbound is None and known else None
+
+    def _measure_unbound(self, covered: set[int]) -> _Unbound | None:
+        """Raw norms of the roots' trainable parameters that no known optimizer holds."""
+        params: list[torch.Tensor] = []
+        seen = set(covered)
+        for root in self.live_roots():
+            for p in root.parameters():
+                if id(p) not in seen and p.requires_grad and p.grad is not None and p.grad.layout is _STRIDED:
+                    seen.add(id(p))
+                    params.append(p)
+        if not params:
+            return None
+        grads: list[torch.Tensor] = [local_view(p.grad) for p in params]  # type: ignore[arg-type]
+        norms = norms_of(grads)
+        assert norms is not None
+        return _Unbound(norms, {id(p): i for i, p in enumerate(params)}, dict(zip(map(id, params), grad_fingerprint(params), strict=True)))
+
+    def _raw_of(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> _Raw | None:
+        """What the last backward left for this optimizer's parameters, or None (no backward
+        since its last step: gradients set by other means, or a new optimizer's parameters
+        the roots do not hold)."""
+        raw = self._raw.pop(optimizer, None)
+        if raw is not None:
+            return raw if raw.norms.size == len(params) else None
+        unbound = self._unbound
+        if unbound is None or not params:
+            return None
+        index = unbound.index
+        positions = [index.get(id(p)) for p in params]
+        present = [i for i, pos in enumerate(positions) if pos is not None]
+        if not present:
+            return None
+        picked = torch.tensor([positions[i] for i in present], dtype=torch.long, device=unbound.norms.device)
+        fingerprint = tuple(unbound.fingerprint.get(id(p)) for p in params)
+        norms = StackedNorms(unbound.norms[picked], len(params), None if len(present) == len(params) else present)
+        return _Raw(norms, fingerprint)
+
+    def _used_grad_norms(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> _Grads:
+        """The norms of the gradients the update consumes now, and the raw ones beside them."""
+        raw = self._raw_of(optimizer, params)
+        scale = getattr(optimizer, "grad_scale", None)  # set by GradScaler.step for fused optimizers
+        if raw is not None and grad_fingerprint(params) == raw.fingerprint:
+            used, modified = raw.norms, False
+        else:
+            used, modified = self._grad_norms(optimizer, params), (None if raw is None else True)
+        if isinstance(scale, torch.Tensor) and used.norms is not None:
+            with torch.no_grad():
+                unscaled = used.norms / scale.detach().to(used.norms.device, torch.float32)
+            used, modified = StackedNorms(unscaled, used.size, used.present), True
+        return _Grads(used, raw.norms if raw is not None and modified else None, modified)
+
+    def scaler_step_began(self, optimizer: torch.optim.Optimizer) -> int:
+        """``GradScaler.step`` is about to run: the post-hook count to compare after it."""
+        return self._post_calls
+
+    def scaler_step_ended(self, optimizer: torch.optim.Optimizer, before: int, scale: float) -> None:
+        """``GradScaler.step`` returned; if the optimizer did not step, the scaler skipped it."""
+        if self._post_calls == before:
+            self._skipped(optimizer, "inf or NaN in the gradients: GradScaler skipped optimizer.step()", scale)
+
+    def _skipped(self, optimizer: torch.optim.Optimizer, reason: str, scale: float | None) -> None:
+        """A step that updated nothing: its metrics and activity leave marked, then ``step_skipped``."""
+        self._raw.pop(optimizer, None)
+        self._pending_steps.pop(optimizer, None)
+        optimizer_id, _ = self.optimizers.get(optimizer)
+        self.flush_metrics(skipped=True)
+        self.flush_activity()
+        self.emit(
+            "step_skipped",
+            None,
+            None,
+            {"optimizer_id": optimizer_id, "optimizer_class": class_name(optimizer), "reason": reason, "scale": scale},
+        )
+
+    # ------------------------------------------------------------------ hooks
     @compile_guard
     def _on_step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         try:
             self.call_stack().clear()  # a forward that died on BaseException left stale entries
+            self._stepping.add(optimizer)
             params = [p for group in optimizer.param_groups for p in group["params"]]
             if self._step_scanned != self._registrations or self._lazy:
                 # The structure changed since the last step: per-call hooks may be
@@ -45,14 +176,19 @@ class OptimizerHooks(RecorderBase):
             ids = self._ids_of(optimizer, params)  # once per step: the post hook reuses them
             # The gradients the update uses, measured once: for the step record and
             # for nonfinite_check (debug took them twice, here and after the step).
-            grad_norms = (
-                self._grad_norms(optimizer, params) if policy.grad_norms or policy.nonfinite_check else None
+            # With a closure they do not exist yet: the post hook measures them.
+            closure = _has_closure(args, kwargs)
+            grads = (
+                self._used_grad_norms(optimizer, params)
+                if (policy.grad_norms or policy.nonfinite_check) and not closure
+                else None
             )
-            self.check_before_step(optimizer, params, grad_norms)  # nonfinite.py
+            if not closure:
+                self.check_before_step(optimizer, params, grads.used if grads is not None else None)  # nonfinite.py
             due = (policy.update_norms or policy.param_norms) and policy.norms_due(self.step)
             before = self._copy_before(optimizer, params) if due and policy.update_norms else None
             self._pending_steps[optimizer] = _Pending(
-                params, ids, before, due, grad_norms if policy.grad_norms else None
+                params, ids, before, due, grads if policy.grad_norms else None, closure
             )
         except Exception as exc:
             self.fault("optimizer_step_pre_hook", exc)
@@ -80,6 +216,14 @@ class OptimizerHooks(RecorderBase):
     @compile_guard
     def _on_step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         try:
+            self._post_calls += 1
+            self._stepping.add(optimizer)
+            found_inf = getattr(optimizer, "found_inf", None)  # GradScaler with a fused optimizer
+            if isinstance(found_inf, torch.Tensor) and bool(found_inf.detach().sum().item()):
+                scale = getattr(optimizer, "grad_scale", None)
+                value = float(scale.detach().reshape(-1)[0]) if isinstance(scale, torch.Tensor) else None
+                self._skipped(optimizer, "inf or NaN in the gradients: the fused optimizer skipped the update (GradScaler found_inf)", value)
+                return None
             self.step += 1
             self._step_time()
             optimizer_id, _ = self.optimizers.get(optimizer)
@@ -91,7 +235,10 @@ class OptimizerHooks(RecorderBase):
             else:  # the pre hook did not run (or the groups changed inside the step)
                 params = [p for group in optimizer.param_groups for p in group["params"]]
                 ids = self._ids_of(optimizer, params)
-                pending = _Pending(params, ids, None, False, None)
+                pending = _Pending(params, ids, None, False, None, True)
+            if self.policy.grad_norms and (pending.closure or _has_closure(args, kwargs)):
+                # The closure ran inside step(): its last evaluation's gradients are the ones used.
+                pending = pending._replace(grads=self._used_grad_norms(optimizer, params))
             payload = self._step_payload(optimizer, params, ids, pending)
             payload.update(
                 optimizer_id=optimizer_id,
@@ -176,11 +323,17 @@ class OptimizerHooks(RecorderBase):
         policy = self.policy
         with torch.no_grad():
             grad_norms: Clean | StackedNorms | None = None
+            raw_norms: Clean | StackedNorms | None = None
+            modified: bool | None = None
             nonfinite: int | NonFiniteCount | None = None
             if policy.grad_norms:
-                stacked = pending.grad_norms
-                if stacked is None or stacked.size != len(params):
-                    stacked = self._grad_norms(optimizer, params)
+                grads = pending.grads
+                if grads is None or grads.used.size != len(params):
+                    grads = self._used_grad_norms(optimizer, params)
+                stacked = grads.used
+                modified = grads.modified
+                if grads.raw is not None:
+                    raw_norms = _read_if_cpu(grads.raw)
                 if _on_cpu(stacked):
                     grad_norms = stacked.resolve()
                     nonfinite = stacked.nonfinite()
@@ -205,6 +358,8 @@ class OptimizerHooks(RecorderBase):
             "param_groups": groups,
             "tensor_ids": tensor_ids,
             "grad_norm": grad_norms,
+            "raw_grad_norm": raw_norms,
+            "grads_modified": modified,
             "nonfinite_grads": nonfinite,
             "update_norm": update_norms,
             "param_norm": param_norms,
@@ -265,6 +420,32 @@ class OptimizerHooks(RecorderBase):
 _STRIDED = torch.strided
 
 
+class _Raw(NamedTuple):
+    """The gradients one backward left for one optimizer: their norms, and which gradient
+    objects at which in-place versions they were (``grad_fingerprint``)."""
+
+    norms: StackedNorms
+    fingerprint: tuple[tuple[int, int] | None, ...]
+
+
+class _Unbound(NamedTuple):
+    """Raw norms of parameters no optimizer seen so far holds, by ``id`` of the parameter."""
+
+    norms: torch.Tensor
+    index: dict[int, int]
+    fingerprint: dict[int, tuple[int, int] | None]
+
+
+class _Grads(NamedTuple):
+    """A step's gradient norms: ``used`` (what the update consumed), ``raw`` (what the last
+    backward left, only when it differs), ``modified`` (changed between the two: True;
+    unchanged: False; no backward seen since the last step: None)."""
+
+    used: StackedNorms
+    raw: StackedNorms | None
+    modified: bool | None
+
+
 class _Pending(NamedTuple):
     """What the pre hook found for one optimizer's step, for its post hook."""
 
@@ -272,7 +453,15 @@ class _Pending(NamedTuple):
     ids: tuple[Clean, list[Clean]]
     before: list[torch.Tensor] | None  # the parameters before the step (``NormPlan.copy``)
     due: bool  # parameter and update norms this step
-    grad_norms: StackedNorms | None
+    grads: _Grads | None
+    closure: bool  # step(closure): the gradients are measured after the step
+
+
+def _has_closure(args: Any, kwargs: Any) -> bool:
+    """Was ``step()`` given a closure? (``args`` hold the optimizer first.)"""
+    if isinstance(kwargs, dict) and kwargs.get("closure") is not None:
+        return True
+    return isinstance(args, tuple) and len(args) > 1 and callable(args[1])
 
 
 def _on_cpu(norms: StackedNorms) -> bool:

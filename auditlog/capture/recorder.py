@@ -19,6 +19,7 @@ from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
 from auditlog.capture.activity import ActivityHooks
+from auditlog.capture.backward import BackwardWatch
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.construction import ConstructionHooks
 from auditlog.capture.flops import FlopCounting
@@ -51,6 +52,7 @@ class Recorder(
         self._full_flag = FullBackwardFlag()
         self._hooks_verified_at = 0  # the step at which every hook was last found in place
         self._refused: set[str] = set()  # kinds torch would not take back: not captured any more
+        self._backward = BackwardWatch(self)  # backward(), GradScaler.scale/step (backward.py)
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
@@ -66,6 +68,7 @@ class Recorder(
         add("buffer_registration", self._on_buffer_registered, nn_module.register_module_buffer_registration_hook)
         add("optimizer_step_pre", self._on_step_pre, optim_module.register_optimizer_step_pre_hook)
         add("optimizer_step_post", self._on_step_post, optim_module.register_optimizer_step_post_hook)
+        self._backward.install()
         self._full_flag.save_and_clear()
         self.sampling = self.policy.samples(0)
         self._install_call_hooks(forward_only=not self.sampling)
@@ -195,6 +198,7 @@ class Recorder(
 
         Hooks found missing now are recorded first (``detected_at: run_end``)."""
         self.verify_hooks("run_end", repair=False)
+        self._backward.remove()
         self._call_kinds.clear()
         self.call_stack().clear()
         self.remove_metric_hooks()

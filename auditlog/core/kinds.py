@@ -233,10 +233,18 @@ _KINDS = [
             "int16}, or {i32: ...} / {i64: ...}, the narrowest integer width that holds every id (older "
             "records: a list); readers "
             "(the steps view, events, the Python API) decode it to the list",
-            "grad_norm": "L2 norm of each parameter's gradient, packed: {f32: base64 of little-endian "
+            "grad_norm": "L2 norm of each parameter's gradient as the update consumed it (after any "
+            "clipping or unscaling; with step(closure): after the closure's last evaluation; a fused "
+            "optimizer given a GradScaler's scale: divided by it), packed: {f32: base64 of little-endian "
             "float32, one per tensor_ids entry, NaN/inf as their bits; absent: [positions of parameters "
             "without a gradient], only when some are} (older records: a list, null where absent); "
             "readers (the steps view, events, the Python API) decode it to the list",
+            "raw_grad_norm": "L2 norm of each gradient as the last backward() before the step left it, "
+            "packed like grad_norm; present only when grads_modified is true (otherwise it equals "
+            "grad_norm)",
+            "grads_modified": "true when a gradient was replaced or changed in place between the last "
+            "backward() and the update (clip_grad_norm_, GradScaler.unscale_, ...), false when not, null "
+            "when no backward() was seen since the previous step (absent in older records)",
             "update_norm": "L2 norm of each parameter's change made by this step, packed like grad_norm "
             "(null on steps the policy's norms_every skips)",
             "param_norm": "L2 norm of each parameter after the step, packed like grad_norm (null on "
@@ -263,6 +271,19 @@ _KINDS = [
         },
     ),
     Kind(
+        "step_skipped",
+        "An optimizer step that updated nothing: a GradScaler found inf/NaN in the gradients and did "
+        "not call optimizer.step(), or a fused optimizer handed the scaler's found_inf skipped its "
+        "update. Not a step: the run's step count does not move (step is the steps completed "
+        "before). The iteration's metrics and activity precede it, marked skipped.",
+        {
+            "optimizer_id": "per-run id of the optimizer",
+            "optimizer_class": "qualified class name",
+            "reason": "why the step was skipped",
+            "scale": "the GradScaler's loss scale at the skip (before update() lowers it); null if unknown",
+        },
+    ),
+    Kind(
         "metrics",
         "Scalar metrics: the training loss recorded with no code change (the output of every "
         "loss module call, and a root module's output that carries a loss, e.g. Hugging Face "
@@ -270,10 +291,14 @@ _KINDS = [
         "and values logged with auditlog.log(...), emitted at once. step is the optimizer steps "
         "completed when the value was computed (the loss of the first iteration is step 0).",
         {
-            "metrics": "list of {name: loss | eval_loss (a loss that required no grad) | the "
-            "user's name, value: number (NaN/Infinity as text), origin: loss_module | "
-            "model_output | user, module_id: the module that returned it (null for user values), "
-            "step: the step the user gave to auditlog.log (absent when not given)}",
+            "metrics": "list of {name: loss | eval_loss (a loss that required no grad) | "
+            "backward_loss (the scalar a backward() started from, when it is not the loss recorded "
+            "for that backward) | the user's name, value: number (NaN/Infinity as text), origin: "
+            "loss_module | model_output | backward (the scalar a backward() started from) | user, "
+            "module_id: the module that returned it (null for user values and backward), "
+            "step: the step the user gave to auditlog.log (absent when not given), scaled: true when "
+            "a GradScaler scaled the backward's scalar (the value is the loss before scaling), "
+            "skipped: true when the iteration's optimizer step was skipped (step_skipped)}",
         },
     ),
     Kind(

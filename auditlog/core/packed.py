@@ -42,6 +42,10 @@ ABSENT_KEY = "absent"
 INT_KEYS = {"i16": ("h", 2), "i32": ("i", 4), "i64": ("q", 8)}
 
 
+NORM_VECTORS = ("grad_norm", "update_norm", "param_norm", "raw_grad_norm")
+"""The per-parameter vectors of an ``optimizer_step`` payload, stored packed (``pack_f32``)."""
+
+
 def pack_f32(data: bytes, absent: Sequence[int] = ()) -> dict[str, Any]:
     """The packed form of a vector given as little-endian float32 bytes; ``absent``:
     positions with no value (their slots should hold 0.0)."""

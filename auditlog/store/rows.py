@@ -14,12 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 from auditlog.core.errors import CorruptRecordError
-from auditlog.core.packed import is_packed, packed_ints_key, unpack_ints, unpack_list
+from auditlog.core.packed import NORM_VECTORS, is_packed, packed_ints_key, unpack_ints, unpack_list
 
 _INT_COLUMNS = ("stream", "seq", "ts_ns")
 _OPTIONAL_INT_COLUMNS = ("step", "module_id", "tensor_id")
 # Per-parameter vectors of optimizer_step events, stored packed (``core.packed``).
-_PACKED_VECTORS = ("grad_norm", "update_norm", "param_norm")
+_PACKED_VECTORS = NORM_VECTORS
 
 
 def decode_event(row: dict[str, Any], shown: str = "") -> dict[str, Any]:

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from auditlog.core.replay import CONSTRUCTION_KINDS
 
-FORMAT = "4"
+FORMAT = "5"
 
 SCHEMA = "projection"
 
@@ -83,7 +83,7 @@ TABLES: tuple[str, ...] = (
     f"""CREATE TABLE {SCHEMA}.metrics (
         run_id VARCHAR NOT NULL, stream INTEGER NOT NULL, seq BIGINT NOT NULL, step BIGINT,
         ts_ns BIGINT NOT NULL, position INTEGER NOT NULL, name VARCHAR, value DOUBLE, origin VARCHAR,
-        module_id BIGINT, user_step BIGINT, module VARCHAR)""",
+        module_id BIGINT, user_step BIGINT, module VARCHAR, skipped BOOLEAN)""",
     f"""CREATE TABLE {SCHEMA}.backward_stats (
         run_id VARCHAR NOT NULL, stream INTEGER NOT NULL, seq BIGINT NOT NULL, step BIGINT,
         ts_ns BIGINT NOT NULL, call INTEGER NOT NULL, module_id BIGINT, mechanism VARCHAR, direction VARCHAR NOT NULL,
@@ -96,7 +96,8 @@ TABLES: tuple[str, ...] = (
         optimizer_step BIGINT, param_index INTEGER NOT NULL, tensor_id BIGINT,
         param_group INTEGER, grad_norm DOUBLE, update_norm DOUBLE, param_norm DOUBLE,
         lr DOUBLE, weight_decay DOUBLE, momentum DOUBLE, hyperparameters JSON,
-        nonfinite_grads BIGINT, parameter VARCHAR, module VARCHAR)""",
+        nonfinite_grads BIGINT, parameter VARCHAR, module VARCHAR, raw_grad_norm DOUBLE,
+        grads_modified BOOLEAN)""",
     f"""CREATE TABLE {SCHEMA}.modules (
         run_id VARCHAR NOT NULL, stream INTEGER NOT NULL, module_id BIGINT NOT NULL,
         module VARCHAR NOT NULL, path VARCHAR NOT NULL, root VARCHAR NOT NULL, class VARCHAR,
@@ -219,19 +220,21 @@ DERIVATIONS: tuple[str, ...] = (
                    from_json(payload, '{{"optimizer_id":"BIGINT","optimizer_class":"VARCHAR",
                        "optimizer_step":"BIGINT","tensor_ids":"JSON","grad_norm":"JSON",
                        "update_norm":"JSON","param_norm":"JSON","nonfinite_grads":"BIGINT",
+                       "raw_grad_norm":"JSON","grads_modified":"BOOLEAN",
                        "param_groups":["JSON"]}}') AS p
             FROM new_events WHERE kind = 'optimizer_step'),
         s AS MATERIALIZED (
             SELECT e.*, {_vector("grad_norm")}, {_vector("update_norm")}, {_vector("param_norm")},
+                   {_vector("raw_grad_norm")},
                    {_ids("v.tensor_ids", "p.tensor_ids")} AS tensor_ids, v.group_params
             FROM e LEFT JOIN new_vectors v ON v.id = e.id),
         params AS (
             SELECT id, run_id, stream, seq, step, ts_ns, p.optimizer_id AS optimizer_id,
                    p.optimizer_class AS optimizer_class, p.optimizer_step AS optimizer_step,
-                   p.nonfinite_grads AS nonfinite_grads,
+                   p.nonfinite_grads AS nonfinite_grads, p.grads_modified AS grads_modified,
                    unnest(tensor_ids) AS tid, generate_subscripts(tensor_ids, 1) AS pos,
                    unnest(grad_norms) AS grad_norm, unnest(update_norms) AS update_norm,
-                   unnest(param_norms) AS param_norm
+                   unnest(param_norms) AS param_norm, unnest(raw_grad_norms) AS raw_grad_norm
             FROM s),
         group_specs AS (
             SELECT id, grp, TRY_CAST(spec ->> 'lr' AS DOUBLE) AS lr,
@@ -248,7 +251,10 @@ DERIVATIONS: tuple[str, ...] = (
         SELECT p.run_id, p.stream, p.seq, p.step, p.ts_ns, p.optimizer_id, p.optimizer_class,
                p.optimizer_step, p.pos - 1, p.tid, g.grp, p.grad_norm, p.update_norm,
                p.param_norm, g.lr, g.weight_decay, g.momentum, g.hyperparameters,
-               p.nonfinite_grads, t.name, t.module
+               p.nonfinite_grads, t.name, t.module,
+               CASE WHEN p.grads_modified THEN p.raw_grad_norm
+                    WHEN p.grads_modified = false THEN p.grad_norm END,
+               p.grads_modified
         FROM params p
         LEFT JOIN groups g ON g.id = p.id AND g.tid = p.tid
         LEFT JOIN {SCHEMA}.tensors t
@@ -285,13 +291,14 @@ METRICS_DERIVATION = f"""INSERT INTO {SCHEMA}.metrics
     WITH e AS MATERIALIZED (
         SELECT run_id, stream, seq, step, ts_ns,
                from_json(payload, '{{"metrics":[{{"name":"VARCHAR","value":"DOUBLE","origin":"VARCHAR",
-                                                  "module_id":"BIGINT","step":"BIGINT"}}]}}').metrics AS items
+                                                  "module_id":"BIGINT","step":"BIGINT",
+                                                  "skipped":"BOOLEAN"}}]}}').metrics AS items
         FROM new_events WHERE kind = 'metrics'),
     x AS (
         SELECT run_id, stream, seq, step, ts_ns, unnest(items) AS item, generate_subscripts(items, 1) AS i
         FROM e)
     SELECT x.run_id, x.stream, x.seq, x.step, x.ts_ns, x.i - 1, x.item.name, x.item.value, x.item.origin,
-           x.item.module_id, x.item.step, m.module
+           x.item.module_id, x.item.step, m.module, coalesce(x.item.skipped, false)
     FROM x
     LEFT JOIN {SCHEMA}.modules m
         ON m.run_id = x.run_id AND m.stream = x.stream AND m.module_id = x.item.module_id

@@ -24,9 +24,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from auditlog.core.packed import packed_ints_key
+from auditlog.core.packed import NORM_VECTORS, packed_ints_key
 
-VECTORS = ("grad_norm", "update_norm", "param_norm")
+VECTORS = NORM_VECTORS
 
 SCHEMA = pa.schema(
     [("id", pa.int64())]
