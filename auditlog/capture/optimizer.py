@@ -37,10 +37,10 @@ from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.norms import NormPlan, norms_of
 from auditlog.capture.payloads import NonFiniteCount, StackedNorms
 from auditlog.capture.torch_compat import compile_guard, grad_fingerprint, local_view
-from auditlog.core.policy import Policy
 from auditlog.core.chain import Clean
 from auditlog.core.errors import RecordingFailedError, one_line
 from auditlog.core.packed import pack_ints
+from auditlog.core.policy import Policy
 
 
 class OptimizerHooks(RecorderBase):
