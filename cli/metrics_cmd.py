@@ -29,14 +29,18 @@ def metrics(store: str | None, fmt: str, run: str) -> None:
     One row per step (optimizer steps completed before it: the first
     iteration is step 0): the loss recorded with no code change, values
     logged with auditlog.log(...) (the mean when a step has several), and the
-    learning rate (first param group), global gradient L2 norm and non-finite
-    gradient count of the optimizer step that ended it.
+    learning rate (first param group), global gradient L2 norm (grad_norm: as
+    the update used it, after any clipping or unscaling; raw_grad_norm: as the
+    last backward left it) and non-finite gradient count of the optimizer step
+    that ended it. Says so on stderr when no loss was recorded.
     """
     from auditlog.read.api import open_store
-    from auditlog.read.forensics import jsonable
+    from auditlog.read.forensics import NO_LOSS_HINT, jsonable
 
     with open_store(store) as opened:
         columns, rows = opened.run(run).metrics()
+    if "loss" not in columns:
+        click.echo(f"note: no loss was recorded for this run ({NO_LOSS_HINT})", err=True)
     if fmt == "table":
         emit_rows(({k: _shown(v) for k, v in r.items()} for r in rows), columns, fmt)
     else:

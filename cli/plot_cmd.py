@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from auditlog.cli.options import store_option
 
-from auditlog.core.errors import UsageError
+from auditlog.core.errors import AuditlogError, UsageError
 from auditlog.read.series import MAX_ROWS, PLOTS
 
 
@@ -43,6 +43,10 @@ def plot(store: str | None, fmt: str, output: str | None, max_rows: int, run: st
         selected = opened.run(run)
         panels = selected.plot_panels(what, max_rows)
         run_id = selected.run_id
+    if what == "loss" and all(panel.empty for panel in panels):
+        from auditlog.read.forensics import NO_LOSS_HINT
+
+        raise AuditlogError(f"run {run_id[:12]} recorded no loss ({NO_LOSS_HINT}); nothing written")
     if fmt == "csv":
         handle = open(output, "w", newline="", encoding="utf-8") if output else sys.stdout  # noqa: SIM115
         try:

@@ -74,7 +74,7 @@ def test_cross_entropy_loss_and_logged_accuracy_are_recorded_unchanged(tmp_path:
     assert by_step[3]["acc"] == printed["acc"][3] and by_step[0]["loss"] == printed["loss"][0]
     assert by_step[0]["lr"] == 0.01 and by_step[0]["grad_norm"] > 0
     csv_out = invoke("metrics", "--store", str(store), "--format", "csv")
-    assert csv_out.stdout.splitlines()[0] == "step,loss,acc,lr,grad_norm,nonfinite_grads"
+    assert csv_out.stdout.splitlines()[0] == "step,loss,acc,lr,grad_norm,raw_grad_norm,nonfinite_grads"
     assert len(csv_out.stdout.splitlines()) == 1 + 12
 
 
@@ -279,3 +279,40 @@ def test_flop_counting_leaves_nothing_open_across_user_code(store: Path) -> None
     with auditlog.open(store) as s:
         (event,) = list(s.run().events(kinds=["flops"]))
     assert event["payload"]["closed_by"] == "forward"
+
+
+def test_a_loss_computed_by_a_function_is_recorded_and_no_loss_is_said(store: Path, tmp_path: Path) -> None:
+    """``F.mse_loss``: the scalar backward() starts from is the loss; a run that trained on no
+    scalar says so in ``metrics``, ``nonfinite`` and ``plot loss`` (which fails)."""
+    with auditlog.record(store, name="function"):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(torch.randn(8, 4)), torch.zeros(8, 1))
+            losses.append(loss.item())
+            loss.backward()
+            opt.step()
+    rows = metric_rows(store)
+    assert [(r["step"], r["name"], r["origin"]) for r in rows] == [(i, "loss", "backward") for i in range(3)]
+    assert [r["value"] for r in rows] == pytest.approx(losses, rel=1e-7)
+    assert invoke("plot", "--store", str(store), "latest", "loss", "-o", str(tmp_path / "l.png")).exit_code == 0
+
+    with auditlog.record(store, name="no loss"):
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out = model(torch.randn(8, 4))
+        out.backward(torch.ones_like(out))  # not a scalar: nothing says what the loss was
+        opt.step()
+    shown = invoke("metrics", "--store", str(store), "latest")
+    assert shown.exit_code == 0 and "loss" not in shown.stdout.splitlines()[0]
+    assert "no loss was recorded" in shown.stderr and "auditlog.log(loss=...)" in shown.stderr
+    found = invoke("nonfinite", "--store", str(store), "latest")
+    assert found.exit_code == 0 and "no loss was recorded" in found.stdout
+    target = tmp_path / "none.png"
+    refused = invoke("plot", "--store", str(store), "latest", "loss", "-o", str(target))
+    assert refused.exit_code == 1 and not target.exists()
+    assert refused.stderr.startswith("Error: run ") and "recorded no loss" in refused.stderr
+    assert "auditlog.log(loss=...)" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1

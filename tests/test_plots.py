@@ -79,10 +79,16 @@ def test_csv_holds_the_numbers_of_the_picture(store: Path) -> None:
     done = invoke("plot", "--store", str(store), "latest", "grad-norm", "--format", "csv")
     assert done.exit_code == 0, done.stderr
     rows = list(csv.DictReader(io.StringIO(done.stdout)))
-    got = {(r["series"], int(r["step"])): float(r["value"]) for r in rows}
+    got = {(r["series"], int(r["step"])): float(r["value"]) for r in rows if r["panel"] == "Gradient norm"}
     assert got.keys() == expected.keys()
     for key, value in expected.items():
         assert math.isclose(got[key], value, rel_tol=1e-5), key
+    # The total beside it: the L2 norm of every module's, the raw one equal (nothing clipped).
+    totals = {(r["series"], int(r["step"])): float(r["value"]) for r in rows if r["panel"] == "Total gradient norm"}
+    for step in {s for _, s in expected}:
+        want = math.sqrt(sum(v * v for (_, s), v in expected.items() if s == step))
+        for series in ("used by the update", "raw (as backward left it)"):
+            assert math.isclose(totals[(series, step)], want, rel_tol=1e-5) or not math.isfinite(want), (series, step)
     lr_rows = list(csv.DictReader(io.StringIO(invoke("plot", "--store", str(store), "latest", "lr", "--format", "csv").stdout)))
     assert [float(r["value"]) for r in lr_rows][:9] == [0.1] * 4 + [0.05] * 4 + [0.025]
     loss = invoke("plot", "--store", str(store), "latest", "loss", "--format", "csv", "-o", str(store.parent / "l.csv"))

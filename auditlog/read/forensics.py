@@ -74,10 +74,17 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+NO_LOSS_HINT = (
+    "no loss module, model output with a loss, or backward() on a scalar was seen; "
+    "log it with auditlog.log(loss=...)"
+)
+
+
 # ---------------------------------------------------------------------------- metrics table
 def metrics_table(q: ForensicQueries) -> tuple[list[str], list[dict[str, Any]]]:
     """One row per step: every metric (the mean of its values at that step), and the learning
-    rate, global gradient norm and non-finite gradients of the optimizer step that ended it."""
+    rate, global gradient norm (the one the update used, and the raw one as backward left it)
+    and non-finite gradients of the optimizer step that ended it."""
     by_step: dict[int, dict[str, list[float]]] = {}
     names: list[str] = []
     for metric in q.metrics():
@@ -88,7 +95,7 @@ def metrics_table(q: ForensicQueries) -> tuple[list[str], list[dict[str, Any]]]:
     optimizer = {int(r["iteration"]): r for r in q.optimizer_steps()}
     order = {"loss": 0, "eval_loss": 1}
     names.sort(key=lambda n: (order.get(n, 2), n))
-    columns = ["step", *names, "lr", "grad_norm", "nonfinite_grads"]
+    columns = ["step", *names, "lr", "grad_norm", "raw_grad_norm", "nonfinite_grads"]
     rows = []
     for step in sorted(set(by_step) | set(optimizer)):
         values = by_step.get(step, {})
@@ -99,6 +106,7 @@ def metrics_table(q: ForensicQueries) -> tuple[list[str], list[dict[str, Any]]]:
         opt = optimizer.get(step)
         row["lr"] = opt["lr"] if opt else None
         row["grad_norm"] = opt["grad_norm"] if opt else None
+        row["raw_grad_norm"] = opt["raw_grad_norm"] if opt else None
         row["nonfinite_grads"] = opt["nonfinite_grads"] if opt else None
         rows.append(row)
     return columns, rows
@@ -185,8 +193,9 @@ def find_nonfinite(q: ForensicQueries) -> Finding:
     activity = q.activity_steps()
     if not evidence:
         sampled = activity["forward"]
+        where = "the loss or metrics" if q.has_loss() else "the metrics (no loss was recorded: " + NO_LOSS_HINT + ")"
         text = [
-            "no NaN or infinity was recorded: not in the loss or metrics, nor in the gradient, update "
+            f"no NaN or infinity was recorded: not in {where}, nor in the gradient, update "
             "or parameter norms of any optimizer step"
             + (f", nor in module activity (steps {_steps_text(sampled)})" if sampled else "")
             + "."

@@ -99,7 +99,7 @@ def _facts(q: ForensicQueries) -> dict[str, Any]:
 
 def _pictures(q: ForensicQueries, metric_columns: list[str]) -> list[tuple[str, list[Panel]]]:
     wanted = ["loss", "lr", "grad-norm"]
-    if any(c not in ("step", "loss", "eval_loss", "lr", "grad_norm", "nonfinite_grads") for c in metric_columns):
+    if any(c not in ("step", "loss", "eval_loss", "lr", "grad_norm", "raw_grad_norm", "nonfinite_grads") for c in metric_columns):
         wanted.insert(1, "metrics")
     return [(what, panels(q, what)) for what in wanted]
 

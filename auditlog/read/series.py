@@ -31,7 +31,8 @@ PLOTS: dict[str, str] = {
     "loss": "the training loss (and eval_loss) per step",
     "metrics": "every metric (losses and auditlog.log values) per step",
     "lr": "the learning rate of every param group per step",
-    "grad-norm": "heatmap: gradient L2 norm of each module's parameters per step",
+    "grad-norm": "heatmap: gradient L2 norm of each module's parameters per step, and the total "
+    "gradient norm the update used beside the raw one as backward left it (before clipping)",
     "param-norm": "heatmap: L2 norm of each module's parameters per step",
     "update-ratio": "heatmap: update norm / parameter norm of each module per step",
     "activations": "heatmaps: mean and std of each module's output per sampled step",
@@ -138,6 +139,22 @@ def mean(members: list[float]) -> float:
     return sum(members) / len(members)
 
 
+def total_grad_norms(q: ForensicQueries) -> Panel:
+    """The total gradient norm per step as the update used it and as backward left it: a
+    clipped step shows the raw line above the used one."""
+    used: list[tuple[int, float]] = []
+    raw: list[tuple[int, float]] = []
+    for row in q.optimizer_steps():
+        if row["grad_norm"] is not None:
+            used.append((int(row["iteration"]), float(row["grad_norm"])))
+        if row["raw_grad_norm"] is not None:
+            raw.append((int(row["iteration"]), float(row["raw_grad_norm"])))
+    series = {"used by the update": used}
+    if raw:
+        series["raw (as backward left it)"] = raw
+    return Panel("Total gradient norm", "lines", ylabel="L2 norm", series=series)
+
+
 def panels(q: ForensicQueries, what: str, max_rows: int = MAX_ROWS) -> list[Panel]:
     """The panels of one picture (``what``: a key of ``PLOTS``)."""
     if what in ("loss", "metrics"):
@@ -172,7 +189,10 @@ def panels(q: ForensicQueries, what: str, max_rows: int = MAX_ROWS) -> list[Pane
                           cells=cells, note=top.note)]
         column = "grad_norm" if what == "grad-norm" else "param_norm"
         title = "Gradient norm" if what == "grad-norm" else "Parameter norm"
-        return [_heatmap(title, [(r["module"], int(r["step"]), r[column]) for r in norms], l2, max_rows, "log")]
+        heatmap = _heatmap(title, [(r["module"], int(r["step"]), r[column]) for r in norms], l2, max_rows, "log")
+        if what == "param-norm":
+            return [heatmap]
+        return [heatmap, total_grad_norms(q)]
     if what == "activations":
         acts = q.activations()
         return [

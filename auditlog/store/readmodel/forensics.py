@@ -101,17 +101,28 @@ class ForensicQueries:
 
     def optimizer_steps(self) -> list[dict[str, Any]]:
         """Per optimizer step: the iteration it ended (``step`` - 1), the learning rate of the
-        first param group, the global gradient norm, non-finite gradients."""
+        first param group, the global gradient norm the update used and the raw one (as the
+        last backward left it; null where any parameter's is unknown), non-finite gradients."""
         return self.rows(
             """
             SELECT step - 1 AS iteration, step,
                    arg_min(lr, param_group) AS lr,
                    sqrt(sum(grad_norm * grad_norm)) AS grad_norm,
+                   CASE WHEN count(raw_grad_norm) = count(grad_norm)
+                        THEN sqrt(sum(raw_grad_norm * raw_grad_norm)) END AS raw_grad_norm,
                    max(nonfinite_grads) AS nonfinite_grads
             FROM steps WHERE stream = 0
             GROUP BY step ORDER BY step
             """
         )
+
+    def has_loss(self) -> bool:
+        """Was any training loss recorded (metrics named loss)?"""
+        return bool(self.rows("SELECT 1 AS x FROM metrics WHERE name = 'loss' LIMIT 1"))
+
+    def skipped_steps(self) -> list[dict[str, Any]]:
+        """Optimizer steps that did not happen (a GradScaler skipped them), in order."""
+        return self.rows("SELECT step, optimizer_id, reason, scale FROM skipped_steps WHERE stream = 0 ORDER BY seq")
 
     def learning_rates(self) -> list[dict[str, Any]]:
         """Per optimizer step and param group: the learning rate."""
