@@ -67,6 +67,7 @@ def assert_same(plain: Any, recorded: Any, where: str = "outcome") -> None:
 def run_twice(behaviour: Callable[[], Any], store: Path, policy: str) -> Any:
     """The behaviour's outcome, after checking it is the same with a recording open."""
     flag = nn_module._global_is_full_backward_hook
+    backward, scale, scaler_step = torch.autograd.backward, torch.amp.GradScaler.scale, torch.amp.GradScaler.step
     before = table_sizes()
     plain = outcome_of(behaviour)
     assert table_sizes() == before, "the behaviour left global hooks behind (plain run)"
@@ -77,6 +78,8 @@ def run_twice(behaviour: Callable[[], Any], store: Path, policy: str) -> Any:
         faults = recorder.faults
     assert table_sizes() == before, "global hook tables differ after the recording"
     assert nn_module._global_is_full_backward_hook is flag
+    assert torch.autograd.backward is backward, "torch.autograd.backward was not put back"
+    assert (torch.amp.GradScaler.scale, torch.amp.GradScaler.step) == (scale, scaler_step)
     assert optim_module._global_optimizer_pre_hooks is GLOBAL_HOOK_TABLES["optimizer_step_pre"]()
     assert_same(plain, recorded)
     assert faults == 0, "the recorder recorded a fault of its own"

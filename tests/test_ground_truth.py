@@ -6,7 +6,9 @@ uses a number (``truth_support``); the record must agree step by step under
 computed by a function, ``step(closure)`` with clipping inside the closure,
 LBFGS, gradient accumulation with clipping, a ``GradScaler`` that skips a step
 (with ``unscale_`` and clipping), a fused optimizer handed the scaler's scale,
-two optimizers, a param group added mid-run, foreach and fused optimizers.
+two optimizers, a param group added mid-run, foreach and fused optimizers,
+``ZeroRedundancyOptimizer`` (an optimizer stepping another inside its step).
+The HF Trainer and Lightning run unmodified in ``test_ground_truth_trainers``.
 """
 
 from __future__ import annotations
@@ -243,6 +245,34 @@ def foreach_and_fused(truth: Truth) -> None:
             truth.stepped(i)
 
 
+def zero_redundancy(truth: Truth) -> None:
+    """ZeroRedundancyOptimizer steps a local optimizer inside its own step: one step each."""
+    import tempfile
+
+    import torch.distributed as dist
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    with tempfile.TemporaryDirectory() as where:
+        dist.init_process_group("gloo", init_method=f"file://{where}/init", rank=0, world_size=1)
+        try:
+            model = _model()
+            opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
+            truth.optimizers.append(opt)
+            for _ in range(3):
+                x, y = _batch()
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x), y)
+                truth.losses.append(loss.item())
+                loss.backward()
+                truth.after_backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+                truth.consumed()
+                opt.step()
+                truth.stepped()
+        finally:
+            dist.destroy_process_group()
+
+
 SCENARIOS = {
     "plain": plain_loop,
     "function_loss": function_loss,
@@ -254,6 +284,7 @@ SCENARIOS = {
     "two_optimizers": two_optimizers,
     "group_added": group_added,
     "foreach_fused": foreach_and_fused,
+    "zero_redundancy": zero_redundancy,
 }
 
 

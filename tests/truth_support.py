@@ -79,7 +79,9 @@ class Truth:
     _open: bool = False
 
     def stepped(self, index: int = 0) -> None:
-        """The update is done (call right after ``step()``)."""
+        """The update is done (call right after ``step()``; nothing when no step was open)."""
+        if not self._open:
+            return
         params = self.params(index)
         step = self.steps[-1]
         step.update = value_norms([b - p.detach() for b, p in zip(self.before[index], params, strict=True)])

@@ -57,6 +57,10 @@ class OptimizerHooks(RecorderBase):
         self._unbound: _Unbound | None = None
         self._all_bound: object = None  # the structure at which every trainable parameter had an optimizer
         self._post_calls = 0  # post hooks run (GradScaler.step: did the optimizer step?)
+        # ids of the optimizers whose step() is running, outermost first: a step inside
+        # another's (ZeroRedundancyOptimizer's local optimizer, Lookahead's base) is part of
+        # the outer one and is not recorded apart
+        self._running: list[int] = []
 
     # ------------------------------------------------------------------ backward
     def backward_finished(self) -> None:
@@ -157,9 +161,28 @@ class OptimizerHooks(RecorderBase):
         )
 
     # ------------------------------------------------------------------ hooks
+    def _nested(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Pre hook: note this step as running; is it inside another optimizer's step?"""
+        running = self._running
+        if id(optimizer) in running:
+            running.clear()  # its last step raised before its post hook: nothing is running
+        running.append(id(optimizer))
+        return len(running) > 1
+
+    def _ended_nested(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Post hook: this step is over; was it inside another optimizer's step?"""
+        running = self._running
+        key = id(optimizer)
+        if key not in running:
+            return False
+        del running[len(running) - 1 - running[::-1].index(key)]
+        return bool(running)
+
     @compile_guard
     def _on_step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         try:
+            if self._nested(optimizer):
+                return None
             self.call_stack().clear()  # a forward that died on BaseException left stale entries
             self._stepping.add(optimizer)
             params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -217,6 +240,8 @@ class OptimizerHooks(RecorderBase):
     def _on_step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         try:
             self._post_calls += 1
+            if self._ended_nested(optimizer):
+                return None
             self._stepping.add(optimizer)
             found_inf = getattr(optimizer, "found_inf", None)  # GradScaler with a fused optimizer
             if isinstance(found_inf, torch.Tensor) and bool(found_inf.detach().sum().item()):
