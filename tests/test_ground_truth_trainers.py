@@ -83,7 +83,13 @@ def test_lightning_automatic_optimization_with_accumulation_and_clipping(tmp_pat
 def test_hf_trainer_with_accumulation_and_clipping(tmp_path: Path, policy: str) -> None:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 
     logged: list[dict[str, Any]] = []
 
