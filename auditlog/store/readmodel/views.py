@@ -146,7 +146,8 @@ VIEWS: tuple[View, ...] = (
             _c("torch", "VARCHAR", "torch version"),
             _c("cuda", "VARCHAR", "CUDA version torch was built with"),
             _c("world_size", "INTEGER", "distributed world size"),
-            _c("seed", "BIGINT", "torch.initial_seed() when the run started"),
+            _c("seed", "UBIGINT", "torch.initial_seed() when the run started (unsigned 64-bit: torch seeds "
+               "reach 2^64 - 1)"),
             _c("exception_type", "VARCHAR", "exception type of a failed run"),
             _c("exception_message", "VARCHAR", "exception message of a failed run"),
             _c("metadata", "JSON", "the whole run_started payload of stream 0"),
@@ -173,7 +174,7 @@ VIEWS: tuple[View, ...] = (
                s.payload ->> 'torch' AS torch,
                s.payload ->> 'cuda' AS cuda,
                TRY_CAST(s.payload ->> 'world_size' AS INTEGER) AS world_size,
-               TRY_CAST(s.payload ->> '$.seeds.torch_initial_seed' AS BIGINT) AS seed,
+               TRY_CAST(s.payload ->> '$.seeds.torch_initial_seed' AS UBIGINT) AS seed,
                e.payload ->> '$.exception.type' AS exception_type,
                e.payload ->> '$.exception.message' AS exception_message,
                s.payload AS metadata
