@@ -234,6 +234,9 @@ VIEWS: tuple[View, ...] = (
             _c("parent", "VARCHAR", "qualified name of the parent"),
             _c("attr", "VARCHAR", "attribute name in the parent"),
             _c("depth", "INTEGER", "0 for roots, 1 for their children, ..."),
+            _c("ordinal", "INTEGER", "position in the model's order within the stream (0-based): roots in "
+               "order of first appearance, each depth-first with children in registration order, as "
+               "named_modules() and `auditlog tree` list them (ORDER BY ordinal)"),
             _c("aliases", "VARCHAR[]", "other names of a module shared under several names"),
             _c("n_children", "INTEGER", "direct child modules"),
             _c("n_parameters", "INTEGER", "parameters registered directly on the module"),
@@ -243,7 +246,7 @@ VIEWS: tuple[View, ...] = (
         """
         SELECT m.run_id, m.stream, m.module_id, m.module, m.path, m.root, m.class,
                regexp_extract(m.class, '([^.]+)$', 1) AS class_name, m.parent_id,
-               p.module AS parent, m.attr, m.depth, m.aliases, m.n_children, m.n_parameters,
+               p.module AS parent, m.attr, m.depth, m.ordinal, m.aliases, m.n_children, m.n_parameters,
                m.n_buffers, m.source_file, m.source_line, m.source_function
         FROM {modules} m
         LEFT JOIN {modules} p
