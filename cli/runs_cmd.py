@@ -18,7 +18,11 @@ COLUMNS = ("run", "name", "started", "duration", "status", "ranks", "script", "c
 @format_option
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Show only the newest N runs.")
 def runs(store: str | None, fmt: str, limit: int | None) -> None:
-    """List recorded runs: id, start, duration, status, script, git commit, steps, events."""
+    """List recorded runs: id, start, duration, status, script, git commit, steps, events.
+
+    JSON and CSV carry every field of a run, also its exit code, host, pid, ranks
+    and seed (torch.initial_seed() at the start, an exact unsigned 64-bit integer).
+    """
     from auditlog.read.api import open_store
 
     with open_store(store) as opened:

@@ -57,7 +57,7 @@ _KINDS = [
             "cuda": "CUDA version torch was built with, or null",
             "platform": "platform string",
             "git": "{commit, branch, dirty, diff_sha256, root} of the code being run, or null",
-            "seeds": "{torch_initial_seed} at start",
+            "seeds": "{torch_initial_seed} at start, an unsigned 64-bit integer (0 .. 2^64 - 1; a JSON integer, exact)",
             "policy": "capture settings in force (backward mechanism, ...)",
             "auditlog": "auditlog version",
             "content_hash": "how the run's tensor content hashes are made: 2 (a tree of SHA-256 leaves for "

@@ -49,6 +49,7 @@ class RunInfo:
     streams: int = 1
     status_detail: str | None = None
     ranks: list[dict[str, Any]] = field(default_factory=list)
+    seed: int | None = None
 
     def ranks_named(self) -> list[int]:
         """The ranks of the last segment whose status is the run's (a multi-rank run)."""
@@ -80,6 +81,7 @@ class RunInfo:
             "argv": self.argv,
             "git_commit": self.git_commit,
             "git_dirty": self.git_dirty,
+            "seed": self.seed,
             "events": self.events,
             "steps": self.steps,
             "host": self.host,
@@ -139,6 +141,16 @@ def chained_runs(store: EventStore) -> list[ChainedRun]:
 
 def _int(value: Any, default: int = 0) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def start_seed(meta: dict[str, Any]) -> int | None:
+    """``torch.initial_seed()`` at the start, exact: an unsigned 64-bit value (a
+    process's random seed is >= 2^63 half the time), None if absent or garbled."""
+    seeds = meta.get("seeds")
+    value = seeds.get("torch_initial_seed") if isinstance(seeds, dict) else None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 64:
+        return value
+    return None
 
 
 def list_runs(store: EventStore) -> list[RunInfo]:
@@ -204,6 +216,7 @@ def list_runs(store: EventStore) -> list[RunInfo]:
                 world_size=live.world_size,
                 streams=len(live.streams) or 1,
                 status_detail=live.detail,
+                seed=start_seed(meta),
                 ranks=[
                     {"stream": s.stream, "rank": s.rank, "segment": s.segment, "status": s.status, "host": s.host}
                     for s in live.streams

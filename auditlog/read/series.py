@@ -13,6 +13,13 @@ runs of them: ``0…4``), and a group's value is what its members add up to: the
 norm of all their parameters for norms (so the rows still mean what they say),
 the mean of the members for activations and dead units. The panel's note says
 so.
+
+Rows are in the model's order (the ``modules`` view's ``ordinal``: depth-first,
+children in registration order, as ``auditlog tree`` shows them), so the first
+layer is the top row whatever the names sort like (``alpha_head`` after
+``layers.11`` when it was registered last); a group sits where its first
+member does. Names the module tree does not know (a module of another stream)
+follow, in natural order.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ PLOTS: dict[str, str] = {
     "dead-units": "heatmap: fraction of each module's output units that were 0 for the whole batch",
 }
 MAX_ROWS = 40
+HEATMAPS = ("grad-norm", "param-norm", "update-ratio", "activations", "dead-units")
 
 
 @dataclass
@@ -80,10 +88,37 @@ def natural_key(name: str) -> list[Any]:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 
-def group_names(names: list[str], max_rows: int) -> tuple[dict[str, str], int | None]:
+def model_order(order: dict[str, int] | None) -> Callable[[str], tuple[Any, ...]]:
+    """Sort key of module names (and name prefixes) in the model's order.
+
+    ``order``: module name -> ordinal (``ForensicQueries.module_order``). A prefix
+    that is no module's name (a group ``0…4``) sorts with its first member;
+    unknown names come last, in natural order.
+    """
+    known = order or {}
+    first: dict[str, int] = {}
+    for name, ordinal in known.items():
+        parts = name.split(".")
+        for depth in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:depth])
+            if ordinal < first.get(prefix, ordinal + 1):
+                first[prefix] = ordinal
+
+    def key(name: str) -> tuple[Any, ...]:
+        head = name.split("…")[0]
+        ordinal = known.get(head, first.get(head))
+        return (0, ordinal, []) if ordinal is not None else (1, 0, natural_key(name))
+
+    return key
+
+
+def group_names(
+    names: list[str], max_rows: int, order: dict[str, int] | None = None
+) -> tuple[dict[str, str], int | None]:
     """Map each module name to its row: itself, or its prefix at the deepest depth that fits.
 
     Returns the mapping and the depth used (None: no grouping was needed).
+    ``order``: the model's order (``model_order``), for ranges of top-level names.
     """
     if len(names) <= max_rows:
         return {n: n for n in names}, None
@@ -93,7 +128,7 @@ def group_names(names: list[str], max_rows: int) -> tuple[dict[str, str], int | 
         if len(set(mapping.values())) <= max_rows:
             return mapping, depth
     # Too many top-level names even so (a flat stack of layers): consecutive ranges of them.
-    tops = sorted({n.split(".")[0] for n in names}, key=natural_key)
+    tops = sorted({n.split(".")[0] for n in names}, key=model_order(order))
     size = math.ceil(len(tops) / max_rows)
     label = {}
     for start in range(0, len(tops), size):
@@ -110,16 +145,19 @@ def _heatmap(
     max_rows: int,
     scale: str,
     ylabel: str = "",
+    order: dict[str, int] | None = None,
 ) -> Panel:
-    """Rows x steps from ``(module, step, value)``; members of a group are combined."""
-    names = sorted({m for m, _, _ in values}, key=natural_key)
-    mapping, depth = group_names(names, max_rows)
+    """Rows x steps from ``(module, step, value)``; members of a group are combined; rows in
+    the model's order (``order``: name -> ordinal)."""
+    key = model_order(order)
+    names = sorted({m for m, _, _ in values}, key=key)
+    mapping, depth = group_names(names, max_rows, order)
     grouped: dict[tuple[str, int], list[float]] = {}
     for module, step, value in values:
         if value is None:
             continue
         grouped.setdefault((mapping[module], step), []).append(float(value))
-    rows = sorted({mapping[n] for n in names}, key=natural_key)
+    rows = sorted({mapping[n] for n in names}, key=key)
     steps = sorted({s for _, s in grouped})
     note = ""
     if depth == 0:
@@ -172,13 +210,14 @@ def panels(q: ForensicQueries, what: str, max_rows: int = MAX_ROWS) -> list[Pane
             label = f"optimizer {row['optimizer_id']} group {row['param_group']}"
             lines.setdefault(label, []).append((int(row["step"]), float(row["lr"])))
         return [Panel("Learning rate", "lines", ylabel="lr", series=lines)]
+    order = q.module_order() if what in HEATMAPS else None
     if what in ("grad-norm", "param-norm", "update-ratio"):
         norms = q.module_norms()
         if what == "update-ratio":
             updates = [(r["module"], int(r["step"]), r["update_norm"]) for r in norms]
             params = [(r["module"], int(r["step"]), r["param_norm"]) for r in norms]
-            top = _heatmap("Update norm", updates, l2, max_rows, "log")
-            bottom = _heatmap("Parameter norm", params, l2, max_rows, "log")
+            top = _heatmap("Update norm", updates, l2, max_rows, "log", order=order)
+            bottom = _heatmap("Parameter norm", params, l2, max_rows, "log", order=order)
             cells = {
                 key: value / bottom.cells[key]
                 for key, value in top.cells.items()
@@ -189,7 +228,8 @@ def panels(q: ForensicQueries, what: str, max_rows: int = MAX_ROWS) -> list[Pane
                           cells=cells, note=top.note)]
         column = "grad_norm" if what == "grad-norm" else "param_norm"
         title = "Gradient norm" if what == "grad-norm" else "Parameter norm"
-        heatmap = _heatmap(title, [(r["module"], int(r["step"]), r[column]) for r in norms], l2, max_rows, "log")
+        heatmap = _heatmap(title, [(r["module"], int(r["step"]), r[column]) for r in norms], l2, max_rows, "log",
+                           order=order)
         if what == "param-norm":
             return [heatmap]
         return [heatmap, total_grad_norms(q)]
@@ -197,14 +237,14 @@ def panels(q: ForensicQueries, what: str, max_rows: int = MAX_ROWS) -> list[Pane
         acts = q.activations()
         return [
             _heatmap("Activation mean", [(r["module"], int(r["step"]), r["mean"]) for r in acts], mean,
-                     max_rows, "diverging"),
+                     max_rows, "diverging", order=order),
             _heatmap("Activation std", [(r["module"], int(r["step"]), r["std"]) for r in acts], mean,
-                     max_rows, "log"),
+                     max_rows, "log", order=order),
         ]
     if what == "dead-units":
         acts = q.activations()
         return [_heatmap("Dead units (fraction)", [(r["module"], int(r["step"]), r["dead_fraction"]) for r in acts],
-                         mean, max_rows, "fraction")]
+                         mean, max_rows, "fraction", order=order)]
     raise ValueError(f"unknown plot {what!r}")
 
 

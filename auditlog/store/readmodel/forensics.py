@@ -74,14 +74,23 @@ class ForensicQueries:
                        sum(CASE WHEN requires_grad THEN numel ELSE 0 END) AS trainable
                 FROM parameters GROUP BY module_id)
             SELECT m.module_id, m.module, m.path, m.root, m.class, m.class_name, m.parent_id,
-                   m.depth, m.attr, m.source_file, m.source_line, m.source_function,
+                   m.depth, m.ordinal, m.attr, m.source_file, m.source_line, m.source_function,
                    coalesce(o.numel, 0)::BIGINT AS own_parameters,
                    coalesce(o.trainable, 0)::BIGINT AS own_trainable
             FROM modules m LEFT JOIN own o ON o.module_id = m.module_id
             WHERE m.stream = 0
-            ORDER BY m.root, m.path
+            ORDER BY m.ordinal
             """
         )
+
+    def module_order(self) -> dict[str, int]:
+        """Module name -> its position in the model's order (``modules.ordinal``, stream 0),
+        the order of heatmap rows; every name a module has (its aliases too)."""
+        order: dict[str, int] = {}
+        for row in self.rows("SELECT module, aliases, ordinal FROM modules WHERE stream = 0 ORDER BY ordinal"):
+            for name in [row["module"], *(row["aliases"] or [])]:
+                order.setdefault(str(name), int(row["ordinal"]))
+        return order
 
     def parameter_totals(self) -> dict[str, int]:
         found = self.rows(

@@ -36,6 +36,7 @@ MODULE_SCHEMA = pa.schema(
         ("source_file", pa.string()),
         ("source_line", pa.int32()),
         ("source_function", pa.string()),
+        ("ordinal", pa.int32()),
     ]
 )
 
@@ -88,7 +89,10 @@ def _stat_int(value: Any) -> int | None:
 
 
 def module_rows(run_id: str, stream: int, state: ModelState, labels: Labels) -> Iterator[dict[str, Any]]:
-    for module_id, label in labels.modules.items():
+    # ``labels.modules`` is in the model's order (naming._walk: roots in order of
+    # first appearance, each depth-first with children in registration order, as
+    # named_modules() and ``auditlog tree`` list them): ``ordinal`` keeps it.
+    for ordinal, (module_id, label) in enumerate(labels.modules.items()):
         node = state.modules[module_id]
         yield {
             "run_id": run_id,
@@ -106,6 +110,7 @@ def module_rows(run_id: str, stream: int, state: ModelState, labels: Labels) -> 
             "n_parameters": sum(1 for t in node.parameters.values() if t is not None),
             "n_buffers": sum(1 for t in node.buffers.values() if t is not None),
             **_source_fields(node.source),
+            "ordinal": ordinal,
         }
 
 

@@ -126,7 +126,8 @@ VIEWS: tuple[View, ...] = (
             _c("torch", "VARCHAR", "torch version"),
             _c("cuda", "VARCHAR", "CUDA version torch was built with"),
             _c("world_size", "INTEGER", "distributed world size"),
-            _c("seed", "BIGINT", "torch.initial_seed() when the run started"),
+            _c("seed", "UBIGINT", "torch.initial_seed() when the run started (unsigned 64-bit: torch seeds "
+               "reach 2^64 - 1)"),
             _c("exception_type", "VARCHAR", "exception type of a failed run"),
             _c("exception_message", "VARCHAR", "exception message of a failed run"),
             _c("metadata", "JSON", "the whole run_started payload of stream 0"),
@@ -153,7 +154,7 @@ VIEWS: tuple[View, ...] = (
                s.payload ->> 'torch' AS torch,
                s.payload ->> 'cuda' AS cuda,
                TRY_CAST(s.payload ->> 'world_size' AS INTEGER) AS world_size,
-               TRY_CAST(s.payload ->> '$.seeds.torch_initial_seed' AS BIGINT) AS seed,
+               TRY_CAST(s.payload ->> '$.seeds.torch_initial_seed' AS UBIGINT) AS seed,
                e.payload ->> '$.exception.type' AS exception_type,
                e.payload ->> '$.exception.message' AS exception_message,
                s.payload AS metadata
@@ -213,6 +214,9 @@ VIEWS: tuple[View, ...] = (
             _c("parent", "VARCHAR", "qualified name of the parent"),
             _c("attr", "VARCHAR", "attribute name in the parent"),
             _c("depth", "INTEGER", "0 for roots, 1 for their children, ..."),
+            _c("ordinal", "INTEGER", "position in the model's order within the stream (0-based): roots in "
+               "order of first appearance, each depth-first with children in registration order, as "
+               "named_modules() and `auditlog tree` list them (ORDER BY ordinal)"),
             _c("aliases", "VARCHAR[]", "other names of a module shared under several names"),
             _c("n_children", "INTEGER", "direct child modules"),
             _c("n_parameters", "INTEGER", "parameters registered directly on the module"),
@@ -222,7 +226,7 @@ VIEWS: tuple[View, ...] = (
         """
         SELECT m.run_id, m.stream, m.module_id, m.module, m.path, m.root, m.class,
                regexp_extract(m.class, '([^.]+)$', 1) AS class_name, m.parent_id,
-               p.module AS parent, m.attr, m.depth, m.aliases, m.n_children, m.n_parameters,
+               p.module AS parent, m.attr, m.depth, m.ordinal, m.aliases, m.n_children, m.n_parameters,
                m.n_buffers, m.source_file, m.source_line, m.source_function
         FROM {modules} m
         LEFT JOIN {modules} p
