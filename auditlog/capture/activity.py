@@ -33,14 +33,17 @@ from auditlog.capture.base import (
 from auditlog.capture.payloads import NonFiniteInputs
 from auditlog.capture.torch_compat import (
     call_guard,
+    compiled_modules,
     local_view,
     parallel_wrapper_attr,
+    skip_guards_at_frame_level,
     tensor_hooks,
     tensor_version,
+    transform_value,
     unwrap_compiled,
 )
 from auditlog.core.chain import Clean
-from auditlog.core.tensors import StatsRecord, activity_stats, batch_records
+from auditlog.core.tensors import StatsRecord, activity_stats, batch_records, dtype_name
 
 
 def tensors_in(value: Any, limit: int = 64) -> list[torch.Tensor]:
@@ -58,6 +61,23 @@ def tensors_in(value: Any, limit: int = 64) -> list[torch.Tensor]:
         elif isinstance(item, dict):
             stack.extend(reversed(list(item.values())))
     return found
+
+
+def skipped_stats(tensor: torch.Tensor) -> dict[str, Any]:
+    """What is recorded of a functorch transform's value (``torch_compat.transform_value``):
+    its shape and dtype, and why nothing else."""
+    return {"shape": list(tensor.shape), "dtype": dtype_name(tensor.dtype), "skipped": "functorch transform value"}
+
+
+def grad_stats(grad: torch.Tensor | None, full: bool) -> dict[str, Any] | StatsRecord | None:
+    """Statistics of a gradient a hook was handed: None for none (gradcheck hands hooks
+    None for outputs it does not differentiate), shape only for a transform's value
+    (batched gradcheck runs backward under vmap), else of its plain view."""
+    if grad is None:
+        return None
+    if transform_value(grad):
+        return skipped_stats(grad)
+    return activity_stats(local_view(grad), full)
 
 
 class GradTap(InertWhenCopied):
@@ -117,9 +137,15 @@ class ActivityHooks(RecorderBase):
                 return None  # DDP/FSDP wrapper: the model's own call follows and is recorded
             called = module
             module = unwrap_compiled(module)  # torch.compile wrapper: count once
+            if module is not called and not self.compiled_seen:
+                self.compiled_seen = True
+                skip_guards_at_frame_level()
             stack = self.call_stack()
             if not stack and self._scanned.get(module) != self._registrations:
                 self.check_in_place(module, subtree=True)  # built before recording: seen now
+                if not self.compiled_seen and compiled_modules(module):
+                    self.compiled_seen = True  # Module.compile() or a compiled forward inside
+                    skip_guards_at_frame_level()
                 self.seal(module, "first_forward")  # also remembers it as a root
             self.watch_call(called, not stack)  # loss modules and roots: metrics.py
             if not stack:
@@ -140,8 +166,8 @@ class ActivityHooks(RecorderBase):
         others cost one norm."""
         parts: list[dict[str, Any] | StatsRecord] = []
         for tensor in tensors_in(args, MAX_TENSORS)[:MAX_TENSORS]:
-            if not (tensor.is_floating_point() or tensor.is_complex()):
-                continue  # integers and booleans are always finite
+            if not (tensor.is_floating_point() or tensor.is_complex()) or transform_value(tensor):
+                continue  # integers and booleans are always finite; a transform's values are not read
             tap = self._tap_on(tensor)
             if tap is not None and tap.stats is not None and tap.version == tensor_version(tensor):
                 parts.append(tap.stats)
@@ -254,6 +280,8 @@ class ActivityHooks(RecorderBase):
         the child's call left on it, so only outputs that require grad are
         recognised; others are measured again.
         """
+        if transform_value(tensor):
+            return skipped_stats(tensor)
         tap = self._tap_on(tensor)
         if tap is not None and tap.stats is not None and tap.version == tensor_version(tensor):
             return tap.stats
@@ -300,7 +328,7 @@ class ActivityHooks(RecorderBase):
     @call_guard
     def _on_output_grad(self, module_ids: list[int], step: int, grad: torch.Tensor) -> None:
         try:
-            stats = [activity_stats(local_view(grad), self.policy.stats == "full")]
+            stats = [grad_stats(grad, self.policy.stats == "full")]
             for module_id in module_ids:  # modules that returned this very tensor: the same gradient
                 self._add_activity(step, "backward", {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats})
         except Exception as exc:
@@ -311,7 +339,7 @@ class ActivityHooks(RecorderBase):
     def _on_output_grads(self, module_id: int, step: int, grads: Any) -> None:
         try:
             full = self.policy.stats == "full"
-            stats = [None if g is None else activity_stats(local_view(g), full) for g in list(grads)[:MAX_TENSORS]]
+            stats = [grad_stats(g, full) for g in list(grads)[:MAX_TENSORS]]
             self._add_activity(step, "backward", {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats})
         except Exception as exc:
             self.fault("gradient_hook", exc)
@@ -322,7 +350,7 @@ class ActivityHooks(RecorderBase):
 
     def _grad_stats(self, grads: Any) -> list[dict[str, Any] | StatsRecord | None]:
         full = self.policy.stats == "full"
-        return [None if g is None else activity_stats(local_view(g), full) for g in list(grads or ())[:MAX_TENSORS]]
+        return [grad_stats(g, full) for g in list(grads or ())[:MAX_TENSORS]]
 
     @call_guard
     def _on_full_backward(self, module: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:

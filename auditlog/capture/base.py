@@ -122,6 +122,10 @@ class RecorderBase:
         self.optimizers = ObjectIds()
         self.step = 0
         self.sampling = True
+        # A compiled module was seen: the per-call hooks stay in torch's tables from
+        # then on (dynamo guards on those tables and would compile again at every
+        # change; recorder.update_call_hooks).
+        self.compiled_seen = False
         self._local = threading.local()
         # construction: tensors registered and not sealed yet; how many registrations
         # so far (a structure version), and the version each root was last scanned at

@@ -19,8 +19,20 @@ measured forward count. One ``flops`` event; every other forward is untouched.
 A dispatch mode lives on the thread that entered it, and leaving one pops the
 innermost mode of that thread; so the count is left only on that thread and
 only while it is the innermost mode (a mode the user entered inside the
-forward is never popped by mistake). A compiled model (``torch.compile``) is
-not counted: dynamo would trace the mode.
+forward is never popped by mistake).
+
+Compiled code is never counted, and never stopped from compiling: when the
+root or any module under it is compiled (``torch_compat.compiled_modules``:
+torch.compile's wrapper, ``Module.compile()``, a compiled ``forward``), no mode
+is entered and one ``flops`` event says why (``skipped``, ``compiled``: the
+modules). A dispatch mode that dynamo sees makes it refuse to compile and run
+that code eagerly for the whole run, with other numerics (measured with torch
+2.13: a compiled child under an eager parent); and the ops of compiled code
+reach a mode only in part (fused kernels do not), so a count would be wrong.
+A compiled function that a forward calls cannot be seen from the module tree:
+the mode declares ``ignore_compile_internals``, so dynamo compiles it exactly
+as without the mode (what its compiled code dispatches is counted, fused
+kernels are not).
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ import torch
 from auditlog.capture.base import RecorderBase
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.torch_compat import (
+    compiled_modules,
     flop_counting_mode,
     in_backward,
     innermost_dispatch_mode,
@@ -60,9 +73,23 @@ class FlopCounting(RecorderBase):
         """A root's forward begins: count it (the first with gradients enabled)."""
         if self._flops_done or self._flop_counter is not None:
             return
-        if not torch.is_grad_enabled() or is_compiled_wrapper(module) or in_backward():
+        if not torch.is_grad_enabled() or in_backward():
             return
         self._flops_done = True  # one attempt: a failure here is recorded, never retried every step
+        compiled = compiled_modules(module)
+        if compiled or is_compiled_wrapper(module):
+            self.emit(
+                "flops",
+                None,
+                None,
+                {
+                    "skipped": "compiled code in the model: a FLOP-counting dispatch mode would stop "
+                    "dynamo from compiling it, and compiled kernels cannot be counted op by op",
+                    "compiled": [name or "(root)" for name in compiled] or ["(root)"],
+                },
+                step=self.step,
+            )
+            return
         counter = flop_counting_mode()
         counter.__enter__()
         self._flop_counter = counter

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from auditlog.capture.hostbuffers import HostBuffers, poolable
-from auditlog.capture.torch_compat import local_view, shard_facts
+from auditlog.capture.torch_compat import local_view, shard_facts, subclass_parts
 from auditlog.core.chain import Clean
 from auditlog.core.cpus import hash_threads
 from auditlog.core.packed import pack_f32
@@ -47,12 +47,24 @@ class HostCopy:
     ``pooled`` says the copy goes back there once the writer is done with it.
     """
 
-    __slots__ = ("copy", "pooled", "shard", "stats")
+    __slots__ = ("copy", "inner", "pooled", "shard", "stats", "subclass")
 
     def __init__(self, source: torch.Tensor, with_stats: bool = False, buffers: HostBuffers | None = None) -> None:
         with torch.no_grad():
             # A sharded (DTensor) value: this process's shard, and where it lies.
             self.shard = shard_facts(source)
+            # A wrapper subclass (TwoTensor, Float8-like): stored through its public
+            # representation, the inner tensors of ``__tensor_flatten__``, each a plain
+            # content-addressed tensor; the first stands for the whole (``copy``), the
+            # others are copied beside it (``inner``). Its own ops never run here.
+            self.subclass: dict[str, Any] | None = None
+            self.inner: list[tuple[str, HostValues]] = []
+            parts = subclass_parts(source)
+            if parts is not None:
+                cls, inner, ctx = parts
+                names = list(inner)
+                self.subclass = {"type": cls, "first": names[0] if names else None, "ctx": None if ctx is None else repr(ctx)[:500]}
+                self.inner = [(n, HostValues(_host_clone(inner[n]))) for n in names[1:]]
             source = local_view(source.detach())
             # Statistics are launched here, on the training thread, like activity
             # statistics: a torch reduction on the writer thread would start a second
@@ -72,6 +84,15 @@ class HostCopy:
     def ready(self) -> torch.Tensor:
         """The copy, once the device has written it (writer thread)."""
         return self.copy.ready()
+
+
+def _host_clone(tensor: torch.Tensor) -> torch.Tensor:
+    """A C-contiguous copy of a plain tensor (pinned host memory for CUDA, through
+    ``HostValues``): an inner tensor of a wrapper subclass."""
+    tensor = tensor.detach()
+    if tensor.device.type == "cuda":
+        return tensor.contiguous()
+    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 class SealItems:
@@ -129,13 +150,24 @@ class SnapshotItems:
             copies = [(tensor_id, pending.ready()) for tensor_id, pending in self.items]
             stored = sink.store_blobs(copies)
             tensors = []
+            inner = [(tensor_id, name, part.ready()) for tensor_id, p in self.items for name, part in p.inner]
+            stored_inner = iter(zip(inner, sink.store_blobs([(t, c) for t, _, c in inner]), strict=True)) if inner else iter(())
+            new_bytes = logical = 0
             for (tensor_id, pending), (digest, _) in zip(self.items, stored, strict=True):
                 item: dict[str, Any] = {"tensor_id": tensor_id, "sha256": digest}
                 if pending.shard is not None:
                     item["shard"] = pending.shard
+                if pending.subclass is not None:
+                    shas = {pending.subclass["first"]: digest}
+                    for _ in pending.inner:
+                        (_, name, part), (sha, written) = next(stored_inner)
+                        shas[name] = sha
+                        new_bytes += written
+                        logical += part.numel() * part.element_size()
+                    item["subclass"] = {"type": pending.subclass["type"], "inner": shas, "ctx": pending.subclass["ctx"]}
                 tensors.append(item)
-            new_bytes = sum(n for _, n in stored)
-            logical = sum(c.numel() * c.element_size() for _, c in copies)
+            new_bytes += sum(n for _, n in stored)
+            logical += sum(c.numel() * c.element_size() for _, c in copies)
         finally:
             if self.buffers is not None:  # the writer is done with every copy: the next snapshot's
                 self.buffers.give([p.copy.tensor for _, p in self.items if p.pooled])

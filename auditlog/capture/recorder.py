@@ -3,7 +3,9 @@
 Assembled from one mixin per concern (see ``base.py``). The registration and
 optimizer hooks stay installed for the whole recording; the per-call hooks
 (forward, and full/legacy backward) take every module call off PyTorch's fast
-path, so they are present only on the steps whose activity is sampled. At every
+path, so they are present only on the steps whose activity is sampled (once a
+compiled module is seen, for the rest of the recording: dynamo recompiles when
+torch's hook tables change). At every
 optimizer step the recorder checks that its hooks are still in torch's tables
 (other code may take them out, ``hooktables.py``) and puts back what is missing.
 """
@@ -127,7 +129,14 @@ class Recorder(
         then make the per-call hooks present exactly when the coming step is sampled
         (and the root watch when it is not, and a root's output carries the loss)."""
         self.verify_hooks("optimizer_step")
-        if self.sampling:
+        if self.compiled_seen:
+            # Dynamo guards on the global hook tables: a change would make it compile
+            # every compiled module again (twice the graphs of an unrecorded run,
+            # measured). From the first compiled module on, the per-call hooks stay;
+            # on unsampled steps they record no activity (they do the root watch's job).
+            self._watch_roots(False)
+            self._install_call_hooks()
+        elif self.sampling:
             self._watch_roots(False)
             self._install_call_hooks()
         else:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
@@ -74,6 +75,30 @@ def in_transform_or_compile() -> bool:
 
 
 # --------------------------------------------------------------------------- torch.compile
+def skip_guards_at_frame_level() -> None:
+    """Have dynamo run the hook guards above as plain Python when it meets them as frames.
+
+    Eager code under a compiled call (the ``OptimizedModule`` wrapper's own
+    ``_call_impl`` runs our global hooks with dynamo's frame callback set) makes
+    dynamo compile each frame it meets: our guard was one more compiled frame (no
+    graph) than in the unrecorded run, and the hooks below it would be next.
+    ``set_code_exec_strategy`` with a recursive skip (what
+    ``torch._dynamo.eval_frame.skip_code`` does for one frame; torch 2.4-2.13)
+    marks the guards' code so that the callback leaves it and all it calls alone; tracing
+    that inlines a hook (inside a compiled module) is not affected and still folds
+    the guard to ``return None`` (``is_compiling``). Called when a compiled module is
+    first seen, so that recording never imports dynamo itself.
+    """
+    from torch._dynamo.eval_frame import set_code_exec_strategy
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)  # the guard and all it calls
+    for guard in (compile_guard, call_guard):
+        for const in guard.__code__.co_consts:
+            if isinstance(const, type(guard.__code__)) and const.co_name == "guarded":
+                set_code_exec_strategy(const, skip)
+
+
 def unwrap_compiled(module: torch.nn.Module) -> torch.nn.Module:
     """The user's module behind ``torch.compile``'s ``OptimizedModule`` wrapper (``_orig_mod``;
     torch 2.0-2.13), so that a compiled model's calls count once, as the model's."""
@@ -85,6 +110,30 @@ def unwrap_compiled(module: torch.nn.Module) -> torch.nn.Module:
 def is_compiled_wrapper(module: torch.nn.Module) -> bool:
     """Is this torch.compile's ``OptimizedModule`` (not part of the model's structure)?"""
     return type(module).__name__ == "OptimizedModule"
+
+
+def compiled_modules(root: torch.nn.Module, limit: int = 8) -> list[str]:
+    """Where ``root`` (itself included) holds compiled code: the qualified names (``""``
+    for the root) of the modules that are torch.compile's ``OptimizedModule`` wrapper,
+    were compiled in place (``Module.compile()``: ``_compiled_call_impl``, torch
+    2.2-2.13), or have a compiled ``forward`` (a function wrapped by dynamo carries
+    ``_torchdynamo_orig_callable``, torch 2.0-2.13). At most ``limit`` names.
+
+    A compiled function that ``forward`` merely calls cannot be seen from the module
+    tree; the FLOP-counting mode lets dynamo compile it anyway (``flop_counting_mode``).
+    """
+    found: list[str] = []
+    for name, module in root.named_modules(remove_duplicate=True):
+        forward = getattr(module, "forward", None)
+        if (
+            is_compiled_wrapper(module)
+            or getattr(module, "_compiled_call_impl", None) is not None
+            or getattr(forward, "_torchdynamo_orig_callable", None) is not None
+        ):
+            found.append(name)
+            if len(found) >= limit:
+                break
+    return found
 
 
 # --------------------------------------------------------------------------- parallel wrappers
@@ -137,13 +186,89 @@ def is_dtensor(tensor: torch.Tensor) -> bool:
     return type(tensor).__name__ == "DTensor" and hasattr(tensor, "to_local") and hasattr(tensor, "placements")
 
 
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
 def local_view(tensor: torch.Tensor) -> torch.Tensor:
-    """The part of a tensor this process holds: a DTensor's local shard (``to_local()``,
-    public, no communication), any other tensor itself. Statistics, norms, copies and
-    hashes work on this: a reduction over a DTensor would start collectives from a hook."""
-    if type(tensor).__name__ == "DTensor":
+    """The plain tensor the recorder reads for ``tensor``: statistics, norms, copies and
+    hashes work on this, and never run a tensor subclass's own code.
+
+    - a plain tensor or Parameter: itself (one type check);
+    - a DTensor: its local shard (``to_local()``, public, no communication: a
+      reduction over a DTensor would start collectives from a hook);
+    - a traceable wrapper subclass (``__tensor_flatten__``: TwoTensor, Float8-like
+      tensors, NestedTensor's python form): its first inner tensor, flattened again
+      while it is a wrapper itself (``subclass_parts`` has all of them). Reducing the
+      subclass itself would run its ``__torch_dispatch__``, which may call back into
+      module code (a RecursionError, measured on PyTorch's own parametrization tests);
+    - any other subclass (``__torch_function__`` only): the same memory as a plain
+      ``Tensor`` (``as_subclass`` with torch functions of subclasses disabled).
+    """
+    cls = type(tensor)
+    if cls is torch.Tensor or cls is torch.nn.Parameter:
+        return tensor
+    if cls.__name__ == "DTensor":
         return tensor.to_local()  # type: ignore[attr-defined, no-any-return]
+    with torch._C.DisableTorchFunctionSubclass():
+        for _ in range(8):  # nested wrappers; never loops forever
+            if not _is_wrapper(tensor):
+                break
+            names, _ctx = tensor.__tensor_flatten__()  # type: ignore[attr-defined]
+            if not names:
+                break
+            tensor = getattr(tensor, names[0])
+        if type(tensor) not in _PLAIN_TYPES and not _is_wrapper(tensor):
+            tensor = tensor.as_subclass(torch.Tensor)
     return tensor
+
+
+def _is_wrapper(tensor: torch.Tensor) -> bool:
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return bool(is_traceable_wrapper_subclass(tensor))
+
+
+def subclass_parts(tensor: torch.Tensor) -> tuple[str, dict[str, torch.Tensor], Any] | None:
+    """A traceable wrapper subclass's public representation: its class (qualified
+    name), its inner tensors by attribute (``__tensor_flatten__``, in that order, each
+    itself a plain tensor or flattened again: ``"a.b"``) and the flatten context; None
+    for a plain tensor, a DTensor (``local_view`` and ``shard_facts`` say what this
+    process holds) and a subclass that is no wrapper."""
+    cls = type(tensor)
+    if cls in _PLAIN_TYPES or cls.__name__ == "DTensor" or not _is_wrapper(tensor):
+        return None
+    inner: dict[str, torch.Tensor] = {}
+    with torch._C.DisableTorchFunctionSubclass():
+        names, ctx = tensor.__tensor_flatten__()  # type: ignore[attr-defined]
+        for name in names:
+            part = getattr(tensor, name)
+            nested = subclass_parts(part)
+            if nested is None:
+                inner[name] = local_view(part)
+            else:
+                inner.update({f"{name}.{k}": v for k, v in nested[1].items()})
+    return f"{cls.__module__}.{cls.__qualname__}", inner, ctx
+
+
+def transform_value(tensor: Any) -> bool:
+    """Is this a functorch transform's wrapped value (``vmap``'s BatchedTensor, a
+    ``grad``/``jvp`` level's wrapper, a functionalized tensor:
+    ``torch._C._functorch.is_functorch_wrapped_tensor``, torch 2.0-2.13), or a
+    forward-AD dual tensor (a dual level is open and it has a tangent:
+    ``torch.autograd.forward_ad``, public, plus its level, ``_current_level``)?
+
+    Such values are transient values of a transform, not the model's: reading them
+    fails ("Batching rule not implemented for aten::detach" under batched gradcheck)
+    or would compute with tangents. The recorder skips them.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        return False
+    if torch._C._functorch.is_functorch_wrapped_tensor(tensor) or torch._C._functorch.is_legacy_batchedtensor(tensor):
+        return True  # (legacy: torch._vmap_internals' BatchedTensor, which batched gradcheck uses)
+    if _forward_ad._current_level >= 0:
+        return _forward_ad.unpack_dual(tensor).tangent is not None
+    return False
+
 
 
 def shard_facts(tensor: torch.Tensor) -> dict[str, Any] | None:
@@ -339,6 +464,16 @@ def flop_counting_mode() -> Any:
     from torch.utils.flop_counter import flop_registry
 
     class FlopCount(TorchDispatchMode):
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            # Dynamo refuses to compile while a mode without this is active ("non-infra
+            # torch dispatch mode present") and runs that code eagerly for the whole run
+            # (measured: a compiled child under an eager parent then trained with other
+            # numerics). With it, dynamo compiles as without the mode; the compiled code
+            # then dispatches only some of its ops through the mode (flops.py skips the
+            # count when it can see compiled modules).
+            return True
+
         def __init__(self) -> None:
             super().__init__()  # type: ignore[no-untyped-call]
             self.counts: dict[Any, int] = defaultdict(int)
@@ -476,6 +611,19 @@ REQUIRED = {
     "torch._foreach_sub_": lambda: torch._foreach_sub_,
     "torch.compiler.is_compiling": lambda: torch.compiler.is_compiling,
     "torch._C._functorch.peek_interpreter_stack": lambda: torch._C._functorch.peek_interpreter_stack(),
+    "torch._C._functorch.is_functorch_wrapped_tensor": lambda: torch._C._functorch.is_functorch_wrapped_tensor,
+    "torch._C._functorch.is_legacy_batchedtensor": lambda: torch._C._functorch.is_legacy_batchedtensor,
+    "torch.autograd.forward_ad._current_level": lambda: _forward_ad._current_level,
+    "torch._C.DisableTorchFunctionSubclass": lambda: torch._C.DisableTorchFunctionSubclass,
+    "torch.utils._python_dispatch.is_traceable_wrapper_subclass": lambda: _is_wrapper(torch.zeros(1)),
+    "TorchDispatchMode.ignore_compile_internals": lambda: __import__(
+        "torch.utils._python_dispatch"
+    ).utils._python_dispatch.TorchDispatchMode.ignore_compile_internals,
+    "Module._compiled_call_impl": lambda: torch.nn.Module()._compiled_call_impl,
+    "torch._dynamo.eval_frame.set_code_exec_strategy": lambda: __import__(
+        "torch._dynamo.eval_frame"
+    )._dynamo.eval_frame.set_code_exec_strategy,
+    "torch._dynamo.types.FrameAction.SKIP": lambda: __import__("torch._dynamo.types")._dynamo.types.FrameAction.SKIP,
     "torch.nn.modules.loss._Loss": lambda: torch.nn.modules.loss._Loss,
     "torch.utils._python_dispatch._get_current_dispatch_mode": innermost_dispatch_mode,
     "torch.utils.flop_counter.flop_registry": lambda: __import__("torch.utils.flop_counter").utils.flop_counter.flop_registry,

@@ -172,10 +172,12 @@ _KINDS = [
             "gradients were applied, or, keep_finite_state, the parameters before the step that made "
             "them non-finite; module_id null then)",
             "tag": "user label for explicit snapshots, else null",
-            "snapshot": "{tensors: [{tensor_id, sha256, shard}], new_bytes: bytes newly stored, "
+            "snapshot": "{tensors: [{tensor_id, sha256, shard, subclass}], new_bytes: bytes newly stored, "
             "copied_bytes: bytes copied and hashed (every tensor, every time: unchanged content "
             "costs no disk, but is still copied and hashed), write_s: seconds the writer took to "
-            "hash and store it}",
+            "hash and store it}; subclass (a wrapper tensor subclass only, e.g. TwoTensor): {type: "
+            "its class, inner: {attribute: sha256} of the inner tensors of __tensor_flatten__, ctx: "
+            "repr of the flatten context or null}, and sha256 is then the first inner tensor's",
             "overrun": "only when this snapshot was due before earlier ones were stored (the writer "
             "cannot keep up with the snapshot rate): {behind: snapshots taken and not yet stored then, "
             "behind_bytes: their host copies' bytes, waited_s: seconds the training thread waited for "
@@ -314,6 +316,9 @@ _KINDS = [
             "by_operator": "{aten operator: FLOPs} of the measured forward",
             "forwards": "root forward calls counted (1)",
             "closed_by": "forward (the forward returned or raised) | run_end",
+            "skipped": "present instead of the counts when nothing was counted: why (the model "
+            "holds compiled code, which a counting mode would stop dynamo from compiling)",
+            "compiled": "with skipped: the compiled modules by qualified name ('(root)': the root)",
         },
     ),
     Kind(

@@ -265,6 +265,9 @@ def _compute(facts: dict[str, Any], info: dict[str, Any]) -> str:
             "forward with gradients while recording).</p>"
         )
     measured = flops[0]
+    if measured.get("skipped"):
+        where = ", ".join(str(name) for name in measured.get("compiled") or [])
+        return f"<p>No FLOP count: {esc(str(measured['skipped']))} ({esc(where)}).</p>"
     steps = int(info.get("steps") or 0)
     per_step = int(measured.get("flops") or 0)
     forward = int(measured.get("forward_flops") or 0)

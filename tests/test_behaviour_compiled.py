@@ -1,0 +1,194 @@
+"""Compiled modules, torch.func transforms, gradcheck and tensor subclasses: identical with and
+without a recording open (``behaviour_support.run_twice``), with no recorder fault.
+
+The compile behaviours return dynamo's own counters (frames compiled, graphs, graph
+breaks) and the warnings that mention auditlog as part of their outcome, so the twin
+harness checks that a recording changes none of them. Models are tiny and steps few:
+compiling costs seconds per graph on two CPUs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from behaviour_support import run_twice
+from torch import nn
+from torch._dynamo.utils import counters
+from torch.nn.utils import parametrize
+from torch.testing._internal.two_tensor import TwoTensor
+
+import auditlog
+from auditlog.store.blobs import SnapshotStore
+
+
+class Parent(nn.Module):
+    """An eager parent around a compiled child."""
+
+    def __init__(self, compile_child: bool) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, 16)
+        body = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16))
+        self.body = torch.compile(body) if compile_child else body
+        self.out = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.body(torch.relu(self.inp(x))))
+
+
+def dynamo_facts() -> dict[str, Any]:
+    return {
+        "frames": dict(counters["frames"]),
+        "graphs": counters["stats"]["unique_graphs"],
+        "graph_breaks": sum(counters["graph_break"].values()),
+    }
+
+
+def train_compiled(compile_root: bool, steps: int = 4) -> dict[str, Any]:
+    torch._dynamo.reset()
+    counters.clear()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model: nn.Module = Parent(compile_child=not compile_root)
+        if compile_root:
+            model = torch.compile(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    facts = dynamo_facts()
+    torch._dynamo.reset()
+    return {
+        "params": [p.detach().clone() for p in model.parameters()],
+        "losses": losses,
+        "dynamo": facts,
+        "auditlog_warnings": [str(w.message) for w in seen if "auditlog" in f"{w.filename} {w.message}"],
+    }
+
+
+@pytest.mark.parametrize("policy", ["minimal", "debug"])
+def test_a_compiled_child_under_an_eager_parent_compiles_and_trains_as_without_recording(
+    tmp_path: Path, policy: str
+) -> None:
+    store = tmp_path / "store"
+    outcome = run_twice(lambda: train_compiled(compile_root=False), store, policy)
+    assert outcome["dynamo"]["frames"] == {"total": 1, "ok": 1}  # the child, compiled once (run_twice: same recorded)
+    assert outcome["dynamo"]["graph_breaks"] == 0
+    with auditlog.open(store) as s:
+        run = s.run()
+        errors = list(run.events(kinds=["recorder_error"]))
+        (flops,) = (e["payload"] for e in run.events(kinds=["flops"]))
+    assert errors == []
+    # No dispatch mode was opened: it would have stopped dynamo compiling the child.
+    assert flops["compiled"] == ["body"] and "compiled code" in flops["skipped"]
+    assert "forward_flops" not in flops
+
+
+def test_a_fully_compiled_model_trains_as_without_recording(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    outcome = run_twice(lambda: train_compiled(compile_root=True), store, "debug")
+    assert outcome["dynamo"]["graphs"] == 1 and outcome["dynamo"]["graph_breaks"] == 0
+    with auditlog.open(store) as s:
+        run = s.run()
+        assert list(run.events(kinds=["recorder_error"])) == []
+        forwards = list(run.module_calls("forward"))
+        (flops,) = (e["payload"] for e in run.events(kinds=["flops"]))
+    assert forwards  # the compiled root's calls are recorded, as the model's
+    assert flops["compiled"] == ["(root)"]
+
+
+def test_torch_func_transforms_over_a_functional_call(tmp_path: Path) -> None:
+    def behaviour() -> Any:
+        model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+        params = {k: v.detach() for k, v in model.named_parameters()}
+        x = torch.randn(5, 3)
+
+        def loss(p: dict[str, torch.Tensor], xs: torch.Tensor) -> torch.Tensor:
+            return torch.func.functional_call(model, p, (xs,)).pow(2).mean()
+
+        grads = torch.func.grad(loss)(params, x)
+        per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x.unsqueeze(1))
+        tangents = {k: torch.ones_like(v) for k, v in params.items()}
+        value, jvp_out = torch.func.jvp(lambda p: loss(p, x), (params,), (tangents,))
+        with torch.autograd.forward_ad.dual_level():
+            dual = torch.autograd.forward_ad.make_dual(x, torch.ones_like(x))
+            forward_tangent = torch.autograd.forward_ad.unpack_dual(model(dual)).tangent
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):  # and ordinary training around them
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+        return grads, per_sample, value, jvp_out, forward_tangent, [p.detach() for p in model.parameters()]
+
+    run_twice(behaviour, tmp_path / "store", "debug")
+
+
+def test_gradcheck_with_batched_gradients(tmp_path: Path) -> None:
+    def behaviour() -> Any:
+        model = nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 2)).double()
+        x = torch.randn(4, 3, dtype=torch.double, requires_grad=True)
+        checked = torch.autograd.gradcheck(model, (x,), check_batched_grad=True)
+        twice = torch.autograd.gradgradcheck(model, (x,))
+        two_outputs = torch.autograd.gradcheck(lambda t: (model(t), model(t).sum()), (x,), check_batched_grad=True)
+        return checked, twice, two_outputs
+
+    store = tmp_path / "store"
+    assert run_twice(behaviour, store, "debug") == (True, True, True)
+    with auditlog.open(store) as s:
+        assert list(s.run().events(kinds=["recorder_error"])) == []
+
+
+class Double(nn.Module):
+    """A parametrization with a right inverse: the original is written through it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    def right_inverse(self, x: torch.Tensor) -> torch.Tensor:
+        return x / 2
+
+
+def test_a_wrapper_subclass_parametrization_trains_and_its_snapshot_restores_bitwise(tmp_path: Path) -> None:
+    def behaviour() -> Any:
+        model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+        w = model[0].weight.detach()
+        model[0].weight = nn.Parameter(TwoTensor(w.clone(), w.clone() + 1))
+        parametrize.register_parametrization(model[0], "weight", Double())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            loss = model(TwoTensor(torch.randn(3, 4), torch.randn(3, 4))).pow(2).sum()
+            loss.backward()
+            opt.step()
+        recording = auditlog.current()
+        if recording is not None:
+            recording.snapshot(model, tag="end")
+        original = model[0].parametrizations.weight.original
+        return original.a.detach().clone(), original.b.detach().clone(), loss.detach().a
+
+    store = tmp_path / "store"
+    a, b, _ = run_twice(behaviour, store, "debug")
+    with auditlog.open(store) as s:
+        run = s.run()
+        assert list(run.events(kinds=["recorder_error"])) == []
+        (snapshot,) = [e["payload"] for e in run.events(kinds=["snapshot_taken"]) if e["payload"].get("tag") == "end"]
+        shapes = [e["payload"] for e in run.events(kinds=["activity"])]
+    assert shapes  # statistics were taken (of the inner tensors), none failed
+    wrapped = [t for t in snapshot["snapshot"]["tensors"] if "subclass" in t]
+    assert len(wrapped) == 1
+    (entry,) = wrapped
+    assert entry["subclass"]["type"] == "torch.testing._internal.two_tensor.TwoTensor"
+    assert list(entry["subclass"]["inner"]) == ["a", "b"] and entry["subclass"]["ctx"] is None
+    files = SnapshotStore(store / "snapshots")
+    inner = {name: files.read_verified(sha, name) for name, sha in entry["subclass"]["inner"].items()}
+    restored = TwoTensor.__tensor_unflatten__(inner, None, a.shape, a.stride())
+    assert torch.equal(restored.a, a) and torch.equal(restored.b, b)
+    assert restored.a.dtype == a.dtype and restored.b.dtype == b.dtype
+    assert entry["sha256"] == entry["subclass"]["inner"]["a"]  # the first inner tensor stands for the whole
