@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 from auditlog.cli.options import run_argument, store_option
+from auditlog.cli.output import echo_line
 from auditlog.cli.proofs_cmd import read_json, write_new
 
 from auditlog.core.errors import IntegrityError
@@ -71,6 +72,6 @@ def verify_attestation(key_paths: tuple[str, ...], model: Path | None, store: st
         check = check_attestation(envelope, keys, model, None)
     if check.problems:
         raise IntegrityError(f"attestation {attestation!r} does not hold: {check.problems[0]}")
-    click.echo(f"attestation holds: {check.model} from run {str(check.run_id)[:12]}")
+    echo_line(f"attestation holds: {check.model} from run {str(check.run_id)[:12]}")
     for line in check.checked:
-        click.echo(f"  checked: {line}")
+        echo_line(f"  checked: {line}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from auditlog.cli.inert import one_line
 from auditlog.cli.output import console
 from rich.text import Text
 
@@ -33,12 +34,13 @@ TITLES = {
     "metadata": "Run metadata",
 }
 
-Piece = str | tuple[str, str]
+Piece = str | tuple[str, str] | Text
 
 
 def line(*pieces: Piece) -> Text:
-    """One output line from plain strings and ``(text, style)`` pairs; never parsed as markup."""
-    return Text.assemble(*pieces)
+    """One output line from plain strings and ``(text, style)`` pairs; never parsed as markup,
+    its control characters (newlines too) escaped (``cli.inert``)."""
+    return one_line(*pieces)
 
 
 def render(result: RunDiff, values: ValuesDiff | None = None) -> None:

@@ -32,6 +32,7 @@ from auditlog.cli import (
     tree_cmd,
     verify_cmd,
 )
+from auditlog.cli.inert import guarded_streams, inert
 
 from auditlog.core.errors import AuditlogError
 from auditlog.core.version import __version__
@@ -40,10 +41,13 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 class CliError(click.ClickException):
-    """A library error on its way out: ``Error: message`` and the error's exit code."""
+    """A library error on its way out: ``Error: message`` and the error's exit code.
+
+    The message is one line whatever stored text it quotes (``cli.inert.inert``).
+    """
 
     def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
+        super().__init__(inert(message))
         self.exit_code = exit_code
 
 
@@ -52,7 +56,8 @@ class AuditlogGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with guarded_streams():  # every byte a command prints passes cli.inert
+                return super().invoke(ctx)
         except click.UsageError as exc:
             # One line, like every other error (Click's own adds "Usage:" and "Try" lines).
             raise CliError(exc.format_message(), exc.exit_code) from exc

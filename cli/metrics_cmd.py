@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 from auditlog.cli.options import format_option, run_argument, store_option
-from auditlog.cli.output import emit_json, emit_rows
+from auditlog.cli.output import echo_line, emit_json, emit_rows
 
 
 def _shown(value: Any) -> Any:
@@ -70,12 +70,12 @@ def nonfinite(store: str | None, fmt: str, run: str) -> None:
         emit_json(finding.as_dict())
         return
     for line in finding.explanation:
-        click.echo(line)
+        echo_line(line)
     if finding.producer is not None:
         p = finding.producer
-        click.echo(f"producer: {p['module']} ({p.get('class') or '?'}) built at {p.get('source') or 'unknown'}")
+        echo_line(f"producer: {p['module']} ({p.get('class') or '?'}) built at {p.get('source') or 'unknown'}")
     for label, calls in (("propagated by", finding.propagators), ("enclosing", finding.enclosing)):
         for c in calls:
-            click.echo(f"{label}: {c['module']} ({c.get('class') or '?'}) built at {c.get('source') or 'unknown'}")
+            echo_line(f"{label}: {c['module']} ({c.get('class') or '?'}) built at {c.get('source') or 'unknown'}")
     for param in finding.parameters:
-        click.echo(f"non-finite gradient: {param['parameter']}")
+        echo_line(f"non-finite gradient: {param['parameter']}")

@@ -3,7 +3,9 @@
 JSON output is a list of objects whose keys are documented in docs/cli.md; CSV
 has the same columns as the table with nested values JSON-encoded. Every value
 is shown literally: a run name or module name such as ``[red]x`` is data, never
-Rich markup. Rich is imported only when a table is drawn (the CLI starts fast).
+Rich markup, and its control characters are escaped (``cli.inert``: a table
+cell is one line, so a stored newline shows as ``\x0a``). Rich is imported only
+when a table is drawn (the CLI starts fast).
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import json
 import sys
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
+
+import click
+from auditlog.cli.inert import inert, inert_console, raw
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -51,15 +56,15 @@ def emit_rows(
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=None if title is None else Text(title), show_lines=False, header_style="bold")
+    table = Table(title=None if title is None else Text(inert(title)), show_lines=False, header_style="bold")
     for column in columns:
-        table.add_column(Text(column), overflow="fold")
+        table.add_column(Text(inert(column)), overflow="fold")
     more = False
     for row in rows:
         if cap is not None and count >= cap:
             more = True
             break
-        table.add_row(*(Text(_cell(row.get(c))) for c in columns))
+        table.add_row(*(Text(inert(_cell(row.get(c)))) for c in columns))
         count += 1
     console().print(table)
     if more:
@@ -80,11 +85,25 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def echo_line(text: str, err: bool = False) -> None:
+    """One line of plain text holding stored text (a verdict, a finding): a newline
+    stored in a name cannot start a line of its own (``cli.inert.inert``)."""
+    click.echo(inert(text), err=err)
+
+
 def console() -> Console:
-    """A console that colours on a terminal and stays plain in pipes."""
+    """A console that colours on a terminal and stays plain in pipes.
+
+    It writes beneath the command's ``InertStream`` (its own colour sequences
+    must pass) and escapes every text segment itself (``cli.inert.InertHook``).
+    """
     from rich.console import Console
 
-    return Console(file=sys.stdout, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+    out = raw(sys.stdout)
+    return inert_console(
+        Console(file=out, soft_wrap=False, width=None if out.isatty() else 200, markup=False, emoji=False,
+                highlight=False)
+    )
 
 
 def fmt_duration(seconds: float) -> str:

@@ -12,6 +12,8 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator
 
+from auditlog.cli.inert import raw
+
 ProgressFn = Callable[[int, int], None]
 
 
@@ -39,7 +41,8 @@ def progress_bar(description: str, unit: str = "events") -> Iterator[ProgressFn 
         TaskProgressColumn(),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    # Beneath the command's InertStream: the bar's own escape sequences must pass.
+    with Progress(*columns, console=Console(file=raw(sys.stderr)), transient=True) as bar:
         task = bar.add_task(description, total=None)
 
         def update(done: int, total: int) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 from auditlog.cli.options import run_argument, store_option
+from auditlog.cli.output import echo_line
 
 from auditlog.core.errors import AuditlogError, IntegrityError
 from auditlog.core.values import iso
@@ -110,10 +111,10 @@ def verify_proof(key_paths: tuple[str, ...], proof: str) -> None:
         raise IntegrityError(f"proof {proof!r} does not hold: {check.problems[0]}")
     if check.kind == "inclusion":
         event, head = check.event or {}, check.heads[0]
-        click.echo(f"proof holds: run {head.run_id[:12]} stream {head.stream} event seq {event.get('seq')} "
+        echo_line(f"proof holds: run {head.run_id[:12]} stream {head.stream} event seq {event.get('seq')} "
                    f"is leaf {int(event.get('seq') or 0) - 1} of the tree of {head.size} events signed by key "
                    f"{head.key_fingerprint[:16]} at {iso(head.created_ns)}")
-        click.echo(f"{event.get('kind')} at step {event.get('step')} ({iso(int(event.get('ts_ns') or 0))}): "
+        echo_line(f"{event.get('kind')} at step {event.get('step')} ({iso(int(event.get('ts_ns') or 0))}): "
                    f"{event.get('payload')}")
     else:
         old, new = check.heads

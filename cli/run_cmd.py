@@ -10,6 +10,7 @@ from types import FrameType
 from typing import Any
 
 import click
+from auditlog.cli.inert import release as release_streams
 from auditlog.cli.options import store_option
 
 from auditlog.core.errors import CommandInterrupted, RecordingFailedError
@@ -135,6 +136,7 @@ def run(
         rank = f" rank {launch.rank}/{launch.world_size}, stream {recording.stream}," if launch and launch.distributed else ""
         click.echo(f"auditlog: recording run {recording.run_id}{rank} into {shown}", err=True)
     exit_code = 0
+    release_streams()  # the script's output is its own: not escaped (cli.inert)
     try:
         held.release()  # from here Ctrl-C interrupts the script, as under python
         script_globals = run_target(target, list(args), as_module)  # kept alive until the run ends

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 import click
+from auditlog.cli.inert import one_line
 from auditlog.cli.options import format_option, rank_option, run_argument, store_option
 from auditlog.cli.output import console, emit_json
 
@@ -111,14 +113,13 @@ def _plain(pieces: tuple[Any, ...]) -> str:
 
 
 def _render(data: dict[str, Any], tree: Tree) -> None:
-    # Pieces, never markup: "[bold]" or a trailing backslash in a name stays text.
-    from rich.text import Text
-
+    # Pieces, never markup: "[bold]" or a trailing backslash in a name stays text, and
+    # a control character in it is escaped (cli.inert: a label is one line).
     for kind in ("parameters", "buffers"):
         for t in data[kind]:
-            tree.add(Text.assemble(*_member_label(kind, t)))
+            tree.add(one_line(*_member_label(kind, t)))
     for child in data["children"]:
-        _render(child, tree.add(Text.assemble(*_child_label(child))))
+        _render(child, tree.add(one_line(*_child_label(child))))
 
 
 def _plain_lines(item: dict[str, Any], width: int) -> list[str] | None:
@@ -169,7 +170,6 @@ def tree(
 
     A multi-rank run shows rank 0's stream unless --rank says otherwise.
     """
-    from rich.text import Text
     from rich.tree import Tree
 
     from auditlog.read.api import open_store
@@ -199,8 +199,8 @@ def tree(
     for item in data:
         lines = _plain_lines(item, out.width) if plain else None
         if lines is not None:
-            out.file.write("\n".join(lines) + "\n")
+            sys.stdout.write("\n".join(lines) + "\n")  # printable by _plain_lines; the InertStream anyway
             continue
-        top = Tree(Text.assemble(*_root_label(item)))
+        top = Tree(one_line(*_root_label(item)))
         _render(item, top)
         out.print(top, highlight=False)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import click
 from auditlog.cli.complete import complete_runs_or_all
 from auditlog.cli.options import format_option, store_option
-from auditlog.cli.output import emit_rows
+from auditlog.cli.output import echo_line, emit_rows
 
 from auditlog.core.errors import AuditlogError, IntegrityError, UsageError
 
@@ -94,13 +94,13 @@ def verify(
             if report.statements:
                 counted += f", {report.statements} exported head(s)"
 
-            click.echo(f"run {report.run_id[:12]}: {counted}: {state}")
+            echo_line(f"run {report.run_id[:12]}: {counted}: {state}")
             for problem in report.problems[:20]:
-                click.echo(f"  {problem.describe()}")
+                echo_line(f"  {problem.describe()}")
             for line in report.consistency:
-                click.echo(f"  proven: {line}")
+                echo_line(f"  proven: {line}")
             for note in report.notes:
-                click.echo(f"  note: {note}")
+                echo_line(f"  note: {note}")
     else:
         emit_rows(
             (
@@ -192,9 +192,9 @@ def _verify_archive(directory: Path, keys: KeyRing | None, fmt: str) -> None:
             f"{report.events} events in {len(report.streams)} stream(s), {report.files} files, "
             f"{report.tensors} tensor(s), {report.signatures} signature(s)"
         )
-        click.echo(f"archive {directory} (run {(report.run_id or '?')[:12]}): {counted}: {'intact' if report.ok else 'FAILED'}")
+        echo_line(f"archive {directory} (run {(report.run_id or '?')[:12]}): {counted}: {'intact' if report.ok else 'FAILED'}")
         for problem in report.problems[:20]:
-            click.echo(f"  {problem}")
+            echo_line(f"  {problem}")
     else:
         row = {"archive": str(directory), "run_id": report.run_id, "ok": report.ok, "events": report.events,
                "files": report.files, "tensors": report.tensors, "signatures": report.signatures,
