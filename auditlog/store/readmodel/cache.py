@@ -19,7 +19,9 @@ the record; the projection is a disposable cache shaped for questions:
   just a refresh from id 0.
 - **How it is refreshed.** Events are append-only with a monotonic ``id``, so a
   refresh copies ``id > last copied`` (see ``auditlog.store.readmodel.arrowcopy``) in chunks;
-  each chunk is one DuckDB transaction that stages the new rows, derives the
+  each chunk is one DuckDB transaction that checks every new row against the
+  chain (``auditlog.store.readmodel.links``: a row whose recomputed link hash is
+  not its stored hash is refused, naming the event), stages the new rows, derives the
   flattened tables from them (``auditlog.store.readmodel.tables``), replays construction of
   the streams the chunk touched to name modules and tensors, and moves the mark.
   An interrupted refresh therefore leaves a consistent projection that the next
@@ -44,18 +46,22 @@ import filelock
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from auditlog.core.errors import StoreError, one_line
+from auditlog.core.errors import IntegrityError, StoreError, one_line
 from auditlog.core.naming import attached_ids, label_state
 from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, apply
 from auditlog.store.eventstore import EventStore
 from auditlog.store.location import EVENTS_FILE
 from auditlog.store.readmodel import arrowcopy, names, tables, vectors
+from auditlog.store.readmodel.links import Heads, check_links
 from auditlog.store.readmodel.names import MODULE_SCHEMA, TENSOR_SCHEMA
 from auditlog.store.readmodel.trust import check_blobs, seal_path, seal_problem, write_seal
 
 PROJECTION_FILE = "readmodel.duckdb"
 CHUNK_ROWS = 1_000_000
 LOCK_TIMEOUT_S = 600.0
+
+NO_PROJECTION = "no projection yet"
+REBUILD_REQUESTED = "rebuild requested"
 
 Progress = Callable[[int, int], None]
 """``progress(done, total)``: events copied so far out of those to copy."""
@@ -95,11 +101,20 @@ class RefreshReport:
     last_id: int
     seconds: float
     method: str
+    link_seconds: float = 0.0  # of ``seconds``, spent recomputing the copied rows' chain links
 
     @property
     def rate(self) -> float:
         """Events copied per second."""
         return self.copied / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def notice(self) -> str | None:
+        """The line to tell the user when the read model was rebuilt for a reason they did
+        not choose (its seal no longer held, the store changed under it); None otherwise."""
+        if not self.rebuilt or self.reason in (None, NO_PROJECTION, REBUILD_REQUESTED):
+            return None
+        return f"auditlog: read model rebuilt from the store: {self.reason}"
 
 
 def _cache_dir() -> Path:
@@ -133,6 +148,7 @@ class ReadModel:
         self.store = store
         self.path = path if path is not None else default_path(store)
         self._store_id: str | None = None
+        self._link_seconds = 0.0
 
     # ------------------------------------------------------------------ paths
     @property
@@ -181,7 +197,7 @@ class ReadModel:
     def _stale_reason(self, meta: dict[str, str] | None) -> str | None:
         """Why the projection cannot be continued (None: it can)."""
         if meta is None:
-            return "no projection yet"
+            return NO_PROJECTION
         if meta.get("format") != tables.FORMAT:
             return f"projection format {meta.get('format')!r}, current is {tables.FORMAT!r}"
         if meta.get("store_id") != self.store_id:
@@ -236,7 +252,7 @@ class ReadModel:
         reason: str | None = None
         con: duckdb.DuckDBPyConnection | None = None
         if rebuild:
-            reason = "rebuild requested"
+            reason = REBUILD_REQUESTED
         elif self.path.exists():
             try:
                 con = connect(self.path, read_only=False)
@@ -248,7 +264,7 @@ class ReadModel:
                     return con, False, None
                 con.close()
         else:
-            reason = "no projection yet"
+            reason = NO_PROJECTION
         self._remove_files()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -296,6 +312,9 @@ class ReadModel:
         streams_replayed = 0
         if progress is not None:
             progress(0, total)
+        # The chain head of every stream held so far: each copied event must link to it.
+        heads: Heads = {(str(r), int(s)): (int(q), str(h)) for r, s, q, h in con.execute(tables.STREAM_HEADS).fetchall()}
+        self._link_seconds = 0.0
         if upto > lower:
             pending: list[pa.RecordBatch] = []
             pending_rows = 0
@@ -307,13 +326,13 @@ class ReadModel:
                     pending.append(piece)
                     pending_rows += piece.num_rows
                     if pending_rows >= CHUNK_ROWS:
-                        added, replayed = self._apply_chunk(con, pending, lower)
+                        added, replayed = self._apply_chunk(con, pending, lower, heads)
                         copied, streams_replayed = copied + added, streams_replayed + replayed
                         pending, pending_rows = [], 0
                         if progress is not None:
                             progress(copied, total)
             if pending:
-                added, replayed = self._apply_chunk(con, pending, lower)
+                added, replayed = self._apply_chunk(con, pending, lower, heads)
                 copied, streams_replayed = copied + added, streams_replayed + replayed
         self._verify_blobs(con)
         if progress is not None:
@@ -328,15 +347,18 @@ class ReadModel:
             last_id=int(final.get("last_id", "0")),
             seconds=time.perf_counter() - start,
             method=method,
+            link_seconds=self._link_seconds,
         )
 
     def _apply_chunk(
-        self, con: duckdb.DuckDBPyConnection, batches: list[pa.RecordBatch], lower: int
+        self, con: duckdb.DuckDBPyConnection, batches: list[pa.RecordBatch], lower: int, heads: Heads
     ) -> tuple[int, int]:
-        """Derive, store and name one chunk of events in one transaction; returns (rows, streams).
+        """Check, derive, store and name one chunk of events in one transaction; returns (rows, streams).
 
-        The chunk is handed to DuckDB as the Arrow table ``new_events`` (no
-        staging copy); every derivation scans it.
+        Every row's chain link is recomputed first (``links.check_links``): a
+        row that does not match the chain is never stored. The chunk is then
+        handed to DuckDB as the Arrow table ``new_events`` (no staging copy);
+        every derivation scans it.
         """
         table = pa.Table.from_batches(batches, schema=arrowcopy.EVENT_SCHEMA)
         try:
@@ -345,6 +367,9 @@ class ReadModel:
             if table.num_rows == 0:
                 con.rollback()
                 return 0, 0
+            checking = time.perf_counter()
+            check_links(table, heads, self.store.location.display())
+            self._link_seconds += time.perf_counter() - checking
             con.register("new_events", table)
             con.register("new_vectors", vectors.new_vectors(table))
             try:
@@ -365,6 +390,10 @@ class ReadModel:
                 con, {"last_id": str(mark[0]), "last_hash": str(mark[1]), "refreshed_ns": str(time.time_ns())}
             )
             con.commit()
+        except IntegrityError:
+            with contextlib.suppress(duckdb.Error):
+                con.rollback()
+            raise
         except duckdb.Error as exc:
             with contextlib.suppress(duckdb.Error):
                 con.rollback()

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -185,9 +186,17 @@ class QuerySession:
         rebuild: bool = False,
     ) -> tuple[QuerySession, RefreshReport | None]:
         """Refresh the projection if the store has new events (or its seal does not hold;
-        rebuild it when asked), then open a session on it."""
+        rebuild it when asked), then open a session on it.
+
+        A rebuild nobody asked for (the seal no longer held, the store changed
+        under the read model) is said in one line on stderr: the answers come
+        from the store as it is now, not from what was cached.
+        """
         fresh = not rebuild and readmodel.is_fresh()
         report = None if fresh else readmodel.refresh(progress, rebuild=rebuild)
+        if report is not None and report.notice is not None:
+            sys.stderr.write(report.notice + "\n")
+            sys.stderr.flush()
         return cls(readmodel, run_id, rank), report
 
     # ------------------------------------------------------------------ setup

@@ -12,7 +12,12 @@ an HMAC-SHA256 with a secret kept outside the store
 Before answering, the seal must verify, the file must still be the one sealed
 (an edit changes its ctime, which no user-level tool can set back), no
 ``.wal`` may lie beside it, and every sealed head must still be on the store's
-chain. Otherwise the projection is rebuilt from the store. Someone who can
+chain. Otherwise the projection is rebuilt from the store. Every row sealed
+was checked against the chain when it was copied (``links``: its recomputed
+link hash is its stored hash, from the stream's genesis up to the sealed head),
+so the rows are exactly the events the sealed heads chain over: an edit that
+is put back after a cache was built cannot leave the cache answering it.
+Someone who can
 edit the store but not the user's home cannot forge a seal; a second user
 querying the same store has another secret, so each user's first query after
 the other's rebuilds (give each user ``AUDITLOG_READMODEL``).
@@ -44,7 +49,9 @@ from typing import Any
 from auditlog.core.errors import AuditlogError
 from auditlog.store.eventstore import EventStore
 
-SEAL_FORMAT = "auditlog-readmodel-seal-v1"
+# v2: every row sealed was checked against the chain when copied (``links``); a v1
+# seal (rows copied by id only, issue 29) is not trusted, so such a cache is rebuilt.
+SEAL_FORMAT = "auditlog-readmodel-seal-v2"
 SECRET_FILE = "readmodel.secret"
 
 
@@ -122,7 +129,9 @@ def seal_problem(projection: Path, store: EventStore, store_id: str) -> str | No
     fields = {k: v for k, v in data.items() if k != "mac"}
     if not isinstance(data.get("mac"), str) or not hmac.compare_digest(data["mac"], _mac(key, fields)):
         return "the read model's seal does not verify (edited, or sealed by another user)"
-    if fields.get("format") != SEAL_FORMAT or fields.get("store_id") != store_id:
+    if fields.get("format") != SEAL_FORMAT:
+        return "the read model was sealed by another auditlog version (its rows are checked against the chain again)"
+    if fields.get("store_id") != store_id:
         return "the read model was sealed for another store"
     if fields.get("file") != file_identity(projection):
         return "the read model file changed since it was sealed (edited outside auditlog)"

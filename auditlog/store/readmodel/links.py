@@ -1,0 +1,98 @@
+"""Every event the read model copies is checked against the chain before it is kept (issue 29).
+
+The read model answers from copies of events. Copied by ``id`` alone, a copy
+could differ from the chained event: someone edits a payload in ``events.db``
+(hash column untouched), lets one ``query`` build the read model, then puts
+``events.db`` back byte for byte; every chain head is as before, so the seal
+holds and the cache would go on answering the edited values while ``verify``
+passes. So each copied row's link is recomputed here, exactly as ``verify``
+does: ``sha256(prev_hash || "\\n" || canonical_row)`` (``auditlog.core.chain``)
+must equal its stored hash, where ``prev_hash`` is the stored hash of the event
+just before it in its stream (in the same chunk, or the stream's last event
+already in the read model, or the stream's genesis hash for seq 1), and its seq
+must be the next one. A row that fails is never stored: the refresh refuses,
+naming the event (``IntegrityError``, exit 4, as ``verify``'s verdict on it).
+
+Together with the seal (``trust``: the chain head of every stream the read
+model holds, as stored in the event store, under an HMAC) this binds the read
+model's content to the chain: its rows of a stream are exactly the events whose
+recomputed hashes chain from the genesis hash to the sealed head, and that head
+must still be on the store's chain before any answer. A read model whose rows
+differ from the chained events therefore cannot exist without a SHA-256
+collision: it is refused when built, or rebuilt when the head moved.
+
+The loop is ``verify``'s inline check (``integrity.chaincheck.StreamCheck.feed``)
+without the Merkle leaf: orjson writes the canonical row of a row whose text is
+plain ASCII (all but a few events), ``canonical_row`` the rest; rows are turned
+into Python values a slice at a time, never a whole chunk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from auditlog.core.chain import canonical_row, genesis_hash, link_hash, row_prefix
+from auditlog.core.errors import IntegrityError
+
+SLICE_ROWS = 8192
+
+Heads = dict[tuple[str, int], tuple[int, str]]
+"""``(run_id, stream) -> (seq, stored hash)`` of the last event of each stream checked so far."""
+
+_COLUMNS = ("id", "run_id", "stream", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id",
+            "snapshot", "payload", "hash")
+
+
+def _plain(text: Any) -> bool:
+    """ASCII without DEL: orjson escapes such text exactly as ``canonical_row`` does."""
+    return text is None or (text.isascii() and "\x7f" not in text)
+
+
+def check_links(table: pa.Table, heads: Heads, shown: str = "") -> None:
+    """Raise ``IntegrityError`` naming the first event of ``table`` (in id order) whose
+    stored hash is not its recomputed link from the event before it; ``heads`` is
+    advanced past every event checked (it is the caller's running state)."""
+    sha256 = hashlib.sha256
+    dumps = orjson.dumps
+    prefixes: dict[tuple[str, int], bytes] = {}
+    for offset in range(0, table.num_rows, SLICE_ROWS):
+        part = table.slice(offset, SLICE_ROWS)
+        columns = [part.column(name).to_pylist() for name in _COLUMNS]
+        for eid, run_id, stream, seq, ts, kind, step, mid, tid, snap, payload, stored in zip(*columns, strict=True):
+            key = (run_id, stream)
+            head = heads.get(key)
+            if head is None:
+                prev_seq, prev = 0, genesis_hash(run_id, stream)
+            else:
+                prev_seq, prev = head
+            if seq != prev_seq + 1:
+                _refuse(shown, eid, run_id, stream, seq, kind,
+                        f" follows seq {prev_seq} of its stream (events deleted, inserted or reordered)")
+            prefix = prefixes.get(key)
+            if prefix is None:
+                prefix = prefixes[key] = row_prefix(run_id, stream).encode("ascii")
+            if _plain(kind) and _plain(snap) and _plain(payload):
+                computed = sha256(b"%s\n%s%s" % (
+                    prev.encode(), prefix, dumps((seq, ts, kind, step, mid, tid, snap, payload))[1:]
+                )).hexdigest()
+            else:
+                row = {"run_id": run_id, "stream": stream, "seq": seq, "ts_ns": ts, "kind": kind, "step": step,
+                       "module_id": mid, "tensor_id": tid, "snapshot": snap, "payload": payload}
+                computed = link_hash(prev, canonical_row(row))
+            if computed != stored:
+                _refuse(shown, eid, run_id, stream, seq, kind,
+                        ": its content does not match its recorded hash (the event or its hash was modified)")
+            heads[key] = (seq, stored)
+
+
+def _refuse(shown: str, eid: int, run_id: str, stream: int, seq: int, kind: str, why: str) -> None:
+    where = f" in store {shown!r}" if shown else ""
+    raise IntegrityError(
+        f"record altered: event id {eid}{where} (run {run_id[:12]!r} stream {stream} seq {seq}, "
+        f"kind {kind!r}){why}; the read model answers only from events that match the chain "
+        "(run `auditlog verify`)"
+    )
