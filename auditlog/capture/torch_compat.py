@@ -23,6 +23,7 @@ import torch
 from torch.autograd import forward_ad as _forward_ad
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
+from torch.utils import _python_dispatch
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -78,25 +79,19 @@ def in_transform_or_compile() -> bool:
 def skip_guards_at_frame_level() -> None:
     """Have dynamo run the hook guards above as plain Python when it meets them as frames.
 
-    Eager code under a compiled call (the ``OptimizedModule`` wrapper's own
-    ``_call_impl`` runs our global hooks with dynamo's frame callback set) makes
-    dynamo compile each frame it meets: our guard was one more compiled frame (no
-    graph) than in the unrecorded run, and the hooks below it would be next.
-    ``set_code_exec_strategy`` with a recursive skip (what
-    ``torch._dynamo.eval_frame.skip_code`` does for one frame; torch 2.4-2.13)
-    marks the guards' code so that the callback leaves it and all it calls alone; tracing
-    that inlines a hook (inside a compiled module) is not affected and still folds
-    the guard to ``return None`` (``is_compiling``). Called when a compiled module is
-    first seen, so that recording never imports dynamo itself.
+    The ``OptimizedModule`` wrapper's own ``_call_impl`` runs our global hooks with
+    dynamo's frame callback set: the guard was one more compiled frame (no graph)
+    than in the unrecorded run. A recursive skip (``set_code_exec_strategy``, what
+    ``skip_code`` does for one frame; torch 2.4-2.13) leaves the guard and all it
+    calls alone; tracing that inlines a hook still folds it to ``return None``.
+    Called at the first compiled module, so that recording never imports dynamo.
     """
-    from torch._dynamo.eval_frame import set_code_exec_strategy
-    from torch._dynamo.types import FrameAction, FrameExecStrategy
-
-    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)  # the guard and all it calls
+    types = _dynamo().types
+    skip = types.FrameExecStrategy(types.FrameAction.SKIP, types.FrameAction.SKIP)
     for guard in (compile_guard, call_guard):
         for const in guard.__code__.co_consts:
             if isinstance(const, type(guard.__code__)) and const.co_name == "guarded":
-                set_code_exec_strategy(const, skip)
+                _dynamo().eval_frame.set_code_exec_strategy(const, skip)
 
 
 def unwrap_compiled(module: torch.nn.Module) -> torch.nn.Module:
@@ -113,15 +108,11 @@ def is_compiled_wrapper(module: torch.nn.Module) -> bool:
 
 
 def compiled_modules(root: torch.nn.Module, limit: int = 8) -> list[str]:
-    """Where ``root`` (itself included) holds compiled code: the qualified names (``""``
-    for the root) of the modules that are torch.compile's ``OptimizedModule`` wrapper,
-    were compiled in place (``Module.compile()``: ``_compiled_call_impl``, torch
-    2.2-2.13), or have a compiled ``forward`` (a function wrapped by dynamo carries
-    ``_torchdynamo_orig_callable``, torch 2.0-2.13). At most ``limit`` names.
-
-    A compiled function that ``forward`` merely calls cannot be seen from the module
-    tree; the FLOP-counting mode lets dynamo compile it anyway (``flop_counting_mode``).
-    """
+    """Qualified names (``""``: the root) of the modules under ``root`` that are an
+    ``OptimizedModule``, were compiled in place (``Module.compile()``:
+    ``_compiled_call_impl``, torch 2.2-2.13) or have a compiled ``forward``
+    (``_torchdynamo_orig_callable``, torch 2.0-2.13); at most ``limit``. A compiled
+    function that ``forward`` calls cannot be seen here (``flop_counting_mode``)."""
     found: list[str] = []
     for name, module in root.named_modules(remove_duplicate=True):
         forward = getattr(module, "forward", None)
@@ -193,16 +184,13 @@ def local_view(tensor: torch.Tensor) -> torch.Tensor:
     """The plain tensor the recorder reads for ``tensor``: statistics, norms, copies and
     hashes work on this, and never run a tensor subclass's own code.
 
-    - a plain tensor or Parameter: itself (one type check);
-    - a DTensor: its local shard (``to_local()``, public, no communication: a
-      reduction over a DTensor would start collectives from a hook);
-    - a traceable wrapper subclass (``__tensor_flatten__``: TwoTensor, Float8-like
-      tensors, NestedTensor's python form): its first inner tensor, flattened again
-      while it is a wrapper itself (``subclass_parts`` has all of them). Reducing the
-      subclass itself would run its ``__torch_dispatch__``, which may call back into
-      module code (a RecursionError, measured on PyTorch's own parametrization tests);
-    - any other subclass (``__torch_function__`` only): the same memory as a plain
-      ``Tensor`` (``as_subclass`` with torch functions of subclasses disabled).
+    - a plain tensor or Parameter: itself; a DTensor: its local shard (``to_local()``,
+      no communication: a reduction would start collectives from a hook);
+    - a traceable wrapper subclass (``__tensor_flatten__``: TwoTensor, Float8-like):
+      its first inner tensor, flattened again while a wrapper (``subclass_parts``
+      has all). Its own ``__torch_dispatch__`` may call back into module code (a
+      RecursionError, measured on PyTorch's own parametrization tests);
+    - any other subclass: the same memory as a plain ``Tensor`` (``as_subclass``).
     """
     cls = type(tensor)
     if cls is torch.Tensor or cls is torch.nn.Parameter:
@@ -223,17 +211,21 @@ def local_view(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _is_wrapper(tensor: torch.Tensor) -> bool:
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+    return bool(_python_dispatch.is_traceable_wrapper_subclass(tensor))
 
-    return bool(is_traceable_wrapper_subclass(tensor))
+
+def _dynamo() -> Any:
+    import torch._dynamo.eval_frame
+    import torch._dynamo.types
+
+    return torch._dynamo
 
 
 def subclass_parts(tensor: torch.Tensor) -> tuple[str, dict[str, torch.Tensor], Any] | None:
-    """A traceable wrapper subclass's public representation: its class (qualified
-    name), its inner tensors by attribute (``__tensor_flatten__``, in that order, each
-    itself a plain tensor or flattened again: ``"a.b"``) and the flatten context; None
-    for a plain tensor, a DTensor (``local_view`` and ``shard_facts`` say what this
-    process holds) and a subclass that is no wrapper."""
+    """A wrapper subclass's public representation: its qualified class, its inner
+    tensors by attribute (``__tensor_flatten__`` order; nested ones as ``"a.b"``) and
+    the flatten context. None for plain tensors, DTensors (``shard_facts``) and
+    subclasses that are no wrapper."""
     cls = type(tensor)
     if cls in _PLAIN_TYPES or cls.__name__ == "DTensor" or not _is_wrapper(tensor):
         return None
@@ -251,24 +243,21 @@ def subclass_parts(tensor: torch.Tensor) -> tuple[str, dict[str, torch.Tensor], 
 
 
 def transform_value(tensor: Any) -> bool:
-    """Is this a functorch transform's wrapped value (``vmap``'s BatchedTensor, a
-    ``grad``/``jvp`` level's wrapper, a functionalized tensor:
-    ``torch._C._functorch.is_functorch_wrapped_tensor``, torch 2.0-2.13), or a
-    forward-AD dual tensor (a dual level is open and it has a tangent:
-    ``torch.autograd.forward_ad``, public, plus its level, ``_current_level``)?
+    """Is this a functorch transform's value (vmap's and the legacy BatchedTensor,
+    a grad/jvp level's wrapper: ``is_functorch_wrapped_tensor``,
+    ``is_legacy_batchedtensor``, torch 2.0-2.13) or a forward-AD dual (a dual level
+    is open, ``forward_ad._current_level``, and it has a tangent)?
 
-    Such values are transient values of a transform, not the model's: reading them
-    fails ("Batching rule not implemented for aten::detach" under batched gradcheck)
-    or would compute with tangents. The recorder skips them.
+    Transient values of a transform, not the model's: reading them fails ("Batching
+    rule not implemented for aten::detach" under batched gradcheck). Skipped.
     """
     if not isinstance(tensor, torch.Tensor):
         return False
     if torch._C._functorch.is_functorch_wrapped_tensor(tensor) or torch._C._functorch.is_legacy_batchedtensor(tensor):
         return True  # (legacy: torch._vmap_internals' BatchedTensor, which batched gradcheck uses)
     if _forward_ad._current_level >= 0:
-        return _forward_ad.unpack_dual(tensor).tangent is not None
+        return _forward_ad.unpack_dual(tensor).tangent is not None  # type: ignore[no-untyped-call]
     return False
-
 
 
 def shard_facts(tensor: torch.Tensor) -> dict[str, Any] | None:
@@ -616,14 +605,10 @@ REQUIRED = {
     "torch.autograd.forward_ad._current_level": lambda: _forward_ad._current_level,
     "torch._C.DisableTorchFunctionSubclass": lambda: torch._C.DisableTorchFunctionSubclass,
     "torch.utils._python_dispatch.is_traceable_wrapper_subclass": lambda: _is_wrapper(torch.zeros(1)),
-    "TorchDispatchMode.ignore_compile_internals": lambda: __import__(
-        "torch.utils._python_dispatch"
-    ).utils._python_dispatch.TorchDispatchMode.ignore_compile_internals,
+    "TorchDispatchMode.ignore_compile_internals": lambda: _python_dispatch.TorchDispatchMode.ignore_compile_internals,
     "Module._compiled_call_impl": lambda: torch.nn.Module()._compiled_call_impl,
-    "torch._dynamo.eval_frame.set_code_exec_strategy": lambda: __import__(
-        "torch._dynamo.eval_frame"
-    )._dynamo.eval_frame.set_code_exec_strategy,
-    "torch._dynamo.types.FrameAction.SKIP": lambda: __import__("torch._dynamo.types")._dynamo.types.FrameAction.SKIP,
+    "torch._dynamo.eval_frame.set_code_exec_strategy": lambda: _dynamo().eval_frame.set_code_exec_strategy,
+    "torch._dynamo.types.FrameAction.SKIP": lambda: _dynamo().types.FrameAction.SKIP,
     "torch.nn.modules.loss._Loss": lambda: torch.nn.modules.loss._Loss,
     "torch.utils._python_dispatch._get_current_dispatch_mode": innermost_dispatch_mode,
     "torch.utils.flop_counter.flop_registry": lambda: __import__("torch.utils.flop_counter").utils.flop_counter.flop_registry,
