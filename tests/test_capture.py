@@ -411,18 +411,33 @@ def test_forward_that_raises_is_recorded_and_depth_recovers(store: Path) -> None
 
 
 def test_recorder_fault_becomes_event_and_warning_once(store: Path) -> None:
-    """A tensor subclass whose reductions fail: the hook fails, training does not."""
+    """A wrapper subclass that will not say what it holds (its ``__tensor_flatten__``
+    raises, and the recorder reads subclasses only through it): the hook fails,
+    training does not."""
 
     class Grumpy(torch.Tensor):
+        @staticmethod
+        def __new__(cls, elem: torch.Tensor) -> Any:
+            return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype)
+
+        def __init__(self, elem: torch.Tensor) -> None:
+            self.elem = elem
+
+        def __tensor_flatten__(self) -> Any:
+            raise RuntimeError("no statistics for you")
+
+        @staticmethod
+        def __tensor_unflatten__(inner: Any, ctx: Any, size: Any, stride: Any) -> Any:
+            return Grumpy(inner["elem"])
+
         @classmethod
-        def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            if func is torch.aminmax:
-                raise RuntimeError("no statistics for you")
-            return super().__torch_function__(func, types, args, kwargs or {})
+        def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            unwrap = lambda t: t.elem if isinstance(t, Grumpy) else t  # noqa: E731
+            return func(*[unwrap(a) for a in args], **(kwargs or {}))
 
     class Wrap(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x.as_subclass(Grumpy)
+            return Grumpy(x)
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
