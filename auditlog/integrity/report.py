@@ -50,6 +50,9 @@ class StreamTip:
     ended_at: int | None = None
     world_size: int | None = None
     roots: dict[int, str] = field(default_factory=dict)  # tree heads at the sizes signed statements name
+    # The fingerprint run_started names when the stream was recorded with a signing key (issue 29).
+    signing_key: str | None = None
+    end_status: str | None = None  # its run_ended's status (completed, failed, interrupted, crashed)
 
     @property
     def ended(self) -> bool:
