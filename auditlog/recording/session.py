@@ -111,6 +111,7 @@ class Recording(contextlib.ContextDecorator):
         self.launch: Launch | None = None
         self.store: EventStore | None = None
         self.disabled: str | None = None
+        self.signing_key: str | None = None  # the key's fingerprint when the run is signed as recorded
         self.recorder: Recorder | None = None
         self.writer: Writer | None = None
         self._previous_sigterm: Any = None
@@ -171,7 +172,7 @@ class Recording(contextlib.ContextDecorator):
             if key is not None:
                 # Chained in run_started: a stream recorded for signing that later has no
                 # signature lost it, and signing commands refuse to launder it (issue 29).
-                static["signing_key"] = fingerprint(key)
+                static["signing_key"] = self.signing_key = fingerprint(key)
                 sign = functools.partial(_sign_head, store, key, run_id, stream, launch.world_size)
                 _sign_closed(store, key, closed)
             buffer = RecordBuffer()
