@@ -29,9 +29,12 @@ KEY_HELP = "Private key [default: $AUDITLOG_KEY or ~/.config/auditlog/signing_ke
 def attest(store: str | None, run: str, step: int | None, model: Path, key_path: str | None, output: str) -> None:
     """Sign that MODEL came out of RUN at --step N: an in-toto/SLSA provenance statement in DSSE.
 
-    Refused (exit 4) when the record does not verify or the model file does not
-    hold exactly the recorded tensors at that step. The run's current tree
-    heads are signed (stored as checkpoints) if this key has not signed them.
+    Refused (exit 4) when the record does not verify, was recorded for signing
+    and has lost its signatures, or the model file does not hold exactly the
+    recorded tensors at that step. The run's current tree heads are signed
+    (stored as checkpoints) if this key has not signed them. One line on stderr
+    says what the signature trusts: events no earlier signature covers are
+    trusted on first signature.
     """
     from auditlog.integrity.keys import load_private_key
     from auditlog.read.api import open_store
@@ -41,10 +44,14 @@ def attest(store: str | None, run: str, step: int | None, model: Path, key_path:
     with open_store(store) as opened:
         opened.check_file()
         run_id = opened.select(run)
-        envelope = make_attestation(opened.event_store, run_id, step, model, key)
+        envelope = make_attestation(opened.event_store, run_id, step, model, key, told=_tell)
     write_new(output, envelope)
     if output != "-":
         click.echo(f"wrote an attestation of {model.name} from run {run_id[:12]} to {output}", err=True)
+
+
+def _tell(line: str) -> None:
+    click.echo(f"auditlog: {line}", err=True)
 
 
 @click.command("verify-attestation")

@@ -1,7 +1,8 @@
 """``auditlog checkpoint`` and ``auditlog export-head``: sign a run's current chain heads.
 
-Both refuse to sign a record that does not verify: a signature over an edited
-chain would certify the edit.
+Both refuse to sign a record that does not verify, or one recorded for signing
+that has lost its signatures: a signature over an edited chain would certify
+the edit. Both say on stderr, in one line, what the signature trusts.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from auditlog.core.errors import AuditlogError, IntegrityError
 KEY_HELP = "Private key [default: $AUDITLOG_KEY or ~/.config/auditlog/signing_key]."
 
 
+def tell(line: str) -> None:
+    """A signing command's line about what it trusts (stderr: stdout may be the statement)."""
+    click.echo(f"auditlog: {line}", err=True)
+
+
 @click.command()
 @store_option
 @click.option("--key", "key_path", default=None, metavar="PRIVATE", help=KEY_HELP)
@@ -26,7 +32,9 @@ def checkpoint(store: str | None, key_path: str | None, run: str) -> None:
     """Sign the current chain heads of RUN (default: latest; 'all') and store the checkpoints.
 
     Streams whose head this key has already signed are left alone. A run whose
-    record does not verify is not signed (exit 4).
+    record does not verify, or that was recorded for signing and has lost its
+    signatures, is not signed (exit 4). Events no earlier signature covers are
+    trusted on first signature: one line on stderr says which.
     """
     from auditlog.integrity.keys import fingerprint, load_private_key
     from auditlog.read.api import open_store
@@ -39,10 +47,11 @@ def checkpoint(store: str | None, key_path: str | None, run: str) -> None:
         run_ids = [info.run_id for info in opened.runs()] if run == "all" else [opened.select(run)]
         for run_id in run_ids:
             try:
-                signed = opened.run(run_id).checkpoint(key)
+                signed = opened.run(run_id).checkpoint(key, told=tell)
             except IntegrityError as exc:
                 refused.append(exc)
-                click.echo(f"run {run_id[:12]}: not signed, record altered")
+                click.echo(f"run {run_id[:12]}: not signed, " + (
+                    "record altered" if "record altered" in str(exc) else "its signatures were lost"))
                 continue
             for head in signed:
                 where = f"run {run_id[:12]} stream {head.stream}"
@@ -69,8 +78,10 @@ def export_head(store: str | None, key_path: str | None, output: str | None, run
 
     `auditlog verify --against FILE` later proves the record still extends it:
     it catches the newest events cut off and a chain rewritten with fresh
-    hashes, which the chain alone cannot. A run whose record does not verify is
-    not signed (exit 4).
+    hashes, which the chain alone cannot. A run whose record does not verify,
+    or that was recorded for signing and has lost its signatures, is not signed
+    (exit 4). Events no earlier signature covers are trusted on first
+    signature: one line on stderr says which.
     """
     from auditlog.integrity.keys import load_private_key
     from auditlog.read.api import open_store
@@ -79,7 +90,7 @@ def export_head(store: str | None, key_path: str | None, output: str | None, run
     with open_store(store) as opened:
         opened.check_file()
         run_id = opened.select(run)
-        statement = opened.run(run_id).export_head(key)
+        statement = opened.run(run_id).export_head(key, told=tell)
     text = statement.to_json()
     if output is None:
         click.echo(text, nl=False)

@@ -77,6 +77,13 @@ from auditlog.core.policy import BACKWARD_MECHANISMS, DURABILITY, ON_ERROR
     "to merge later with `auditlog combine` [default: AUDITLOG_SHARD, else only when a torchrun "
     "job spans several nodes and the store is a directory].",
 )
+@click.option(
+    "-q",
+    "--quiet",
+    is_flag=True,
+    envvar="AUDITLOG_QUIET",
+    help="No auditlog notices on stderr (the recording line, the unsigned-run note) [env AUDITLOG_QUIET].",
+)
 @click.argument("target", metavar="SCRIPT|MODULE")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -93,6 +100,7 @@ def run(
     durability: str | None,
     on_error: str | None,
     shard: bool | None,
+    quiet: bool,
     target: str,
     args: tuple[str, ...],
 ) -> None:
@@ -134,7 +142,10 @@ def run(
         shown = recording.store.location.display() if recording.store else store
         launch = recording.launch
         rank = f" rank {launch.rank}/{launch.world_size}, stream {recording.stream}," if launch and launch.distributed else ""
-        click.echo(f"auditlog: recording run {recording.run_id}{rank} into {shown}", err=True)
+        if not quiet:
+            click.echo(f"auditlog: recording run {recording.run_id}{rank} into {shown}", err=True)
+            if recording.signing_key is None:
+                click.echo(UNSIGNED_NOTE, err=True)
     exit_code = 0
     release_streams()  # the script's output is its own: not escaped (cli.inert)
     try:
@@ -164,6 +175,13 @@ def run(
         recording.stop(None)
         del script_globals
     ctx.exit(exit_code)
+
+
+# Said once per `auditlog run` without a key (issue 29): an unsigned chain proves less than it seems.
+UNSIGNED_NOTE = (
+    "auditlog: this run is unsigned: its chain detects accidental damage and naive edits, not a rewrite by "
+    "someone with write access; `auditlog keygen` makes a key and later runs are signed (--quiet hides this)"
+)
 
 
 class _HeldInterrupts:

@@ -67,7 +67,11 @@ def verify(
     be covered by a signature by that key; without, what a bare chain cannot
     show is printed as notes.
 
-    Exit 0 when intact; exit 4 naming the first problem otherwise.
+    The verdict says what was proven: "intact, unsigned" (the chain detects
+    accidental damage and naive edits, not a rewrite by someone with write
+    access), "intact, signed" (every event under a trusted signature), or
+    "intact, signed and checked against an exported head". Exit 0 when intact;
+    exit 4 naming the first problem otherwise.
     """
     from auditlog.integrity.keys import trusted_public_keys
     from auditlog.integrity.signing import KeyRing
@@ -87,7 +91,7 @@ def verify(
         if not reports:
             click.echo(f"no runs in {opened.location.display()}: nothing to verify")
         for report in reports:
-            state = "intact" if report.ok else "FAILED"
+            state = report.verdict
             counted = f"{report.events} events in {len(report.streams)} stream(s)"
             if report.checkpoints:
                 counted += f", {report.checkpoints} signed checkpoint(s)"
@@ -107,6 +111,7 @@ def verify(
                 {
                     "run_id": r.run_id,
                     "ok": r.ok,
+                    "verdict": r.assurance,
                     "events": r.events,
                     "checkpoints": r.checkpoints,
                     "exported_heads": r.statements,
@@ -116,7 +121,7 @@ def verify(
                 }
                 for r in reports
             ),
-            ["run_id", "ok", "events", "checkpoints", "exported_heads", "problems", "consistency", "notes"],
+            ["run_id", "ok", "verdict", "events", "checkpoints", "exported_heads", "problems", "consistency", "notes"],
             fmt,
         )
     failed = [r for r in reports if not r.ok]

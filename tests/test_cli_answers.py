@@ -21,6 +21,7 @@ from safetensors import safe_open
 from torch import nn
 
 import auditlog
+from auditlog.integrity.report import VERDICTS
 
 
 def one_error(result: CliResult, code: int) -> str:
@@ -331,7 +332,7 @@ def test_item22_a_read_only_store_directory_is_read_in_place(tmp_path: Path, mon
         assert [r["run_id"] for r in json.loads(runs.stdout)] == [run_id]
         verified = invoke("verify", "--store", str(mounted), "all")
         assert verified.exit_code == 0, verified.stderr
-        assert verified.stdout.splitlines()[0].endswith(": intact")
+        assert verified.stdout.splitlines()[0].endswith(": " + VERDICTS["unsigned"])
         counted = invoke("query", "--store", str(mounted), "--format", "csv", "select count(*) as n from runs")
         assert counted.exit_code == 0, counted.stderr
         assert counted.stdout == "n\n1\n"

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from auditlog.cli.run_cmd import UNSIGNED_NOTE
 from helpers import EXAMPLES, CliResult, invoke, record_run
 
 import auditlog
@@ -99,8 +100,9 @@ def test_item1_ctrl_c_prints_and_stores_the_traceback_python_prints(tmp_path: Pa
     wait_for_output(recorded, b"ready")
     code, _, err = interrupt(recorded)
     assert code == 130
-    notice, *traceback_lines = err.splitlines(keepends=True)
+    notice, unsigned, *traceback_lines = err.splitlines(keepends=True)
     assert notice.startswith("auditlog: recording run ")
+    assert unsigned == UNSIGNED_NOTE + "\n"
     assert "".join(traceback_lines) == python_says
     assert python_says.startswith(f'Traceback (most recent call last):\n  File "{script}", line 11, in <module>\n')
     assert python_says.endswith("KeyboardInterrupt\n")
@@ -213,6 +215,7 @@ def test_item5_record_inside_auditlog_run_joins_the_run(tmp_path: Path) -> None:
     assert done.stdout == f"RUN {run_id} {run_id}\n"
     assert done.stderr.splitlines() == [
         f"auditlog: recording run {run_id} into {store}",
+        UNSIGNED_NOTE,
         f"auditlog: record() joins the recording of `auditlog run` (run {run_id[:12]}); named 'inner-name'; "
         "store and policy options of record() ignored",
     ]
@@ -297,7 +300,7 @@ def test_item19_backward_full_falls_back_to_grad_for_in_place_modules(tmp_path: 
         "backward=full cannot record a model with an in-place module (ReLU(inplace=True)); "
         "recording backward with gradient hooks (backward=grad) instead"
     )
-    assert done.stderr.splitlines()[1:] == [f"auditlog: {message}"]
+    assert done.stderr.splitlines()[1:] == [UNSIGNED_NOTE, f"auditlog: {message}"]
     with auditlog.open(store) as opened:
         run = opened.run("latest")
         assert run.info().status == "completed"

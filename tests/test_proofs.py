@@ -20,6 +20,7 @@ from integrity_support import rewrite_chain
 from torch import nn
 
 import auditlog
+from auditlog.integrity.heads import checkpoint_head
 from auditlog.integrity.keys import KeyPair, generate_key_pair, load_private_key
 
 
@@ -155,8 +156,13 @@ def test_no_consistency_proof_for_a_rewritten_record(signed: tuple[Path, str, Ke
     with tamper(store) as conn:
         conn.execute("delete from checkpoints")
     rewrite_chain(store, run_id, 4)
-    # the rewritten chain is internally consistent: an unwary key holder signs it again
-    assert invoke("checkpoint", "--store", str(store), "--key", str(key.private_path)).exit_code == 0
+    # the rewritten chain is internally consistent, but the run was recorded for signing and
+    # has lost its signatures: `checkpoint` refuses to launder it (issue 29)
+    refused = invoke("checkpoint", "--store", str(store), "--key", str(key.private_path))
+    assert refused.exit_code == 4 and "recorded for signing" in refused.stderr, refused.stderr
+    # signed anyway (the recorder's own signing path does not judge): no consistency proof
+    with auditlog.open(store) as opened:
+        checkpoint_head(opened.event_store, load_private_key(key.private_path), run_id, 0)
     result = invoke("prove", "--store", str(store), "--consistency-from", str(head), "-o", str(tmp_path / "c.json"))
     assert result.exit_code == 4, result.stderr
     assert "no longer matches the old signed tree head" in result.stderr

@@ -80,7 +80,7 @@ def test_report_page_holds_the_facts_escaped_and_self_contained(store: Path, tmp
     assert done.exit_code == 0, done.stderr
     page = out.read_text()
     assert run_id in page and "report-test" in page
-    assert "record intact" in page and "events in 1 stream(s): intact" in page
+    assert "chain intact, unsigned" in page and "events in 1 stream(s): intact, unsigned" in page
     assert f"{losses[-1]:.6g}" in page  # the last loss, in the metrics table
     for module in ("(Sequential)", "Linear", "CrossEntropyLoss", "(CrossEntropyLoss)"):
         assert html.escape(module) in page
@@ -135,7 +135,7 @@ def test_report_renders_in_headless_chromium_without_network(store: Path, tmp_pa
     dom = chromium(out, tmp_path, "--dump-dom")
     text = re.sub(r"<[^>]+>", " ", dom.stdout)
     text = html.unescape(re.sub(r"\s+", " ", text))
-    assert run_id in text and "record intact" in text and "intact" in text
+    assert run_id in text and "chain intact, unsigned" in text and "intact" in text
     assert "(Sequential)" in text and "CrossEntropyLoss" in text and MARKUP in text
     assert f"{losses[-1]:.6g}" in text
 

@@ -50,6 +50,9 @@ _KINDS = [
             "rdzv_id": "torchrun's rendezvous id (TORCHELASTIC_RUN_ID), or null",
             "master_addr": "MASTER_ADDR, or null",
             "master_port": "MASTER_PORT, or null",
+            "signing_key": "fingerprint (SHA-256 of the raw public key) of the key the recording signs its "
+            "chain heads with, or absent when no key was configured: a stream that names one and has lost "
+            "its signatures is refused by checkpoint, export-head, attest and restore",
             "run_id_source": "how the run id was chosen: argument | AUDITLOG_RUN_ID | torchrun agent store | "
             "torchrun environment | random",
             "python": "Python version",

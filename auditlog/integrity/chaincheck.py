@@ -16,6 +16,7 @@ leaf hashes are added to the Merkle frontier a batch at a time.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -44,6 +45,7 @@ EVENT_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 _BOUNDARY_KINDS = frozenset({"run_started", "run_ended"})
+_FINGERPRINT = re.compile(r"[0-9a-f]{64}")
 
 
 def garbled_column(row: dict[str, Any]) -> str | None:
@@ -206,9 +208,14 @@ class StreamCheck:
             self.after_end.append(row)
         elif row["kind"] == "run_ended":
             tip.ended_at = seq
+            status = payload_object(row["payload"]).get("status")
+            tip.end_status = status if isinstance(status, str) else None
         if row["kind"] == "run_started" and tip.world_size is None:
-            world = payload_object(row["payload"]).get("world_size")
+            started = payload_object(row["payload"])
+            world = started.get("world_size")
             tip.world_size = world if isinstance(world, int) and not isinstance(world, bool) and world > 0 else 1
+            key = started.get("signing_key")
+            tip.signing_key = key if isinstance(key, str) and _FINGERPRINT.fullmatch(key) else None
         if self.count == 1 and seq == 1 and row["kind"] != "run_started":
             report.problems.append(Problem(
                 run_id, stream, 1, row["id"], row["kind"],

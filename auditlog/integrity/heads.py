@@ -7,10 +7,25 @@ writes. Both sign v2 statements: chain head, Merkle tree head, whether the
 stream has ended, and the run's world size. Both only sign; whether a chain deserves a signature (it verifies) is
 the caller's decision, because the recorder signs the chain it is writing
 itself and must not pay for a full verification every N events.
+
+**What a signing command trusts** (issue 29). A signature vouches for the
+record as it is when it is made. Where earlier signatures by a trusted key
+cover a stream, the new one only extends them (``require_intact`` refuses a
+record they prove altered); where none does, it trusts those events on first
+signature: they may have been rewritten by anyone with write access before,
+and only a head exported earlier (``verify --against``) could tell.
+``trust_line`` says which, in one line, and every signing command prints it.
+A stream whose ``run_started`` names the key it was recorded for signing with
+(``signing_key``) had its end signed by its recording: when such a stream was
+ended by its recording and no signature covers it to that end, its signatures
+were lost (deleted with a rewrite), and ``require_intact`` refuses to sign it.
+(A live stream, or a crashed one whose end a later process wrote, may have
+events no signature covers: those are trusted on first signature, and said.)
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -106,32 +121,93 @@ class SignedHead:
     already_signed: bool
 
 
-def require_intact(store: EventStore, run_id: str, key: Ed25519PrivateKey) -> VerifyReport:
-    """The run's verify report; ``IntegrityError`` when it is proven altered (doubts do not block).
+Told = Callable[[str], None]
+"""Where a signing command's one line about what it trusts goes (the CLI: stderr)."""
+
+
+def require_intact(store: EventStore, run_id: str, key: Ed25519PrivateKey, told: Told | None = None) -> VerifyReport:
+    """The run's verify report; ``IntegrityError`` when it is proven altered, or recorded for
+    signing and has lost its signatures (other doubts do not block). ``told`` gets the
+    ``trust_line`` of what the signature will vouch for.
 
     A signature over an edited chain would certify the edit, so nothing is
     signed before the chain verifies.
     """
     from auditlog.integrity.verify import verify_run
 
-    keys = KeyRing([key.public_key(), *_default_keys()])
+    keys = KeyRing([key.public_key(), *default_keys()])
     report = verify_run(store, run_id, keys=keys, require_signed=False)
     altered = [p for p in report.problems if p.altered]
     if altered:
         raise IntegrityError(f"refusing to sign run {run_id[:12]}: record altered: {altered[0].describe()}")
+    lost = lost_signatures(report, keys)
+    if lost is not None:
+        raise IntegrityError(f"refusing to sign run {run_id[:12]}: {lost}")
+    if told is not None:
+        told(trust_line(report))
     return report
 
 
-def _default_keys() -> list[Ed25519PublicKey]:
+def lost_signatures(report: VerifyReport, keys: KeyRing) -> str | None:
+    """Why a stream recorded for signing (``run_started.signing_key``) has lost its signatures:
+    its recording ended it (and signed that end), yet no valid signature by a trusted key
+    covers it to its end. A crashed stream's end is written by a later process and may be
+    unsigned, a live stream's newest events are signed within 60 s: neither is lost. None:
+    nothing lost."""
+    for stream, tip in sorted(report.tips.items()):
+        if tip.signing_key is None or not tip.ended or tip.end_status == "crashed":
+            continue
+        covered = report.covered.get(stream, 0)
+        if covered >= tip.seq:
+            continue
+        recorded = f"stream {stream} was recorded for signing by key {tip.signing_key[:16]}"
+        if tip.signing_key not in keys.keys:
+            recorded += " (not a key trusted here: sign with that key)"
+        missing = "no signature by a trusted key covers it" if covered == 0 else (
+            f"no signature by a trusted key covers seq {covered + 1}..{tip.seq}")
+        return (f"{recorded} and its recording signed its end, but {missing} (its checkpoints were deleted, "
+                "or the chain was rewritten); check it against a head exported earlier "
+                "(`auditlog verify --against HEAD`)")
+    return None
+
+
+def trust_line(report: VerifyReport) -> str:
+    """One line: what a signature made now vouches for that earlier signatures did not."""
+    first: list[str] = []
+    extended: list[str] = []
+    for stream, tip in sorted(report.tips.items()):
+        if tip.seq == 0:
+            continue
+        covered = report.covered.get(stream, 0)
+        if covered >= tip.seq:
+            extended.append(f"stream {stream}")
+        else:
+            first.append(f"stream {stream} seq {covered + 1}..{tip.seq}")
+    run = f"run {report.run_id[:12]}"
+    if not first:
+        return (f"signing {run}: every event is already covered by a signature by a trusted key; "
+                "this signature extends them")
+    told = (f"signing {run} trusts on first signature {', '.join(first)}: no earlier signature by a trusted "
+            "key covers them, so this signature vouches for them as they are now (a rewrite by someone with "
+            "write access before now would be signed too; `verify --against` an older exported head shows one)")
+    if extended:
+        told += f"; {', '.join(extended)} already covered"
+    return told
+
+
+def default_keys() -> list[Ed25519PublicKey]:
+    """The default public key, if one is configured (a broken one is left out, not an error)."""
     try:
         return list(trusted_public_keys())
     except AuditlogError:  # a broken default public key does not matter when signing
         return []
 
 
-def checkpoint_run(store: EventStore, run_id: str, key: Ed25519PrivateKey) -> list[SignedHead]:
+def checkpoint_run(
+    store: EventStore, run_id: str, key: Ed25519PrivateKey, told: Told | None = None
+) -> list[SignedHead]:
     """Sign every stream's tree head of a run that ``key`` has not signed yet (after ``require_intact``)."""
-    report = require_intact(store, run_id, key)
+    report = require_intact(store, run_id, key, told)
     mine = fingerprint(key)
     signed = {
         (c.stream, c.seq, c.head_hash)
@@ -152,6 +228,8 @@ def checkpoint_run(store: EventStore, run_id: str, key: Ed25519PrivateKey) -> li
     return out
 
 
-def export_intact_heads(store: EventStore, run_id: str, key: Ed25519PrivateKey) -> HeadStatement:
+def export_intact_heads(
+    store: EventStore, run_id: str, key: Ed25519PrivateKey, told: Told | None = None
+) -> HeadStatement:
     """``export_heads`` of a record that verifies (``require_intact`` first)."""
-    return export_heads(store, key, require_intact(store, run_id, key))
+    return export_heads(store, key, require_intact(store, run_id, key, told))

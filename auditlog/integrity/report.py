@@ -50,6 +50,9 @@ class StreamTip:
     ended_at: int | None = None
     world_size: int | None = None
     roots: dict[int, str] = field(default_factory=dict)  # tree heads at the sizes signed statements name
+    # The fingerprint run_started names when the stream was recorded with a signing key (issue 29).
+    signing_key: str | None = None
+    end_status: str | None = None  # its run_ended's status (completed, failed, interrupted, crashed)
 
     @property
     def ended(self) -> bool:
@@ -78,6 +81,30 @@ class VerifyReport:
     def ok(self) -> bool:
         return not self.problems and self.events > 0
 
+    @property
+    def signed(self) -> bool:
+        """Every event of every stream is covered by a valid signature by a trusted key."""
+        return self.events > 0 and all(
+            self.covered.get(stream, 0) >= tip.seq for stream, tip in self.tips.items() if tip.seq > 0)
+
+    @property
+    def assurance(self) -> str:
+        """What the verdict proves (issue 29): ``failed``; ``unsigned`` (the chain is intact,
+        which an accidental damage or a naive edit would break, but anyone with write access
+        can rewrite a chain with fresh hashes); ``signed`` (every event under a signature by a
+        trusted key); ``signed-against-head`` (signed, and the record extends a head
+        exported earlier and kept elsewhere)."""
+        if not self.ok:
+            return "failed"
+        if not self.signed:
+            return "unsigned"
+        return "signed-against-head" if self.statements else "signed"
+
+    @property
+    def verdict(self) -> str:
+        """The assurance in words, as ``verify`` prints it after the counts."""
+        return VERDICTS[self.assurance]
+
     def first_problem(self) -> Problem | None:
         """The problem to name first: the first proven alteration, else the first doubt."""
         for problem in self.problems:
@@ -89,6 +116,16 @@ class VerifyReport:
         """The world size the run's streams declare (None when none says, or they disagree)."""
         sizes = {t.world_size for t in self.tips.values() if t.world_size is not None}
         return sizes.pop() if len(sizes) == 1 else None
+
+
+VERDICTS = {
+    "failed": "FAILED",
+    "unsigned": ("intact, unsigned: the chain detects accidental damage and naive edits, not a rewrite "
+                 "by someone with write access (sign with a key: `auditlog keygen`)"),
+    "signed": "intact, signed: every event is covered by a signature by a trusted key",
+    "signed-against-head": ("intact, signed and checked against an exported head: every event is covered "
+                            "by a signature by a trusted key, and the record extends the head kept elsewhere"),
+}
 
 
 # A statement read from a file, with the name to report it by (the file path).

@@ -34,7 +34,7 @@ from auditlog.integrity.attest import (
     statement,
     tensor_subjects,
 )
-from auditlog.integrity.heads import checkpoint_run, checkpoints_for, store_id
+from auditlog.integrity.heads import Told, checkpoint_run, checkpoints_for, store_id
 from auditlog.integrity.keys import fingerprint
 from auditlog.integrity.merkle import root
 from auditlog.integrity.proofs import signed_tree_head
@@ -88,9 +88,9 @@ def _check_model(path: Path, expected: list[tuple[str, str]], when: str) -> None
                                  f"(hash {actual[:16]}..., the record says {sha[:16]}...)")
 
 
-def _signed_heads(store: EventStore, run_id: str, key: Ed25519PrivateKey) -> list[Checkpoint]:
+def _signed_heads(store: EventStore, run_id: str, key: Ed25519PrivateKey, told: Told | None) -> list[Checkpoint]:
     """The run's newest tree head per stream signed by ``key`` (signing the current heads first)."""
-    checkpoint_run(store, run_id, key)  # refuses an altered record; signs only what is not signed yet
+    checkpoint_run(store, run_id, key, told)  # refuses an altered or stripped record; signs what is not signed yet
     mine = fingerprint(key)
     newest: dict[int, Checkpoint] = {}
     for cp in checkpoints_for(store, run_id):
@@ -99,10 +99,13 @@ def _signed_heads(store: EventStore, run_id: str, key: Ed25519PrivateKey) -> lis
     return [newest[s] for s in sorted(newest)]
 
 
-def attest(store: EventStore, run_id: str, step: int | None, model: Path, key: Ed25519PrivateKey) -> dict[str, Any]:
-    """A signed DSSE envelope attesting that ``model`` came out of the recorded run at ``step``."""
+def attest(
+    store: EventStore, run_id: str, step: int | None, model: Path, key: Ed25519PrivateKey, told: Told | None = None
+) -> dict[str, Any]:
+    """A signed DSSE envelope attesting that ``model`` came out of the recorded run at ``step``
+    (``told``: the line saying what the signature trusts, ``integrity.heads.trust_line``)."""
     run = Run(store, run_id)
-    heads = _signed_heads(store, run_id, key)
+    heads = _signed_heads(store, run_id, key, told)
     when = f"step {step}" if step is not None else "the end of the run"
     hashes = _tensor_hashes(run, step)
     _check_model(model, hashes, when)

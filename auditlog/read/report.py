@@ -55,7 +55,7 @@ def run_report(run: Run) -> str:
     heading = (
         f"<h1>Training run <code>{esc(run.run_id)}</code></h1>"
         f"<p>{esc(info.get('name') or '')} {badge(status, 'ok' if status == 'completed' else 'bad')} "
-        f"{badge('record intact' if verdict['ok'] else 'record NOT verified', 'ok' if verdict['ok'] else 'bad')}</p>"
+        f"{badge(*BADGES[verdict['assurance']])}</p>"
     )
     sections = [
         section("summary", "Run", _summary(info, metadata)),
@@ -109,7 +109,8 @@ def _verify(run: Run) -> dict[str, Any]:
     try:
         report = run.verify()
     except AuditlogError as exc:
-        return {"ok": False, "text": f"could not verify: {one_line(exc)}", "problems": [], "checkpoints": 0}
+        return {"ok": False, "assurance": "failed", "text": f"could not verify: {one_line(exc)}", "problems": [],
+                "checkpoints": 0}
     counted = f"{report.events} events in {len(report.streams)} stream(s)"
     if report.checkpoints:
         counted += f", {report.checkpoints} signed checkpoint(s)"
@@ -117,7 +118,8 @@ def _verify(run: Run) -> dict[str, Any]:
         counted += f", {report.statements} exported head(s)"
     return {
         "ok": report.ok,
-        "text": f"{counted}: {'intact' if report.ok else 'FAILED'}",
+        "assurance": report.assurance,
+        "text": f"{counted}: {report.verdict}",
         "problems": [p.describe() for p in report.problems[:20]],
         "checkpoints": report.checkpoints,
     }
@@ -160,16 +162,27 @@ def _duration(seconds: Any) -> str:
     return f"{hours}h {minutes:02d}m {secs:04.1f}s" if hours else f"{minutes}m {secs:04.1f}s"
 
 
+# The header badge per verdict (issue 29): green only for a record a signature vouches for.
+BADGES = {
+    "failed": ("record NOT verified", "bad"),
+    "unsigned": ("chain intact, unsigned", "warn"),
+    "signed": ("record intact, signed", "ok"),
+    "signed-against-head": ("record intact, signed, checked against an exported head", "ok"),
+}
+
+
 def _integrity(verdict: dict[str, Any]) -> str:
-    head = badge("intact" if verdict["ok"] else "FAILED", "ok" if verdict["ok"] else "bad")
+    head = badge(*BADGES[verdict["assurance"]])
     body = f"<p>{head} <code>auditlog verify</code>: {esc(verdict['text'])}</p>"
     if verdict["problems"]:
         body += "<ul>" + "".join(f"<li><code>{esc(p)}</code></li>" for p in verdict["problems"]) + "</ul>"
-    if not verdict["checkpoints"]:
+    if verdict["assurance"] == "unsigned":
         body += (
-            '<p class="muted">No signed checkpoint: the hash chain proves that no event was changed or '
-            "removed in between, not that none were cut off at the end. Configure a signing key "
-            "(<code>auditlog keygen</code>) or keep an exported head (<code>auditlog export-head</code>).</p>"
+            '<p class="muted">Not signed: an intact hash chain shows the record suffered no accidental damage '
+            "and no naive edit, but anyone with write access to the store can rewrite the whole chain with "
+            "fresh hashes, or cut off its newest events, and it would verify the same. Configure a signing key "
+            "(<code>auditlog keygen</code>: runs are then signed as they are recorded) and keep an exported "
+            "head outside the store (<code>auditlog export-head</code>).</p>"
         )
     return body
 

@@ -9,7 +9,7 @@ come from replay (``auditlog.core.replay``), since events carry identities only.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from auditlog.core.errors import AuditlogError, CorruptRecordError, UsageError
@@ -51,6 +51,7 @@ class Run:
         self.rank = rank
         self._pinned = stream  # one given stream (a rank in one segment), else chosen below
         self._streams: list[int] | None = None
+        self._chain_checked = False  # require_intact_chain ran (once per Run)
 
     # ------------------------------------------------------------------ ranks
     def streams(self) -> list[int]:
@@ -275,7 +276,11 @@ class Run:
 
         A tensor with no snapshot then is an error naming it, unless
         ``allow_partial`` (then it is left out); nothing at all is an error.
+        The run's chain is checked first (``require_intact_chain``): the plan
+        comes from its events, and a file that matches a hash proves nothing
+        when the hash itself was forged.
         """
+        self.require_intact_chain()
         items = self.restore_items(step, seq, root)
         if any(facts is not None for _, _, facts in items):
             return None
@@ -290,6 +295,31 @@ class Run:
             what = f"no tensor of run {self.run_id[:12]} was snapshotted" if items else "the model has no parameters or buffers"
             raise AuditlogError(f"{what} at {when}; nothing to restore")
         return [(key, sha) for key, sha, _ in items if sha is not None]
+
+    def require_intact_chain(self) -> None:
+        """Refuse (``IntegrityError``) to restore from a run whose events do not verify:
+        every link and seq of every stream, its checkpoints by the configured keys, and,
+        where a key is configured, a stream recorded for signing that has lost its
+        signatures (``integrity.heads.lost_signatures``). Snapshot files are left to the
+        restore, which checks each one it reads. Issue 29: a restore checked only the
+        files, so a chain rewritten to name another run's files restored those."""
+        if self._chain_checked:
+            return
+        from auditlog.core.errors import IntegrityError
+        from auditlog.integrity.heads import default_keys, lost_signatures
+        from auditlog.integrity.signing import KeyRing
+        from auditlog.integrity.verify import verify_run
+
+        keys = KeyRing(default_keys())
+        report = verify_run(self.store, self.run_id, keys=keys, require_signed=False, snapshot_files=False)
+        altered = next((p for p in report.problems if p.altered), None)
+        if altered is not None:
+            raise IntegrityError(f"refusing to restore from run {self.run_id[:12]}: record altered: "
+                                 f"{altered.describe()}")
+        lost = lost_signatures(report, keys) if keys else None
+        if lost is not None:
+            raise IntegrityError(f"refusing to restore from run {self.run_id[:12]}: {lost}")
+        self._chain_checked = True
 
     def restore_plan(
         self, step: int | None = None, seq: int | None = None, root: str | None = None
@@ -376,21 +406,24 @@ class Run:
 
         return verify_run(self.store, self.run_id, progress, keys=keys, statements=statements)
 
-    def checkpoint(self, key: Ed25519PrivateKey) -> list[SignedHead]:
+    def checkpoint(self, key: Ed25519PrivateKey, told: Callable[[str], None] | None = None) -> list[SignedHead]:
         """Sign every stream's current head with ``key`` and store the checkpoints.
 
-        Refuses (``IntegrityError``) a record proven altered; heads this key
-        signed already are reported and left alone.
+        Refuses (``IntegrityError``) a record proven altered, or recorded for
+        signing and stripped of its signatures; heads this key signed already
+        are reported and left alone. ``told`` gets one line saying what the
+        signature trusts (``integrity.heads.trust_line``).
         """
         from auditlog.integrity.heads import checkpoint_run
 
-        return checkpoint_run(self.store, self.run_id, key)
+        return checkpoint_run(self.store, self.run_id, key, told)
 
-    def export_head(self, key: Ed25519PrivateKey) -> HeadStatement:
-        """A signed statement of every stream's current head, to keep outside the store."""
+    def export_head(self, key: Ed25519PrivateKey, told: Callable[[str], None] | None = None) -> HeadStatement:
+        """A signed statement of every stream's current head, to keep outside the store
+        (refused as ``checkpoint`` is; ``told`` as there)."""
         from auditlog.integrity.heads import export_intact_heads
 
-        return export_intact_heads(self.store, self.run_id, key)
+        return export_intact_heads(self.store, self.run_id, key, told)
 
     def prove(self, seq: int, stream: int = 0) -> dict[str, Any]:
         """An inclusion proof of event ``seq`` under the stream's newest signed tree head

@@ -41,7 +41,7 @@ from auditlog.core.liveness import process_start_ticks
 from auditlog.core.policy import Policy, make_policy
 from auditlog.core.ranks import split_stream
 from auditlog.integrity.heads import checkpoint_head, checkpoint_run
-from auditlog.integrity.keys import configured_private_key
+from auditlog.integrity.keys import configured_private_key, fingerprint
 from auditlog.integrity.report import StreamTip
 from auditlog.recording.crashes import close_crashed_runs
 from auditlog.recording.execfile import exit_status
@@ -111,6 +111,7 @@ class Recording(contextlib.ContextDecorator):
         self.launch: Launch | None = None
         self.store: EventStore | None = None
         self.disabled: str | None = None
+        self.signing_key: str | None = None  # the key's fingerprint when the run is signed as recorded
         self.recorder: Recorder | None = None
         self.writer: Writer | None = None
         self._previous_sigterm: Any = None
@@ -169,6 +170,9 @@ class Recording(contextlib.ContextDecorator):
             key = configured_private_key()  # $AUDITLOG_KEY or the keygen default; None: no signing
             sign = None
             if key is not None:
+                # Chained in run_started: a stream recorded for signing that later has no
+                # signature lost it, and signing commands refuse to launder it (issue 29).
+                static["signing_key"] = self.signing_key = fingerprint(key)
                 sign = functools.partial(_sign_head, store, key, run_id, stream, launch.world_size)
                 _sign_closed(store, key, closed)
             buffer = RecordBuffer()
