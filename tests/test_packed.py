@@ -10,10 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from forgery_support import CHAINED
+from forgery_support import rows as chain_rows
 from helpers import invoke, query_session, tamper
 from torch import nn
 
 import auditlog
+from auditlog.core.chain import canonical_payload, chain_hash, genesis_hash
 from auditlog.core.errors import CorruptRecordError
 from auditlog.core.packed import (
     is_packed,
@@ -93,7 +96,12 @@ def test_records_in_the_list_form_still_fill_the_steps_view(tmp_path: Path, old:
             payload.update(vectors)
         payload["tensor_ids"] = unpack_list(payload["tensor_ids"])
         payload["param_groups"][0]["params"] = unpack_list(payload["param_groups"][0]["params"])
-        conn.execute("update events set payload = ? where id = ?", (json.dumps(payload), event_id))
+        conn.execute("update events set payload = ? where id = ?", (canonical_payload(payload), event_id))
+        # As an old recorder wrote it: chained with that payload (the read model checks the links).
+        prev = genesis_hash(recording.run_id, 0)
+        for row in chain_rows(conn, recording.run_id):
+            row["hash"] = prev = chain_hash(prev, {c: row[c] for c in CHAINED})
+            conn.execute("update events set hash = ? where id = ?", (row["hash"], row["id"]))
     ids = payload["tensor_ids"]
     assert isinstance(ids, list) and len(ids) == 2 and ids == payload["param_groups"][0]["params"]
     want = [(i, ids[i], 0, 0.1, vectors["grad_norm"][i], vectors["update_norm"][i], vectors["param_norm"][i])

@@ -36,7 +36,7 @@ from auditlog.capture.base import RecorderBase, class_name
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.norms import NormPlan, norms_of
 from auditlog.capture.payloads import NonFiniteCount, StackedNorms
-from auditlog.capture.torch_compat import compile_guard, grad_fingerprint, local_view
+from auditlog.capture.torch_compat import compile_guard, local_view, tensor_version
 from auditlog.core.chain import Clean
 from auditlog.core.errors import RecordingFailedError, one_line
 from auditlog.core.packed import pack_ints
@@ -480,6 +480,14 @@ class _Pending(NamedTuple):
     due: bool  # parameter and update norms this step
     grads: _Grads | None
     closure: bool  # step(closure): the gradients are measured after the step
+
+
+def grad_fingerprint(params: list[torch.Tensor]) -> tuple[tuple[int, int] | None, ...]:
+    """Which gradient object each parameter holds and its in-place version counter: equal
+    fingerprints mean no gradient was replaced or changed in place since
+    (``clip_grad_norm_``, ``GradScaler.unscale_``, ``p.grad.mul_`` all bump the counter;
+    a change through ``.data`` has its own counter and is not seen)."""
+    return tuple(None if (g := p.grad) is None else (id(g), tensor_version(g)) for p in params)
 
 
 def _has_closure(args: Any, kwargs: Any) -> bool:

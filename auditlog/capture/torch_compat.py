@@ -70,10 +70,8 @@ def call_guard(hook: F) -> F:
     return guarded  # type: ignore[return-value]
 
 
-def in_transform_or_compile() -> bool:
-    """Is Dynamo tracing, or a ``torch.func`` transform running (``call_guard``'s test)?"""
+def in_transform_or_compile() -> bool:  # call_guard's test, for wrappers that must call through
     return bool(_is_compiling() or _functorch_interpreter() is not None)
-
 
 # --------------------------------------------------------------------------- torch.compile
 def skip_guards_at_frame_level() -> None:
@@ -359,19 +357,6 @@ def is_uninitialized(tensor: torch.Tensor) -> bool:
 def tensor_version(tensor: torch.Tensor) -> int:
     """The in-place version counter (``_version``): equal means not modified in place since."""
     return tensor._version
-
-
-def grad_fingerprint(params: list[torch.Tensor]) -> tuple[tuple[int, int] | None, ...]:
-    """Which gradient object each parameter holds and its in-place version counter
-    (``_version``): equal fingerprints mean no gradient was replaced or changed in
-    place since (``clip_grad_norm_``, ``GradScaler.unscale_``, ``p.grad.mul_`` all bump
-    the counter). A change made through ``.data`` has its own counter and is not seen."""
-    out: list[tuple[int, int] | None] = []
-    append = out.append
-    for p in params:
-        g = p.grad
-        append(None if g is None else (id(g), g._version))
-    return tuple(out)
 
 
 def tensor_hooks(tensor: torch.Tensor) -> dict[int, Any] | None:
