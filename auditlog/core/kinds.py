@@ -59,7 +59,14 @@ _KINDS = [
             "torch": "torch version",
             "cuda": "CUDA version torch was built with, or null",
             "platform": "platform string",
-            "git": "{commit, branch, dirty, diff_sha256, root} of the code being run, or null",
+            "git": "{commit, branch, dirty, diff_sha256, root, modified, untracked, files, files_total, hashing} "
+            "of the code being run, or null. files: the changed paths (at most 100; modified first, then "
+            "untracked) as {path, state, method, identity, from?, executable?}, state modified | added | "
+            "deleted | renamed | copied | unmerged | untracked, method sha256 (identity: of the content) | "
+            "size_mtime (identity: size:mtime_ns; files over 16 MiB or past the start's read budget) | "
+            "symlink | special | deleted | unreadable; hashing: {methods: count per method, file_limit, "
+            "total_limit, seconds_limit, seconds}. Runs recorded before have only the first five "
+            "and untracked (a count); their diff_sha256 hashed the diff and untracked contents",
             "seeds": "{torch_initial_seed} at start, an unsigned 64-bit integer (0 .. 2^64 - 1; a JSON integer, exact)",
             "policy": "capture settings in force (backward mechanism, ...)",
             "auditlog": "auditlog version",

@@ -27,7 +27,7 @@ alone, as data (``RunDiff``); the CLI renders it.
 - **Hyperparameters**: each optimizer (in order of its first step) and param
   group at its first step, the parameters in each group (by name), and the
   learning rate at every later step (the first step where schedules diverge).
-- **Code and environment**: git commit, branch, dirty flag and diff hash;
+- **Code and environment**: git commit, branch, dirty flag, diff hash and the files that differ;
   argv, Python/torch/CUDA versions, platform, host, user, working directory,
   world size, capture policy, the torch seed in effect (``manual_seed``, else
   the process's random seed), and the outcome (status, steps).
@@ -48,6 +48,7 @@ from auditlog.core.naming import Labels, attached_ids, label_state, short_class
 from auditlog.core.packed import unpack_list
 from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, replay
 from auditlog.core.values import iso, stat_float
+from auditlog.read.codefiles import code_changes
 from auditlog.store.blobs import SnapshotStore
 from auditlog.store.eventstore import EventStore
 
@@ -525,10 +526,7 @@ def _compare_metadata(a: RunFacts, b: RunFacts) -> list[Change]:
     if seed_a != seed_b:
         changes.append(Change("metadata", "seed", "changed", {"seed": (seed_a, seed_b)}))
     git_a, git_b = a.started.get("git") or {}, b.started.get("git") or {}
-    code: dict[str, tuple[Any, Any]] = {}
-    for key in CODE_FIELDS:
-        if git_a.get(key) != git_b.get(key):
-            code[key] = (git_a.get(key), git_b.get(key))
+    code = code_changes(git_a, git_b, CODE_FIELDS)  # and which files differ (codefiles.py)
     if code:
         changes.insert(0, Change("code", "git", "changed", code, dict(git_a) or None, dict(git_b) or None))
     return changes

@@ -24,6 +24,7 @@ from auditlog.core.errors import AuditlogError, one_line
 from auditlog.core.naming import short_class
 from auditlog.core.version import __version__
 from auditlog.read import plots
+from auditlog.read.codefiles import dirty_files
 from auditlog.read.forensics import Finding, find_nonfinite, finite, metrics_table, questions
 from auditlog.read.report_html import (
     badge,
@@ -133,6 +134,9 @@ def _summary(info: dict[str, Any], metadata: dict[str, Any]) -> str:
         code = f"{git.get('commit') or '?'} on {git.get('branch') or '?'}"
         if git.get("dirty"):
             code += f" with uncommitted changes (diff sha256 {git.get('diff_sha256') or '?'})"
+            if isinstance(git.get("files_total"), int):
+                code += f": {git.get('modified')} modified, {git.get('untracked')} untracked: "
+                code += "; ".join(dirty_files(git))
     argv = info.get("argv") or metadata.get("argv") or []
     rows = [
         ("run id", info.get("run_id")),

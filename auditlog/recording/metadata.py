@@ -7,11 +7,9 @@ recording does not delay the user's program.
 from __future__ import annotations
 
 import getpass
-import hashlib
 import os
 import platform
 import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,33 +19,21 @@ import torch
 from auditlog.core.hashing import CONTENT_HASH_VERSION
 from auditlog.core.liveness import process_start_ticks
 from auditlog.core.version import __version__
+from auditlog.recording.codestate import code_state, git
 from auditlog.recording.launch import Launch, detect_launch
 
 
-def _git(root: Path, *args: str) -> bytes | None:
-    try:
-        done = subprocess.run(
-            ["git", *args], cwd=root, capture_output=True, timeout=10, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
 def git_state(path: Path, exclude: Path | None = None) -> dict[str, Any] | None:
-    """Commit, branch, dirty flag and a hash of uncommitted changes of the repo holding ``path``.
-
-    ``diff_sha256`` covers ``git diff HEAD --binary`` plus the names and contents of
-    untracked, non-ignored files, so two dirty runs hash equal only if the code
-    they ran was the same.
-    """
+    """Commit, branch, dirty flag, a hash of uncommitted changes and the changed files
+    of the repository holding ``path`` (``auditlog.recording.codestate``: bounded in
+    time and memory, large files identified by size and mtime)."""
     start = path if path.is_dir() else path.parent
-    top = _git(start, "rev-parse", "--show-toplevel")
+    top = git(start, "rev-parse", "--show-toplevel")
     if top is None:
         return None
     root = Path(top.decode().strip())
-    commit = _git(root, "rev-parse", "HEAD")
-    branch = _git(root, "rev-parse", "--abbrev-ref", "HEAD")
+    commit = git(root, "rev-parse", "HEAD")
+    branch = git(root, "rev-parse", "--abbrev-ref", "HEAD")
     # The store often lives inside the repository (./.auditlog): its own files
     # must not make the code look dirty.
     spec = ["--", "."]
@@ -56,26 +42,11 @@ def git_state(path: Path, exclude: Path | None = None) -> dict[str, Any] | None:
             spec.append(f":(exclude){exclude.resolve().relative_to(root.resolve())}")
         except ValueError:
             pass
-    status = _git(root, "status", "--porcelain", "--untracked-files=all", *spec) or b""
-    digest = hashlib.sha256()
-    digest.update(_git(root, "diff", "HEAD", "--binary", *spec) or b"")
-    untracked = sorted(
-        line[3:].decode(errors="replace") for line in status.splitlines() if line.startswith(b"??")
-    )
-    for name in untracked:
-        digest.update(b"\0untracked\0" + name.encode())
-        try:
-            digest.update((root / name).read_bytes())
-        except OSError:
-            pass
-    dirty = bool(status.strip())
     return {
         "root": str(root),
         "commit": commit.decode().strip() if commit else None,
         "branch": branch.decode().strip() if branch else None,
-        "dirty": dirty,
-        "diff_sha256": digest.hexdigest() if dirty else None,
-        "untracked": len(untracked),
+        **code_state(root, spec),
     }
 
 
