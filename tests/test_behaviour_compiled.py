@@ -25,6 +25,21 @@ import auditlog
 from auditlog.store.blobs import SnapshotStore
 
 
+@pytest.fixture(autouse=True)
+def _no_tqdm_monitor() -> Any:
+    """Inductor's progress bars start tqdm's monitor thread, which outlives the test; a
+    process with another thread never forks (test_parallel_verify counts on the fork)."""
+    tqdm = pytest.importorskip("tqdm")
+    interval = tqdm.tqdm.monitor_interval
+    tqdm.tqdm.monitor_interval = 0
+    yield
+    tqdm.tqdm.monitor_interval = interval
+    monitor = getattr(tqdm.tqdm, "monitor", None)
+    if monitor is not None:
+        monitor.exit()
+        tqdm.tqdm.monitor = None
+
+
 class Parent(nn.Module):
     """An eager parent around a compiled child."""
 

@@ -79,8 +79,9 @@ def test_a_run_start_beside_a_huge_untracked_file_reads_none_of_it(tmp_path: Pat
     )
     assert done.returncode == 0, done.stderr
     seconds, peak = done.stdout.split()
-    # torch alone is ~0.3-0.5 GB; reading the file whole peaked at 3.6 GB.
-    assert int(peak) < (1 << 30), int(peak)
+    # torch alone is ~0.3-0.5 GB (seen at 1.5 GB once inside the whole suite); reading the
+    # 3 GiB file whole peaked at 3.6 GB.
+    assert int(peak) < BIG * 2 // 3, int(peak)
     assert float(seconds) < 60
     git = _started_git(store)[0]
     assert git["dirty"] is True and git["modified"] == 1 and git["untracked"] == 1 and git["files_total"] == 2

@@ -125,7 +125,7 @@ def test_a_forger_who_strips_the_fingerprint_is_signed_only_on_first_signature_a
     assert signed.exit_code == 0, signed.stderr
     lines = signed.stderr.splitlines()
     assert lines[0] == (
-        f"auditlog: signing run {keyed.r1[:12]} trusts on first signature stream 0 seq 1..20: no earlier "
+        f"auditlog: signing run {keyed.r1[:12]} trusts on first signature stream 0 seq 1..24: no earlier "
         "signature by a trusted key covers them, so this signature vouches for them as they are now (a rewrite "
         "by someone with write access before now would be signed too; `verify --against` an older exported "
         "head shows one)"
@@ -139,4 +139,4 @@ def test_signing_an_intact_signed_run_says_it_only_extends_earlier_signatures(ke
     assert result.exit_code == 0, result.stderr
     assert result.stderr == (f"auditlog: signing run {keyed.r1[:12]}: every event is already covered by a "
                              "signature by a trusted key; this signature extends them\n")
-    assert result.stdout == f"run {keyed.r1[:12]} stream 0: seq 20 already signed by this key\n"
+    assert result.stdout == f"run {keyed.r1[:12]} stream 0: seq 24 already signed by this key\n"

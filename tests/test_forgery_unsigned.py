@@ -40,7 +40,7 @@ def test_a_rewritten_unsigned_run_is_called_unsigned_before_and_after(store: Pat
     after = invoke("verify", "--store", str(store))
     assert before.exit_code == after.exit_code == 0, after.stderr
     assert before.stdout == after.stdout  # a bare chain cannot tell: so it must not claim to
-    assert before.stdout.splitlines()[0] == f"run {run_id[:12]}: 20 events in 1 stream(s): {UNSIGNED}"
+    assert before.stdout.splitlines()[0] == f"run {run_id[:12]}: 24 events in 1 stream(s): {UNSIGNED}"
     assert UNSIGNED.startswith("intact, unsigned: the chain detects accidental damage and naive edits, "
                                "not a rewrite by someone with write access")
     machine = json.loads(invoke("verify", "--store", str(store), "--format", "json").stdout)
@@ -58,7 +58,7 @@ def test_signed_and_checked_against_a_head_are_said_apart(trial: Trial, monkeypa
     signed = trial.cli("verify", trial.r1, "--key", str(trial.public_key))
     assert signed.exit_code == 0, signed.stderr
     assert signed.stdout.splitlines()[0] == (
-        f"run {trial.r1[:12]}: 20 events in 1 stream(s), 1 signed checkpoint(s): {VERDICTS['signed']}")
+        f"run {trial.r1[:12]}: 24 events in 1 stream(s), 1 signed checkpoint(s): {VERDICTS['signed']}")
     against = trial.verify()
     assert against.exit_code == 0, against.stderr
     assert against.stdout.splitlines()[0].endswith(
