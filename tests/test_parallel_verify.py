@@ -61,6 +61,23 @@ DAMAGE = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _only_thread() -> None:
+    """The split check forks only when no other thread runs: stop the one an earlier test's
+    torch.compile left behind (tqdm's monitor, started by inductor's progress bars)."""
+    import sys
+    import threading
+
+    tqdm = sys.modules.get("tqdm")
+    monitor = getattr(getattr(tqdm, "tqdm", None), "monitor", None)
+    if monitor is not None:
+        monitor.exit()
+        tqdm.tqdm.monitor = None  # type: ignore[union-attr]
+        monitor.join(5)
+    others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    assert not others, f"other threads keep the split check from forking: {others}"
+
+
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_split_check_agrees_with_sequential(tmp_path: Path, damage: str, monkeypatch: pytest.MonkeyPatch) -> None:
     store = _store(tmp_path / "store")
