@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 import auditlog
@@ -55,6 +56,7 @@ class Truth:
     skipped: list[int] = field(default_factory=list)  # executed steps completed when a skip happened
     raw_pending: dict[int, list[float | None]] = field(default_factory=dict)
     before: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    _open: bool = False  # a step's gradients were consumed and its update is not done yet
 
     def params(self, index: int) -> list[torch.Tensor]:
         return [p for g in self.optimizers[index].param_groups for p in g["params"]]
@@ -75,8 +77,6 @@ class Truth:
             self.before[index] = [p.detach().clone() for p in params]
             self.steps.append(step)
         self._open = True
-
-    _open: bool = False
 
     def stepped(self, index: int = 0) -> None:
         """The update is done (call right after ``step()``; nothing when no step was open)."""
@@ -142,7 +142,7 @@ def compare(store: Path, run_id: str, truth: Truth, check_raw: bool = True, chec
             assert p["grads_modified"] == (want.raw != want.used), f"step {n}: grads_modified {p['grads_modified']}"
             for i, (got, exp) in enumerate(zip(raw, want.raw, strict=True)):
                 _close(got, exp, f"step {n} raw_grad_norm[{i}]")
-        assert p["param_groups"][0]["lr"] == pytest_approx(want.lr), f"step {n}: lr"
+        assert p["param_groups"][0]["lr"] == pytest.approx(want.lr, rel=1e-7), f"step {n}: lr"
         if p.get("update_norm") is not None and want.update is not None:
             for i, (got, exp) in enumerate(zip(p["update_norm"], want.update, strict=True)):
                 _close(got, exp, f"step {n} update_norm[{i}]")
@@ -163,8 +163,3 @@ def compare(store: Path, run_id: str, truth: Truth, check_raw: bool = True, chec
         for i, (got, exp) in enumerate(zip(losses, truth.losses, strict=True)):
             _close(got, exp, f"loss {i}")
 
-
-def pytest_approx(value: float | None) -> Any:
-    import pytest
-
-    return pytest.approx(value, rel=1e-7)
