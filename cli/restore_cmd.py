@@ -62,6 +62,7 @@ def restore(
         with open_store(store) as opened:
             view = opened.run(run)
             count = write_restored(view, Path(tmp), kind, step, seq, root, allow_partial)
+            wrapped = view.wrappers_at(step, seq, root)
         os.chmod(tmp, 0o666 & ~_umask())  # a new file as any program makes it, not mkstemp's 0600
         os.replace(tmp, output)
     except BaseException:
@@ -69,6 +70,13 @@ def restore(
         raise
     when = f"step {step}" if step is not None else (f"seq {seq}" if seq is not None else "end of run")
     click.echo(f"wrote {count} tensors of run {view.run_id[:12]} at {when} to {output}")
+    if wrapped:
+        keys = ", ".join(sorted(wrapped)[:5]) + (f" and {len(wrapped) - 5} more" if len(wrapped) > 5 else "")
+        click.echo(
+            f"note: {keys} held a tensor subclass ({next(iter(wrapped.values())).get('type')}); the file has its "
+            "first inner tensor: Run.state_dict() in Python, with that class imported, rebuilds it whole",
+            err=True,
+        )
 
 
 def _umask() -> int:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 from behaviour_support import run_twice
+from helpers import invoke
 from torch import nn
 from torch._dynamo.utils import counters
 from torch.nn.utils import parametrize
@@ -207,3 +208,66 @@ def test_a_wrapper_subclass_parametrization_trains_and_its_snapshot_restores_bit
     assert torch.equal(restored.a, a) and torch.equal(restored.b, b)
     assert restored.a.dtype == a.dtype and restored.b.dtype == b.dtype
     assert entry["sha256"] == entry["subclass"]["inner"]["a"]  # the first inner tensor stands for the whole
+    assert entry["subclass"]["shape"] == list(a.shape) and entry["subclass"]["stride"] == list(a.stride())
+
+    # The Python API rebuilds the wrapper (its class is imported here); "first" gives the plain first inner.
+    key = "0.parametrizations.weight.original"
+    with auditlog.open(store) as s:
+        run = s.run()
+        assert list(run.wrappers_at()) == [key]
+        whole = run.state_dict()[key]
+        first = run.state_dict(wrappers="first")[key]
+    assert type(whole) is TwoTensor and whole.shape == a.shape and whole.stride() == a.stride()
+    assert torch.equal(whole.a, a) and torch.equal(whole.b, b) and not torch.equal(whole.a, whole.b)
+    assert type(first) is torch.Tensor and torch.equal(first, a)
+
+
+def test_restore_writes_a_wrappers_first_inner_tensor_and_says_so(tmp_path: Path) -> None:
+    """``auditlog restore`` does not import the class a store names: the file holds the first
+    inner tensor, and stderr says which keys held a subclass and how to rebuild them whole."""
+    store = tmp_path / "store"
+    with auditlog.record(store=store, snapshot_every=1) as recording:
+        torch.manual_seed(0)
+        model = nn.Linear(3, 2)
+        w = model.weight.detach()
+        model.weight = nn.Parameter(TwoTensor(w.clone(), w.clone() * 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            opt.zero_grad()
+            model(TwoTensor(torch.randn(4, 3), torch.randn(4, 3))).pow(2).sum().backward()
+            opt.step()
+        a, b = model.weight.a.detach().clone(), model.weight.b.detach().clone()
+    assert recording.run_id is not None
+    for name in ("w.pt", "w.safetensors"):
+        result = invoke("restore", "--store", str(store), "-o", str(tmp_path / name))
+        assert result.exit_code == 0, result.stderr
+        assert "note: weight held a tensor subclass (torch.testing._internal.two_tensor.TwoTensor)" in result.stderr
+        assert "Run.state_dict()" in result.stderr
+    from safetensors.torch import load_file
+
+    assert torch.equal(load_file(str(tmp_path / "w.safetensors"))["weight"], a)
+    assert torch.equal(torch.load(tmp_path / "w.pt")["weight"], a)
+    with auditlog.open(store) as s:
+        run = s.run()
+        whole = run.state_dict()["weight"]
+        initial = run.state_dict(step=0)["weight"]  # the sealed initial value stores every inner tensor too
+    assert torch.equal(whole.a, a) and torch.equal(whole.b, b)
+    assert type(initial) is TwoTensor and torch.equal(initial.a, w) and torch.equal(initial.b, w * 3)
+
+
+def test_a_wrapper_is_rebuilt_only_from_a_class_already_imported() -> None:
+    """A store names a class; auditlog never imports it (a crafted store would run code), and a
+    context stored as text cannot be rebuilt: both are refused with the reason."""
+    from auditlog.core.errors import AuditlogError
+    from auditlog.read.wrappers import wrapper_class
+
+    facts = {"type": "torch.testing._internal.two_tensor.TwoTensor", "inner": {"a": "0" * 64, "b": "1" * 64}, "ctx": None}
+    assert wrapper_class("w", facts) is TwoTensor
+    with pytest.raises(AuditlogError, match="no tensor subclass imported in this process"):
+        wrapper_class("w", {**facts, "type": "antigravity.Fly"})
+    with pytest.raises(AuditlogError, match="no tensor subclass imported in this process"):
+        wrapper_class("w", {**facts, "type": "os.path"})  # imported, but no tensor subclass
+    with pytest.raises(AuditlogError, match="stored as text only"):
+        wrapper_class("w", {**facts, "ctx": "{'scale': 2.0}"})
+    with pytest.raises(AuditlogError, match="names no wrapper class"):
+        wrapper_class("w", {**facts, "inner": {}})

@@ -63,7 +63,10 @@ class HostCopy:
             if parts is not None:
                 cls, inner, ctx = parts
                 names = list(inner)
-                self.subclass = {"type": cls, "first": names[0] if names else None, "ctx": None if ctx is None else repr(ctx)[:500]}
+                self.subclass = {
+                    "type": cls, "first": names[0] if names else None,
+                    "ctx": None if ctx is None else repr(ctx)[:500], **_outer_layout(source),
+                }
                 self.inner = [(n, HostValues(_host_clone(inner[n]))) for n in names[1:]]
             source = local_view(source.detach())
             # Statistics are launched here, on the training thread, like activity
@@ -84,6 +87,25 @@ class HostCopy:
     def ready(self) -> torch.Tensor:
         """The copy, once the device has written it (writer thread)."""
         return self.copy.ready()
+
+
+def wrapper_entry(pending: HostCopy, first: str, others: list[str]) -> dict[str, Any]:
+    """The ``subclass`` of a stored entry: class, inner attribute -> sha256 (the first
+    inner tensor's hash is the entry's ``sha256``), context repr, outer shape and stride."""
+    facts = pending.subclass
+    assert facts is not None
+    shas = {facts["first"]: first, **{name: sha for (name, _), sha in zip(pending.inner, others, strict=True)}}
+    return {"type": facts["type"], "inner": shas, "ctx": facts["ctx"], "shape": facts["shape"], "stride": facts["stride"]}
+
+
+def _outer_layout(tensor: torch.Tensor) -> dict[str, list[int] | None]:
+    """A wrapper's own ``shape`` and ``stride``: what ``__tensor_unflatten__`` takes to
+    rebuild it (its inner tensors' may differ). None where the subclass computes them
+    in code of its own (a "sizes" dispatch policy) and that code fails."""
+    try:
+        return {"shape": list(tensor.shape), "stride": list(tensor.stride())}
+    except Exception:
+        return {"shape": None, "stride": None}
 
 
 def _host_clone(tensor: torch.Tensor) -> torch.Tensor:
@@ -110,17 +132,22 @@ class SealItems:
     def resolve_in(self, sink: BlobSink) -> list[dict[str, Any]]:
         out = []
         copies = [(tensor_id, pending.ready()) for tensor_id, pending in self.items]
+        # A wrapper subclass's other inner tensors, hashed (and stored) beside its first.
+        inner = [(tensor_id, part.ready()) for tensor_id, p in self.items for _, part in p.inner]
         if self.store:
-            digests = [sha for sha, _ in sink.store_blobs(copies)]
+            digests = [sha for sha, _ in sink.store_blobs(copies + inner)]
         else:
             threads = hash_threads()  # the leaves of a large tensor on every core (core.hashing)
-            digests = [tensor_hash(copy, threads=threads) for _, copy in copies]
-        del copies
-        for (tensor_id, pending), digest in zip(self.items, digests, strict=True):
+            digests = [tensor_hash(copy, threads=threads) for _, copy in copies + inner]
+        del copies, inner
+        inner_digests = iter(digests[len(self.items):])
+        for (tensor_id, pending), digest in zip(self.items, digests, strict=False):
             stats = pending.stats.resolve() if pending.stats is not None else None
             item: dict[str, Any] = {"tensor_id": tensor_id, "sha256": digest, "stats": stats}
             if pending.shard is not None:
                 item["shard"] = pending.shard
+            if pending.subclass is not None:
+                item["subclass"] = wrapper_entry(pending, digest, [next(inner_digests) for _ in pending.inner])
             out.append(item)
         self.items = []
         return out
@@ -158,13 +185,13 @@ class SnapshotItems:
                 if pending.shard is not None:
                     item["shard"] = pending.shard
                 if pending.subclass is not None:
-                    shas = {pending.subclass["first"]: digest}
+                    shas = []
                     for _ in pending.inner:
-                        (_, name, part), (sha, written) = next(stored_inner)
-                        shas[name] = sha
+                        (_, _, part), (sha, written) = next(stored_inner)
+                        shas.append(sha)
                         new_bytes += written
                         logical += part.numel() * part.element_size()
-                    item["subclass"] = {"type": pending.subclass["type"], "inner": shas, "ctx": pending.subclass["ctx"]}
+                    item["subclass"] = wrapper_entry(pending, digest, shas)
                 tensors.append(item)
             new_bytes += sum(n for _, n in stored)
             logical += sum(c.numel() * c.element_size() for _, c in copies)

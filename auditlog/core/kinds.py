@@ -164,10 +164,11 @@ _KINDS = [
         {
             "trigger": "first_forward | optimizer_step | explicit | run_end",
             "stored": "true when the values were also stored as snapshots (the default)",
-            "tensors": "list of {tensor_id, sha256, stats, shard}: sha256 is the content hash "
+            "tensors": "list of {tensor_id, sha256, stats, shard, subclass}: sha256 is the content hash "
             "(see auditlog.tensor_hash) of the value at sealing; " + STATS_DOC + "; shard (sharded "
             "DTensor parameters, FSDP2): {placements, mesh_shape, coordinate, global_shape, local_shape, "
-            "offset} of this rank's shard, whose values and hash the item holds",
+            "offset} of this rank's shard, whose values and hash the item holds; subclass: a wrapper "
+            "tensor subclass, as in snapshot_taken",
         },
     ),
     Kind(
@@ -187,7 +188,8 @@ _KINDS = [
             "costs no disk, but is still copied and hashed), write_s: seconds the writer took to "
             "hash and store it}; subclass (a wrapper tensor subclass only, e.g. TwoTensor): {type: "
             "its class, inner: {attribute: sha256} of the inner tensors of __tensor_flatten__, ctx: "
-            "repr of the flatten context or null}, and sha256 is then the first inner tensor's",
+            "repr of the flatten context or null, shape and stride: the wrapper's own (null where its code "
+            "would have to compute them)}, and sha256 is then the first inner tensor's",
             "overrun": "only when this snapshot was due before earlier ones were stored (the writer "
             "cannot keep up with the snapshot rate): {behind: snapshots taken and not yet stored then, "
             "behind_bytes: their host copies' bytes, waited_s: seconds the training thread waited for "

@@ -71,6 +71,9 @@ class TensorInfo:
     history: list[tuple[int, int, str]] = field(default_factory=list)  # (step, seq, sha256)
     # For a sharded (DTensor) tensor: seq -> where the stored local shard lies (``shard`` of the item).
     shards: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # For a wrapper subclass (TwoTensor, Float8-like): seq -> its stored representation
+    # (``subclass`` of the item: type, inner attribute -> sha256, ctx, shape, stride).
+    wrappers: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -266,13 +269,13 @@ def apply(state: ModelState, event: dict[str, Any]) -> None:
                 info.initial_sha256 = item.get("sha256")
                 info.initial_stats = item.get("stats")
                 if data.get("stored"):
-                    _snapshotted(info, item.get("sha256"), event, item.get("shard"))
+                    _snapshotted(info, item.get("sha256"), event, item.get("shard"), item.get("subclass"))
     elif kind == "snapshot_taken":
         snap = data.get("snapshot") or {}
         for item in snap.get("tensors", []):
             info = state.tensors.get(int(item["tensor_id"]))
             if info is not None:
-                _snapshotted(info, item.get("sha256"), event, item.get("shard"))
+                _snapshotted(info, item.get("sha256"), event, item.get("shard"), item.get("subclass"))
     elif kind == "structure_changed":
         owner = state.modules.get(int(event["module_id"])) if event.get("module_id") is not None else None
         if data.get("change") == "removed" and owner is not None:
@@ -289,7 +292,9 @@ def apply(state: ModelState, event: dict[str, Any]) -> None:
                     setattr(info, key, value)
 
 
-def _snapshotted(info: TensorInfo, sha256: str | None, event: dict[str, Any], shard: Any = None) -> None:
+def _snapshotted(
+    info: TensorInfo, sha256: str | None, event: dict[str, Any], shard: Any = None, wrapper: Any = None
+) -> None:
     info.snapshot_sha256 = sha256
     info.snapshot_step = event.get("step")
     info.snapshot_seq = event.get("seq")
@@ -297,6 +302,8 @@ def _snapshotted(info: TensorInfo, sha256: str | None, event: dict[str, Any], sh
         info.history.append((int(event.get("step") or 0), int(event["seq"]), sha256))
         if isinstance(shard, dict):
             info.shards[int(event["seq"])] = shard
+        if isinstance(wrapper, dict) and isinstance(wrapper.get("inner"), dict):
+            info.wrappers[int(event["seq"])] = wrapper
 
 
 def replay(events: Iterable[dict[str, Any]], upto_seq: int | None = None) -> ModelState:

@@ -77,7 +77,9 @@ def write_restored(
         if all(info.dtype in SAFETENSORS_DTYPES for info in facts.values()):
             _stream_safetensors(files, plan, facts, loaded, target, {"auditlog.run": run.run_id}, when)
             return len(plan)
-    state = run.state_dict(step=step, seq=seq, root=root, allow_partial=allow_partial)
+    # A wrapper subclass as its first inner tensor: the class is not imported here
+    # (``read.wrappers``), and safetensors holds plain tensors only; the CLI says so.
+    state = run.state_dict(step=step, seq=seq, root=root, allow_partial=allow_partial, wrappers="first")
     if kind == "safetensors":
         from safetensors.torch import save_file
 

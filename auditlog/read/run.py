@@ -52,6 +52,8 @@ class Run:
         self._pinned = stream  # one given stream (a rank in one segment), else chosen below
         self._streams: list[int] | None = None
         self._chain_checked = False  # require_intact_chain ran (once per Run)
+        # The last restore pick (a replay of the construction events): state_dict asks twice.
+        self._last_pick: tuple[tuple[int | None, int | None, str | None], list[Any]] | None = None
 
     # ------------------------------------------------------------------ ranks
     def streams(self) -> list[int]:
@@ -241,6 +243,7 @@ class Run:
         seq: int | None = None,
         root: str | None = None,
         allow_partial: bool = False,
+        wrappers: str = "rebuild",
     ) -> dict[str, torch.Tensor]:
         """A ``state_dict`` rebuilt from snapshots, bitwise equal to the live one then.
 
@@ -250,7 +253,15 @@ class Run:
         ``allow_partial`` (then it is left out; nothing at all is still an error).
         Each value's content hash is checked against the chained hash
         (``IntegrityError`` naming the tensor and the file). Needs torch.
+
+        A wrapper tensor subclass (TwoTensor, Float8-like) is rebuilt from every
+        inner tensor stored (``wrappers="rebuild"``, ``read.wrappers``): its class
+        must already be imported (a name in the store never makes auditlog import
+        code); otherwise an error says so. ``wrappers="first"`` gives its first
+        inner tensor instead, as a plain tensor (what ``auditlog restore`` writes).
         """
+        if wrappers not in ("rebuild", "first"):
+            raise UsageError(f"wrappers must be 'rebuild' or 'first', not {wrappers!r}")
         from auditlog.store.blobs import SnapshotStore
 
         plan = self.checked_plan(step, seq, root, allow_partial)
@@ -266,7 +277,12 @@ class Run:
         for key, sha in plan:
             wanted.setdefault(sha, f"{key} at {when}")  # a shared content is named by its first key
         loaded = snapshots.read_many(list(wanted.items()))
-        return {key: loaded[sha] for key, sha in plan}
+        out = {key: loaded[sha] for key, sha in plan}
+        if wrappers == "rebuild":
+            from auditlog.read.wrappers import rebuild_wrappers
+
+            rebuild_wrappers(out, self.wrappers_at(step, seq, root), snapshots, when)
+        return out
 
     def checked_plan(
         self, step: int | None, seq: int | None, root: str | None, allow_partial: bool
@@ -332,6 +348,21 @@ class Run:
     ) -> list[tuple[str, str | None, dict[str, Any] | None]]:
         """``(state_dict key, snapshot hash or None, shard facts or None)`` in this view's
         stream: the facts say where a sharded (DTensor) value's stored piece lies."""
+        return [(key, sha, shard) for key, sha, shard, _ in self._picked(step, seq, root)]
+
+    def wrappers_at(
+        self, step: int | None = None, seq: int | None = None, root: str | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """The state_dict keys whose value was a wrapper tensor subclass (TwoTensor,
+        Float8-like) at a step/seq, with its stored representation (``subclass`` of the
+        snapshot entry: type, inner attribute -> sha256, ctx, shape, stride)."""
+        return {key: wrapper for key, _, _, wrapper in self._picked(step, seq, root) if wrapper is not None}
+
+    def _picked(
+        self, step: int | None, seq: int | None, root: str | None
+    ) -> list[tuple[str, str | None, dict[str, Any] | None, dict[str, Any] | None]]:
+        if self._last_pick is not None and self._last_pick[0] == (step, seq, root):
+            return self._last_pick[1]
         upto = self.boundary(step, seq)
         full = self.model_state()
         state = full if upto is None else self.model_state(upto_seq=upto)  # the end: one replay
@@ -341,14 +372,15 @@ class Run:
             raise UsageError(f"no root module {root!r} in run {self.run_id[:12]}") from None
         end = upto if upto is not None else full.last_seq
         limit = self.store.step_seq(self.run_id, self.stream, step + 1) if step is not None else None
-        plan: list[tuple[str, str | None, dict[str, Any] | None]] = []
+        plan: list[tuple[str, str | None, dict[str, Any] | None, dict[str, Any] | None]] = []
         for key, tensor_id in state.state_dict_keys(root_id):
             info = full.tensors.get(tensor_id)
             picked = pick_entry(info.history if info is not None else [], step, end, limit)
-            if picked is None:
-                plan.append((key, None, None))
+            if picked is None or info is None:
+                plan.append((key, None, None, None))
             else:
-                plan.append((key, picked[1], info.shards.get(picked[0]) if info is not None else None))
+                plan.append((key, picked[1], info.shards.get(picked[0]), info.wrappers.get(picked[0])))
+        self._last_pick = ((step, seq, root), plan)
         return plan
 
     def snapshots(self) -> tuple[list[dict[str, Any]], int]:
