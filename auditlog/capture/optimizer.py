@@ -113,7 +113,7 @@ class OptimizerHooks(RecorderBase):
         unbound = self._unbound
         if unbound is None or not params:
             return None
-        index = unbound.index
+        index = unbound.positions
         positions = [index.get(id(p)) for p in params]
         present = [i for i, pos in enumerate(positions) if pos is not None]
         if not present:
@@ -127,6 +127,7 @@ class OptimizerHooks(RecorderBase):
         """The norms of the gradients the update consumes now, and the raw ones beside them."""
         raw = self._raw_of(optimizer, params)
         scale = getattr(optimizer, "grad_scale", None)  # set by GradScaler.step for fused optimizers
+        modified: bool | None
         if raw is not None and grad_fingerprint(params) == raw.fingerprint:
             used, modified = raw.norms, False
         else:
@@ -457,7 +458,7 @@ class _Unbound(NamedTuple):
     """Raw norms of parameters no optimizer seen so far holds, by ``id`` of the parameter."""
 
     norms: torch.Tensor
-    index: dict[int, int]
+    positions: dict[int, int]  # id of the parameter -> its row of ``norms``
     fingerprint: dict[int, tuple[int, int] | None]
 
 
