@@ -13,6 +13,7 @@ from typing import Any
 import click
 from auditlog.cli import (
     attest_cmd,
+    bom_cmd,
     combine_cmd,
     db_cmd,
     diff_cmd,
@@ -123,6 +124,7 @@ cli.add_command(metrics_cmd.metrics)
 cli.add_command(metrics_cmd.nonfinite)
 cli.add_command(plot_cmd.plot)
 cli.add_command(report_cmd.report)
+cli.add_command(bom_cmd.bom)
 
 
 def main() -> None:

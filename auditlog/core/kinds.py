@@ -55,6 +55,9 @@ _KINDS = [
             "its signatures is refused by checkpoint, export-head, attest and restore",
             "run_id_source": "how the run id was chosen: argument | AUDITLOG_RUN_ID | torchrun agent store | "
             "torchrun environment | random",
+            "energy": "host energy counters at the start: {source: rapl, ts_ns, zones: {zone: {name, "
+            "energy_uj, max_energy_range_uj}}} (Linux powercap; every process on the host counts), or null "
+            "where none is readable",
             "python": "Python version",
             "torch": "torch version",
             "cuda": "CUDA version torch was built with, or null",
@@ -86,6 +89,7 @@ _KINDS = [
             "steps": "optimizer steps completed",
             "seeds": "{torch_initial_seed} at end (reflects torch.manual_seed calls)",
             "dropped": "records the recorder had to drop (0 unless the store failed)",
+            "energy": "host energy counters at the end, as in run_started, or null",
             "detected_by": "for status crashed: the run id that noticed the dead process",
             "last_seen": "for status crashed: the dead process's last heartbeat (UTC)",
         },

@@ -25,6 +25,7 @@ from auditlog.core.naming import short_class
 from auditlog.core.version import __version__
 from auditlog.read import plots
 from auditlog.read.codefiles import dirty_files
+from auditlog.read.docfacts import Fact, documentation_facts
 from auditlog.read.forensics import Finding, find_nonfinite, finite, metrics_table, questions
 from auditlog.read.report_html import (
     badge,
@@ -37,6 +38,7 @@ from auditlog.read.report_html import (
     si,
     table,
 )
+from auditlog.read.report_techdoc import techdoc_section
 from auditlog.read.run import Run
 from auditlog.read.series import Panel, panels
 from auditlog.store.readmodel.forensics import ForensicQueries
@@ -50,6 +52,9 @@ def run_report(run: Run) -> str:
     with questions(run) as q:
         facts = _facts(q)
     verdict = _verify(run)
+    documented = documentation_facts(run, verification=Fact(
+        {"ok": verdict["ok"], "assurance": verdict["assurance"], "verdict": verdict["text"]},
+        [{"command": f"auditlog verify {run.run_id}"}]))
     info = facts["run"]
     metadata = facts["metadata"]
     status = str(info.get("status") or "unknown")
@@ -67,9 +72,11 @@ def run_report(run: Run) -> str:
         section("data", "Data and annotations", _annotations(facts["annotations"])),
         section("training", "Training", _training(facts)),
         section("nonfinite", "Non-finite values", _nonfinite(facts["finding"])),
+        section("techdoc", "Technical documentation (EU AI Act)", techdoc_section(documented)),
     ]
     nav = [("summary", "Run"), ("integrity", "Integrity"), ("outcome", "Outcome"), ("model", "Model"),
-           ("compute", "Compute"), ("data", "Data"), ("training", "Training"), ("nonfinite", "NaN/Inf")]
+           ("compute", "Compute"), ("data", "Data"), ("training", "Training"), ("nonfinite", "NaN/Inf"),
+           ("techdoc", "Documentation")]
     return page(f"auditlog report {run.run_id[:12]}", heading, nav, sections, _footer(run))
 
 

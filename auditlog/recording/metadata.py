@@ -20,6 +20,7 @@ from auditlog.core.hashing import CONTENT_HASH_VERSION
 from auditlog.core.liveness import process_start_ticks
 from auditlog.core.version import __version__
 from auditlog.recording.codestate import code_state, git
+from auditlog.recording.energy import energy_counters
 from auditlog.recording.launch import Launch, detect_launch
 
 
@@ -101,6 +102,8 @@ def static_metadata(
         # How this run's tensor content hashes are made (auditlog.core.hashing).
         "content_hash": CONTENT_HASH_VERSION,
         "code_path": str(code_path) if code_path else None,
+        # Host energy counters (RAPL) at start; run_ended has them at the end (recording.energy).
+        "energy": energy_counters(),
     }
 
 

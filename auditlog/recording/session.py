@@ -44,6 +44,7 @@ from auditlog.integrity.heads import checkpoint_head, checkpoint_run
 from auditlog.integrity.keys import configured_private_key, fingerprint
 from auditlog.integrity.report import StreamTip
 from auditlog.recording.crashes import close_crashed_runs
+from auditlog.recording.energy import energy_counters
 from auditlog.recording.execfile import exit_status
 from auditlog.recording.launch import Launch, choose_run_id, detect_launch
 from auditlog.recording.metadata import RunStartedPayload, seeds, static_metadata
@@ -251,7 +252,7 @@ class Recording(contextlib.ContextDecorator):
             except Exception as fault:
                 recorder.fault("run_end_seal", fault)
             ending = _outcome(exc)
-            ending.update(steps=recorder.step, seeds=seeds(), dropped=writer.dropped)
+            ending.update(steps=recorder.step, seeds=seeds(), dropped=writer.dropped, energy=energy_counters())
             recorder.emit("run_ended", payload=ending)
             writer.close()
             writer.sign_final()

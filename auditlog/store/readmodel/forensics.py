@@ -100,7 +100,19 @@ class ForensicQueries:
         )
         return {k: int(v) for k, v in found[0].items()}
 
+    def parameter_devices(self) -> list[dict[str, Any]]:
+        """Per stream (rank) and device: how many parameters lie there (the documentation's hardware)."""
+        return self.rows("SELECT stream, device, count(*) AS tensors FROM parameters GROUP BY stream, device "
+                         "ORDER BY stream, device")
+
     # ------------------------------------------------------------------ curves
+    def metric_summary(self) -> list[dict[str, Any]]:
+        """Per metric name: its last finite value (and step), min, max and count."""
+        return self.rows(
+            "SELECT name, arg_max(value, step) AS last, min(value) AS min, max(value) AS max, max(step) AS step, "
+            "count(*) AS n FROM metrics WHERE isfinite(value) GROUP BY name ORDER BY name"
+        )
+
     def metrics(self) -> list[dict[str, Any]]:
         """Every metric value in record order."""
         return self.rows(
