@@ -214,8 +214,10 @@ function diffSection(d, a, b) {
     ask.disabled = true; clear(out).append(el("p", {class: "muted"}, "comparing values…"));
     try {
       const v = await api("/api/compare/values", {a: d.a.run_id, b: d.b.run_id});
-      const first = v.first ? `first divergence: ${JSON.stringify(v.first)}` : "no divergence in the steps compared";
-      clear(out).append(el("p", {}, `${v.mode}: ${v.compared} tensors compared at steps ${(v.steps_compared || []).join(", ")}; ${first}`));
+      const f = v.first_divergence;
+      const first = f ? `first divergence at step ${f.step}: ${f.tensor} (${f.reason}${f.max_abs_diff !== undefined ? ", max abs diff " + fmt(f.max_abs_diff) : ""})`
+        : "identical at every step compared";
+      clear(out).append(el("p", {class: "values"}, `${v.mode}: ${fmt(v.tensors_compared)} tensors compared at steps ${(v.steps_compared || []).join(", ")}; ${first}`));
     } catch (e) { clear(out); failed(out, e); }
     ask.disabled = false;
   });
