@@ -119,7 +119,6 @@ def runs_page(
 def run_summary(store: Store, run: Run) -> dict[str, Any]:
     """The run page's facts: summary, totals, annotations, the non-finite finding, snapshots
     with the command that restores each, and the last step (the slider's end)."""
-    info = run.info()
     with questions(run) as q:
         row = q.run_row() or {}
         totals = q.parameter_totals()
@@ -135,8 +134,8 @@ def run_summary(store: Store, run: Run) -> dict[str, Any]:
     for snap in snapshots:
         snap["restore"] = restore_command(where, run.run_id, snap["step"])
     return {
-        "run": info.as_dict() | {"user": row.get("user"), "python": row.get("python"), "torch": row.get("torch"),
-                                 "cuda": row.get("cuda"), "git_branch": row.get("git_branch")},
+        # The runs view's row: the facts of `auditlog runs`, status derived the same way.
+        "run": {k: v for k, v in row.items() if k != "metadata"} | {"run_id": run.run_id},
         "metadata": {k: metadata.get(k) for k in ("cwd", "code_path", "policy", "auditlog", "git")
                      if isinstance(metadata, dict)},
         "totals": totals,
@@ -145,7 +144,7 @@ def run_summary(store: Store, run: Run) -> dict[str, Any]:
         "snapshots": snapshots,
         "snapshot_bytes": stored,
         "flops": [_json_or_text(e["payload"]) for e in flops[:1]],
-        "last_step": int(info.steps),
+        "last_step": int(row.get("steps") or 0),
     }
 
 
