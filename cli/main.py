@@ -31,6 +31,7 @@ from auditlog.cli import (
     runs_cmd,
     snapshots_cmd,
     tree_cmd,
+    ui_cmd,
     verify_cmd,
 )
 from auditlog.cli.inert import guarded_streams, inert
@@ -125,6 +126,7 @@ cli.add_command(metrics_cmd.nonfinite)
 cli.add_command(plot_cmd.plot)
 cli.add_command(report_cmd.report)
 cli.add_command(bom_cmd.bom)
+cli.add_command(ui_cmd.ui)
 
 
 def main() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -15,8 +14,6 @@ from auditlog.core.errors import AuditlogError, UsageError
 
 if TYPE_CHECKING:
     from rich.tree import Tree
-
-    from auditlog.core.replay import ModelState
 
 
 def step_options(func: Any) -> Any:
@@ -32,55 +29,6 @@ def check_step_or_seq(step: int | None, seq: int | None) -> None:
     """``--step`` and ``--seq`` both name a point in the run: one at a time."""
     if step is not None and seq is not None:
         raise UsageError("--step and --seq both name a point in the run; give one of them")
-
-
-def _where(source: dict[str, Any] | None) -> str | None:
-    if not source:
-        return None
-    return f"{os.path.relpath(source['file']) if os.path.isabs(source['file']) else source['file']}:{source['line']}"
-
-
-def tree_json(state: ModelState, module_id: int, name: str) -> dict[str, Any]:
-    """One module and its subtree as JSON (stable field names, documented in the README)."""
-    node = state.modules[module_id]
-
-    def tensors(members: dict[str, int | None]) -> list[dict[str, Any]]:
-        out = []
-        for member, tensor_id in members.items():
-            if tensor_id is None:
-                continue
-            info = state.tensors[tensor_id]
-            out.append(
-                {
-                    "name": member,
-                    "tensor_id": tensor_id,
-                    "shape": info.shape,
-                    "dtype": info.dtype,
-                    "device": info.device,
-                    "requires_grad": info.requires_grad,
-                    "persistent": info.persistent,
-                    "source": _where(info.source),
-                    "initial_sha256": info.initial_sha256,
-                    "sha256": info.snapshot_sha256,
-                    "snapshot_step": info.snapshot_step,
-                }
-            )
-        return out
-
-    return {
-        "name": name,
-        "module_id": module_id,
-        "class": node.cls,
-        "wrapped_by": list(node.wrappers),
-        "source": _where(node.source),
-        "parameters": tensors(node.parameters),
-        "buffers": tensors(node.buffers),
-        "children": [
-            tree_json(state, child, child_name)
-            for child_name, child in node.children.items()
-            if child is not None
-        ],
-    }
 
 
 def _member_label(kind: str, t: dict[str, Any]) -> tuple[tuple[str, str], str, tuple[str, str] | str]:
@@ -173,6 +121,7 @@ def tree(
     from rich.tree import Tree
 
     from auditlog.read.api import open_store
+    from auditlog.read.tree import tree_json
 
     check_step_or_seq(step, seq)
     with open_store(store) as opened:

@@ -51,7 +51,7 @@ def run_report(run: Run) -> str:
     """The HTML page of one run."""
     with questions(run) as q:
         facts = _facts(q)
-    verdict = _verify(run)
+    verdict = verify_verdict(run)
     documented = documentation_facts(run, verification=Fact(
         {"ok": verdict["ok"], "assurance": verdict["assurance"], "verdict": verdict["text"]},
         [{"command": f"auditlog verify {run.run_id}"}]))
@@ -112,8 +112,9 @@ def _pictures(q: ForensicQueries, metric_columns: list[str]) -> list[tuple[str, 
     return [(what, panels(q, what)) for what in wanted]
 
 
-def _verify(run: Run) -> dict[str, Any]:
-    """What ``auditlog verify`` says about the run, as the page shows it."""
+def verify_verdict(run: Run) -> dict[str, Any]:
+    """What ``auditlog verify`` says about the run, in its words, as the report and the
+    web UI show it (``assurance``: a key of ``BADGES``)."""
     try:
         report = run.verify()
     except AuditlogError as exc:
@@ -188,14 +189,18 @@ def _integrity(verdict: dict[str, Any]) -> str:
     if verdict["problems"]:
         body += "<ul>" + "".join(f"<li><code>{esc(p)}</code></li>" for p in verdict["problems"]) + "</ul>"
     if verdict["assurance"] == "unsigned":
-        body += (
-            '<p class="muted">Not signed: an intact hash chain shows the record suffered no accidental damage '
-            "and no naive edit, but anyone with write access to the store can rewrite the whole chain with "
-            "fresh hashes, or cut off its newest events, and it would verify the same. Configure a signing key "
-            "(<code>auditlog keygen</code>: runs are then signed as they are recorded) and keep an exported "
-            "head outside the store (<code>auditlog export-head</code>).</p>"
-        )
+        body += f'<p class="muted">{esc(UNSIGNED_NOTE)}</p>'
     return body
+
+
+# What an unsigned verdict does and does not prove (the report and the web UI say it alike).
+UNSIGNED_NOTE = (
+    "Not signed: an intact hash chain shows the record suffered no accidental damage "
+    "and no naive edit, but anyone with write access to the store can rewrite the whole chain with "
+    "fresh hashes, or cut off its newest events, and it would verify the same. Configure a signing key "
+    "(auditlog keygen: runs are then signed as they are recorded) and keep an exported "
+    "head outside the store (auditlog export-head)."
+)
 
 
 def _outcome(info: dict[str, Any], facts: dict[str, Any]) -> str:
