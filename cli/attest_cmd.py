@@ -13,7 +13,7 @@ from auditlog.cli.options import run_argument, store_option
 from auditlog.cli.output import echo_line
 from auditlog.cli.proofs_cmd import read_json, write_new
 
-from auditlog.core.errors import IntegrityError
+from auditlog.core.errors import IntegrityError, UsageError
 
 KEY_HELP = "Private key [default: $AUDITLOG_KEY or ~/.config/auditlog/signing_key]."
 
@@ -61,22 +61,31 @@ def _tell(line: str) -> None:
               help="Also check this is the attested model file.")
 @click.option("--store", "store", default=None, metavar="DIR|URL",
               help="Also check the record in this store still holds what was attested.")
+@click.option("--model-signature", "model_signature", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Also check this OpenSSF model signature (from `restore --sign`) of --model, and that the attestation names it.")
+@click.option("--model-signing-key", "model_signing_key", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="The ECDSA public key (PEM) the model signature must verify with (`keygen --model-signing` wrote PATH.pub).")
 @click.argument("attestation", metavar="FILE")
-def verify_attestation(key_paths: tuple[str, ...], model: Path | None, store: str | None, attestation: str) -> None:
+def verify_attestation(key_paths: tuple[str, ...], model: Path | None, store: str | None,
+                       model_signature: Path | None, model_signing_key: Path | None, attestation: str) -> None:
     """Check an attestation from `auditlog attest`: its signature, and with --model / --store the
-    model file and the record (exit 4 when anything does not hold)."""
+    model file and the record (exit 4 when anything does not hold); with --model-signature and
+    --model-signing-key, the file's OpenSSF model signature too, tied to the attestation."""
     from auditlog.integrity.keys import trusted_public_keys
     from auditlog.integrity.signing import KeyRing
     from auditlog.read.api import open_store
     from auditlog.read.attest import verify_attestation as check_attestation
 
+    if (model_signature is None) != (model_signing_key is None):
+        raise UsageError("--model-signature and --model-signing-key go together")
+    signed = (model_signature, model_signing_key) if model_signature and model_signing_key else None
     keys = KeyRing(trusted_public_keys(tuple(Path(p) for p in key_paths)))
     envelope = read_json(attestation, "a DSSE envelope")
     if store is not None:
         with open_store(store) as opened:
-            check = check_attestation(envelope, keys, model, opened.event_store)
+            check = check_attestation(envelope, keys, model, opened.event_store, signed)
     else:
-        check = check_attestation(envelope, keys, model, None)
+        check = check_attestation(envelope, keys, model, None, signed)
     if check.problems:
         raise IntegrityError(f"attestation {attestation!r} does not hold: {check.problems[0]}")
     echo_line(f"attestation holds: {check.model} from run {str(check.run_id)[:12]}")

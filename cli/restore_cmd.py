@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -24,6 +25,9 @@ FORMATS = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch"}
 @click.option("--root", default=None, metavar="CLASS", help="Root module by class name (default: the one with the most parameters).")
 @click.option("--allow-partial", is_flag=True, help="Write what was snapshotted even if some tensors were not.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
+@click.option("--sign", is_flag=True, help="Also sign the file in the OpenSSF Model Signing format (FILE.sig) and attest it to the record (FILE.intoto.json); needs auditlog[compliance].")
+@click.option("--key", "key_path", default=None, metavar="PRIVATE", help="With --sign: the record's Ed25519 key for the attestation [default: $AUDITLOG_KEY or ~/.config/auditlog/signing_key].")
+@click.option("--model-signing-key", "model_key_path", default=None, metavar="PRIVATE", help="With --sign: the ECDSA key for the OpenSSF signature [default: $AUDITLOG_MODEL_SIGNING_KEY or ~/.config/auditlog/model_signing_key].")
 def restore(
     store: str | None,
     run: str,
@@ -34,17 +38,31 @@ def restore(
     root: str | None,
     allow_partial: bool,
     force: bool,
+    sign: bool,
+    key_path: str | None,
+    model_key_path: str | None,
 ) -> None:
     """Rebuild RUN's state_dict at --step N (or --seq N, default: the end) into a file.
 
     The file is created as any new file is (mode from the umask). A .safetensors
     file lists its tensors sorted by name; the state_dict's own key order is kept
-    in its metadata under "auditlog.key_order" (a JSON list).
+    in its metadata under "auditlog.key_order" (a JSON list). With --sign, FILE.sig
+    is its OpenSSF model signature (`model_signing verify key FILE --signature
+    FILE.sig --public_key PUB` accepts it) and FILE.intoto.json the attestation
+    that ties it to the record (`auditlog verify-attestation --model-signature`).
     """
     from auditlog.read.api import open_store
     from auditlog.read.restore import write_restored
 
     check_step_or_seq(step, seq)
+    if (key_path or model_key_path) and not sign:
+        raise UsageError("--key and --model-signing-key are for --sign")
+    if seq is not None and sign:
+        raise UsageError("--sign attests a model at a step (or the end): not at a seq")
+    signed_files = (Path(f"{output}.sig"), Path(f"{output}.intoto.json")) if sign else ()
+    for extra in signed_files:
+        if extra.exists() and not force:
+            raise AuditlogError(f"{str(extra)!r} exists; pass --force to overwrite it")
     kind = fmt or FORMATS.get(output.suffix.lower())
     if kind is None:
         raise UsageError(
@@ -70,6 +88,8 @@ def restore(
         raise
     when = f"step {step}" if step is not None else (f"seq {seq}" if seq is not None else "end of run")
     click.echo(f"wrote {count} tensors of run {view.run_id[:12]} at {when} to {output}")
+    if sign:
+        _sign(store, view.run_id, step, output, signed_files, key_path, model_key_path)
     if wrapped:
         keys = ", ".join(sorted(wrapped)[:5]) + (f" and {len(wrapped) - 5} more" if len(wrapped) > 5 else "")
         click.echo(
@@ -83,3 +103,25 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def _sign(store: str | None, run_id: str, step: int | None, output: Path, files: tuple[Path, ...],
+          key_path: str | None, model_key_path: str | None) -> None:
+    """The OpenSSF signature of ``output``, then the record's attestation naming it."""
+    from auditlog.integrity.keys import default_model_signing_key_path, load_private_key
+    from auditlog.read.api import open_store
+    from auditlog.read.attest import attest
+    from auditlog.read.modelsign import sign_file, signature_subject
+
+    signature, attestation = files
+    key = load_private_key(Path(key_path) if key_path else None)
+    model_key = Path(model_key_path).expanduser() if model_key_path else default_model_signing_key_path()
+    if not model_key.is_file():
+        raise AuditlogError(f"no model signing key at {str(model_key)!r}: make one with `auditlog keygen --model-signing`")
+    sign_file(output, signature, model_key)
+    with open_store(store) as opened:
+        envelope = attest(opened.event_store, run_id, step, output, key,
+                          told=lambda line: click.echo(f"auditlog: {line}", err=True),
+                          also=[signature_subject(signature)])
+    attestation.write_text(json.dumps(envelope, indent=2) + "\n")
+    click.echo(f"signed {output.name}: {signature} (OpenSSF model signature), {attestation} (attestation to the record)")

@@ -180,3 +180,81 @@ def test_a_counter_that_wrapped_during_the_run_is_counted_once(tmp_path: Path) -
 def test_bom_of_a_step_the_run_never_reached_is_a_usage_error(recorded: dict[str, Any]) -> None:
     result = invoke("bom", "--store", str(recorded["store"]), "--step", "99")
     assert result.exit_code == 2 and "no step 99" in result.stderr
+
+
+def test_a_restored_model_signed_in_the_openssf_format_verifies_upstream_and_against_the_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``restore --sign``: the upstream ``model_signing verify`` accepts the file, our check ties the
+    signature to the record; one changed byte fails both."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("AUDITLOG_KEY", raising=False)
+    monkeypatch.delenv("AUDITLOG_MODEL_SIGNING_KEY", raising=False)
+    assert invoke("keygen").exit_code == 0
+    made = invoke("keygen", "--model-signing")
+    assert made.exit_code == 0, made.stderr
+    keys = tmp_path / "config" / "auditlog"
+    store = tmp_path / "store"
+    with auditlog.record(store=store, snapshot_every=1) as run:
+        torch.manual_seed(1)
+        model = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.randn(BATCH, IN)).pow(2).mean().backward()
+            opt.step()
+    target = tmp_path / "model.safetensors"
+    result = invoke("restore", "--store", str(store), "--step", "2", "-o", str(target), "--sign")
+    assert result.exit_code == 0, result.stderr
+    signature, attestation = Path(f"{target}.sig"), Path(f"{target}.intoto.json")
+    assert signature.is_file() and attestation.is_file()
+
+    def upstream(path: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "model_signing", "verify", "key", str(path), "--signature", str(signature),
+             "--public_key", str(keys / "model_signing_key.pub")],
+            capture_output=True, text=True, timeout=120,
+        )
+
+    def ours(path: Path) -> Any:
+        return invoke("verify-attestation", "--key", str(keys / "signing_key.pub"), "--model", str(path),
+                      "--model-signature", str(signature), "--model-signing-key", str(keys / "model_signing_key.pub"),
+                      "--store", str(store), str(attestation))
+
+    assert upstream(target).returncode == 0
+    checked = ours(target)
+    assert checked.exit_code == 0, checked.stderr
+    assert "OpenSSF model signature model.safetensors.sig verifies" in checked.stdout
+    assert "the attestation names the OpenSSF signature" in checked.stdout
+    assert "tensors match the attested content hashes" in checked.stdout
+    document = json.loads(__import__("base64").b64decode(json.loads(attestation.read_text())["payload"]))
+    assert document["predicate"]["buildDefinition"]["externalParameters"]["step"] == 2
+    assert document["predicate"]["runDetails"]["metadata"]["invocationId"] == run.run_id
+
+    changed = tmp_path / "changed" / target.name
+    changed.parent.mkdir()
+    data = bytearray(target.read_bytes())
+    data[-1] ^= 0x01
+    changed.write_bytes(bytes(data))
+    assert upstream(changed).returncode != 0
+    refused = ours(changed)
+    assert refused.exit_code == 4 and "is not the attested model" in refused.stderr
+    from auditlog.core.errors import IntegrityError
+    from auditlog.read.modelsign import check_model_signature
+
+    with pytest.raises(IntegrityError, match="does not verify"):
+        check_model_signature(changed, signature, keys / "model_signing_key.pub")
+
+    # Another key's valid signature of the same file is not the one the record's attestation names.
+    other = tmp_path / "other_key"
+    assert invoke("keygen", "--model-signing", "-o", str(other)).exit_code == 0
+    from auditlog.read.modelsign import sign_file
+
+    sign_file(target, signature, other)
+    foreign = invoke("verify-attestation", "--key", str(keys / "signing_key.pub"), "--model", str(target),
+                     "--model-signature", str(signature), "--model-signing-key", str(tmp_path / "other_key.pub"),
+                     str(attestation))
+    assert foreign.exit_code == 4 and "does not name the OpenSSF signature" in foreign.stderr

@@ -28,6 +28,8 @@ from auditlog.core.errors import AuditlogError
 
 KEY_ENV = "AUDITLOG_KEY"
 KEY_FILE = "signing_key"
+MODEL_KEY_ENV = "AUDITLOG_MODEL_SIGNING_KEY"
+MODEL_KEY_FILE = "model_signing_key"  # ECDSA P-256, for OpenSSF Model Signing (``read.modelsign``)
 PUBLIC_SUFFIX = ".pub"
 # A key file is a few hundred bytes; refusing big files keeps a wrong path (a
 # dataset, a checkpoint) from being read into memory just to be rejected.
@@ -73,14 +75,26 @@ class KeyPair:
     fingerprint: str
 
 
-def generate_key_pair(private_path: Path | None = None) -> KeyPair:
-    """Create a new Ed25519 key pair; never overwrites an existing file.
+def default_model_signing_key_path() -> Path:
+    """``$AUDITLOG_MODEL_SIGNING_KEY``, else ``$XDG_CONFIG_HOME/auditlog/model_signing_key``."""
+    configured = os.environ.get(MODEL_KEY_ENV)
+    if configured:
+        return Path(configured).expanduser()
+    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config_home).expanduser() / "auditlog" / MODEL_KEY_FILE
 
-    The private key is created with ``O_EXCL`` and mode 0600 in one step, so it is
-    never readable by others, not even for an instant, and a key that already
-    exists (which may have signed checkpoints) cannot be replaced by accident.
+
+def generate_key_pair(private_path: Path | None = None, model_signing: bool = False) -> KeyPair:
+    """Create a new key pair; never overwrites an existing file.
+
+    Ed25519 for the record's signatures; with ``model_signing`` an ECDSA P-256 pair
+    for OpenSSF Model Signing, whose format accepts only NIST curves
+    (``read.modelsign``). The private key is created with ``O_EXCL`` and mode 0600 in
+    one step, so it is never readable by others, not even for an instant, and a key
+    that already exists (which may have signed checkpoints) cannot be replaced by accident.
     """
-    private_path = (private_path or default_private_key_path()).expanduser()
+    default = default_model_signing_key_path() if model_signing else default_private_key_path()
+    private_path = (private_path or default).expanduser()
     public_path = public_key_path(private_path)
     for path in (private_path, public_path):
         if path.exists() or path.is_symlink():
@@ -88,7 +102,8 @@ def generate_key_pair(private_path: Path | None = None) -> KeyPair:
                 f"{str(path)!r} already exists; refusing to overwrite a key "
                 "(checkpoints signed with it would no longer verify); choose another path (`auditlog keygen -o PATH`)"
             )
-    key = Ed25519PrivateKey.generate()
+    key: Ed25519PrivateKey | ec.EllipticCurvePrivateKey = (
+        ec.generate_private_key(ec.SECP256R1()) if model_signing else Ed25519PrivateKey.generate())
     private_pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
@@ -106,7 +121,9 @@ def generate_key_pair(private_path: Path | None = None) -> KeyPair:
             raise
     except OSError as exc:
         raise KeyFileError(f"cannot write key {str(exc.filename or private_path)!r}: {exc.strerror or exc}") from exc
-    return KeyPair(private_path, public_path, fingerprint(key))
+    if isinstance(key, Ed25519PrivateKey):
+        return KeyPair(private_path, public_path, fingerprint(key))
+    return KeyPair(private_path, public_path, hashlib.sha256(public_pem).hexdigest())
 
 
 def _write_new(path: Path, data: bytes, mode: int) -> None:

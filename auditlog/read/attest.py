@@ -100,10 +100,12 @@ def _signed_heads(store: EventStore, run_id: str, key: Ed25519PrivateKey, told: 
 
 
 def attest(
-    store: EventStore, run_id: str, step: int | None, model: Path, key: Ed25519PrivateKey, told: Told | None = None
+    store: EventStore, run_id: str, step: int | None, model: Path, key: Ed25519PrivateKey, told: Told | None = None,
+    also: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A signed DSSE envelope attesting that ``model`` came out of the recorded run at ``step``
-    (``told``: the line saying what the signature trusts, ``integrity.heads.trust_line``)."""
+    (``told``: the line saying what the signature trusts, ``integrity.heads.trust_line``;
+    ``also``: more subjects, e.g. the OpenSSF signature bundle of the file, ``read.modelsign``)."""
     run = Run(store, run_id)
     heads = _signed_heads(store, run_id, key, told)
     when = f"step {step}" if step is not None else "the end of the run"
@@ -118,6 +120,7 @@ def attest(
            "annotations": {"kind": "tensor content hash (auditlog.tensor_hash: SHA-256 over dtype, shape, bytes; "
                                       "over 4 MiB, over the SHA-256 of each 4 MiB leaf)"}}
           for k, sha in hashes),
+        *(also or []),
     ]
     sid = store_id(store)
     predicate = {
@@ -167,9 +170,11 @@ class AttestationCheck:
 
 
 def verify_attestation(
-    envelope: Any, keys: KeyRing, model: Path | None = None, store: EventStore | None = None
+    envelope: Any, keys: KeyRing, model: Path | None = None, store: EventStore | None = None,
+    model_signature: tuple[Path, Path] | None = None,
 ) -> AttestationCheck:
-    """Check the envelope's signature and, when given, the model file and the record."""
+    """Check the envelope's signature and, when given, the model file, the record, and
+    (``model_signature``: bundle and ECDSA public key) the file's OpenSSF model signature."""
     out = AttestationCheck()
     opened = open_envelope(envelope, keys)
     out.problems.extend(opened.problems)
@@ -186,9 +191,38 @@ def verify_attestation(
             out.problems.append(f"model file {str(model)!r} is not the attested model (its SHA-256 differs)")
         else:
             out.checked.append(f"model file {model.name} (sha256 {digest[:16]}...)")
+    if model_signature is not None:
+        _model_signature(document, model, model_signature, out)
     if store is not None:
         _against_store(document, keys, store, out)
     return out
+
+
+def _model_signature(document: dict[str, Any], model: Path | None, given: tuple[Path, Path],
+                     out: AttestationCheck) -> None:
+    """The OpenSSF bundle verifies for the model file, covers the file the statement names,
+    and is the bundle the statement names (its SHA-256)."""
+    from auditlog.read.modelsign import attested_signature, check_model_signature
+
+    bundle, public_key = given
+    if model is None:
+        out.problems.append("an OpenSSF model signature is checked against the model file: give --model")
+        return
+    try:
+        covered = check_model_signature(model, bundle, public_key)
+    except IntegrityError as exc:
+        out.problems.append(str(exc))
+        return
+    out.checked.append(f"OpenSSF model signature {bundle.name} verifies for {model.name}")
+    if covered != ((model_subject(document) or {}).get("digest") or {}).get("sha256"):
+        out.problems.append("the OpenSSF model signature covers another file than the attestation names")
+    named = attested_signature(document)
+    digest = hashlib.sha256(bundle.read_bytes()).hexdigest()
+    if named is None or (named.get("digest") or {}).get("sha256") != digest:
+        out.problems.append(f"the attestation does not name the OpenSSF signature {bundle.name} (its SHA-256 differs "
+                            "or it names none): the signature is not tied to the record")
+    else:
+        out.checked.append(f"the attestation names the OpenSSF signature {bundle.name} (sha256 {digest[:16]}...)")
 
 
 def _against_store(document: dict[str, Any], keys: KeyRing, store: EventStore, out: AttestationCheck) -> None:
