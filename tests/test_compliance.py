@@ -80,6 +80,9 @@ def test_the_facts_are_the_numbers_the_test_computes_and_name_their_events(recor
     weights = {t["key"]: t["sha256"] for t in facts["weights"]["value"]["tensors"]}
     assert weights == recorded["hashes"]  # the hashes of the live weights after step 2
     assert facts["energy"]["value"]["joules"] == pytest.approx(3.5)
+    (stream,) = facts["training_time"]["value"]["per_stream"]
+    assert stream["rank"] == 0 and stream["status"] == "completed"
+    assert 0 < stream["wall_s"] <= facts["training_time"]["value"]["wall_s"] + 1
     assert facts["architecture"]["value"]["layer_types"] == {"Linear": 2, "ReLU": 1, "Sequential": 1}
     assert facts["datasets"]["value"][0]["name"] == "toy-regression"
     assert facts["intended_purpose"]["value"] == {"text": "a demonstration regressor"}
@@ -129,7 +132,9 @@ def test_the_spdx_document_reads_back_with_the_spdx_bindings(recorded: dict[str,
     hyper = {e.key: e.value for e in package.ai_hyperparameter}
     assert json.loads(hyper["lr"]) == 0.05
     assert package.ai_informationAboutApplication == "a demonstration regressor"
-    assert json.loads(package.ai_informationAboutTraining)["training_compute"]["forward_flops"] == FORWARD_FLOPS
+    training = json.loads(package.ai_informationAboutTraining)
+    assert training["training_compute"]["forward_flops"] == FORWARD_FLOPS
+    assert training["parameters"]["total"] == PARAMETERS
     kwh = package.ai_energyConsumption.ai_trainingEnergyConsumption[0].ai_energyQuantity
     assert kwh == pytest.approx(3.5 / 3.6e6)
     assert {h.hashValue for h in package.verifiedUsing} == set(recorded["hashes"].values())

@@ -193,8 +193,8 @@ def spdx_document(facts: DocumentationFacts) -> dict[str, Any]:
         software_primaryPurpose=spdx.software_SoftwarePurpose.model,
         releaseTime=datetime.now(UTC),
         suppliedBy=agent,
-        ai_informationAboutTraining=_text({k: f[k].value for k in ("training_compute", "training_time", "hardware",
-                                                                   "code", "frameworks")}),
+        ai_informationAboutTraining=_text({k: f[k].value for k in ("parameters", "training_compute", "training_time",
+                                                                   "hardware", "code", "frameworks")}),
         ai_typeOfModel=list((f["architecture"].value or {}).get("roots") or []),
         comment="auditlog evidence: " + _text({k: f[k].evidence for k in f}),
     )

@@ -91,8 +91,10 @@ def documentation_facts(run: Run, step: int | None = None, verification: Fact | 
         ended = q.events_of("run_ended")
         facts["training_time"] = Fact(
             {"wall_s": round(info.duration_s, 3), "started": _iso(info.started_ns), "ended": _iso(info.ended_ns),
-             "per_rank": [{"rank": r.get("rank"), "segment": r.get("segment"), "status": r.get("status")}
-                          for r in info.ranks] or None},
+             "per_stream": [{"stream": int(r["stream"]), "wall_s": round(float(r["wall_s"]), 3),
+                             **next(({"rank": k.get("rank"), "segment": k.get("segment"), "status": k.get("status")}
+                                     for k in info.ranks if k.get("stream") == r["stream"]), {})}
+                            for r in q.stream_spans()]},
             [*start_ref, *(_view_ref(e, "run_ended") for e in ended[:8])],
             None if info.ended_ns else "the run has not ended: the time is to its last sign of life",
         )

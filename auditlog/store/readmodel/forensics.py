@@ -100,6 +100,11 @@ class ForensicQueries:
         )
         return {k: int(v) for k, v in found[0].items()}
 
+    def stream_spans(self) -> list[dict[str, Any]]:
+        """Per stream (rank and segment): its first and last event time, seconds between them."""
+        return self.rows("SELECT stream, min(ts_ns) AS first_ns, max(ts_ns) AS last_ns, "
+                         "(max(ts_ns) - min(ts_ns)) / 1e9 AS wall_s FROM events GROUP BY stream ORDER BY stream")
+
     def parameter_devices(self) -> list[dict[str, Any]]:
         """Per stream (rank) and device: how many parameters lie there (the documentation's hardware)."""
         return self.rows("SELECT stream, device, count(*) AS tensors FROM parameters GROUP BY stream, device "
