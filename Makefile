@@ -38,7 +38,7 @@ test: venv
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow"
 
-lint: venv lint-imports
+lint: venv lint-imports typecheck
 	$(BIN)/ruff check auditlog cli migrations tests examples benchmarks
 
 # Import contracts (pyproject [tool.importlinter]); cli/ is the package "cli" here.
@@ -47,6 +47,7 @@ lint-imports: venv
 
 typecheck: venv
 	$(BIN)/mypy auditlog
+	$(BIN)/mypy cli
 
 docs: venv
 	$(BIN)/python -m auditlog.cli.reference --write docs

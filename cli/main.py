@@ -50,7 +50,7 @@ class CliError(click.ClickException):
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(inert(message))
-        self.exit_code = exit_code
+        self.exit_code = exit_code  # type: ignore[misc]  # click declares it on the class; each error has its own
 
 
 class AuditlogGroup(click.Group):
