@@ -7,6 +7,7 @@ import inspect
 import json
 import runpy
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -244,3 +245,36 @@ def test_the_constructor_wrapper_changes_nothing_and_is_taken_out(tmp_path: Path
     assert nn.Module.__dict__["__init__"] is original
     with auditlog.open(tmp_path / "store") as opened:
         assert list(opened.run().events(kinds=["recorder_error"])) == []
+
+
+def test_a_wrapper_put_over_ours_is_left_in_place_and_ours_serves_the_next_recording(tmp_path: Path) -> None:
+    """Dynamo wraps nn.Module.__init__ at a process's first torch.compile: taking ours
+    out then would take theirs too. Ours stays inside theirs, inert, and is reused."""
+    original = nn.Module.__dict__["__init__"]
+    seen: list[str] = []
+    with auditlog.record(store=tmp_path / "a"):
+        ours = nn.Module.__dict__["__init__"]
+
+        def __init__(self: nn.Module, *args: Any, **kwargs: Any) -> None:  # theirs
+            seen.append(type(self).__name__)
+            ours(self, *args, **kwargs)
+
+        nn.Module.__init__ = __init__  # type: ignore[method-assign]
+    try:
+        assert nn.Module.__dict__["__init__"] is __init__  # not taken from under them
+        nn.ReLU()
+        assert seen == ["ReLU"]
+        with auditlog.record(store=tmp_path / "b"):
+            layers = [nn.Linear(2, 2)]
+            line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+            layers.append(nn.ReLU())
+            nn.Sequential(*layers)
+        with auditlog.open(tmp_path / "b") as opened:
+            (relu,) = [e["payload"] for e in opened.run().events(kinds=["module_registered"])
+                       if e["payload"]["name"] == "1"]
+        assert (relu["source"]["line"], relu["source"]["kind"]) == (line, "constructed")
+    finally:
+        nn.Module.__init__ = ours  # type: ignore[method-assign]
+        with auditlog.record(store=tmp_path / "c"):
+            pass  # the last one out finds ours in place again and restores the original
+    assert nn.Module.__dict__["__init__"] is original

@@ -97,8 +97,3 @@ def unlisten(listener: Listener) -> None:
             nn.Module.__init__ = _previous  # type: ignore[method-assign,assignment]
             _wrapper = _previous = None
         # else: other code wrapped ours meanwhile; ours stays in its chain, inert
-
-
-def in_place() -> bool:
-    """Is the wrapper reachable: put in place by us, or left in another wrapper's chain?"""
-    return _wrapper is not None
