@@ -9,6 +9,8 @@ import click
 from auditlog.cli.options import format_option, run_argument, store_option
 from auditlog.cli.output import echo_line, emit_json, emit_rows
 
+from auditlog.core.replay import built_at
+
 
 def _shown(value: Any) -> Any:
     """Numbers for a table: 6 significant digits; NaN/inf as their names."""
@@ -73,9 +75,9 @@ def nonfinite(store: str | None, fmt: str, run: str) -> None:
         echo_line(line)
     if finding.producer is not None:
         p = finding.producer
-        echo_line(f"producer: {p['module']} ({p.get('class') or '?'}) built at {p.get('source') or 'unknown'}")
+        echo_line(f"producer: {p['module']} ({p.get('class') or '?'}) {built_at(p.get('source'))}")
     for label, calls in (("propagated by", finding.propagators), ("enclosing", finding.enclosing)):
         for c in calls:
-            echo_line(f"{label}: {c['module']} ({c.get('class') or '?'}) built at {c.get('source') or 'unknown'}")
+            echo_line(f"{label}: {c['module']} ({c.get('class') or '?'}) {built_at(c.get('source'))}")
     for param in finding.parameters:
         echo_line(f"non-finite gradient: {param['parameter']}")

@@ -11,6 +11,7 @@ from auditlog.cli.options import format_option, rank_option, run_argument, store
 from auditlog.cli.output import console, emit_json
 
 from auditlog.core.errors import AuditlogError, UsageError
+from auditlog.core.replay import attached_mark
 
 if TYPE_CHECKING:
     from rich.tree import Tree
@@ -45,13 +46,13 @@ def _member_label(kind: str, t: dict[str, Any]) -> tuple[tuple[str, str], str, t
 
 def _child_label(child: dict[str, Any]) -> tuple[tuple[str, str], str, tuple[str, str] | str]:
     cls = (child["class"] or "?").rsplit(".", 1)[-1]
-    where = (f" {child['source']}", "dim") if child["source"] else ""
+    where = (f" {child['source']}{attached_mark(child.get('source_kind'))}", "dim") if child["source"] else ""
     return (child["name"], "bold"), f" ({cls})", where
 
 
 def _root_label(item: dict[str, Any]) -> tuple[Any, ...]:
     cls = item["class"] or "?"
-    where = (f" {item['source']}", "dim") if item["source"] else ""
+    where = (f" {item['source']}{attached_mark(item.get('source_kind'))}", "dim") if item["source"] else ""
     wrapped = "".join(f" (in {w.rsplit('.', 1)[-1]})" for w in item["wrapped_by"])
     return (cls.rsplit(".", 1)[-1], "bold"), " ", (cls, "dim"), (wrapped, "dim"), where
 

@@ -71,6 +71,7 @@ def run_twice(behaviour: Callable[[], Any], store: Path, policy: str) -> Any:
     before = table_sizes()
     plain = outcome_of(behaviour)
     assert table_sizes() == before, "the behaviour left global hooks behind (plain run)"
+    module_init = torch.nn.Module.__dict__["__init__"]  # after the plain run: dynamo wraps it once
     with auditlog.record(store, policy=policy) as recording:
         recorded = outcome_of(behaviour)
         recorder = recording.recorder
@@ -79,6 +80,7 @@ def run_twice(behaviour: Callable[[], Any], store: Path, policy: str) -> Any:
     assert table_sizes() == before, "global hook tables differ after the recording"
     assert nn_module._global_is_full_backward_hook is flag
     assert torch.autograd.backward is backward, "torch.autograd.backward was not put back"
+    assert torch.nn.Module.__dict__["__init__"] is module_init, "nn.Module.__init__ was not put back"
     assert (torch.amp.GradScaler.scale, torch.amp.GradScaler.step) == (scale, scaler_step)
     assert optim_module._global_optimizer_pre_hooks is GLOBAL_HOOK_TABLES["optimizer_step_pre"]()
     assert_same(plain, recorded)

@@ -120,6 +120,44 @@ def test_a_fully_compiled_model_trains_as_without_recording(tmp_path: Path) -> N
     assert flops["compiled"] == ["(root)"]
 
 
+class _BuildsInForward(nn.Module):
+    """A compiled forward that builds a module each call (dynamo traces nn.Module.__init__)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.ReLU()(self.fc(x))
+
+
+def test_a_module_built_inside_compiled_code_compiles_as_without_recording(tmp_path: Path) -> None:
+    """The recorder's nn.Module.__init__ wrapper (capture/constructors.py) is never traced."""
+
+    def train() -> dict[str, Any]:
+        torch._dynamo.reset()
+        counters.clear()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            model = torch.compile(_BuildsInForward())
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(3):
+                opt.zero_grad()
+                model(torch.randn(4, 8)).pow(2).mean().backward()
+                opt.step()
+        facts = dynamo_facts()
+        torch._dynamo.reset()
+        return {
+            "params": [p.detach().clone() for p in model.parameters()],
+            "dynamo": facts,
+            "auditlog_warnings": [str(w.message) for w in seen if "auditlog" in f"{w.filename} {w.message}"],
+        }
+
+    outcome = run_twice(train, tmp_path / "store", "minimal")
+    assert outcome["dynamo"]["frames"] == {"total": 1, "ok": 1} and outcome["dynamo"]["graph_breaks"] == 0
+    assert outcome["auditlog_warnings"] == []
+
+
 def test_torch_func_transforms_over_a_functional_call(tmp_path: Path) -> None:
     def behaviour() -> Any:
         model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))

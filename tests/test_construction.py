@@ -137,8 +137,10 @@ def test_source_locations_point_at_user_code(store: Path) -> None:
     fc_reg = next(e["payload"] for e in events if e["kind"] == "module_registered" and e["payload"]["name"] == "fc")
     fc_line = inspect.getsource(Net).splitlines()
     init_line = inspect.getsourcelines(Net)[1] + next(i for i, t in enumerate(fc_line) if "nn.Linear(2, 3)" in t)
-    assert fc_reg["source"] == {"file": here, "line": init_line, "function": "__init__"}
-    assert fc_reg["parent_source"] == {"file": here, "line": line, "function": "test_source_locations_point_at_user_code"}
+    assert fc_reg["source"] == {"file": here, "line": init_line, "function": "__init__", "kind": "constructed"}
+    assert fc_reg["parent_source"] == {
+        "file": here, "line": line, "function": "test_source_locations_point_at_user_code", "kind": "constructed"
+    }
     weight = next(e["payload"] for e in events if e["kind"] == "parameter_registered" and e["payload"]["name"] == "weight")
     assert weight["source"]["file"] == here and weight["source"]["line"] == init_line
     act = next(e["payload"] for e in events if e["kind"] == "module_registered" and e["payload"]["name"] == "act")

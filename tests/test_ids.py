@@ -111,6 +111,24 @@ def test_modules_are_held_weakly() -> None:
     assert ref() is None and ids.object(number) is None
 
 
+def test_a_module_noted_at_construction_has_no_id_until_first_seen_and_is_forgotten() -> None:
+    ids = ObjectIds()
+    relu = nn.ReLU()
+    site = (test_modules_are_held_weakly.__code__, 7)
+    ids.note(relu, site)
+    assert ids.lookup(relu) is None and len(ids) == 1  # noted: no id given out yet
+    ids.note(relu, (site[0], 8))  # a second __init__ on a live module keeps the first note
+    first, _ = ids.get(nn.Linear(1, 1))
+    ref, new = ids.get_ref(relu)
+    assert new and ref.number == first + 1 and (ref.code, ref.line, ref.attached) == (*site, False)
+    assert ids.get_ref(relu) == (ref, False) and ids.object(ref.number) is relu
+    noted_only = nn.ReLU()
+    ids.note(noted_only, site)
+    del relu, noted_only, ref
+    gc.collect()
+    assert len(ids) == 0
+
+
 def _weakref_counts(model: nn.Module) -> list[int]:
     return [weakref.getweakrefcount(t) for t in [*model.parameters(), *model.buffers()]]
 

@@ -40,7 +40,7 @@ from auditlog.capture.hostbuffers import HostBuffers
 from auditlog.capture.ids import ObjectIds, TensorIds
 from auditlog.capture.norms import PlanCache
 from auditlog.capture.registrations import PENDING_MAX, REGISTRATIONS, Registrations
-from auditlog.capture.source import Location, Site, construction_site, site_location
+from auditlog.capture.source import Site, construction_or_attach_site
 from auditlog.capture.torch_compat import buffers_of, parameters_of
 from auditlog.core.chain import Clean
 from auditlog.core.policy import Policy
@@ -316,19 +316,24 @@ class RecorderBase:
         (ids.py); on first sight, the site is searched from ``depth`` frames up
         (2: the caller of this method)."""
         ref, new = self.modules.get_ref(module)
-        if new:
-            # kept on the id's weak reference (ids.py): no second table per module
-            site = construction_site(module, depth=depth)
+        if new and ref.code is None:
+            # Not noted at construction (constructors.py: built before recording, a
+            # deepcopy, C++): the caller of its __init__ if that is on the stack, else
+            # the line attaching it, labelled so. Kept on the id's weak reference
+            # (ids.py): no second table per module.
+            site, constructed = construction_or_attach_site(module, depth=depth)
             if site is not None:
                 ref.code, ref.line = site
+                ref.attached = not constructed
         return ref, new
 
-    def source_of(self, module: torch.nn.Module | None) -> Location | None:
-        """Where ``module`` was constructed, if it was first seen while recording."""
-        if module is None:
-            return None
-        ref = self.modules.entry(module)
-        return None if ref is None or ref.line is None else site_location((ref.code, ref.line))
+    def on_constructed(self, module: torch.nn.Module, site: Site | None) -> None:
+        """``constructors`` listener: ``module`` was just constructed at ``site``."""
+        try:
+            if site is not None:
+                self.modules.note(module, site)
+        except Exception as exc:
+            self.fault("construction_site", exc)
 
     def call_stack(self) -> list[torch.nn.Module]:
         """The modules whose forward is running on this thread, outermost first."""

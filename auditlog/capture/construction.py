@@ -102,6 +102,7 @@ class ConstructionHooks(RecorderBase):
         self._registrations += 1
         parent_ref, parent_new = self.module_ref(parent)
         code = line = None
+        attached = False
         if child is None:
             child_id = child_cls = None
         else:
@@ -109,15 +110,17 @@ class ConstructionHooks(RecorderBase):
             child_id = ref.number
             child_cls = qualified(type(child))
             if not adopted:
-                code, line = ref.code, ref.line
+                code, line, attached = ref.code, ref.line, ref.attached
         parent_id = parent_ref.number
         parent_code: Any = ABSENT
         parent_line = None
+        parent_attached = False
         if parent_new and not adopted:
-            parent_code, parent_line = parent_ref.code, parent_ref.line
+            parent_code, parent_line, parent_attached = parent_ref.code, parent_ref.line, parent_ref.attached
         self.defer((
             "module_registered", time.time_ns(), self.step, parent_id, None, name, child_id, child_cls,
-            qualified(type(parent)), code, line, parent_code, parent_line, adopted, detected_at,
+            qualified(type(parent)), code, line, attached, parent_code, parent_line, parent_attached,
+            adopted, detected_at,
         ))
 
     def wrapped(self, wrapper: torch.nn.Module, name: str, child: torch.nn.Module | None) -> None:
@@ -180,13 +183,14 @@ class ConstructionHooks(RecorderBase):
             flag = persistent
         module_code: Any = ABSENT
         module_line = None
+        module_attached = False
         if new and not adopted:
-            module_code, module_line = module_ref.code, module_ref.line
+            module_code, module_line, module_attached = module_ref.code, module_ref.line, module_ref.attached
         code, line = (None, None) if source is None else source
         self.defer((
             f"{member}_registered", time.time_ns(), self.step, module_id, tensor_id, name,
             qualified(type(module)), dtype, device, lazy, flag, code, line, module_code, module_line,
-            adopted, detected_at, None if tensor is None or lazy else len(shape), *shape,
+            module_attached, adopted, detected_at, None if tensor is None or lazy else len(shape), *shape,
         ))
 
     def adopt(self, root: torch.nn.Module) -> None:

@@ -45,17 +45,22 @@ Place = tuple[weakref.ref[Any], str, str]
 
 class _IdRef(weakref.ref):  # type: ignore[type-arg]
     """The weak reference to a module or optimizer that also carries its id, its
-    address and what the recorder noted at first sight (``code``, ``line``: where
-    it was constructed, see source.py). One object per module: a building model's registrations add
+    address and where the module was built (``code``, ``line``: the constructing
+    frame, noted by the ``nn.Module.__init__`` wrapper (constructors.py) or found
+    at first sight (source.py); ``attached``: that line is only where the module
+    was attached, its constructor was not seen). One object per module: a building model's registrations add
     few objects for the cyclic garbage collector to traverse (closures, tuples
     and a second weak-keyed table per module made its full collections ~3x
-    longer during a 5,000-module build)."""
+    longer during a 5,000-module build). A module noted at construction has the
+    reference before it has an id (``number`` None until it is first registered),
+    so the note adds no object either."""
 
-    __slots__ = ("code", "key", "line", "number")
+    __slots__ = ("attached", "code", "key", "line", "number")
     key: int
-    number: int
+    number: int | None
     code: Any
     line: int | None
+    attached: bool
 
 
 class ObjectIds:
@@ -72,30 +77,50 @@ class ObjectIds:
         """Return the id of ``obj`` if it has one, without assigning."""
         ref = self._ids.get(id(obj))
         if ref is not None and ref() is obj:
-            return ref.number
+            return ref.number  # None: noted at construction, no id yet
         return None
 
     def get(self, obj: object) -> tuple[int, bool]:
         """Return ``(id, is_new)`` for ``obj``, assigning a fresh id on first sight."""
         ref, new = self.get_ref(obj)
-        return ref.number, new
+        number = ref.number
+        assert number is not None  # get_ref numbers every reference it returns
+        return number, new
 
     def get_ref(self, obj: object) -> tuple[_IdRef, bool]:
         """Like ``get``, with the reference that carries the id and its notes."""
         ref = self._ids.get(id(obj))
-        if ref is not None and ref() is obj:
+        if ref is not None and ref() is obj and ref.number is not None:
             return ref, False
         with self._lock:
-            ref = self._ids.get(id(obj))
-            if ref is not None and ref() is obj:
-                return ref, False
             key = id(obj)
-            number = next(self._counter)
-            ref = _IdRef(obj, self._callback)
-            ref.key, ref.number, ref.code, ref.line = key, number, None, None
-            self._ids[key] = ref
+            ref = self._ids.get(key)
+            if ref is not None and ref() is obj:
+                if ref.number is not None:
+                    return ref, False
+            else:
+                ref = _IdRef(obj, self._callback)
+                ref.key, ref.code, ref.line, ref.attached = key, None, None, False
+                self._ids[key] = ref
+            number = ref.number = next(self._counter)
             self._by_number[number] = ref
             return ref, True
+
+    def note(self, obj: object, site: tuple[Any, int]) -> None:
+        """Remember where ``obj`` was constructed, before it has an id (constructors.py).
+
+        An object that already has a reference keeps its notes (``Module.__init__``
+        run again on a live module says nothing new about where it was built). No
+        lock: the object is in its constructor, on this thread; only a live one's
+        id is given out (``get_ref``, under the lock)."""
+        key = id(obj)
+        ref = self._ids.get(key)
+        if ref is not None and ref() is obj:
+            return
+        ref = _IdRef(obj, self._callback)
+        ref.key, ref.number, ref.attached = key, None, False
+        ref.code, ref.line = site
+        self._ids[key] = ref
 
     def entry(self, obj: object) -> _IdRef | None:
         """The weak reference holding ``obj``'s id and notes, or None (no id)."""
@@ -110,7 +135,8 @@ class ObjectIds:
     def _forget(self, ref: _IdRef) -> None:
         if self._ids.get(ref.key) is ref:
             self._ids.pop(ref.key, None)
-        self._by_number.pop(ref.number, None)
+        if ref.number is not None:
+            self._by_number.pop(ref.number, None)
 
     def __len__(self) -> int:
         return len(self._ids)

@@ -20,6 +20,7 @@ from typing import Any
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
+from auditlog.capture import constructors
 from auditlog.capture.activity import ActivityHooks
 from auditlog.capture.backward import BackwardWatch
 from auditlog.capture.buffer import RecordBuffer
@@ -55,6 +56,7 @@ class Recorder(
         self._hooks_verified_at = 0  # the step at which every hook was last found in place
         self._refused: set[str] = set()  # kinds torch would not take back: not captured any more
         self._backward = BackwardWatch(self)  # backward(), GradScaler.scale/step (backward.py)
+        self._constructed = self.on_constructed  # one bound method: listen and unlisten it
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
@@ -64,6 +66,7 @@ class Recorder(
         so that the model is sealed at its first forward, before BatchNorm and the
         like change any buffer.
         """
+        constructors.listen(self._constructed)  # where each module is built (constructors.py)
         add = self._hooks.install
         add("module_registration", self._on_module_registered, nn_module.register_module_module_registration_hook)
         add("parameter_registration", self._on_parameter_registered, nn_module.register_module_parameter_registration_hook)
@@ -207,6 +210,7 @@ class Recorder(
 
         Hooks found missing now are recorded first (``detected_at: run_end``)."""
         self.verify_hooks("run_end", repair=False)
+        constructors.unlisten(self._constructed)
         self._backward.remove()
         self._call_kinds.clear()
         self.call_stack().clear()

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from auditlog.capture.source import Location, site_location
+from auditlog.capture.source import Location, module_kind, site_location
 from auditlog.core.chain import Clean
 from auditlog.core.replay import ModelState, TensorInfo
 from auditlog.core.tensors import dtype_name
@@ -48,14 +48,18 @@ ABSENT: Any = object()
 # collector's allocation counts, and so its full collections, close to a bare build's.
 #
 # module_registered: kind, ts_ns, step, parent_id, None, name, child_id,
-#   child_class, parent_class, source code, source line, parent_source code (ABSENT:
-#   no key), parent_source line, adopted, detected_at
+#   child_class, parent_class, source code, source line, source attached,
+#   parent_source code (ABSENT: no key), parent_source line, parent_source attached,
+#   adopted, detected_at
 # parameter/buffer_registered: kind, ts_ns, step, module_id, tensor_id, name,
 #   module_class, dtype, device, lazy, requires_grad/persistent, source code,
-#   source line, module_source code (ABSENT: no key), module_source line, adopted,
-#   detected_at, ndim (None: no shape), then the ndim sizes
-MODULE_WIDTH = 15
-TENSOR_WIDTH = 18
+#   source line, module_source code (ABSENT: no key), module_source line,
+#   module_source attached, adopted, detected_at, ndim (None: no shape), then the
+#   ndim sizes
+# "attached": the module's line is where it was attached, its constructor was not
+# seen (source.module_kind).
+MODULE_WIDTH = 17
+TENSOR_WIDTH = 19
 Pending = Any
 
 _class_names: dict[type, str] = {}
@@ -77,8 +81,11 @@ def _device(device: torch.device) -> str:
     return name
 
 
-def _site(code: Any, line: Any) -> Location | None:
-    return None if code is None else site_location((code, line))
+def _site(code: Any, line: Any, attached: bool | None = None) -> Location | None:
+    """A location; with ``attached`` given, a module's (with its ``kind``)."""
+    if code is None:
+        return None
+    return site_location((code, line), None if attached is None else module_kind(attached))
 
 
 def _walk(flat: list[Any]) -> Iterator[tuple[list[Any], list[Any] | None]]:
@@ -108,19 +115,19 @@ def parse(flat: list[Any]) -> list[tuple[Any, ...]]:
         kind = fields[0]
         if kind == "module_registered":
             (_, ts_ns, step, module_id, tensor_id, name, child_id, child_cls, parent_cls, code, line,
-             parent_code, parent_line, adopted, detected_at) = fields
+             attached, parent_code, parent_line, parent_attached, adopted, detected_at) = fields
             body = Clean({
                 "name": name,
                 "child_id": child_id,
                 "child_class": child_cls,
                 "parent_class": parent_cls,
-                "source": None if adopted else _site(code, line),
+                "source": None if adopted else _site(code, line, attached),
             })
             if parent_code is not ABSENT:
-                body["parent_source"] = _site(parent_code, parent_line)
+                body["parent_source"] = _site(parent_code, parent_line, parent_attached)
         else:
             (_, ts_ns, step, module_id, tensor_id, name, module_cls, dtype, device, lazy, flag, code, line,
-             module_code, module_line, adopted, detected_at, _) = fields
+             module_code, module_line, module_attached, adopted, detected_at, _) = fields
             body = Clean(name=name, module_class=module_cls)
             if dtype is None:
                 body.update(shape=None, dtype=None, device=None)
@@ -131,7 +138,7 @@ def parse(flat: list[Any]) -> list[tuple[Any, ...]]:
             body["requires_grad" if kind == "parameter_registered" else "persistent"] = flag
             body["source"] = _site(code, line)
             if module_code is not ABSENT:
-                body["module_source"] = _site(module_code, module_line)
+                body["module_source"] = _site(module_code, module_line, module_attached)
         if adopted:
             body["adopted"] = True
         if detected_at is not None:
@@ -148,24 +155,24 @@ def fold(state: ModelState, flat: list[Any]) -> None:
     for fields, shape in _walk(flat):
         kind = fields[0]
         if kind == "module_registered":
-            (_, _, _, parent_id, _, name, child_id, child_cls, parent_cls, code, line,
-             parent_code, parent_line, adopted, _) = fields
+            (_, _, _, parent_id, _, name, child_id, child_cls, parent_cls, code, line, attached,
+             parent_code, parent_line, parent_attached, adopted, _) = fields
             parent = node(parent_id, parent_cls)
             if parent.source is None and parent_code is not ABSENT and parent_code is not None:
-                parent.source = _site(parent_code, parent_line)
+                parent.source = _site(parent_code, parent_line, parent_attached)
             if name not in parent.children:
                 parent.drop_name(name)
             parent.children[name] = child_id
             if child_id is not None:
                 child = node(child_id, child_cls)
                 if child.source is None and not adopted:
-                    child.source = _site(code, line)
+                    child.source = _site(code, line, attached)
             continue
         (_, _, _, module_id, tensor_id, name, module_cls, dtype, device, _lazy, flag, code, line,
-         module_code, module_line, _, _, _) = fields
+         module_code, module_line, module_attached, _, _, _) = fields
         module = node(module_id, module_cls)
         if module.source is None and module_code is not ABSENT and module_code is not None:
-            module.source = _site(module_code, module_line)
+            module.source = _site(module_code, module_line, module_attached)
         parameter = kind == "parameter_registered"
         members = module.parameters if parameter else module.buffers
         if name not in members:

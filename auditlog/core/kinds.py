@@ -97,14 +97,19 @@ _KINDS = [
     Kind(
         "module_registered",
         "A child module was attached to a parent (add_module / setattr / register_module). "
-        "child_id null means register_module(name, None). module_id is the parent.",
+        "child_id null means register_module(name, None). module_id is the parent. A module's "
+        "site is the line of user code that called its constructor (kind constructed), wherever "
+        "it was attached; where its constructor was not seen, the line attaching it (kind attached).",
         {
             "name": "attribute name in the parent",
             "child_id": "module id of the child, or null",
             "child_class": "qualified class name of the child, or null",
             "parent_class": "qualified class name of the parent",
-            "source": "{file, line, function} of the user code that constructed the child",
-            "parent_source": "where the parent was constructed; present on the parent's first appearance",
+            "source": "{file, line, function, kind} of the child: kind constructed (the user code that "
+            "called its constructor) or attached (its constructor was not seen: built before recording, "
+            "a deepcopy, C++; the line that attached it); null when adopted",
+            "parent_source": "the parent's {file, line, function, kind} (as source); present on the "
+            "parent's first appearance",
             "detected_at": "set when no hook reported it and a structural check found it "
             "(optimizer_step | snapshot | run_end)",
             "adopted": "true when the module existed before recording and was discovered later",
@@ -136,7 +141,8 @@ _KINDS = [
             "device": "device string",
             "requires_grad": "bool",
             "source": "{file, line, function} of the user code",
-            "module_source": "where the module was constructed; present on its first appearance",
+            "module_source": "the module's {file, line, function, kind} (as module_registered's "
+            "source); present on its first appearance",
             "detected_at": "set when found by a structural check rather than a hook",
             "adopted": "true when discovered after the fact",
             "lazy": "true for a lazy module's UninitializedParameter: its shape is recorded by the "
@@ -154,7 +160,8 @@ _KINDS = [
             "device": "device string",
             "persistent": "whether it is part of state_dict (null if it could not be read)",
             "source": "{file, line, function} of the user code",
-            "module_source": "where the module was constructed; present on its first appearance",
+            "module_source": "the module's {file, line, function, kind} (as module_registered's "
+            "source); present on its first appearance",
             "detected_at": "set when found by a structural check rather than a hook",
             "adopted": "true when discovered after the fact",
             "lazy": "true for a lazy module's UninitializedBuffer (see parameter_registered)",

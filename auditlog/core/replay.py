@@ -32,6 +32,27 @@ STATE_KINDS = frozenset(
 )
 
 
+ATTACHED_MARK = " (attached)"
+
+
+def attached_mark(kind: Any) -> str:
+    """What follows a module's ``file:line`` wherever it is shown: `` (attached)`` when
+    its site's ``kind`` says the line is where it was attached to its parent (its
+    constructor was not seen: built before recording, a deepcopy, C++; docs/events.md),
+    nothing for the constructing line (or a record made before sites had a kind)."""
+    return ATTACHED_MARK if kind == "attached" else ""
+
+
+def built_at(where: str | None) -> str:
+    """A module's ``file:line`` (``attached_mark`` included) in a sentence: "built at
+    file:line", or "attached at file:line" where its constructing line is unknown."""
+    if where is None:
+        return "built at an unrecorded line"
+    if where.endswith(ATTACHED_MARK):
+        return f"attached at {where[:-len(ATTACHED_MARK)]}"
+    return f"built at {where}"
+
+
 @dataclass
 class ModuleNode:
     """One module as replayed: class, where it was built, and its ordered members."""

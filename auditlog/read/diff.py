@@ -46,7 +46,7 @@ from typing import Any
 from auditlog.core.hashing import content_hash_version
 from auditlog.core.naming import Labels, attached_ids, label_state, short_class
 from auditlog.core.packed import unpack_list
-from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, replay
+from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, attached_mark, replay
 from auditlog.core.values import iso, stat_float
 from auditlog.read.codefiles import code_changes
 from auditlog.store.blobs import SnapshotStore
@@ -246,9 +246,11 @@ def _relativize_sources(state: ModelState, started: dict[str, Any]) -> None:
 
 
 def _where(source: dict[str, Any] | None) -> str | None:
+    """``file:line``, marked `` (attached)`` where a module's line is not its constructing
+    line: a module whose line moved, or became only known as attached, differs."""
     if not source:
         return None
-    return f"{source.get('file')}:{source.get('line')}"
+    return f"{source.get('file')}:{source.get('line')}{attached_mark(source.get('kind'))}"
 
 
 # --------------------------------------------------------------------------- items

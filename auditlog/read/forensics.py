@@ -42,6 +42,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from auditlog.core.replay import attached_mark, built_at
 from auditlog.core.values import finite_or_text
 from auditlog.read.run import Run
 from auditlog.store.readmodel.cache import ReadModel
@@ -152,7 +153,9 @@ class Finding:
 
 def _call(row: dict[str, Any]) -> dict[str, Any]:
     """A call as findings show it: module, class, where it was built, NaN/Inf counts."""
-    source = f"{row['source_file']}:{row['source_line']}" if row.get("source_file") else None
+    source = None
+    if row.get("source_file"):
+        source = f"{row['source_file']}:{row['source_line']}{attached_mark(row.get('source_kind'))}"
     out = {"module": row.get("module"), "class": row.get("class"), "source": source, "call": row.get("call")}
     for key in ("nan", "inf", "input_nonfinite", "output_nonfinite", "mechanism"):
         if key in row:
@@ -241,7 +244,7 @@ def _forward(finding: Finding, calls: list[dict[str, Any]], first: int, tree: _T
     finding.enclosing = [_call(c) for c in later if c["module_id"] in ancestors]
     finding.propagators = [_call(c) for c in later if c["module_id"] not in ancestors]
     name = producer["module"]
-    where = f" (built at {shown['source']})" if shown.get("source") else ""
+    where = f" ({built_at(shown['source'])})" if shown.get("source") else ""
     unmeasured = culprit.get("input_nonfinite") is None
     finding.decided = role in ("module", "own_code", "input") and not (role == "module" and unmeasured)
     if role == "module":
@@ -299,13 +302,13 @@ def _backward(
     if producer is not None and finding.producer_role == "module":
         finding.explanation.append(
             f"step {step}, backward: the forward was finite; {producer['module']} "
-            f"(built at {shown['source']}) turned a finite gradient into NaN/Inf in its backward."
+            f"({built_at(shown['source'])}) turned a finite gradient into NaN/Inf in its backward."
         )
     elif producer is not None:
         finding.explanation.append(
             f"step {step}, backward: the forward was finite; the first non-finite gradient is at the "
-            f"output of {entry['module']}, which fed {producer['module']} (built at "
-            f"{shown['source']}) in the forward: the backward of {producer['module']} "
+            f"output of {entry['module']}, which fed {producer['module']} "
+            f"({built_at(shown['source'])}) in the forward: the backward of {producer['module']} "
             "(or of code between the two) produced it."
         )
     else:

@@ -22,6 +22,7 @@ from typing import Any
 
 from auditlog.core.errors import AuditlogError, one_line
 from auditlog.core.naming import short_class
+from auditlog.core.replay import attached_mark
 from auditlog.core.version import __version__
 from auditlog.read import plots
 from auditlog.read.codefiles import dirty_files
@@ -269,7 +270,8 @@ def _tree(modules: list[dict[str, Any]], cwd: str) -> str:
             path = str(m["source_file"])
             if cwd and path.startswith(cwd.rstrip("/") + "/"):
                 path = os.path.relpath(path, cwd)
-            source = f' <span class="muted mono">{esc(path)}:{esc(m.get("source_line"))}</span>'
+            mark = attached_mark(m.get("source_kind"))
+            source = f' <span class="muted mono">{esc(path)}:{esc(m.get("source_line"))}{esc(mark)}</span>'
         count = total(m)
         own = int(m["own_parameters"])
         params = f" <span class=\"muted\">{count:,} params" + (f", {own:,} own" if own and own != count else "") + "</span>"

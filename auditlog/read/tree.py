@@ -49,6 +49,8 @@ def tree_json(state: ModelState, module_id: int, name: str) -> dict[str, Any]:
         "class": node.cls,
         "wrapped_by": list(node.wrappers),
         "source": source_text(node.source),
+        # constructed | attached (the line attaching it: its constructor was not seen) | null
+        "source_kind": (node.source or {}).get("kind"),
         "parameters": tensors(node.parameters),
         "buffers": tensors(node.buffers),
         "children": [

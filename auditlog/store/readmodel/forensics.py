@@ -74,7 +74,7 @@ class ForensicQueries:
                        sum(CASE WHEN requires_grad THEN numel ELSE 0 END) AS trainable
                 FROM parameters GROUP BY module_id)
             SELECT m.module_id, m.module, m.path, m.root, m.class, m.class_name, m.parent_id,
-                   m.depth, m.ordinal, m.attr, m.source_file, m.source_line, m.source_function,
+                   m.depth, m.ordinal, m.attr, m.source_file, m.source_line, m.source_function, m.source_kind,
                    coalesce(o.numel, 0)::BIGINT AS own_parameters,
                    coalesce(o.trainable, 0)::BIGINT AS own_trainable
             FROM modules m LEFT JOIN own o ON o.module_id = m.module_id
@@ -209,6 +209,7 @@ class ForensicQueries:
             """
             SELECT f.call, f.module_id, f.module, any_value(m.class) AS class,
                    any_value(m.source_file) AS source_file, any_value(m.source_line) AS source_line,
+                   any_value(m.source_kind) AS source_kind,
                    sum(f.nan)::BIGINT AS nan, sum(f.inf)::BIGINT AS inf,
                    any_value(f.input_nonfinite) AS input_nonfinite
             FROM forward_stats f LEFT JOIN modules m ON m.module_id = f.module_id AND m.stream = f.stream
@@ -224,7 +225,7 @@ class ForensicQueries:
             """
             SELECT b.call, b.module_id, b.module, any_value(b.mechanism) AS mechanism,
                    any_value(m.class) AS class, any_value(m.source_file) AS source_file,
-                   any_value(m.source_line) AS source_line,
+                   any_value(m.source_line) AS source_line, any_value(m.source_kind) AS source_kind,
                    coalesce(sum(b.grad_nan + b.grad_inf) FILTER (WHERE direction = 'output'), 0)::BIGINT
                        AS output_nonfinite,
                    sum(b.grad_nan + b.grad_inf) FILTER (WHERE direction = 'input')::BIGINT AS input_nonfinite
@@ -239,7 +240,7 @@ class ForensicQueries:
         """Parameters whose gradient norm was not finite at one optimizer step (1-based)."""
         return self.rows(
             """
-            SELECT s.parameter, s.module, s.grad_norm, m.source_file, m.source_line
+            SELECT s.parameter, s.module, s.grad_norm, m.source_file, m.source_line, m.source_kind
             FROM steps s LEFT JOIN modules m ON m.module = s.module AND m.stream = s.stream
             WHERE s.step = ? AND s.stream = 0 AND NOT isfinite(s.grad_norm)
             ORDER BY s.param_index

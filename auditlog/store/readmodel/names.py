@@ -36,6 +36,7 @@ MODULE_SCHEMA = pa.schema(
         ("source_file", pa.string()),
         ("source_line", pa.int32()),
         ("source_function", pa.string()),
+        ("source_kind", pa.string()),
         ("ordinal", pa.int32()),
     ]
 )
@@ -110,6 +111,7 @@ def module_rows(run_id: str, stream: int, state: ModelState, labels: Labels) -> 
             "n_parameters": sum(1 for t in node.parameters.values() if t is not None),
             "n_buffers": sum(1 for t in node.buffers.values() if t is not None),
             **_source_fields(node.source),
+            "source_kind": (node.source or {}).get("kind"),
             "ordinal": ordinal,
         }
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from auditlog.core.replay import CONSTRUCTION_KINDS
 
-FORMAT = "5"
+FORMAT = "6"
 
 SCHEMA = "projection"
 
@@ -103,7 +103,8 @@ TABLES: tuple[str, ...] = (
         module VARCHAR NOT NULL, path VARCHAR NOT NULL, root VARCHAR NOT NULL, class VARCHAR,
         parent_id BIGINT, attr VARCHAR, depth INTEGER NOT NULL, aliases VARCHAR[] NOT NULL,
         n_children INTEGER NOT NULL, n_parameters INTEGER NOT NULL, n_buffers INTEGER NOT NULL,
-        source_file VARCHAR, source_line INTEGER, source_function VARCHAR, ordinal INTEGER NOT NULL,
+        source_file VARCHAR, source_line INTEGER, source_function VARCHAR, source_kind VARCHAR,
+        ordinal INTEGER NOT NULL,
         PRIMARY KEY (run_id, stream, module_id))""",
     f"""CREATE TABLE {SCHEMA}.tensors (
         run_id VARCHAR NOT NULL, stream INTEGER NOT NULL, tensor_id BIGINT NOT NULL,

@@ -222,12 +222,15 @@ VIEWS: tuple[View, ...] = (
             _c("n_parameters", "INTEGER", "parameters registered directly on the module"),
             _c("n_buffers", "INTEGER", "buffers registered directly on the module"),
             *_source("module"),
+            _c("source_kind", "VARCHAR", "constructed: source_line called the module's constructor; "
+               "attached: its constructor was not seen (built before recording, a deepcopy, C++), "
+               "source_line attached it to its parent; null: recorded before sites had a kind"),
         ),
         """
         SELECT m.run_id, m.stream, m.module_id, m.module, m.path, m.root, m.class,
                regexp_extract(m.class, '([^.]+)$', 1) AS class_name, m.parent_id,
                p.module AS parent, m.attr, m.depth, m.ordinal, m.aliases, m.n_children, m.n_parameters,
-               m.n_buffers, m.source_file, m.source_line, m.source_function
+               m.n_buffers, m.source_file, m.source_line, m.source_function, m.source_kind
         FROM {modules} m
         LEFT JOIN {modules} p
             ON p.run_id = m.run_id AND p.stream = m.stream AND p.module_id = m.parent_id
