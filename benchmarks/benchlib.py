@@ -93,6 +93,13 @@ def mlp() -> nn.Module:
     return nn.Sequential(*blocks, nn.Linear(256, 10))
 
 
+def fast_mlp() -> nn.Module:
+    """Issue 34's fast-step workload: a 4-layer MLP (8 parameter tensors) whose step takes
+    1-2 ms on this machine, where a fixed per-step cost of the recorder shows most."""
+    return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                         nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10))
+
+
 class TinyTransformer(nn.Module):
     """A small token model: embedding, 4 x TransformerEncoderLayer(d=128), LM head."""
 
@@ -156,6 +163,14 @@ WORKLOADS: dict[str, Workload] = {
         "mlp",
         "98-module MLP (24 x Linear(256)+LayerNorm+GELU, batch 64, SGD)",
         mlp,
+        _mlp_batch,
+        nn.functional.cross_entropy,
+        _sgd,
+    ),
+    "fast": Workload(
+        "fast",
+        "4-layer MLP (Linear 256-512-512-256-10, ReLU, batch 64, SGD): a 1-2 ms step",
+        fast_mlp,
         _mlp_batch,
         nn.functional.cross_entropy,
         _sgd,

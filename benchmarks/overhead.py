@@ -305,6 +305,9 @@ HOOKS = (
     "_on_forward_pre", "_on_forward", "_on_output_grad", "_on_output_grads", "_on_backward_pre",
     "_on_full_backward", "_on_legacy_backward", "_on_step_pre", "_on_step_post",
     "_on_module_registered", "_on_parameter_registered", "_on_buffer_registered",
+    # Called by the backward() wrapper (capture/backward.py): the loss, and the raw gradient
+    # norms measured as each outermost backward returns (issue 28).
+    "backward_started", "backward_finished",
 )
 
 
@@ -328,7 +331,8 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
     from auditlog.capture import recorder as recorder_module
 
     spent = {"hooks": 0.0, "writer": 0.0}
-    originals = {name: getattr(recorder_module.Recorder, name) for name in HOOKS}
+    # Only the hooks this checkout's recorder has (an older commit lacks the backward ones).
+    originals = {name: getattr(recorder_module.Recorder, name) for name in HOOKS if hasattr(recorder_module.Recorder, name)}
     original_drain = writer_module.Writer._drain_once
 
     def timed(function: Any) -> Any:
@@ -459,7 +463,7 @@ def main(argv: list[str] | None = None) -> None:
     # gradients w.r.t. module outputs only; that is expected here.
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="mlp,transformer", help="comma-separated: mlp, transformer")
+    parser.add_argument("--models", default="mlp,transformer", help="comma-separated: mlp, transformer, fast (the 4-layer MLP at 1-2 ms/step)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=BLOCK, help=f"timed steps per round (multiple of {BLOCK})")
     parser.add_argument("--warmup", type=int, default=5)
