@@ -24,6 +24,7 @@ from auditlog.capture.activity import ActivityHooks
 from auditlog.capture.backward import BackwardWatch
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.construction import ConstructionHooks
+from auditlog.capture.data import DataWatch
 from auditlog.capture.flops import FlopCounting
 from auditlog.capture.hooktables import HookTables, Register
 from auditlog.capture.metrics import MetricHooks
@@ -55,6 +56,7 @@ class Recorder(
         self._hooks_verified_at = 0  # the step at which every hook was last found in place
         self._refused: set[str] = set()  # kinds torch would not take back: not captured any more
         self._backward = BackwardWatch(self)  # backward(), GradScaler.scale/step (backward.py)
+        self.data = DataWatch(self)  # DataLoader iterations, datasets, batch indices (data.py)
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
@@ -71,6 +73,8 @@ class Recorder(
         add("optimizer_step_pre", self._on_step_pre, optim_module.register_optimizer_step_pre_hook)
         add("optimizer_step_post", self._on_step_post, optim_module.register_optimizer_step_post_hook)
         self._backward.install()
+        if self.policy.data:
+            self.data.install()
         self._full_flag.save_and_clear()
         self.sampling = self.policy.samples(0)
         self._install_call_hooks(forward_only=not self.sampling)
@@ -208,6 +212,7 @@ class Recorder(
         Hooks found missing now are recorded first (``detected_at: run_end``)."""
         self.verify_hooks("run_end", repair=False)
         self._backward.remove()
+        self.data.remove()  # the batches still pending are emitted first
         self._call_kinds.clear()
         self.call_stack().clear()
         self.remove_metric_hooks()
