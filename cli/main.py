@@ -14,6 +14,7 @@ import click
 from auditlog.cli import (
     attest_cmd,
     combine_cmd,
+    data_cmd,
     db_cmd,
     diff_cmd,
     events_cmd,
@@ -121,6 +122,7 @@ cli.add_command(combine_cmd.combine)
 cli.add_command(export_cmd.export)
 cli.add_command(metrics_cmd.metrics)
 cli.add_command(metrics_cmd.nonfinite)
+cli.add_command(data_cmd.data)
 cli.add_command(plot_cmd.plot)
 cli.add_command(report_cmd.report)
 
