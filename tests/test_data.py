@@ -10,15 +10,19 @@ optimizer step consumed them.
 from __future__ import annotations
 
 import warnings
+from array import array
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import auditlog
 from auditlog.capture import loader_compat
+from auditlog.capture.data import pack_int_array
+from auditlog.core.packed import pack_ints, unpack_ints
 
 Truth = list[tuple[int, list[int]]]
 
@@ -87,6 +91,29 @@ def test_accumulated_batches_are_tied_to_the_step_that_consumed_them(store: Path
         truth = train(loader, run, accumulate=3)
     assert recorded(store) == truth
     assert [step for step, _ in truth] == [1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4]
+
+
+def test_batches_of_a_loop_left_early_are_kept(store: Path) -> None:
+    # A loop that breaks drops its iterator before the end: its batches are still recorded.
+    loader = DataLoader(indexed_tensors(40), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(9))
+    truth: Truth = []
+    with auditlog.record(store) as run:
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for limit in (3, 4):
+            for i, (x, index) in enumerate(loader):
+                model(x).sum().backward()
+                opt.step()
+                truth.append((run.step, index.tolist()))
+                if i + 1 == limit:
+                    break
+    assert recorded(store) == truth and len(truth) == 7
+
+
+@pytest.mark.parametrize("values", [[], [0, 1, -1], [32767, -32768], [40000, 1], [2**31, -5], [-(2**63), 2**63 - 1]])
+def test_the_writers_packing_of_indices_is_pack_ints(values: list[int]) -> None:
+    packed = pack_int_array(array("q", values))
+    assert packed == pack_ints(values) and unpack_ints(packed) == values
 
 
 def test_worker_processes_do_not_change_which_indices_are_recorded(store: Path) -> None:

@@ -34,9 +34,12 @@ runs under its fault handling (``recorder_error``).
 
 from __future__ import annotations
 
+import base64
 import collections
 import functools
+import operator
 import weakref
+from array import array
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -47,7 +50,7 @@ from auditlog.capture import loader_compat
 from auditlog.capture.base import class_name
 from auditlog.capture.datasets import DatasetIdentity, loader_config
 from auditlog.capture.ids import ObjectIds
-from auditlog.core.packed import pack_ints
+from auditlog.core.packed import INT_KEYS, pack_ints
 
 BATCHES_PER_EVENT = 256
 """Batches of one iterator handed over in one ``batches`` event (at most)."""
@@ -122,33 +125,48 @@ class Batches:
         if out.get("iterable"):
             return out
         sizes: list[int] = []
-        flat: list[int] = []
+        flat = array("q")
         opaque: list[int] = []
         for position, (_, indices, _) in enumerate(batches):
-            ints = _ints(indices)
-            if ints is None:
+            before = len(flat)
+            try:
+                # A BatchSampler's list of ints: one C loop (array refuses anything else).
+                flat.extend(indices if type(indices) is list else _ints(indices))
+            except (TypeError, OverflowError, ValueError):
+                del flat[before:]
                 opaque.append(position)
-                sizes.append(0)
-                continue
-            sizes.append(len(ints))
-            flat.extend(ints)
+            sizes.append(len(flat) - before)
         out["sizes"] = pack_ints(sizes)
-        out["indices"] = pack_ints(flat)
+        out["indices"] = pack_int_array(flat)
         if opaque:
             out["opaque"] = opaque
         return out
 
 
-def _ints(indices: Any) -> list[int] | None:
-    """A batch's indices as ints (one index: a list of one); None when they are not integers."""
-    try:
-        if isinstance(indices, torch.Tensor):
-            return [int(i) for i in indices.reshape(-1).tolist()]
-        if isinstance(indices, (list, tuple)):
-            return [int(i.__index__()) for i in indices]
-        return [int(indices.__index__())]
-    except (AttributeError, TypeError, ValueError):
-        return None
+def _ints(indices: Any) -> list[int]:
+    """A batch's indices as ints (one index: a list of one); raises TypeError when they
+    are not integers."""
+    if isinstance(indices, torch.Tensor):
+        if indices.is_floating_point() or indices.is_complex():
+            raise TypeError("indices are not integers")
+        return [int(i) for i in indices.reshape(-1).tolist()]
+    if isinstance(indices, (list, tuple)):
+        return [operator.index(i) for i in indices]
+    return [operator.index(indices)]
+
+
+def pack_int_array(values: array[int]) -> dict[str, Any]:
+    """``core.packed.pack_ints`` of an ``array('q')``, with numpy (~2 us per batch of 32
+    instead of ~10: this runs on the writer, which shares the GIL with training)."""
+    import numpy as np
+
+    data = np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
+    low, high = (int(data.min()), int(data.max())) if len(data) else (0, 0)
+    for key, (_, width) in INT_KEYS.items():
+        if -(2 ** (8 * width - 1)) <= low and high < 2 ** (8 * width - 1):
+            raw = data.astype(f"<i{width}").tobytes()
+            return {key: base64.b64encode(raw).decode("ascii")}
+    raise ValueError("index beyond int64")  # unreachable: the array holds int64
 
 
 class DataWatch:
@@ -164,6 +182,9 @@ class DataWatch:
         self._counter = 1_000_000_000  # their ids: never one ObjectIds hands out
         self._starts: dict[int, int] = {}  # loader id -> iterations started
         self._iterations: weakref.WeakKeyDictionary[Any, _Iteration] = weakref.WeakKeyDictionary()
+        # Iterations holding batches not handed over, held strongly (not their iterators):
+        # an iterator dropped before its end (a loop left with break) loses none.
+        self._holding: set[_Iteration] = set()
 
     def install(self) -> None:
         """Put the wrappers in place (recording starts)."""
@@ -187,7 +208,7 @@ class DataWatch:
     def flush(self) -> None:
         """Hand over every iterator's pending batches (run end, ``run.flush()``)."""
         try:
-            for iteration in list(self._iterations.values()):
+            for iteration in list(self._holding):
                 self._hand_over(iteration)
         except Exception as exc:
             self.listener.fault("data_flush", exc)
@@ -273,6 +294,8 @@ class DataWatch:
             return self._counter, True
 
     def _started(self, loader: Any, iterator: Any) -> None:
+        for held in list(self._holding):  # earlier iterations (left early, or interleaved) first
+            self._hand_over(held)
         loader_id, _ = self._id(self._loaders, loader)
         dataset = loader.dataset
         dataset_id, new = self._id(self._datasets, dataset)
@@ -289,8 +312,6 @@ class DataWatch:
         iteration = self._iterations.get(iterator)
         if iteration is None:
             iteration = self._iterations[iterator] = _Iteration()
-        else:
-            self._hand_over(iteration)
         epoch = self._starts.get(loader_id, 0)
         self._starts[loader_id] = epoch + 1
         iteration.loader_id, iteration.dataset_id, iteration.epoch, iteration.first = loader_id, dataset_id, epoch, 0
@@ -318,12 +339,15 @@ class DataWatch:
         else:
             return  # nothing drawn for it that we saw
         iteration.batches.append((self.listener.step, indices, torch.is_grad_enabled()))
+        if len(iteration.batches) == 1:
+            self._holding.add(iteration)
         if len(iteration.batches) >= BATCHES_PER_EVENT or (
             len(iteration.batches) * _size(indices) >= INDICES_PER_EVENT
         ):
             self._hand_over(iteration)
 
     def _hand_over(self, iteration: _Iteration) -> None:
+        self._holding.discard(iteration)
         if not iteration.batches:
             return
         batches, iteration.batches = iteration.batches, []
