@@ -31,6 +31,7 @@ TITLES = {
     "parameters": "Parameters",
     "buffers": "Buffers",
     "hyperparameters": "Hyperparameters",
+    "data": "Data",
     "metadata": "Run metadata",
 }
 
@@ -243,6 +244,7 @@ def _detail(section: str, change: Change) -> str:
             return short_class(item.get("class"))
         return ""
     parts = [
+        f"files changed: {b}" if section == "data" and key == "files" else
         f"{key + ' ' if key != change.name else ''}{_value(key, a)} → {_value(key, b)}"
         for key, (a, b) in change.fields.items()
     ]
@@ -259,6 +261,8 @@ def _value(key: str, value: Any) -> str:
         return short_class(value) if isinstance(value, str) else _short(value)
     if key in ("commit", "diff_sha256") and isinstance(value, str):
         return value[:10]
+    if key == "fingerprint" and isinstance(value, str):
+        return value[:16]
     return _short(value)
 
 

@@ -15,6 +15,7 @@ from auditlog.cli import (
     attest_cmd,
     bom_cmd,
     combine_cmd,
+    data_cmd,
     db_cmd,
     diff_cmd,
     events_cmd,
@@ -123,6 +124,7 @@ cli.add_command(combine_cmd.combine)
 cli.add_command(export_cmd.export)
 cli.add_command(metrics_cmd.metrics)
 cli.add_command(metrics_cmd.nonfinite)
+cli.add_command(data_cmd.data)
 cli.add_command(plot_cmd.plot)
 cli.add_command(report_cmd.report)
 cli.add_command(bom_cmd.bom)

@@ -20,6 +20,7 @@ from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
 import auditlog
+from auditlog.capture import loader_compat
 from auditlog.capture.torch_compat import GLOBAL_HOOK_TABLES
 
 
@@ -64,10 +65,18 @@ def assert_same(plain: Any, recorded: Any, where: str = "outcome") -> None:
     assert plain == recorded, f"{where}: plain {plain!r} != recorded {recorded!r}"
 
 
+def loader_methods() -> tuple[Any, ...]:
+    """The DataLoader methods the data watch wraps while recording (capture/data.py)."""
+    iterator = loader_compat.ITERATOR_CLASS
+    names = (loader_compat.DRAW_METHOD, loader_compat.RESET_METHOD, loader_compat.NEXT_METHOD)
+    return (torch.utils.data.DataLoader.__iter__, *(iterator.__dict__[name] for name in names))
+
+
 def run_twice(behaviour: Callable[[], Any], store: Path, policy: str) -> Any:
     """The behaviour's outcome, after checking it is the same with a recording open."""
     flag = nn_module._global_is_full_backward_hook
     backward, scale, scaler_step = torch.autograd.backward, torch.amp.GradScaler.scale, torch.amp.GradScaler.step
+    loading = loader_methods()
     before = table_sizes()
     plain = outcome_of(behaviour)
     assert table_sizes() == before, "the behaviour left global hooks behind (plain run)"
@@ -82,6 +91,7 @@ def run_twice(behaviour: Callable[[], Any], store: Path, policy: str) -> Any:
     assert torch.autograd.backward is backward, "torch.autograd.backward was not put back"
     assert torch.nn.Module.__dict__["__init__"] is module_init, "nn.Module.__init__ was not put back"
     assert (torch.amp.GradScaler.scale, torch.amp.GradScaler.step) == (scale, scaler_step)
+    assert loader_methods() == loading, "the DataLoader methods were not put back"
     assert optim_module._global_optimizer_pre_hooks is GLOBAL_HOOK_TABLES["optimizer_step_pre"]()
     assert_same(plain, recorded)
     assert faults == 0, "the recorder recorded a fault of its own"

@@ -22,7 +22,7 @@ DOCS = REPO / "docs"
 PAGES = (
     "how-it-works.md", "policy.md", "snapshots.md", "query.md", "views.md", "events.md",
     "integrity.md", "cli.md", "python.md", "performance.md", "development.md", "CHANGELOG.md", "hooks.md",
-    "forensics.md", "distributed.md", "compliance.md", "ui.md",
+    "forensics.md", "distributed.md", "compliance.md", "ui.md", "data.md",
 )
 
 

@@ -14,6 +14,11 @@ import auditlog
 from auditlog.core.kinds import KINDS
 
 
+class _Stream(torch.utils.data.IterableDataset[int]):
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(range(3))
+
+
 def test_every_emitted_kind_and_field_is_documented(store: Path) -> None:
     registration_hooks = nn_module._global_module_registration_hooks
     try:
@@ -31,6 +36,12 @@ def test_every_emitted_kind_and_field_is_documented(store: Path) -> None:
                 model(torch.randn(3, 2)).sum().backward()
                 opt.step()
                 run.annotate("note", text="hello")
+                # dataset_seen, loader_started, batches (one under no_grad, one of an iterable dataset)
+                data = torch.utils.data.TensorDataset(torch.randn(4, 2), torch.zeros(4, 2))
+                with torch.no_grad():
+                    for x, _ in torch.utils.data.DataLoader(data, batch_size=2, shuffle=True):
+                        model(x)
+                list(torch.utils.data.DataLoader(_Stream(), batch_size=2))
                 run.log(acc=0.5)
                 (model(torch.randn(3, 2)).sum() * float("nan")).backward()  # nonfinite_found
                 opt.step()

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from auditlog.capture import torch_compat
+from auditlog.capture import loader_compat, torch_compat
 from auditlog.capture.torch_compat import GLOBAL_HOOK_TABLES, global_hook_table
 
 
@@ -20,6 +20,14 @@ def test_private_torch_attribute_exists(name: str) -> None:
         torch_compat.REQUIRED[name]()
     except (AttributeError, ValueError, TypeError) as exc:
         pytest.fail(f"torch {torch.__version__} no longer has {name} ({exc}); update auditlog/capture/torch_compat.py")
+
+
+@pytest.mark.parametrize("name", sorted(loader_compat.REQUIRED))
+def test_private_dataloader_attribute_exists(name: str) -> None:
+    try:
+        loader_compat.REQUIRED[name]()
+    except (AttributeError, ValueError, TypeError) as exc:
+        pytest.fail(f"torch {torch.__version__} no longer has {name} ({exc}); update auditlog/capture/loader_compat.py")
 
 
 def test_accessors_read_what_torch_holds() -> None:

@@ -25,6 +25,7 @@ from auditlog.capture.activity import ActivityHooks
 from auditlog.capture.backward import BackwardWatch
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.construction import ConstructionHooks
+from auditlog.capture.data import DataWatch
 from auditlog.capture.flops import FlopCounting
 from auditlog.capture.hooktables import HookTables, Register
 from auditlog.capture.metrics import MetricHooks
@@ -57,6 +58,7 @@ class Recorder(
         self._refused: set[str] = set()  # kinds torch would not take back: not captured any more
         self._backward = BackwardWatch(self)  # backward(), GradScaler.scale/step (backward.py)
         self._constructed = self.on_constructed  # one bound method: listen and unlisten it
+        self.data = DataWatch(self)  # DataLoader iterations, datasets, batch indices (data.py)
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
@@ -74,6 +76,8 @@ class Recorder(
         add("optimizer_step_pre", self._on_step_pre, optim_module.register_optimizer_step_pre_hook)
         add("optimizer_step_post", self._on_step_post, optim_module.register_optimizer_step_post_hook)
         self._backward.install()
+        if self.policy.data:
+            self.data.install()
         self._full_flag.save_and_clear()
         self.sampling = self.policy.samples(0)
         self._install_call_hooks(forward_only=not self.sampling)
@@ -212,6 +216,7 @@ class Recorder(
         self.verify_hooks("run_end", repair=False)
         constructors.unlisten(self._constructed)
         self._backward.remove()
+        self.data.remove()  # the batches still pending are emitted first
         self._call_kinds.clear()
         self.call_stack().clear()
         self.remove_metric_hooks()

@@ -359,6 +359,68 @@ _KINDS = [
         },
     ),
     Kind(
+        "dataset_seen",
+        "A dataset a DataLoader iterated, the first time the run saw it (each dataset object once "
+        "per stream), with what identifies its data; the identity is resolved off the training "
+        "thread (docs/data.md). Annotations stay the place for what code cannot see (licence, "
+        "consent, source URL).",
+        {
+            "dataset_id": "per-run id of the dataset object (loader_started and batches name it)",
+            "class": "qualified class name of the dataset",
+            "kind": "map (indexed by a sampler) | iterable (an IterableDataset)",
+            "length": "len(dataset), or null when it has none",
+            "identity": "{method, fingerprint, ...}: method tensors (a TensorDataset: tensors [{shape, dtype, "
+            "device, sha256}] by auditlog.tensor_hash, bytes_total, hashed: false with reason over 1 GiB) | "
+            "files (samples/imgs/files/paths: attribute, root, files_total, bytes_total, files: the first 1000 "
+            "as {path, size, method sha256 | size_mtime | missing | unreadable | special | path, identity}, "
+            "files_sha256 over every file, hashing: {methods, file_limit, total_limit, seconds_limit, "
+            "stat_limit, bytes_read, seconds, truncated?}) | hf_datasets (hf_fingerprint, rows, columns, "
+            "and the cache files as for files) | subset (indices, indices_sha256, of: the inner identity "
+            "with its class and length) | concat (parts) | unidentified (reason); fingerprint: SHA-256 over "
+            "the identity without timings (null when unidentified): equal data, equal fingerprint",
+        },
+    ),
+    Kind(
+        "loader_started",
+        "A DataLoader iterator started (iter(loader): an epoch). Its configuration as it is then; "
+        "reading it calls no sampler and touches no generator.",
+        {
+            "loader_id": "per-run id of the DataLoader object",
+            "dataset_id": "the dataset it draws from (dataset_seen)",
+            "epoch": "iterations of this loader started before this one in the run (0-based)",
+            "loader_class": "qualified class name of the loader",
+            "config": "{batch_size, drop_last, shuffle (true/false for Random/Sequential/DistributedSampler, "
+            "null for a custom sampler), num_workers, persistent_workers, pin_memory, prefetch_factor, "
+            "in_order (false: batches may pair with the wrong indices among those in flight), sampler, "
+            "batch_sampler (class names), generator_seed (the loader generator's initial seed, null without "
+            "one), sampler_seed (the sampler generator's; null: seeded from torch's global RNG), "
+            "worker_base_seed, collate_fn, batches (len(loader); null for iterable datasets), sampler_state "
+            "(RandomSampler: replacement, num_samples; DistributedSampler: num_replicas, rank, epoch, seed, "
+            "shuffle, drop_last)}",
+        },
+    ),
+    Kind(
+        "batches",
+        "Batches a DataLoader iterator returned, in order, with the sample indices each was drawn "
+        "from (the sampler's, in the main process, whatever num_workers). Emitted every 256 batches "
+        "of an iterator, at its end, at its next epoch and at run end.",
+        {
+            "loader_id": "the loader (loader_started)",
+            "dataset_id": "its dataset (dataset_seen)",
+            "epoch": "the loader iteration they belong to",
+            "first": "position in the epoch of the first batch here (0-based)",
+            "count": "number of batches",
+            "steps": "per batch, the optimizer steps completed when it left the loader: it trained the next "
+            "step to complete (steps + 1); packed like tensor_ids (readers decode it to the list)",
+            "sizes": "per batch, the number of indices, packed like tensor_ids (absent for iterable datasets)",
+            "indices": "every batch's indices, concatenated in order, packed like tensor_ids (absent for iterable "
+            "datasets)",
+            "no_grad": "positions of batches that left the loader with gradients disabled (evaluation), only when some",
+            "opaque": "positions of batches whose indices were not integers (size 0), only when some",
+            "iterable": "true for an IterableDataset: batches counted, no indices",
+        },
+    ),
+    Kind(
         "annotation",
         "A fact the user added with run.annotate(key, **fields).",
         {"key": "the annotation key", "fields": "the user's fields (JSON-encodable)"},

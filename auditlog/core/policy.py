@@ -48,6 +48,9 @@ class Policy:
     norms_every: int = 10
     # metrics: the loss every step, from loss modules and model outputs (docs/forensics.md)
     loss: bool = True
+    # data: every DataLoader iteration, its dataset's identity and the sample indices of
+    # every batch, tied to the step that trained on them (docs/data.md)
+    data: bool = True
     # training FLOPs of one step, counted with torch.utils.flop_counter (docs/forensics.md)
     flops: bool = True
     # non-finite values: check gradients before every step (CUDA: one sync per step) and,

@@ -14,8 +14,7 @@ alone, as data (``RunDiff``); the CLI renders it.
   names, shapes, dtypes) and the same source file and function is reported as a
   probable **rename**, and its contents are compared under the new name instead
   of being listed as removed and added.
-- **Source locations** are compared relative to each run's git root (or working
-  directory), so the same code checked out in two places compares equal.
+- **Source locations** are compared relative to each run's git root (or working directory).
 - **Initial values.** Equal content hashes are equal. Different hashes with
   different shapes are already a shape change. Different hashes with the same
   shape are a change only when the statistics say the *distribution* changed
@@ -27,11 +26,11 @@ alone, as data (``RunDiff``); the CLI renders it.
 - **Hyperparameters**: each optimizer (in order of its first step) and param
   group at its first step, the parameters in each group (by name), and the
   learning rate at every later step (the first step where schedules diverge).
+- **Data**: datasets whose identity changed, loaders configured or sampling differently (``diff_data.py``);
 - **Code and environment**: git commit, branch, dirty flag, diff hash and the files that differ;
   argv, Python/torch/CUDA versions, platform, host, user, working directory,
   world size, capture policy, the torch seed in effect (``manual_seed``, else
   the process's random seed), and the outcome (status, steps).
-
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ SameContent = Callable[[str, str], bool]  # two hashes, one content? (runs of tw
 
 Progress = Callable[[int, int], None]
 
-SECTIONS = ("code", "modules", "parameters", "buffers", "hyperparameters", "metadata")
+SECTIONS = ("code", "modules", "parameters", "buffers", "hyperparameters", "data", "metadata")
 
 # Run metadata compared (run_started payload keys; dotted for nested).
 METADATA_STARTED = (
@@ -536,6 +535,7 @@ def _compare_metadata(a: RunFacts, b: RunFacts) -> list[Change]:
 
 def diff_runs(store: EventStore, run_a: str, run_b: str, progress: Progress | None = None) -> RunDiff:
     """Compare two runs (ids already resolved) of one store."""
+    from auditlog.read.diff_data import data_changes  # it builds this module's Change
     kinds = ("run_started", "run_ended", "optimizer_step", *CONSTRUCTION_KINDS)
     total = store.count_events(run_a, kinds) + store.count_events(run_b, kinds)
     done = 0
@@ -582,6 +582,7 @@ def diff_runs(store: EventStore, run_a: str, run_b: str, progress: Progress | No
             same_content,
         ),
         *_compare_hyperparameters(a, b),
+        *data_changes(store, run_a, run_b),  # datasets and sampling (diff_data.py)
         *metadata,
     ]
     return RunDiff(a.side, b.side, changes, init_values_differ)

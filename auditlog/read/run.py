@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from auditlog.integrity.heads import SignedHead
     from auditlog.integrity.signing import HeadStatement, KeyRing
     from auditlog.integrity.verify import SourcedStatement, VerifyReport
+    from auditlog.read.data import DataSummary, SampleHistory
     from auditlog.read.forensics import Finding
     from auditlog.read.series import Panel
 
@@ -484,6 +485,21 @@ class Run:
 
         with questions(self) as q:
             return find_nonfinite(q)
+
+    def data(self) -> DataSummary:
+        """The datasets the run iterated and its loaders (``auditlog data``; ``auditlog.read.data``)."""
+        from auditlog.read.data import data_questions, data_summary
+
+        with data_questions(self) as q:
+            return data_summary(q)
+
+    def sample(self, index: int, dataset: str | None = None) -> SampleHistory:
+        """Every batch that held sample ``index`` and the steps that trained on it
+        (``auditlog data --sample``); ``dataset``: an id or a class name."""
+        from auditlog.read.data import data_questions, sample_history
+
+        with data_questions(self) as q:
+            return sample_history(q, index, dataset)
 
     def plot_panels(self, what: str, max_rows: int = 40) -> list[Panel]:
         """The data of one picture (``auditlog plot``; see ``auditlog.read.series``)."""

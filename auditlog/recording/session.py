@@ -330,6 +330,7 @@ class Recording(contextlib.ContextDecorator):
         if self.writer is None:
             return False
         recorder.settle()  # registrations the hooks deferred (capture/registrations.py)
+        recorder.data.flush()  # batches the data watch holds (capture/data.py)
         return self.writer.flush(timeout)
 
     @property

@@ -20,13 +20,15 @@ _INT_COLUMNS = ("stream", "seq", "ts_ns")
 _OPTIONAL_INT_COLUMNS = ("step", "module_id", "tensor_id")
 # Per-parameter vectors of optimizer_step events, stored packed (``core.packed``).
 _PACKED_VECTORS = NORM_VECTORS
+# The packed integer lists of a ``batches`` event (``capture/data.py``).
+BATCH_LISTS = ("steps", "sizes", "indices")
 
 
 def decode_event(row: dict[str, Any], shown: str = "") -> dict[str, Any]:
     """A copy of ``row`` with the payload parsed; raises ``CorruptRecordError`` if malformed.
 
-    Packed per-parameter vectors and tensor id lists of ``optimizer_step`` events
-    come back as the lists they stand for (``core.packed``), so readers see one
+    Packed per-parameter vectors and tensor id lists of ``optimizer_step`` events,
+    and the packed steps, sizes and indices of ``batches`` events, come back as the lists they stand for (``core.packed``), so readers see one
     form whatever the record's age; ``verify`` hashes the stored text, never this.
     """
     where = f"store {shown!r}: " if shown else ""
@@ -64,6 +66,14 @@ def decode_event(row: dict[str, Any], shown: str = "") -> dict[str, Any]:
                 except (ValueError, TypeError, IndexError):
                     raise bad(f"{name} is not a packed float32 vector") from None
         _unpack_ids(payload, bad)
+    elif event["kind"] == "batches":
+        for name in BATCH_LISTS:
+            value = payload.get(name)
+            if isinstance(value, dict) and packed_ints_key(value) is not None:
+                try:
+                    payload[name] = unpack_ints(value)
+                except (ValueError, TypeError):
+                    raise bad(f"{name} is not a packed integer list") from None
     event["payload"] = payload
     return event
 

@@ -52,6 +52,7 @@ from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, apply
 from auditlog.store.eventstore import EventStore
 from auditlog.store.location import EVENTS_FILE
 from auditlog.store.readmodel import arrowcopy, names, tables, vectors
+from auditlog.store.readmodel import batches as batch_rows
 from auditlog.store.readmodel.links import Heads, check_links
 from auditlog.store.readmodel.names import MODULE_SCHEMA, TENSOR_SCHEMA
 from auditlog.store.readmodel.trust import check_blobs, seal_path, seal_problem, write_seal
@@ -372,6 +373,7 @@ class ReadModel:
             self._link_seconds += time.perf_counter() - checking
             con.register("new_events", table)
             con.register("new_vectors", vectors.new_vectors(table))
+            con.register("new_batches", batch_rows.new_batches(table))
             try:
                 # Names first: the derivations copy them into every row.
                 touched = con.execute(tables.CONSTRUCTION_TOUCHED).fetchall()
@@ -382,6 +384,7 @@ class ReadModel:
             finally:
                 con.unregister("new_events")
                 con.unregister("new_vectors")
+                con.unregister("new_batches")
             mark = con.execute(
                 f"SELECT id, hash FROM {tables.SCHEMA}.events ORDER BY id DESC LIMIT 1"
             ).fetchone()

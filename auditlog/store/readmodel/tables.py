@@ -124,6 +124,10 @@ TABLES: tuple[str, ...] = (
         shape BIGINT[] NOT NULL, numel BIGINT NOT NULL, nbytes BIGINT NOT NULL,
         layout VARCHAR NOT NULL, row_groups INTEGER NOT NULL, file_sha256 VARCHAR NOT NULL,
         created_ns BIGINT NOT NULL, identity BIGINT[] NOT NULL)""",
+    f"""CREATE TABLE {SCHEMA}.batches (
+        run_id VARCHAR NOT NULL, stream INTEGER NOT NULL, seq BIGINT NOT NULL, step BIGINT,
+        ts_ns BIGINT NOT NULL, loader_id BIGINT, dataset_id BIGINT, epoch BIGINT, position BIGINT,
+        after_step BIGINT, size BIGINT, indices BIGINT[], no_grad BOOLEAN)""",
     f"""CREATE TABLE {SCHEMA}.rejected_blobs (sha256 VARCHAR PRIMARY KEY, problem VARCHAR NOT NULL)""",
 )
 
@@ -305,7 +309,19 @@ METRICS_DERIVATION = f"""INSERT INTO {SCHEMA}.metrics
         ON m.run_id = x.run_id AND m.stream = x.stream AND m.module_id = x.item.module_id
     WHERE x.item IS NOT NULL"""
 
-DERIVATIONS = (*DERIVATIONS, METRICS_DERIVATION)
+# Batches: one row per batch of a ``batches`` event, its packed lists decoded in
+# ``new_batches`` (``batches.py``); ``position`` is the batch's place in its epoch.
+BATCHES_DERIVATION = f"""INSERT INTO {SCHEMA}.batches
+    WITH e AS MATERIALIZED (
+        SELECT id, run_id, stream, seq, step, ts_ns,
+               from_json(payload, '{{"loader_id":"BIGINT","dataset_id":"BIGINT","epoch":"BIGINT",
+                                     "first":"BIGINT"}}') AS p
+        FROM new_events WHERE kind = 'batches')
+    SELECT e.run_id, e.stream, e.seq, e.step, e.ts_ns, e.p.loader_id, e.p.dataset_id, e.p.epoch,
+           coalesce(e.p.first, 0) + b.position, b.after_step, b.size, b.indices, b.no_grad
+    FROM new_batches b JOIN e ON e.id = b.id"""
+
+DERIVATIONS = (*DERIVATIONS, METRICS_DERIVATION, BATCHES_DERIVATION)
 
 # After a replay: rewrite stored labels that changed. ``changed_modules`` and
 # ``changed_tensors`` (temporary) hold the new labels of ids whose label moved.

@@ -37,6 +37,7 @@ from auditlog.store.readmodel.columns import (
     View,
     _c,
 )
+from auditlog.store.readmodel.data_views import DATA_VIEWS
 from auditlog.store.readmodel.training_views import TRAINING_VIEWS
 from auditlog.store.readmodel.viewsql import (  # re-exported: the SQL built from these views
     BASE_TABLES,
@@ -379,6 +380,7 @@ VIEWS: tuple[View, ...] = (
         """,
     ),
     *TRAINING_VIEWS,
+    *DATA_VIEWS,
     View(
         "annotations",
         "One row per run.annotate(key, **fields) call.",

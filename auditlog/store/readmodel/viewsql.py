@@ -30,6 +30,7 @@ BASE_TABLES: tuple[str, ...] = (
     "snapshots",
     "snapshot_catalog",
     "metrics",
+    "batches",
 )
 RUNS_LIVE = "_runs_live"
 # Sources without a stream column (a rank filter leaves them whole).

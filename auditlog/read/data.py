@@ -1,0 +1,153 @@
+"""Answers about the data a run trained on (``auditlog data``): which datasets, how they
+were drawn, and which steps trained on one sample.
+
+Built from the ``datasets`` and ``batches`` views (``store/readmodel/data_views.py``)
+through ``DataQueries``; docs/data.md shows the questions and their answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from auditlog.core.errors import UsageError
+from auditlog.store.readmodel.cache import ReadModel
+from auditlog.store.readmodel.dataqueries import DataQueries
+from auditlog.store.readmodel.session import QuerySession
+
+if TYPE_CHECKING:
+    from auditlog.read.run import Run
+
+
+@contextlib.contextmanager
+def data_questions(run: Run) -> Iterator[DataQueries]:
+    """The data questions over ``run`` (the read model is refreshed first)."""
+    session, _ = QuerySession.open(ReadModel(run.store), run.run_id)
+    try:
+        yield DataQueries(session)
+    finally:
+        session.close()
+
+
+def _json(text: Any) -> Any:
+    try:
+        return json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
+@dataclass
+class DataSummary:
+    """The datasets a run iterated (one per stream and dataset object) and its loaders."""
+
+    datasets: list[dict[str, Any]]
+    loaders: list[dict[str, Any]]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"datasets": self.datasets, "loaders": self.loaders}
+
+
+def data_summary(q: DataQueries) -> DataSummary:
+    """Every dataset with its identity and what was drawn of it; every loader with its
+    iterations and the configuration of its last one (``loader_started``)."""
+    datasets = []
+    for row in q.datasets():
+        row["identity"] = _json(row["identity"])
+        datasets.append(row)
+    loaders: dict[tuple[int, int], dict[str, Any]] = {}
+    for start in q.loader_starts():
+        key = (int(start["stream"]), int(start["loader_id"]))
+        config = _json(start["config"]) or {}
+        entry = loaders.setdefault(key, {
+            "stream": start["stream"], "rank": start["rank"], "loader_id": start["loader_id"],
+            "dataset_id": start["dataset_id"], "loader_class": start["loader_class"], "epochs": 0,
+            "first_step": start["step"], "configs": [],
+        })
+        entry["epochs"] += 1
+        if not entry["configs"] or _without_epoch(entry["configs"][-1]) != _without_epoch(config):
+            entry["configs"].append(config)  # a configuration change (a DistributedSampler's epoch aside)
+        entry["config"] = config
+    return DataSummary(datasets, list(loaders.values()))
+
+
+def _without_epoch(config: dict[str, Any]) -> dict[str, Any]:
+    state = dict(config.get("sampler_state") or {})
+    state.pop("epoch", None)
+    return {**config, "sampler_state": state, "worker_base_seed": None}
+
+
+@dataclass
+class SampleHistory:
+    """Where one sample went: every batch that held it, and the steps that trained on it."""
+
+    sample: int
+    datasets: list[dict[str, Any]]
+    batches: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def trained_steps(self) -> list[tuple[int, int]]:
+        """(rank, step) of every step that trained on it (batches drawn under no_grad and
+        batches no step followed left out), in order, a step once."""
+        seen: list[tuple[int, int]] = []
+        for b in self.batches:
+            if b["step"] is not None and not b["no_grad"] and (b["rank"], b["step"]) not in seen:
+                seen.append((int(b["rank"]), int(b["step"])))
+        return seen
+
+    @property
+    def answer(self) -> str:
+        times = sum(int(b["times"]) for b in self.batches)
+        steps = self.trained_steps
+        if not times:
+            lengths = [d["length"] for d in self.datasets]
+            beyond = bool(lengths) and all(n is not None and self.sample >= n for n in lengths)
+            return f"sample {self.sample} was never drawn" + (
+                f" (beyond every dataset's length: {', '.join(map(str, lengths))})" if beyond else ""
+            )
+        where = ", ".join(f"step {s}" + (f" (rank {r})" if r else "") for r, s in steps) or "no step"
+        return f"sample {self.sample} was drawn {times} time{'s' if times != 1 else ''}; trained at {where}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "sample": self.sample,
+            "datasets": self.datasets,
+            "drawn": sum(int(b["times"]) for b in self.batches),
+            "trained_steps": [{"rank": r, "step": s} for r, s in self.trained_steps],
+            "batches": self.batches,
+            "answer": self.answer,
+        }
+
+
+def select_datasets(rows: list[dict[str, Any]], wanted: str | None) -> list[dict[str, Any]]:
+    """The datasets ``--dataset`` names: an id, or a class name (the short name, or any
+    part of the qualified one); None: every map-style dataset. Raises ``UsageError``
+    when nothing matches, naming what there is."""
+    maps = [r for r in rows if r.get("kind") == "map"]
+    if wanted is None:
+        return maps
+    text = wanted.strip()
+    if text.isdigit():
+        found = [r for r in rows if r["dataset_id"] == int(text)]
+    else:
+        found = [r for r in rows if str(r["class"]).rsplit(".", 1)[-1] == text or text in str(r["class"])]
+    if not found:
+        have = ", ".join(f"{r['dataset_id']} ({str(r['class']).rsplit('.', 1)[-1]})" for r in rows) or "none"
+        raise UsageError(f"no dataset {wanted!r} in this run; its datasets: {have}")
+    return found
+
+
+def sample_history(q: DataQueries, index: int, dataset: str | None = None) -> SampleHistory:
+    """Every batch that held sample ``index`` of the selected datasets (``select_datasets``)."""
+    if index < 0:
+        raise UsageError(f"sample index {index} is negative")
+    chosen = select_datasets(q.datasets(), dataset)
+    keys = [(int(r["stream"]), int(r["dataset_id"])) for r in chosen]
+    shown = [
+        {"rank": r["rank"], "dataset_id": r["dataset_id"], "class": r["class"], "length": r["length"],
+         "fingerprint": r["fingerprint"]}
+        for r in chosen
+    ]
+    return SampleHistory(index, shown, q.sample(index, keys))
