@@ -49,8 +49,10 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             run.annotate("intended_purpose", text="a demonstration regressor")
             run.annotate("license", text="MIT")
             at_step_2: dict[str, str] = {}
-            for step in range(1, STEPS + 1):
-                loss = nn.functional.mse_loss(model(torch.randn(BATCH, IN)), torch.zeros(BATCH, OUT))
+            data = torch.utils.data.TensorDataset(torch.randn(BATCH * STEPS, IN))
+            loader = torch.utils.data.DataLoader(data, batch_size=BATCH)
+            for step, (inputs,) in enumerate(loader, start=1):
+                loss = nn.functional.mse_loss(model(inputs), torch.zeros(BATCH, OUT))
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
@@ -84,7 +86,11 @@ def test_the_facts_are_the_numbers_the_test_computes_and_name_their_events(recor
     assert stream["rank"] == 0 and stream["status"] == "completed"
     assert 0 < stream["wall_s"] <= facts["training_time"]["value"]["wall_s"] + 1
     assert facts["architecture"]["value"]["layer_types"] == {"Linear": 2, "ReLU": 1, "Sequential": 1}
-    assert facts["datasets"]["value"][0]["name"] == "toy-regression"
+    recorded_data, annotated = facts["datasets"]["value"]
+    assert recorded_data["source"] == "recorded" and recorded_data["method"] == "tensors"
+    assert recorded_data["length"] == BATCH * STEPS and len(recorded_data["fingerprint"]) == 64
+    assert facts["datasets"]["evidence"][0]["kind"] == "dataset_seen"
+    assert annotated["name"] == "toy-regression"
     assert facts["intended_purpose"]["value"] == {"text": "a demonstration regressor"}
     assert facts["verification"]["value"]["assurance"] == "unsigned"
     # A fact the record cannot hold is present, empty, and says how to supply it.
@@ -108,10 +114,12 @@ def test_the_cyclonedx_ml_bom_validates_and_carries_the_record(recorded: dict[st
     tensors = {c["name"]: c["hashes"][0]["content"] for c in model["components"]}
     assert tensors == recorded["hashes"]
     card = model["modelCard"]
-    assert card["modelParameters"]["datasets"] == [{"ref": "dataset-0"}]
+    assert card["modelParameters"]["datasets"] == [{"ref": "dataset-0"}, {"ref": "dataset-1"}]
     assert card["considerations"]["useCases"] == ["a demonstration regressor"]
     assert [m["type"] for m in card["quantitativeAnalysis"]["performanceMetrics"]] == ["loss"]
-    (dataset,) = [c for c in document["components"] if c["type"] == "data"]
+    recorded_data, dataset = [c for c in document["components"] if c["type"] == "data"]
+    assert recorded_data["name"] == "torch.utils.data.dataset.TensorDataset"
+    assert recorded_data["hashes"][0]["content"] == _bom(recorded, "json")["facts"]["datasets"]["value"][0]["fingerprint"]
     assert dataset["name"] == "toy-regression" and dataset["hashes"][0]["content"] == "ab" * 32
     assert {c["name"] for c in document["components"]} >= {"torch", "python"}
 
@@ -127,7 +135,8 @@ def test_the_spdx_document_reads_back_with_the_spdx_bindings(recorded: dict[str,
         spdx.JSONLDDeserializer().read(f, objects)
     assert not objects.link()  # every reference resolves inside the document
     (package,) = list(objects.foreach_type(spdx.ai_AIPackage))
-    (dataset,) = list(objects.foreach_type(spdx.dataset_DatasetPackage))
+    recorded_data, dataset = sorted(objects.foreach_type(spdx.dataset_DatasetPackage), key=lambda d: d.spdxId)
+    assert recorded_data.name == "torch.utils.data.dataset.TensorDataset" and recorded_data.verifiedUsing
     assert dataset.name == "toy-regression" and dataset.software_downloadLocation == "https://example.org/toy"
     hyper = {e.key: e.value for e in package.ai_hyperparameter}
     assert json.loads(hyper["lr"]) == 0.05
@@ -139,7 +148,7 @@ def test_the_spdx_document_reads_back_with_the_spdx_bindings(recorded: dict[str,
     assert kwh == pytest.approx(3.5 / 3.6e6)
     assert {h.hashValue for h in package.verifiedUsing} == set(recorded["hashes"].values())
     relations = {r.relationshipType.rsplit("/", 1)[-1]: r for r in objects.foreach_type(spdx.Relationship)}
-    assert relations["trainedOn"].to == [dataset]
+    assert relations["trainedOn"].to == [recorded_data, dataset]
     assert {"hasConcludedLicense", "hasDeclaredLicense"} <= set(relations)
     (licence,) = list(objects.foreach_type(spdx.simplelicensing_LicenseExpression))
     assert licence.simplelicensing_licenseExpression == "MIT"

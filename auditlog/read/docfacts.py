@@ -221,8 +221,12 @@ def _datasets(q: ForensicQueries) -> Fact:
     evidence: list[dict[str, Any]] = []
     for event in q.events_of("dataset_seen"):
         payload = json.loads(event["payload"])
-        found.append({"source": "recorded", **{k: payload.get(k) for k in ("dataset", "name", "class", "length",
-                                                                           "fingerprint", "identity")}})
+        identity = payload.get("identity") if isinstance(payload.get("identity"), dict) else {}
+        found.append({"source": "recorded", "dataset_id": payload.get("dataset_id"), "class": payload.get("class"),
+                      "kind": payload.get("kind"), "length": payload.get("length"),
+                      "method": identity.get("method"), "fingerprint": identity.get("fingerprint"),
+                      **{k: identity[k] for k in ("files_total", "bytes_total", "hf_fingerprint", "reason")
+                         if k in identity}})
         evidence.append(_view_ref(event, "dataset_seen"))
     for row in q.annotations():
         if str(row["key"]).lower() in ("dataset", "data", "datasets"):
