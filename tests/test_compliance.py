@@ -165,6 +165,9 @@ def test_the_report_lays_the_facts_out_by_annex_and_marks_what_is_missing(record
     assert "a demonstration regressor" in techdoc and "3.5 J" in techdoc
     assert "1 missing" in techdoc  # the evaluation: nobody annotated it
     assert 'href="#compute"' in techdoc and "flops seq" in techdoc
+    data = page[page.index('id="data"'):page.index('id="training"')]
+    assert "TensorDataset" in data and "tensors" in data  # the recorded dataset, identified by its tensors
+    assert ">32<" in data and "toy-regression" in data  # its length; the annotation below it
 
 
 def test_energy_is_not_measured_where_no_counter_can_be_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

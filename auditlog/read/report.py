@@ -70,7 +70,7 @@ def run_report(run: Run) -> str:
         section("outcome", "Outcome", _outcome(info, facts)),
         section("model", "Model", _model(facts, metadata)),
         section("compute", "Compute", _compute(facts, info)),
-        section("data", "Data and annotations", _annotations(facts["annotations"])),
+        section("data", "Data and annotations", _datasets(facts["datasets"]) + _annotations(facts["annotations"])),
         section("training", "Training", _training(facts)),
         section("nonfinite", "Non-finite values", _nonfinite(facts["finding"])),
         section("techdoc", "Technical documentation (EU AI Act)", techdoc_section(documented)),
@@ -97,6 +97,7 @@ def _facts(q: ForensicQueries) -> dict[str, Any]:
         "totals": q.parameter_totals(),
         "flops": [json.loads(e["payload"]) | {"step": e["step"]} for e in q.events_of("flops")],
         "annotations": q.annotations(),
+        "datasets": q.datasets(),
         "metric_columns": columns,
         "metric_rows": metric_rows,
         "finding": find_nonfinite(q),
@@ -317,6 +318,18 @@ def _compute(facts: dict[str, Any], info: dict[str, Any]) -> str:
         '<p class="muted">One forward counted with torch.utils.flop_counter.FlopCounterMode; '
         "the backward estimated as twice the forward; the optimizer update not included.</p>"
     )
+
+
+def _datasets(datasets: list[dict[str, Any]]) -> str:
+    """The datasets the DataLoaders iterated (docs/data.md), or nothing when none was recorded."""
+    if not datasets:
+        return ""
+    rows = [(d["dataset_id"], short_class(str(d["class"])), d["length"], d["method"],
+             d["fingerprint"] or d["reason"] or "", d["epochs"], d["samples_drawn"], d["distinct_samples"])
+            for d in datasets]
+    return ("<p>Datasets the DataLoaders iterated (<code>auditlog data RUN</code> has the samples of each step):</p>"
+            + table(["id", "class", "length", "identified by", "fingerprint", "epochs", "samples drawn", "distinct"],
+                    rows, [True, False, True, False, False, True, True, True]))
 
 
 def _annotations(annotations: list[dict[str, Any]]) -> str:

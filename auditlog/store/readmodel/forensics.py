@@ -105,6 +105,11 @@ class ForensicQueries:
         return self.rows("SELECT stream, min(ts_ns) AS first_ns, max(ts_ns) AS last_ns, "
                          "(max(ts_ns) - min(ts_ns)) / 1e9 AS wall_s FROM events GROUP BY stream ORDER BY stream")
 
+    def datasets(self) -> list[dict[str, Any]]:
+        """The datasets view of the run (stream 0): identity and how much of each was drawn."""
+        return self.rows("SELECT dataset_id, class, kind, length, method, fingerprint, reason, files, bytes, epochs, "
+                         "batches, samples_drawn, distinct_samples FROM datasets WHERE stream = 0 ORDER BY dataset_id")
+
     def parameter_devices(self) -> list[dict[str, Any]]:
         """Per stream (rank) and device: how many parameters lie there (the documentation's hardware)."""
         return self.rows("SELECT stream, device, count(*) AS tensors FROM parameters GROUP BY stream, device "
