@@ -45,7 +45,8 @@ from __future__ import annotations
 
 from auditlog.core.replay import CONSTRUCTION_KINDS
 
-FORMAT = "5"
+# 6: payloads past the size or depth limit are refused when copied (issue 29): older caches may hold some
+FORMAT = "6"
 
 SCHEMA = "projection"
 
