@@ -129,9 +129,9 @@ class Run:
             wanted = None if module is None or one is None else self.modules_matching(module, one)
             if check_chain:
                 from auditlog.integrity.chaincheck import links_to
-            rows = self.store.iter_events(self.run_id, kinds=kinds, step_range=step_range, stream=one,
-                                          prev_hash=check_chain)
-            for row in rows:
+            # (not bound to a name: a local would keep the cursor open in the traceback of an error)
+            for row in self.store.iter_events(self.run_id, kinds=kinds, step_range=step_range, stream=one,
+                                              prev_hash=check_chain):
                 prev = row.pop("prev_hash", None)
                 event = decode_event(row, shown)
                 if check_chain:
