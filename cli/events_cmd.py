@@ -12,7 +12,7 @@ from auditlog.cli.complete import complete_kinds
 from auditlog.cli.options import format_option, rank_option, run_argument, store_option
 from auditlog.cli.output import emit_rows
 
-from auditlog.core.errors import UsageError
+from auditlog.core.errors import IntegrityError, UsageError
 from auditlog.core.kinds import KINDS
 from auditlog.core.values import iso
 
@@ -128,6 +128,12 @@ def events(
     Modules and tensors are named as in `auditlog query` and `auditlog diff`.
     A --step beyond the run, or a --module glob that names no module, is an
     error; filters that match no event say so on stderr.
+
+    Each event shown is checked against the hash chain: one that does not
+    match (edited after it was recorded, or the event before it deleted) is
+    marked CHAIN BROKEN (JSON and CSV: chain_ok false), one line on stderr
+    names the first, and the exit code is 4. A payload past the size or depth
+    limit is refused by name (exit 4). `auditlog verify` checks the whole run.
     """
     from auditlog.read.api import open_store
 
@@ -140,10 +146,12 @@ def events(
         streams = view.rank_streams()
         # Names for every stream shown (ids are per process: each rank numbered its own).
         labels = {stream: view.labels(stream) for stream in streams}
-        found = view.events(kinds=list(kinds) or None, step_range=step_range, module=module_glob)
+        found = view.events(kinds=list(kinds) or None, step_range=step_range, module=module_glob, check_chain=True)
         first = next(found, None)  # a bad filter is an error before any output
         if first is None:
             click.echo(f"auditlog: no event of run {view.run_id[:12]} matches these filters", err=True)
+
+        broken: list[dict[str, Any]] = []
 
         def rows() -> Iterator[dict[str, Any]]:
             if first is None:
@@ -155,6 +163,8 @@ def events(
                     stream = event["stream"]
                     if stream not in labels:
                         labels[stream] = view.labels(stream)
+                    if not event["chain_ok"]:
+                        broken.append(event)
                     yield _row(event, fmt, labels[stream])
             finally:
                 found.close()  # type: ignore[attr-defined]  # release the cursor (and SQLite's -wal/-shm)
@@ -167,9 +177,21 @@ def events(
             cap=None if limit is not None else TABLE_ROWS,
             more_hint=" (--limit N, --kind, --step or --module to choose; --format csv or json streams every event)",
         )
+        if broken:
+            raise IntegrityError(_broken_line(broken))
 
 
-JSON_COLUMNS = ("run_id", "stream", "seq", "time", "kind", "step", "module_id", "module", "tensor_id", "tensor", "snapshot", "hash", "payload")
+def _broken_line(broken: list[dict[str, Any]]) -> str:
+    """The one stderr line about events shown that do not match the chain."""
+    first = broken[0]
+    count = f"{len(broken)} event shown does" if len(broken) == 1 else f"{len(broken)} events shown do"
+    return (f"{count} not match the hash chain (first: run {first['run_id'][:12]} stream {first['stream']} "
+            f"seq {first['seq']}, {first['kind']}): changed after it was recorded, or the event before it "
+            "deleted; marked CHAIN BROKEN (chain_ok false); run `auditlog verify`")
+
+
+JSON_COLUMNS = ("run_id", "stream", "seq", "time", "kind", "step", "module_id", "module", "tensor_id", "tensor", "snapshot", "hash", "chain_ok", "payload")
+BROKEN = "CHAIN BROKEN: "
 
 
 def _row(event: dict[str, Any], fmt: str, labels: Labels) -> dict[str, Any]:
@@ -184,7 +206,7 @@ def _row(event: dict[str, Any], fmt: str, labels: Labels) -> dict[str, Any]:
             "kind": event["kind"],
             "module": module,
             "tensor": tensor,
-            "summary": summarize(event["kind"], event["payload"]),
+            "summary": ("" if event["chain_ok"] else BROKEN) + summarize(event["kind"], event["payload"]),
         }
     return {
         "run_id": event["run_id"],
@@ -199,6 +221,7 @@ def _row(event: dict[str, Any], fmt: str, labels: Labels) -> dict[str, Any]:
         "tensor": tensor,
         "snapshot": event["snapshot"],
         "hash": event["hash"],
+        "chain_ok": event["chain_ok"],
         "payload": event["payload"],
     }
 

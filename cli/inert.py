@@ -61,16 +61,29 @@ def inert_lines(text: str) -> str:
     return _BUT_LINES.sub(_escape, text)
 
 
+SHOWN_CHARS = 1000
+
+
+def fit(text: str) -> str:
+    """``text`` cut after ``SHOWN_CHARS`` characters, saying how long it is (a table cell,
+    a piece of a line). Rich wraps a long line at a cost that grows faster than its
+    length (a 4 MiB module name in a diff took a minute), and nobody reads a thousand
+    wrapped lines; JSON and CSV output write every value whole."""
+    if len(text) <= SHOWN_CHARS:
+        return text
+    return f"{text[:SHOWN_CHARS]}... ({len(text):,} characters in all)"
+
+
 def one_line(*pieces: str | tuple[str, str] | Text) -> Text:
     """A rich ``Text`` line from plain strings and ``(text, style)`` pairs: never markup,
-    every control character (newlines too) escaped. A ``Text`` piece is taken as it is
-    (a line built here before)."""
+    every control character (newlines too) escaped, each string cut by ``fit``. A
+    ``Text`` piece is taken as it is (a line built here before)."""
     from rich.text import Text
 
     def piece(p: str | tuple[str, str] | Text) -> str | tuple[str, str] | Text:
         if isinstance(p, Text):
             return p
-        return inert(p) if isinstance(p, str) else (inert(p[0]), p[1])
+        return inert(fit(p)) if isinstance(p, str) else (inert(fit(p[0])), p[1])
 
     return Text.assemble(*(piece(p) for p in pieces))
 

@@ -4,8 +4,12 @@ JSON output is a list of objects whose keys are documented in docs/cli.md; CSV
 has the same columns as the table with nested values JSON-encoded. Every value
 is shown literally: a run name or module name such as ``[red]x`` is data, never
 Rich markup, and its control characters are escaped (``cli.inert``: a table
-cell is one line, so a stored newline shows as ``\x0a``). Rich is imported only
-when a table is drawn (the CLI starts fast).
+cell is one line, so a stored newline shows as ``\x0a``). A table cell shows at
+most ``cli.inert.SHOWN_CHARS`` characters and says how long the rest is: rich folds a
+cell into lines at a cost that grows faster than its length (a 4 MiB payload
+summary took minutes), and no one reads a cell of a thousand lines; JSON and CSV
+write every value whole. Rich is imported only when a table is drawn (the CLI
+starts fast).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
-from auditlog.cli.inert import inert, inert_console, raw
+from auditlog.cli.inert import fit, inert, inert_console, raw
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -64,7 +68,7 @@ def emit_rows(
         if cap is not None and count >= cap:
             more = True
             break
-        table.add_row(*(Text(inert(_cell(row.get(c)))) for c in columns))
+        table.add_row(*(Text(inert(fit(_cell(row.get(c))))) for c in columns))
         count += 1
     console().print(table)
     if more:

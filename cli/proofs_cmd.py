@@ -14,6 +14,7 @@ from auditlog.cli.options import run_argument, store_option
 from auditlog.cli.output import echo_line
 
 from auditlog.core.errors import AuditlogError, IntegrityError
+from auditlog.core.payloadlimits import loads_bounded
 from auditlog.core.values import iso
 
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
@@ -29,7 +30,7 @@ def read_json(source: str, what: str) -> Any:
             if path.is_dir() or path.stat().st_size > MAX_DOCUMENT_BYTES:
                 raise AuditlogError(f"{source!r} is not {what}")
             text = path.read_text(encoding="utf-8")
-        return json.loads(text)
+        return loads_bounded(text)  # nested past 64 levels: ValueError, as for no JSON
     except FileNotFoundError:
         raise AuditlogError(f"no {what} at {source!r}") from None
     except (UnicodeDecodeError, ValueError):

@@ -16,6 +16,7 @@ from auditlog.cli.output import emit_rows
 from auditlog.cli.progress import progress_bar
 
 from auditlog.core.errors import UsageError
+from auditlog.core.payloadlimits import loads_bounded
 
 TABLE_ROWS = 1000
 
@@ -150,7 +151,7 @@ def _machine(record: dict[str, Any], json_columns: set[str], fmt: str) -> dict[s
     for key, value in record.items():
         if key in json_columns and isinstance(value, str) and fmt == "json":
             try:
-                value = json.loads(value)
+                value = loads_bounded(value)
             except ValueError:
                 pass
         out[key] = _plain(value)

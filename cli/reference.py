@@ -82,6 +82,37 @@ def cli_markdown(group: click.Group) -> str:
     return "\n".join(out)
 
 
+def limits_markdown() -> str:
+    """The payload limits (``auditlog.core.payloadlimits``), stated from the constants."""
+    from auditlog.core.payloadlimits import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH
+
+    mib = MAX_PAYLOAD_BYTES >> 20
+    return f"""## Payload limits
+
+A payload is the JSON text of one object, at most **{mib} MiB** ({MAX_PAYLOAD_BYTES:,} bytes of
+UTF-8) and nested at most **{MAX_PAYLOAD_DEPTH} levels** deep (the payload object is level 1;
+each object or list inside one is a level more). The biggest payloads grow with the
+model: a 5,000-module model's `construction_sealed` is 1.5 MB, its `activity` 1.2 MB a
+step, so the size limit is reached near 200,000 modules; the deepest payload the
+recorder writes has 6 levels (an annotation's fields are the user's).
+
+- **Recording** never writes a payload past a limit: the writer records a
+  `recorder_error` in its place (`type` `PayloadLimitError`, `where`
+  `writer (<kind>)`, the message says which limit) and training goes on.
+  `activity` payloads, whose shape the recorder builds (4 levels), have only
+  their size checked.
+- **Reading**: every reader that parses a payload checks the size before it
+  parses and the depth without recursion; past a limit it refuses with one
+  line naming the event (run, stream, seq, kind), **exit 4**: such a payload was
+  not written by the recorder. A read model refresh refuses to copy one (exit 4).
+  `verify` hashes every payload's text whatever it holds; it reports a payload
+  past the size limit anywhere, and past either limit in the events it reads
+  (`run_started`, `run_ended`, `snapshot_taken`, `construction_sealed`), as a
+  finding (exit 4). Details: [integrity](integrity.md#crafted-stores).
+
+"""
+
+
 def pages() -> dict[str, str]:
     """File name in docs/ -> its generated content."""
     from auditlog.cli.main import cli
@@ -93,6 +124,7 @@ def pages() -> dict[str, str]:
         + views_markdown(),
         "events.md": HEADER
         + "# Event kinds\n\nWhat every event kind records; the payload fields of each.\n\n"
+        + limits_markdown()
         + kinds_markdown(),
     }
 

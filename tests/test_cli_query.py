@@ -35,6 +35,7 @@ EVENT_COLUMNS = [
     "tensor",
     "snapshot",
     "hash",
+    "chain_ok",
     "payload",
 ]
 

@@ -64,6 +64,14 @@ class IntegrityError(AuditlogError):
     exit_code = 4
 
 
+class PayloadLimitError(IntegrityError):
+    """A stored payload is past the documented size or depth limit (``core.payloadlimits``).
+
+    The recorder never writes one, so it was written by other means; readers refuse
+    it by name before parsing it. Exit code 4, as ``verify``'s verdict on an edit.
+    """
+
+
 class RecordingFailedError(AuditlogError):
     """The store failed during a run recorded with ``on_error=fail``. Exit code 5."""
 

@@ -30,11 +30,11 @@ PyTorch de-duplicates them, and keeps the others as ``aliases``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from auditlog.core.payloadlimits import parse_payload
 from auditlog.core.replay import ModelState, ModuleNode, TensorInfo
 
 
@@ -126,7 +126,7 @@ def attached_ids(events: Iterable[dict[str, Any]]) -> set[int]:
         if event["kind"] != "module_registered":
             continue
         payload = event["payload"]
-        child = (json.loads(payload) if isinstance(payload, str) else payload).get("child_id")
+        child = (parse_payload(payload, event) if isinstance(payload, str) else payload).get("child_id")
         if child is not None:
             out.add(int(child))
     return out

@@ -12,10 +12,11 @@ This is a pure function of the event sequence.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from auditlog.core.payloadlimits import parse_payload
 
 CONSTRUCTION_KINDS = (
     "module_registered",
@@ -230,7 +231,7 @@ class ModelState:
 def _payload(event: dict[str, Any]) -> dict[str, Any]:
     payload = event.get("payload")
     if isinstance(payload, str):
-        return dict(json.loads(payload))
+        return dict(parse_payload(payload, event))
     return dict(payload or {})
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from auditlog.core.payloadlimits import loads_bounded
 from auditlog.integrity.keys import fingerprint
 from auditlog.integrity.signing import KeyRing, Verdict
 
@@ -107,7 +108,7 @@ def open_envelope(envelope: Any, keys: KeyRing) -> OpenedEnvelope:
             out.problems.append("no signature by a trusted key verifies (the envelope was edited)")
         return out
     try:
-        document = json.loads(payload)
+        document = loads_bounded(payload)
     except ValueError:
         out.problems.append("payload is not JSON")
         return out

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from auditlog.core.chain import canonical_row, chain_hash, genesis_hash, link_hash, row_prefix
+from auditlog.core.payloadlimits import MAX_PAYLOAD_BYTES, past_limits
 from auditlog.integrity.merkle import Frontier, PackedLeaves, leaf_hash
 from auditlog.integrity.report import Problem, StreamTip, VerifyReport
 from auditlog.store.queries import TUPLE_COLUMNS
@@ -45,6 +46,9 @@ EVENT_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 _BOUNDARY_KINDS = frozenset({"run_started", "run_ended"})
+# Kinds whose payloads verify parses (the boundaries here, snapshot references in
+# ``integrity.snapshots``): each goes through ``one``, which checks the payload limits.
+_READ_KINDS = _BOUNDARY_KINDS | {"snapshot_taken", "construction_sealed"}
 _FINGERPRINT = re.compile(r"[0-9a-f]{64}")
 
 
@@ -61,6 +65,20 @@ def _plain_text(value: Any) -> bool:
     """A str of ASCII without DEL: for these orjson writes exactly ``json.dumps``'s
     ``ensure_ascii`` escapes (``auditlog.core.chain._escaped``)."""
     return type(value) is str and value.isascii() and "\x7f" not in value
+
+
+def links_to(row: dict[str, Any], prev_hash: Any) -> bool:
+    """Is ``row`` (an event as stored) the link its stored hash says, chained from
+    ``prev_hash``, the stored hash of the event before it (seq 1: the genesis hash)?
+
+    One event's share of ``verify``: an event whose content was edited (its hash
+    column untouched) fails it, and so does the event after one that was deleted.
+    What it cannot see (a rewrite with fresh hashes, events cut off) is ``verify``'s.
+    """
+    if garbled_column(row) is not None:
+        return False
+    prev = genesis_hash(row["run_id"], row["stream"]) if row["seq"] == 1 else prev_hash
+    return isinstance(prev, str) and chain_hash(prev, row) == row["hash"]
 
 
 def short(value: Any) -> str:
@@ -116,7 +134,7 @@ class StreamCheck:
         done = 0
         for row in rows:
             rid, seq, ts, kind, step, mid, tid, snap, payload, stored = row
-            if kind not in plain and _plain_text(kind) and kind not in _BOUNDARY_KINDS:
+            if kind not in plain and _plain_text(kind) and kind not in _READ_KINDS:
                 plain.add(kind)
             if (
                 seq != expected or not started or type(seq) is not int or type(rid) is not int or rid <= last_id
@@ -124,6 +142,7 @@ class StreamCheck:
                 or not (step is None or type(step) is int) or not (mid is None or type(mid) is int)
                 or not (tid is None or type(tid) is int) or not (snap is None or _plain_text(snap))
                 or type(payload) is not str or not payload.isascii() or "\x7f" in payload
+                or len(payload) > MAX_PAYLOAD_BYTES
             ):
                 self._flush(pending, expected, prev, last_id, done, progress)
                 if stop:
@@ -204,14 +223,25 @@ class StreamCheck:
             self.expected = max(self.expected, at + 1)
             return
         seq = int(row["seq"])
+        past = past_limits(row["payload"])
+        if past is not None:
+            report.problems.append(Problem(
+                run_id, stream, seq, row["id"], row["kind"],
+                f"payload {past}, past the limits the recorder writes (docs/events.md): the store was edited"))
+        payload: dict[str, Any] = {}
+        if row["kind"] in _BOUNDARY_KINDS and past is None:
+            payload = payload_object(row["payload"], strict=False)
+            if not payload:  # the recorder writes an object with the run's facts, never anything else
+                report.problems.append(Problem(
+                    run_id, stream, seq, row["id"], row["kind"], "payload is not a JSON object (edited)"))
         if tip.ended_at is not None:
             self.after_end.append(row)
         elif row["kind"] == "run_ended":
             tip.ended_at = seq
-            status = payload_object(row["payload"]).get("status")
+            status = payload.get("status")
             tip.end_status = status if isinstance(status, str) else None
         if row["kind"] == "run_started" and tip.world_size is None:
-            started = payload_object(row["payload"])
+            started = payload
             world = started.get("world_size")
             tip.world_size = world if isinstance(world, int) and not isinstance(world, bool) and world > 0 else 1
             key = started.get("signing_key")

@@ -29,11 +29,14 @@ was changed or removed, whatever was added after.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from auditlog.core.chain import canonical_row
+from auditlog.core.payloadlimits import NotJSONError, limit_problem
+from auditlog.integrity.chaincheck import EVENT_TYPES, short
 from auditlog.integrity.merkle import leaf_hash, verify_consistency, verify_inclusion
 from auditlog.integrity.signing import (
     CHECKPOINT_FORMAT,
@@ -49,6 +52,7 @@ INCLUSION_FORMAT = "auditlog-inclusion-proof-v1"
 CONSISTENCY_FORMAT = "auditlog-consistency-proof-v1"
 EVENT_FIELDS = ("run_id", "stream", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id", "snapshot", "payload")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX128 = re.compile(r"[0-9a-f]{128}")
 _CHECKPOINT_FIELDS = {
     "format", "store_id", "run_id", "stream", "seq", "head_hash", "tree_root", "ended", "world_size",
     "created_ns", "key_fingerprint", "signature",
@@ -81,7 +85,7 @@ class ProofCheck:
         return not self.problems
 
 
-def _int(value: Any) -> bool:
+def _int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -95,10 +99,9 @@ def signed_tree_head(statement: Any, stream: int, keys: KeyRing, problems: list[
             problems.append(f"{what} is not a well-formed auditlog-checkpoint-v2 statement")
             return None
         fields = {k: v for k, v in statement.items() if k != "signature"}
-        if not (_int(fields["stream"]) and _int(fields["seq"]) and _int(fields["created_ns"])
-                and isinstance(fields["tree_root"], str) and _HEX64.fullmatch(fields["tree_root"])
-                and isinstance(fields["key_fingerprint"], str) and isinstance(statement["signature"], str)):
-            problems.append(f"{what} is not a well-formed auditlog-checkpoint-v2 statement")
+        wrong = _checkpoint_problem(statement)
+        if wrong is not None:
+            problems.append(f"{what} is not a well-formed auditlog-checkpoint-v2 statement ({wrong})")
             return None
         verdict = keys.check(fields["key_fingerprint"], canonical_statement(fields), statement["signature"])
         head = TreeHead(str(fields["run_id"]), fields["stream"], fields["seq"], fields["tree_root"],
@@ -125,6 +128,66 @@ def signed_tree_head(statement: Any, stream: int, keys: KeyRing, problems: list[
     if head.stream != stream:
         problems.append(f"{what} is about stream {head.stream}, not stream {stream}")
     return head
+
+
+def _hex(value: Any, pattern: re.Pattern[str] = _HEX64) -> bool:
+    return isinstance(value, str) and pattern.fullmatch(value) is not None
+
+
+def _checkpoint_problem(statement: dict[str, Any]) -> str | None:
+    """What is wrongly typed in a checkpoint-v2 statement (its fields are all there), or None.
+
+    The signature covers the canonical JSON of the fields, and a number written
+    ``0.75`` or ``true`` has its own canonical text, so a wrong type cannot carry a
+    valid signature; it is refused by name all the same, before any is checked.
+    """
+    for name in ("stream", "seq", "created_ns", "world_size"):
+        if not _int(statement[name]):
+            return f"{name} must be an integer"
+    for name in ("store_id", "run_id"):
+        if not isinstance(statement[name], str):
+            return f"{name} must be a string"
+    for name in ("head_hash", "tree_root", "key_fingerprint"):
+        if not _hex(statement[name]):
+            return f"{name} must be 64 lowercase hex digits"
+    if not isinstance(statement["ended"], bool):
+        return "ended must be true or false"
+    if not _hex(statement["signature"], _HEX128):
+        return "signature must be 128 lowercase hex digits"
+    return None
+
+
+_WANTED = {(str,): "a string", (int,): "an integer", (int, type(None)): "an integer or null",
+           (str, type(None)): "a string or null"}
+
+
+def event_problem(event: dict[str, Any]) -> str | None:
+    """What is wrong with a proof's event (its fields are all there), or None.
+
+    Every column has the exact type the store holds (a bool is not an
+    integer: ``step`` 0.75 or ``false`` would otherwise hash like ``0`` and be
+    shown as given), the stream and seq are in range, and the payload is the
+    JSON text of an object within the payload limits (``core.payloadlimits``).
+    """
+    for name in EVENT_FIELDS:
+        types = EVENT_TYPES[name]
+        if type(event[name]) not in types:  # exact types, as verify checks stored columns
+            return f"event.{name} must be {_WANTED[types]}, not {short(event[name])}"
+    if event["stream"] < 0 or event["seq"] < 1:
+        return "event.stream must be >= 0 and event.seq >= 1"
+    try:
+        past = limit_problem(event["payload"])
+    except NotJSONError:
+        past = None
+    if past is not None:
+        return f"event.payload {past}, past the limits the recorder writes"
+    try:
+        payload = json.loads(event["payload"])
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict):
+        return "event.payload must be the JSON text of an object"
+    return None
 
 
 def _path(values: Any, problems: list[str], what: str) -> list[bytes]:
@@ -160,15 +223,15 @@ def check_inclusion(document: Any, keys: KeyRing) -> ProofCheck:
     if not isinstance(event, dict) or set(event) != set(EVENT_FIELDS):
         problems.append("event must be an object with exactly " + ", ".join(EVENT_FIELDS))
         return check
-    check.event = event
-    try:
-        leaf = leaf_hash(canonical_row(event))
-    except (TypeError, ValueError, AttributeError) as exc:
-        problems.append(f"event is malformed ({exc})")
+    wrong = event_problem(event)
+    if wrong is not None:
+        problems.append(wrong)
         return check
+    check.event = event
+    leaf = leaf_hash(canonical_row(event))
     index, size = document.get("leaf_index"), document.get("tree_size")
-    if not isinstance(index, int) or not isinstance(size, int) or not _int(event.get("seq")):
-        problems.append("leaf_index, tree_size and event.seq must be integers")
+    if not _int(index) or not _int(size):
+        problems.append("leaf_index and tree_size must be integers")
         return check
     if index != event["seq"] - 1:
         problems.append(f"leaf_index {index} is not the event's position (seq {event['seq']} is leaf {event['seq'] - 1})")
@@ -212,8 +275,8 @@ def check_consistency(document: Any, keys: KeyRing) -> ProofCheck:
         problems.append(f"not an {CONSISTENCY_FORMAT} document")
         return check
     stream, old_size, new_size = document.get("stream"), document.get("old_size"), document.get("new_size")
-    if not (isinstance(stream, int) and isinstance(old_size, int) and isinstance(new_size, int)):
-        problems.append("stream, old_size and new_size must be integers")
+    if not (_int(stream) and _int(old_size) and _int(new_size)) or not isinstance(document.get("run_id"), str):
+        problems.append("stream, old_size and new_size must be integers and run_id a string")
         return check
     proof = _path(document.get("proof"), problems, "proof")
     old = signed_tree_head(document.get("old_head"), stream, keys, problems, "old_head")

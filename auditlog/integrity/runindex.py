@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from auditlog.core.payloadlimits import past_limits
 from auditlog.integrity.report import Problem, VerifyReport
 from auditlog.store.eventstore import EventStore
 from auditlog.store.rows import payload_object
@@ -34,9 +35,9 @@ def index_mismatches(
     found: list[tuple[str, Any, Any]] = []
     if row.get("name") != chained_name:
         found.append(("name", row.get("name"), chained_name))
-    creators = [s for s in started if _same_process(row, payload_object(s.get("payload")))]
+    creators = [s for s in started if _same_process(row, payload_object(s.get("payload"), s, strict=False))]
     if not creators:
-        first = payload_object(started[0].get("payload"))
+        first = payload_object(started[0].get("payload"), started[0], strict=False)
         for column in ("host", "pid"):
             if row.get(column) != first.get(column):
                 found.append((column, row.get(column), first.get(column)))
@@ -54,11 +55,11 @@ def _same_process(row: dict[str, Any], payload: dict[str, Any]) -> bool:
 def chained_name(store: EventStore, run_id: str, started: list[dict[str, Any]]) -> str | None:
     """The run's name as the chain says it (see ``index_mismatches``)."""
     for event in started:
-        name = payload_object(event.get("payload")).get("name")
+        name = payload_object(event.get("payload"), event, strict=False).get("name")
         if isinstance(name, str):
             return name
     for event in store.iter_events(run_id, kinds=["annotation"]):
-        payload = payload_object(event.get("payload"))
+        payload = payload_object(event.get("payload"), event, strict=False)
         fields = payload.get("fields")
         if payload.get("key") == "auditlog.record" and isinstance(fields, dict) and isinstance(fields.get("name"), str):
             return str(fields["name"])
@@ -72,9 +73,12 @@ def verify_run_index(store: EventStore, run_id: str, report: VerifyReport) -> No
         report.problems.append(Problem(
             run_id, 0, 1, None, None, "run has events but its row in the runs index was deleted"))
         return
-    started = [e for e in store.iter_events(run_id, kinds=["run_started"], rare=True) if isinstance(e.get("stream"), int)]
+    # One whose payload is past the limits or no JSON object: the chain check names it.
+    started = [e for e in store.iter_events(run_id, kinds=["run_started"], rare=True)
+               if isinstance(e.get("stream"), int) and past_limits(e.get("payload")) is None
+               and payload_object(e.get("payload"), strict=False)]
     if not started:
-        return  # no run_started at all: the chain check reports the stream's first event
+        return  # no (readable) run_started at all: the chain check reports the stream's first event
     first = started[0]
     stream = int(first["stream"])
     for column, indexed, chained in index_mismatches(row, started, chained_name(store, run_id, started)):

@@ -51,6 +51,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from auditlog.core.errors import AuditlogError
+from auditlog.core.payloadlimits import loads_bounded
 from auditlog.integrity.keys import fingerprint
 
 CHECKPOINT_FORMAT_V1 = "auditlog-checkpoint-v1"
@@ -309,7 +310,7 @@ class HeadStatement:
     def parse(cls, text: str, source: str) -> HeadStatement:
         """Read a statement strictly; ``StatementError`` names the file and what is wrong."""
         try:
-            data = json.loads(text)
+            data = loads_bounded(text)
         except ValueError as exc:
             raise StatementError(f"{source!r} is not an auditlog head statement (not JSON: {exc})") from exc
         if not isinstance(data, dict):

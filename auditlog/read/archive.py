@@ -22,7 +22,6 @@ Without a trusted key the signatures cannot be checked and ``ok`` is False, like
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,9 +29,11 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from auditlog.core.chain import chain_hash, genesis_hash, row_prefix
+from auditlog.core.payloadlimits import loads_bounded
 from auditlog.integrity.signing import Checkpoint, HeadStatement, KeyRing, StatementError, Verdict
 from auditlog.read.export import ARCHIVE_FORMAT, manifest_digest
 from auditlog.store.blobs import SnapshotStore, file_digest
+from auditlog.store.rows import payload_object
 
 _CHECKED_DIRS = ("events", "snapshots", "tensors")
 
@@ -76,7 +77,7 @@ def _manifest(directory: Path, keys: KeyRing, report: ArchiveReport) -> dict[str
     path = directory / "manifest.json"
     try:
         raw = path.read_bytes()
-        manifest = json.loads(raw)
+        manifest = loads_bounded(raw)
     except FileNotFoundError:
         report.problems.append(f"{str(directory)!r} is not an auditlog archive (no manifest.json)")
         return None
@@ -92,7 +93,7 @@ def _manifest(directory: Path, keys: KeyRing, report: ArchiveReport) -> dict[str
     signature = directory / "manifest.sig"
     if signature.exists():
         try:
-            sig = json.loads(signature.read_text())
+            sig = loads_bounded(signature.read_text())
             verdict = keys.check(str(sig["key_fingerprint"]), raw, str(sig["signature"]))
         except (OSError, ValueError, KeyError, TypeError):
             verdict = Verdict.INVALID
@@ -221,12 +222,7 @@ def _stream_hashes(directory: Path, run_id: str, stream: int) -> dict[int, str]:
 
 def _named_tensors(text: str) -> set[str]:
     """Content hashes a snapshot or seal event names (as ``integrity.snapshots`` reads them)."""
-    try:
-        payload = json.loads(text)
-    except ValueError:
-        return set()
-    if not isinstance(payload, dict):
-        return set()
+    payload = payload_object(text, strict=False)  # damaged or past the limits: verify's to name
     if "snapshot" in payload:
         items = (payload.get("snapshot") or {}).get("tensors")
     else:

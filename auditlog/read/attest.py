@@ -112,7 +112,8 @@ def attest(
     hashes = _tensor_hashes(run, step)
     _check_model(model, hashes, when)
     info = run.info()
-    started = payload_object((store.run_started_event(run_id) or {}).get("payload"))
+    started_event = store.run_started_event(run_id) or {}
+    started = payload_object(started_event.get("payload"), started_event)
     git = started.get("git") if isinstance(started.get("git"), dict) else None
     subjects: list[dict[str, Any]] = [
         {"name": model.name, "digest": {"sha256": file_digest(model)}, "annotations": {"kind": MODEL_ANNOTATION}},

@@ -35,7 +35,6 @@ alone, as data (``RunDiff``); the CLI renders it.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -50,6 +49,7 @@ from auditlog.core.values import iso, stat_float
 from auditlog.read.codefiles import code_changes
 from auditlog.store.blobs import SnapshotStore
 from auditlog.store.eventstore import EventStore
+from auditlog.store.rows import decode_event
 
 SameContent = Callable[[str, str], bool]  # two hashes, one content? (runs of two hash versions)
 
@@ -166,9 +166,9 @@ class RunFacts:
 
 
 def _events(store: EventStore, run_id: str, kinds: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+    shown = store.location.display()
     for row in store.iter_events(run_id, kinds=list(kinds), stream=0):
-        row["payload"] = json.loads(row["payload"])
-        yield row
+        yield decode_event(row, shown)  # a malformed or oversized payload: refused by name
 
 
 def run_facts(store: EventStore, run_id: str, tick: Callable[[int], None]) -> RunFacts:

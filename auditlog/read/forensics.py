@@ -35,13 +35,13 @@ next time instead of guessing.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from auditlog.core.payloadlimits import parse_payload
 from auditlog.core.replay import attached_mark, built_at
 from auditlog.core.values import finite_or_text
 from auditlog.read.run import Run
@@ -335,7 +335,7 @@ def _without_activity(finding: Finding, q: ForensicQueries, step: int, activity:
     losses = [m for m in q.metrics_at(step) if m["name"] == "loss"]
     loss_bad = any(not finite(m["value"]) for m in losses)
     finding.parameters = q.nonfinite_parameters(step + 1)
-    caught = next((json.loads(c["payload"]) for c in q.caught() if c["step"] == step), None)
+    caught = next((parse_payload(c["payload"], c) for c in q.caught() if c["step"] == step), None)
     if caught is not None and not finding.parameters:
         names = q.parameter_names()
         ids = caught.get("parameters") or [

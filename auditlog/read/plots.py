@@ -39,18 +39,26 @@ def available() -> bool:
     return True
 
 
+LABEL_CHARS = 80  # a module or metric name longer than this is cut: matplotlib lays out every glyph
+
+
+def _short(text: str) -> str:
+    """A label of at most ``LABEL_CHARS`` characters (a 4 MiB module name took minutes to draw)."""
+    return text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 3] + "..."
+
+
 def render_png(panels: list[Panel], title: str) -> bytes:
-    """One PNG with every panel stacked vertically."""
+    """One PNG with every panel stacked vertically (every label cut to ``LABEL_CHARS``)."""
     matplotlib, figure_class = _matplotlib()
     import numpy as np
 
     heights = [max(2.6, 0.22 * len(p.rows) + 1.2) if p.kind == "heatmap" else 3.2 for p in panels]
     figure = figure_class(figsize=(10, sum(heights) + 0.6), dpi=100, layout="constrained")
-    figure.suptitle(title, fontsize=11)
+    figure.suptitle(_short(title), fontsize=11)
     axes = figure.subplots(len(panels), 1, squeeze=False, height_ratios=heights)[:, 0]
     for ax, panel in zip(axes, panels, strict=True):
         if panel.empty:
-            ax.text(0.5, 0.5, f"{panel.title}: nothing recorded", ha="center", va="center", transform=ax.transAxes)
+            ax.text(0.5, 0.5, f"{_short(panel.title)}: nothing recorded", ha="center", va="center", transform=ax.transAxes)
             ax.set_axis_off()
         elif panel.kind == "lines":
             _lines(ax, panel)
@@ -66,7 +74,7 @@ def _lines(ax: Any, panel: Panel) -> None:
     for name, points in panel.series.items():
         steps = [s for s, _ in points]
         values = [v if math.isfinite(v) else math.nan for _, v in points]
-        ax.plot(steps, values, label=name, linewidth=1.2, marker="." if len(points) < 60 else None)
+        ax.plot(steps, values, label=_short(name), linewidth=1.2, marker="." if len(points) < 60 else None)
         bad = [s for s, v in points if not math.isfinite(v)]
         if bad and (first_bad is None or bad[0] < first_bad):
             first_bad = bad[0]
@@ -75,9 +83,9 @@ def _lines(ax: Any, panel: Panel) -> None:
     positive = [v for pts in panel.series.values() for _, v in pts if math.isfinite(v)]
     if positive and min(positive) > 0 and max(positive) / min(positive) > 100:
         ax.set_yscale("log")
-    ax.set_title(panel.title, fontsize=10)
+    ax.set_title(_short(panel.title), fontsize=10)
     ax.set_xlabel("step")
-    ax.set_ylabel(panel.ylabel)
+    ax.set_ylabel(_short(panel.ylabel))
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best")
 
@@ -95,11 +103,11 @@ def _heatmap(ax: Any, panel: Panel, figure: Any, matplotlib: Any, np: Any) -> No
         else:
             bad[i, j] = True
     colors = matplotlib.colormaps
-    label = panel.ylabel or panel.title
+    label = _short(panel.ylabel or panel.title)
     if panel.scale == "log":
         shown = np.where(data > 0, data, np.nan)
         shown = np.log10(shown)
-        cmap, norm, label = colors["viridis"], None, f"log10 {panel.title.lower()}"
+        cmap, norm, label = colors["viridis"], None, f"log10 {_short(panel.title.lower())}"
     elif panel.scale == "diverging":
         shown = data
         limit = float(np.nanmax(np.abs(data))) if np.isfinite(data).any() else 1.0
@@ -115,9 +123,9 @@ def _heatmap(ax: Any, panel: Panel, figure: Any, matplotlib: Any, np: Any) -> No
         red = matplotlib.colors.ListedColormap(["#d62728"])
         ax.imshow(np.ma.masked_where(~bad, np.ones_like(data)), aspect="auto", interpolation="nearest", cmap=red)
     figure.colorbar(image, ax=ax, label=label, fraction=0.03, pad=0.01)
-    ax.set_yticks(range(len(rows)), labels=rows, fontsize=max(5, min(9, int(400 / max(1, len(rows))))))
+    ax.set_yticks(range(len(rows)), labels=[_short(r) for r in rows], fontsize=max(5, min(9, int(400 / max(1, len(rows))))))
     ticks = list(range(0, len(steps), max(1, len(steps) // 12)))
     ax.set_xticks(ticks, labels=[str(steps[t]) for t in ticks], fontsize=8)
     ax.set_xlabel("step")
-    title = panel.title + (" (red: NaN/Inf; grey: not recorded)" if bad.any() else "")
-    ax.set_title(title + (f"\n{panel.note}" if panel.note else ""), fontsize=10)
+    title = _short(panel.title) + (" (red: NaN/Inf; grey: not recorded)" if bad.any() else "")
+    ax.set_title(title + (f"\n{_short(panel.note)}" if panel.note else ""), fontsize=10)

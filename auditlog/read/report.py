@@ -15,13 +15,13 @@ keeps every table. HTML building blocks: ``auditlog.read.report_html``.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any
 
 from auditlog.core.errors import AuditlogError, one_line
 from auditlog.core.naming import short_class
+from auditlog.core.payloadlimits import loads_bounded, parse_payload
 from auditlog.core.replay import attached_mark
 from auditlog.core.version import __version__
 from auditlog.read import plots
@@ -85,7 +85,7 @@ def run_report(run: Run) -> str:
 def _facts(q: ForensicQueries) -> dict[str, Any]:
     info = q.run_row() or {}
     try:
-        metadata = json.loads(info.get("metadata") or "{}") or {}
+        metadata = loads_bounded(info.get("metadata") or "{}") or {}
     except ValueError:
         metadata = {}
     columns, metric_rows = metrics_table(q)
@@ -95,14 +95,14 @@ def _facts(q: ForensicQueries) -> dict[str, Any]:
         "metadata": metadata if isinstance(metadata, dict) else {},
         "modules": q.modules(),
         "totals": q.parameter_totals(),
-        "flops": [json.loads(e["payload"]) | {"step": e["step"]} for e in q.events_of("flops")],
+        "flops": [parse_payload(e["payload"], e) | {"step": e["step"]} for e in q.events_of("flops")],
         "annotations": q.annotations(),
         "datasets": q.datasets(),
         "metric_columns": columns,
         "metric_rows": metric_rows,
         "finding": find_nonfinite(q),
         "pictures": _pictures(q, columns),
-        "ended": json.loads(ended[0]["payload"]) if ended else None,
+        "ended": parse_payload(ended[0]["payload"], ended[0]) if ended else None,
         "kinds": q.kind_counts(),
     }
 

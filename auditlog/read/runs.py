@@ -121,7 +121,7 @@ def chained_runs(store: EventStore) -> list[ChainedRun]:
             continue  # garbled: verify names it
         known = found.get(run_id)
         if known is None or stream < known.stream:
-            found[run_id] = ChainedRun(run_id, stream, ts, payload_object(event.get("payload")))
+            found[run_id] = ChainedRun(run_id, stream, ts, payload_object(event.get("payload"), event, strict=False))
     for run_id, first in store.run_first_times().items():
         if run_id not in found:
             found[run_id] = ChainedRun(run_id, 0, first, {})
@@ -129,7 +129,7 @@ def chained_runs(store: EventStore) -> list[ChainedRun]:
     # chain with an ``auditlog.record`` annotation (when run_started had no name).
     for event in store.events_of_kind("annotation"):
         known = found.get(event.get("run_id"))  # type: ignore[arg-type]
-        payload = payload_object(event.get("payload"))
+        payload = payload_object(event.get("payload"), event, strict=False)
         value = payload.get("fields")
         fields: dict[str, Any] = value if isinstance(value, dict) else {}
         if known is not None and known.name is None and payload.get("key") == "auditlog.record":
@@ -166,12 +166,12 @@ def list_runs(store: EventStore) -> list[RunInfo]:
     started: dict[str, dict[int, dict[str, Any]]] = {}
     for event in store.events_of_kind("run_started"):
         if isinstance(event["run_id"], str) and isinstance(event["stream"], int):
-            started.setdefault(event["run_id"], {})[event["stream"]] = payload_object(event["payload"])
+            started.setdefault(event["run_id"], {})[event["stream"]] = payload_object(event["payload"], event)
     ended: dict[str, dict[int, dict[str, Any]]] = {}
     ended_at: dict[str, dict[int, int]] = {}
     for event in store.events_of_kind("run_ended"):
         if isinstance(event["run_id"], str) and isinstance(event["stream"], int) and isinstance(event["ts_ns"], int):
-            ended.setdefault(event["run_id"], {})[event["stream"]] = payload_object(event["payload"])
+            ended.setdefault(event["run_id"], {})[event["stream"]] = payload_object(event["payload"], event)
             ended_at.setdefault(event["run_id"], {})[event["stream"]] = event["ts_ns"]
     index = {str(r["run_id"]): r for r in store.run_rows()}
     out: list[RunInfo] = []

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from auditlog.core.chain import canonical_payload, chained_row
+from auditlog.core.errors import PayloadLimitError
 from auditlog.core.liveness import process_alive
 from auditlog.core.values import iso
 from auditlog.store.eventstore import EventStore
@@ -48,7 +49,11 @@ def close_crashed_runs(store: EventStore, detected_by: str) -> list[str]:
         if not isinstance(run_id, str) or not isinstance(stream, int) or (run_id, stream) in ended:
             continue
         row = rows.get(run_id)
-        stream_host, pid, proc_start = stream_process(payload_object(started["payload"]), row)
+        try:
+            payload = payload_object(started["payload"], started)
+        except PayloadLimitError:
+            continue  # crafted: whose process wrote it cannot be told, and a new recording must start
+        stream_host, pid, proc_start = stream_process(payload, row)
         if stream_host != host or not isinstance(pid, int):
             continue
         if process_alive(pid, proc_start if isinstance(proc_start, int) else None):

@@ -33,7 +33,8 @@ from auditlog.core.chain import (
     genesis_hash,
     row_prefix,
 )
-from auditlog.core.errors import one_line
+from auditlog.core.errors import PayloadLimitError, one_line
+from auditlog.core.payloadlimits import MAX_PAYLOAD_BYTES, limit_problem
 from auditlog.core.tensors import dtype_name
 from auditlog.core.values import finite_or_text
 from auditlog.integrity.merkle import Frontier, leaf_hash
@@ -82,6 +83,21 @@ def materialize(value: Any, writer: Writer | None = None) -> Any:
     if isinstance(value, torch.device):
         return str(value)
     return value
+
+
+def _check_limits(kind: str, text: str) -> None:
+    """Refuse a payload past the size or depth limit (``core.payloadlimits``): readers would
+    refuse it as an edit, so it is never written; the writer's fault path records a
+    ``recorder_error`` in its place. The depth of ``activity`` is the recorder's own (four
+    levels, whatever the model) and its text the biggest of every step: only its size is
+    measured."""
+    problem = (
+        limit_problem(text) if kind != "activity"
+        else f"is {len(text):,} characters long, over the limit of {MAX_PAYLOAD_BYTES:,} bytes"
+        if len(text) > MAX_PAYLOAD_BYTES else None
+    )
+    if problem is not None:
+        raise PayloadLimitError(f"the {kind} payload {problem}; it was not recorded (limits: docs/events.md)")
 
 
 class Writer:
@@ -253,7 +269,8 @@ class Writer:
         kind, ts_ns, step, module_id, tensor_id, payload = record
         try:
             text = encode_clean(payload if type(payload) is Clean else materialize(payload, self))
-        except Exception as exc:  # a payload that cannot be read becomes the recorder's fault
+            _check_limits(kind, text)
+        except Exception as exc:  # a payload that cannot be read (or is past the limits) becomes the recorder's fault
             kind = "recorder_error"
             text = canonical_payload(
                 {"where": f"writer ({record[0]})", "type": type(exc).__name__, "message": str(exc)[:2000]}

@@ -205,6 +205,7 @@ class EventQueries:
         step_range: tuple[int | None, int | None] | None = None,
         batch: int = 5000,
         rare: bool = False,
+        prev_hash: bool = False,
     ) -> Iterator[dict[str, Any]]:
         """Events of a run in (stream, seq) order, streamed in batches.
 
@@ -212,8 +213,23 @@ class EventQueries:
         snapshots): they are found through the (run, kind) index and sorted,
         where SQLite would otherwise walk every event of the run in seq order
         to save that sort (0.15 s a question on a million events).
+        ``prev_hash``: each row also has ``prev_hash``, the stored hash of the
+        event before it in its stream (seq - 1; None when there is none), one
+        lookup in the (run, stream, seq) index, so that filtered rows can be
+        checked against the chain (``auditlog events``).
         """
-        query = select(_ev).where(_ev.c.run_id == run_id)
+        columns: list[Any] = [_ev]
+        if prev_hash:
+            before = _ev.alias("before")
+            columns.append(
+                select(before.c.hash)
+                .where(before.c.run_id == _ev.c.run_id, before.c.stream == _ev.c.stream,
+                       before.c.seq == _ev.c.seq - 1)
+                .limit(1)
+                .scalar_subquery()
+                .label("prev_hash")
+            )
+        query = select(*columns).where(_ev.c.run_id == run_id)
         if kinds:
             query = query.where(_ev.c.kind.in_(list(kinds)))
         if stream is not None:

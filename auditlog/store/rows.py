@@ -9,12 +9,12 @@ exactly was altered.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from auditlog.core.errors import CorruptRecordError
+from auditlog.core.errors import CorruptRecordError, PayloadLimitError
 from auditlog.core.packed import NORM_VECTORS, is_packed, packed_ints_key, unpack_ints, unpack_list
+from auditlog.core.payloadlimits import parse_payload
 
 _INT_COLUMNS = ("stream", "seq", "ts_ns")
 _OPTIONAL_INT_COLUMNS = ("step", "module_id", "tensor_id")
@@ -30,6 +30,8 @@ def decode_event(row: dict[str, Any], shown: str = "") -> dict[str, Any]:
     Packed per-parameter vectors and tensor id lists of ``optimizer_step`` events,
     and the packed steps, sizes and indices of ``batches`` events, come back as the lists they stand for (``core.packed``), so readers see one
     form whatever the record's age; ``verify`` hashes the stored text, never this.
+    A payload past the size or depth limit (``core.payloadlimits``) raises
+    ``PayloadLimitError`` (exit 4) naming the event, before it is parsed.
     """
     where = f"store {shown!r}: " if shown else ""
 
@@ -52,7 +54,7 @@ def decode_event(row: dict[str, Any], shown: str = "") -> dict[str, Any]:
     payload = event.get("payload")
     if isinstance(payload, str):
         try:
-            payload = json.loads(payload)
+            payload = parse_payload(payload, row, shown)
         except ValueError:
             raise bad("payload is not JSON") from None
     if not isinstance(payload, dict):
@@ -93,10 +95,21 @@ def _unpack_ids(payload: dict[str, Any], bad: Callable[[str], CorruptRecordError
                 raise bad(f"{shown} is not a packed integer list") from None
 
 
-def payload_object(text: Any) -> dict[str, Any]:
-    """A payload as a dict, or {} when it is not a JSON object (summaries that tolerate damage)."""
+def payload_object(
+    text: Any, event: Mapping[str, Any] | None = None, shown: str = "", *, strict: bool = True
+) -> dict[str, Any]:
+    """A payload as a dict, or {} when it is not a JSON object (summaries that tolerate damage).
+
+    Past the size or depth limit it is no damage a summary can skip: that raises
+    ``PayloadLimitError`` naming ``event`` (its row, when the caller has it);
+    ``strict=False`` gives {} then too (``verify``, whose chain check names it).
+    """
     try:
-        value = json.loads(text) if isinstance(text, str) else text
+        value = parse_payload(text, event, shown) if isinstance(text, str) else text
+    except PayloadLimitError:
+        if strict:
+            raise
+        return {}
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}

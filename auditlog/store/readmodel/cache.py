@@ -46,7 +46,7 @@ import filelock
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from auditlog.core.errors import IntegrityError, StoreError, one_line
+from auditlog.core.errors import CorruptRecordError, IntegrityError, StoreError, one_line
 from auditlog.core.naming import attached_ids, label_state
 from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, apply
 from auditlog.store.eventstore import EventStore
@@ -393,7 +393,7 @@ class ReadModel:
                 con, {"last_id": str(mark[0]), "last_hash": str(mark[1]), "refreshed_ns": str(time.time_ns())}
             )
             con.commit()
-        except IntegrityError:
+        except (IntegrityError, CorruptRecordError):  # a row that fails its link, its limits or is no JSON
             with contextlib.suppress(duckdb.Error):
                 con.rollback()
             raise

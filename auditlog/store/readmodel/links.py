@@ -36,7 +36,8 @@ import orjson
 import pyarrow as pa
 
 from auditlog.core.chain import canonical_row, genesis_hash, link_hash, row_prefix
-from auditlog.core.errors import IntegrityError
+from auditlog.core.errors import CorruptRecordError, IntegrityError
+from auditlog.core.payloadlimits import event_label, limit_error, limit_problem
 
 SLICE_ROWS = 8192
 
@@ -86,7 +87,22 @@ def check_links(table: pa.Table, heads: Heads, shown: str = "") -> None:
             if computed != stored:
                 _refuse(shown, eid, run_id, stream, seq, kind,
                         ": its content does not match its recorded hash (the event or its hash was modified)")
+            _check_limits(payload, shown, {"id": eid, "run_id": run_id, "stream": stream, "seq": seq, "kind": kind})
             heads[key] = (seq, stored)
+
+
+def _check_limits(payload: Any, shown: str, event: dict[str, Any]) -> None:
+    """A payload past the size or depth limit is never copied: DuckDB would parse it
+    (and every Python reader after it), so the refresh refuses it by name (exit 4)."""
+    if not isinstance(payload, str):
+        return
+    try:
+        problem = limit_problem(payload)
+    except ValueError as exc:  # its quotes or brackets do not pair: malformed, as readers say (exit 3)
+        raise CorruptRecordError(
+            f"{event_label(event, shown)}: its payload is not JSON ({exc}); run `auditlog verify`") from None
+    if problem is not None:
+        raise limit_error(problem, event, shown)
 
 
 def _refuse(shown: str, eid: int, run_id: str, stream: int, seq: int, kind: str, why: str) -> None:

@@ -40,7 +40,6 @@ is needed.
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import sys
 import threading
@@ -66,6 +65,7 @@ from auditlog.store.readmodel.views import (
     snapshot_values_sql,
     view_sql,
 )
+from auditlog.store.rows import payload_object
 
 
 class QueryRefusedError(UsageError):
@@ -144,12 +144,9 @@ class QueryResult:
 
 
 def _object(payload: Any) -> dict[str, Any]:
-    """A stored JSON payload as a dict ({} when it is not an object: summaries tolerate damage)."""
-    try:
-        value = json.loads(payload) if isinstance(payload, str) else payload
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+    """A stored JSON payload as a dict ({} when it is not an object, or past the payload
+    limits, which the refresh refuses to copy: summaries tolerate damage)."""
+    return payload_object(payload, strict=False)
 
 
 class QuerySession:

@@ -45,7 +45,9 @@ from __future__ import annotations
 
 from auditlog.core.replay import CONSTRUCTION_KINDS
 
-FORMAT = "6"
+# 6: modules.source_kind, the datasets and batches views; 7: payloads past the size or depth limit
+# are refused when copied (issue 29): a cache made before may hold some, and is rebuilt.
+FORMAT = "7"
 
 SCHEMA = "projection"
 

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from auditlog.core.errors import AuditlogError
+from auditlog.core.payloadlimits import loads_bounded
 from auditlog.store.eventstore import EventStore
 
 # v2: every row sealed was checked against the chain when copied (``links``); a v1
@@ -121,7 +122,7 @@ def seal_problem(projection: Path, store: EventStore, store_id: str) -> str | No
     if key is None:
         return "no place to keep the read model's seal secret (the cache directory is not writable)"
     try:
-        data = json.loads(seal_path(projection).read_text())
+        data = loads_bounded(seal_path(projection).read_text())
     except (OSError, ValueError):
         return "the read model has no valid seal"
     if not isinstance(data, dict):
