@@ -380,6 +380,8 @@ COMMANDS: list[Command] = [
     Command("nonfinite", ("nonfinite", "{r1}"), _RECORD_READER),
     Command("plot", ("plot", "{r1}", "param-norm", "--format", "csv"), _RECORD_READER),
     Command("export", ("export", "{r1}", "--to", "{out}/archive"), _SNAPSHOT_READER),
+    Command("bom_json", ("bom", "{r1}", "--step", "0", "--format", "json", "-o", "{out}/bom.json"), _RECORD_READER),
+    Command("bom_cyclonedx", ("bom", "{r1}", "--step", "0", "-o", "{out}/bom.cdx.json"), _RECORD_READER),
     # a hash case rewrote the chain and lost the checkpoint: no signed head to prove from (exit 1)
     Command("prove", ("prove", "{r1}", "--seq", "3", "-o", "{out}/proof.json"), {"pristine": 0, "file": 0, "hash": 1},
             then=("verify-proof", "{out}/proof.json", "--key", "{pub}")),

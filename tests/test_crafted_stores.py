@@ -243,3 +243,16 @@ def test_the_densest_files_the_writer_makes_are_within_the_expansion_bound(dtype
     size = files.path(info.sha256).stat().st_size
     assert info.nbytes > 100 * size and info.nbytes < size * MAX_EXPANSION / 100  # dense, and far from the bound
     assert torch.equal(files.read_verified(info.sha256, "zeros"), zeros)
+
+
+def test_the_bill_of_materials_never_presents_a_crafted_value_as_a_content_hash(
+    pristine: Pristine, crafted: Callable[[Case], Layout]
+) -> None:
+    case = next(c for c in CASES if c.name == "hash_with_a_nul")
+    layout = crafted(case)
+    bom = next(c for c in COMMANDS if c.name == "bom_json")
+    check_answer(answer(bom, pristine, layout), 0)
+    facts = json.loads((layout.out / "bom.json").read_text())
+    text = json.dumps(facts)
+    assert "ab\\u0000ccc" not in text and "\\u0000" not in text
+    assert "not a content hash (record edited): 0.weight" in text
