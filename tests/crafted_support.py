@@ -378,6 +378,7 @@ COMMANDS: list[Command] = [
     Command("diff", ("diff", "{r1}", "{r2}"), _RECORD_READER),
     Command("diff_values", ("diff", "{r1}", "{r2}", "--values"), _SNAPSHOT_READER),
     Command("nonfinite", ("nonfinite", "{r1}"), _RECORD_READER),
+    Command("data", ("data", "{r1}"), _RECORD_READER),
     Command("plot", ("plot", "{r1}", "param-norm", "--format", "csv"), _RECORD_READER),
     Command("export", ("export", "{r1}", "--to", "{out}/archive"), _SNAPSHOT_READER),
     Command("bom_json", ("bom", "{r1}", "--step", "0", "--format", "json", "-o", "{out}/bom.json"), _RECORD_READER),
