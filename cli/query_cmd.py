@@ -16,6 +16,7 @@ from auditlog.cli.output import emit_rows
 from auditlog.cli.progress import progress_bar
 
 from auditlog.core.errors import UsageError
+from auditlog.core.hashing import shown_hash
 from auditlog.core.payloadlimits import loads_bounded
 
 TABLE_ROWS = 1000
@@ -80,7 +81,7 @@ def query(
         with session:
             if session.left_out and "tensor_values" in sql.lower():
                 for sha, why in sorted(session.left_out.items()):
-                    click.echo(f"warning: snapshot {sha[:16]}... left out of tensor_values: {why} "
+                    click.echo(f"warning: snapshot {shown_hash(sha)} left out of tensor_values: {why} "
                                "(run `auditlog verify`)", err=True)
             result = session.execute(sql, timeout=timeout)
             columns = _unique(result.columns)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -51,6 +52,43 @@ TREE = b"tree-v2"
 # Leaves handed to the pool and not yet hashed, at most, per hasher: bounds the memory a
 # caller that passes short-lived buffers (chunks copied from a GPU) keeps alive.
 _IN_FLIGHT = 16
+
+
+# A content hash as the record must spell it: SHA-256 in lowercase hex, nothing else.
+_CONTENT_HASH = re.compile("[0-9a-f]{64}")
+_SHOWN = 56  # characters of a malformed hash shown in a message, at most
+
+
+def is_content_hash(value: object) -> bool:
+    """Whether ``value`` is a content hash as the recorder writes one: exactly 64
+    lowercase hex characters. Readers check this before a hash becomes a path
+    (``auditlog.store.blobpaths``): a NUL, ``../``, an absolute path, another
+    case or a JSON object in an edited event must never name a file."""
+    return isinstance(value, str) and _CONTENT_HASH.fullmatch(value) is not None
+
+
+def hash_text(value: object) -> str | None:
+    """A recorded ``sha256`` field as text: None (no content) and strings as they are;
+    anything else (an object, a list, a number an edited event holds) as text that
+    can never be a content hash (it starts with ``<``), so it stays hashable and
+    printable and is refused, by name, wherever it would become a path."""
+    if value is None or isinstance(value, str):
+        return value
+    try:
+        shown = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError):
+        shown = type(value).__name__
+    return f"<{type(value).__name__} {shown}>"
+
+
+def shown_hash(value: object) -> str:
+    """``value`` for a one-line message: a content hash's first 16 characters, or a
+    malformed one as a short ``repr`` (control characters and NUL escaped)."""
+    if is_content_hash(value):
+        return f"{value[:16]}..."  # type: ignore[index]
+    text = repr(hash_text(value) if not isinstance(value, str) else value)
+    # a long value keeps both ends: what follows 64 good characters (a newline) shows
+    return text if len(text) <= _SHOWN else f"{text[: _SHOWN - 16]}...{text[-12:]}"
 
 
 class Hasher(Protocol):

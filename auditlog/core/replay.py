@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from auditlog.core.hashing import hash_text
 from auditlog.core.payloadlimits import parse_payload
 
 CONSTRUCTION_KINDS = (
@@ -288,16 +289,16 @@ def apply(state: ModelState, event: dict[str, Any]) -> None:
         for item in data.get("tensors", []):
             info = state.tensors.get(int(item["tensor_id"]))
             if info is not None:
-                info.initial_sha256 = item.get("sha256")
+                info.initial_sha256 = hash_text(item.get("sha256"))
                 info.initial_stats = item.get("stats")
                 if data.get("stored"):
-                    _snapshotted(info, item.get("sha256"), event, item.get("shard"), item.get("subclass"))
+                    _snapshotted(info, hash_text(item.get("sha256")), event, item.get("shard"), item.get("subclass"))
     elif kind == "snapshot_taken":
         snap = data.get("snapshot") or {}
         for item in snap.get("tensors", []):
             info = state.tensors.get(int(item["tensor_id"]))
             if info is not None:
-                _snapshotted(info, item.get("sha256"), event, item.get("shard"), item.get("subclass"))
+                _snapshotted(info, hash_text(item.get("sha256")), event, item.get("shard"), item.get("subclass"))
     elif kind == "structure_changed":
         owner = state.modules.get(int(event["module_id"])) if event.get("module_id") is not None else None
         if data.get("change") == "removed" and owner is not None:

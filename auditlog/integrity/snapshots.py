@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from auditlog.core.errors import StoreError
+from auditlog.core.hashing import hash_text, is_content_hash, shown_hash
 from auditlog.core.replay import CONSTRUCTION_KINDS, replay
 from auditlog.store.eventstore import EventStore
 from auditlog.store.rows import decode_event, payload_object
@@ -32,9 +33,15 @@ class SnapshotProblem:
     file: str | None
     what: str
 
+    @property
+    def place(self) -> str:
+        """``file snapshots/<h[:2]>/<h>.parquet``, or the recorded value where it is not a
+        content hash (no file is named, none was opened)."""
+        return f"file snapshots/{self.file}" if self.file else f"content hash {shown_hash(self.sha256)}"
+
     def describe(self) -> str:
-        where = f"file snapshots/{self.file}" if self.file else "no catalog entry"
-        return f"seq {self.seq} (event id {self.event_id}): snapshot of {self.tensor} [{self.sha256[:16]}...], {where}: {self.what}"
+        return (f"seq {self.seq} (event id {self.event_id}): snapshot of {self.tensor} "
+                f"[{shown_hash(self.sha256)}], {self.place}: {self.what}")
 
 
 def _referenced(store: EventStore, run_id: str) -> Iterator[tuple[int, int, int, str]]:
@@ -50,8 +57,9 @@ def _referenced(store: EventStore, run_id: str) -> Iterator[tuple[int, int, int,
                 items = payload.get("tensors", [])
             else:
                 continue
-            found = [(int(seq), int(event_id), int(i["tensor_id"]), str(i["sha256"])) for i in items]
-        except (KeyError, TypeError, ValueError, AttributeError):
+            # A value that is not a content hash stays a finding (hash_text keeps it printable, never a path).
+            found = [(int(seq), int(event_id), int(i["tensor_id"]), str(hash_text(i["sha256"]))) for i in items]
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
             continue
         yield from found
 
@@ -78,7 +86,7 @@ def verify_snapshots(store: EventStore, run_id: str) -> tuple[int, list[Snapshot
             names = _tensor_names(store, run_id)
         label = ", ".join(names.get(tensor_id, [])) or f"tensor #{tensor_id}"
         for what in verdict[sha]:
-            problems.append(SnapshotProblem(seq, event_id, label, sha, files.relpath(sha), what))
+            problems.append(SnapshotProblem(seq, event_id, label, sha, files.relpath(sha) if is_content_hash(sha) else None, what))
     return len(verdict), problems
 
 

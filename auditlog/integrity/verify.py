@@ -257,6 +257,6 @@ def _verify_snapshot_files(store: EventStore, run_id: str, report: VerifyReport)
                 problem.seq,
                 problem.event_id,
                 "snapshot",
-                f"snapshot of {problem.tensor} (file snapshots/{problem.file}): {problem.what}",
+                f"snapshot of {problem.tensor} ({problem.place}): {problem.what}",
             )
         )

@@ -16,23 +16,32 @@ and seq:
 5. Every tensor content a chained event names is in the catalog, and its file
    holds the content its hash names (``SnapshotStore.check``).
 
+An archive is as craftable as a store: every path the manifest lists must lie
+inside the archive (relative, no ``..``), and every file read must be a regular
+file (``_unusable``: a FIFO would stop the reader, a link would lead outside);
+anything else is a finding, and nothing more is read.
+
 Without a trusted key the signatures cannot be checked and ``ok`` is False, like
 ``verify`` on a store with checkpoints by an unknown key.
 """
 
 from __future__ import annotations
 
+import stat
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pyarrow.parquet as pq
 
 from auditlog.core.chain import chain_hash, genesis_hash, row_prefix
+from auditlog.core.hashing import shown_hash
 from auditlog.core.payloadlimits import loads_bounded
 from auditlog.integrity.signing import Checkpoint, HeadStatement, KeyRing, StatementError, Verdict
 from auditlog.read.export import ARCHIVE_FORMAT, manifest_digest
-from auditlog.store.blobs import SnapshotStore, file_digest
+from auditlog.store.blobformat import SnapshotError
+from auditlog.store.blobpaths import kind_of, regular_digest, where
+from auditlog.store.blobs import SnapshotStore
 from auditlog.store.rows import payload_object
 
 _CHECKED_DIRS = ("events", "snapshots", "tensors")
@@ -73,8 +82,30 @@ def verify_archive(directory: Path, keys: KeyRing) -> ArchiveReport:
     return report
 
 
+def _unusable(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a file of the archive (None: a regular file; a
+    link is not followed, a FIFO not opened)."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return "missing"
+    except (OSError, ValueError) as exc:
+        return f"unreadable ({exc})"
+    return None if stat.S_ISREG(mode) else f"not a regular file ({kind_of(mode)})"
+
+
+def _inside(relative: str) -> bool:
+    """Whether a manifest's path names a file inside the archive."""
+    parts = PurePosixPath(relative).parts
+    return bool(parts) and not relative.startswith("/") and ".." not in parts and "\0" not in relative and "\\" not in relative
+
+
 def _manifest(directory: Path, keys: KeyRing, report: ArchiveReport) -> dict[str, Any] | None:
     path = directory / "manifest.json"
+    why = _unusable(path)
+    if why is not None and why != "missing":
+        report.problems.append(f"manifest.json: {why}")
+        return None
     try:
         raw = path.read_bytes()
         manifest = loads_bounded(raw)
@@ -91,7 +122,9 @@ def _manifest(directory: Path, keys: KeyRing, report: ArchiveReport) -> dict[str
         report.problems.append("manifest.json does not match its own digest (the manifest was modified)")
         return None
     signature = directory / "manifest.sig"
-    if signature.exists():
+    if _unusable(signature) not in (None, "missing"):
+        report.problems.append(f"manifest.sig: {_unusable(signature)}")
+    elif signature.exists():
         try:
             sig = loads_bounded(signature.read_text())
             verdict = keys.check(str(sig["key_fingerprint"]), raw, str(sig["signature"]))
@@ -109,18 +142,28 @@ def _files(directory: Path, manifest: dict[str, Any], report: ArchiveReport) -> 
     listed = {str(f.get("path")): f for f in manifest.get("files") or [] if isinstance(f, dict)}
     intact = True
     for relative, entry in sorted(listed.items()):
+        if not _inside(relative):
+            report.problems.append(f"{relative!r}: not a path inside the archive (manifest edited)")
+            intact = False
+            continue
         path = directory / relative
-        if not path.is_file():
-            report.problems.append(f"{relative}: missing")
+        why = _unusable(path)
+        if why is not None:
+            report.problems.append(f"{relative}: {why}")
             intact = False
-        elif path.stat().st_size != entry.get("bytes") or file_digest(path) != entry.get("sha256"):
-            report.problems.append(f"{relative}: its bytes differ from the manifest's SHA-256 (file modified)")
-            intact = False
+        else:
+            try:
+                same = path.stat().st_size == entry.get("bytes") and regular_digest(path, relative) == entry.get("sha256")
+            except (SnapshotError, OSError):
+                same = False
+            if not same:
+                report.problems.append(f"{relative}: its bytes differ from the manifest's SHA-256 (file modified)")
+                intact = False
         report.files += 1
     for top in _CHECKED_DIRS:
         for path in sorted((directory / top).rglob("*")) if (directory / top).is_dir() else []:
             relative = path.relative_to(directory).as_posix()
-            if path.is_file() and relative not in listed:
+            if (path.is_symlink() or not path.is_dir()) and relative not in listed:
                 report.problems.append(f"{relative}: not listed in the manifest (file added)")
                 intact = False
     return intact
@@ -133,9 +176,16 @@ def _chains(
     adds the tensor contents the (chained) events name to ``named``."""
     run_id = str(manifest["run_id"])
     heads: dict[int, tuple[int, str]] = {}
+    if not _inside(f"run_id={run_id}") or "/" in run_id:
+        report.problems.append(f"manifest.json: run id {run_id[:40]!r} is not a run id (manifest edited)")
+        return heads
     for entry in manifest.get("streams") or []:
         stream = int(entry["stream"])
         path = directory / "events" / f"run_id={run_id}" / f"stream={stream}" / "part-0.parquet"
+        why = _unusable(path)
+        if why is not None:
+            report.problems.append(f"stream {stream}: events/run_id={run_id}/stream={stream}/part-0.parquet: {why}")
+            continue
         table = pq.read_table(path)
         prev = genesis_hash(run_id, stream)
         prefix = row_prefix(run_id, stream)
@@ -164,7 +214,10 @@ def _signed_heads(
     directory: Path, manifest: dict[str, Any], heads: dict[int, tuple[int, str]], keys: KeyRing, report: ArchiveReport
 ) -> None:
     path = directory / "heads.json"
-    if not path.exists():
+    if _unusable(path) == "missing":
+        return
+    if _unusable(path) is not None:
+        report.problems.append(f"heads.json: {_unusable(path)}")
         return
     try:
         statement = HeadStatement.parse(path.read_text(), "heads.json")
@@ -188,7 +241,10 @@ def _checkpoints(
     directory: Path, manifest: dict[str, Any], heads: dict[int, tuple[int, str]], keys: KeyRing, report: ArchiveReport
 ) -> None:
     path = directory / "checkpoints.parquet"
-    if not path.exists():
+    if _unusable(path) == "missing":
+        return
+    if _unusable(path) is not None:
+        report.problems.append(f"checkpoints.parquet: {_unusable(path)}")
         return
     run_id, store_id = str(manifest["run_id"]), str(manifest.get("store_id", ""))
     hashes: dict[int, dict[int, str]] = {}
@@ -214,7 +270,7 @@ def _checkpoints(
 
 def _stream_hashes(directory: Path, run_id: str, stream: int) -> dict[int, str]:
     path = directory / "events" / f"run_id={run_id}" / f"stream={stream}" / "part-0.parquet"
-    if not path.exists():
+    if _unusable(path) is not None:
         return {}
     table = pq.read_table(path, columns=["seq", "hash"])
     return dict(zip(table.column("seq").to_pylist(), table.column("hash").to_pylist(), strict=True))
@@ -232,6 +288,9 @@ def _named_tensors(text: str) -> set[str]:
 
 def _tensors(directory: Path, named: set[str], report: ArchiveReport) -> None:
     catalog_path = directory / "catalog.parquet"
+    if _unusable(catalog_path) not in (None, "missing"):
+        report.problems.append(f"catalog.parquet: {_unusable(catalog_path)}")
+        return
     catalog = {r["sha256"]: r for r in pq.read_table(catalog_path).to_pylist()} if catalog_path.exists() else {}
     files = SnapshotStore(directory / "tensors")
     for sha in sorted(named):
@@ -239,4 +298,4 @@ def _tensors(directory: Path, named: set[str], report: ArchiveReport) -> None:
         what = "not in catalog.parquet" if row is None else "; ".join(files.check(sha, row)) or None
         report.tensors += 1
         if what is not None:
-            report.problems.append(f"tensor {sha[:16]}... (tensors/{sha[:2]}/{sha}.parquet): {what}")
+            report.problems.append(f"tensor {shown_hash(sha)} ({where(sha, 'tensors')}): {what}")

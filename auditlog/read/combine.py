@@ -40,6 +40,7 @@ from auditlog.integrity.signing import KeyRing
 from auditlog.integrity.verify import verify_run
 from auditlog.store.blobcheck import verify_file
 from auditlog.store.blobformat import SnapshotError
+from auditlog.store.blobpaths import copy_regular
 from auditlog.store.blobs import SnapshotStore, blob_from_row
 from auditlog.store.eventstore import EventStore
 from auditlog.store.location import StoreLocation, resolve_store
@@ -209,13 +210,14 @@ def _copy_blobs(into: EventStore, source: EventStore, run_id: str, result: Shard
             continue
         if not target.exists():
             origin = files_from.path(sha)
-            try:
-                verify_file(files_from.root, sha)  # the content hash, recomputed (no torch)
-            except SnapshotError as exc:
-                raise StoreError(f"snapshot file snapshots/{row['file']} is missing or damaged ({exc})") from exc
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_name(f".{target.name}.combine")
-            shutil.copyfile(origin, partial)
+            partial.unlink(missing_ok=True)
+            try:
+                verify_file(files_from.root, sha)  # the content hash, recomputed (no torch)
+                copy_regular(origin, files_from.relpath(sha), partial)  # a regular file, as verify_file found it
+            except SnapshotError as exc:
+                raise StoreError(f"snapshot file snapshots/{files_from.relpath(sha)} is missing or damaged ({exc})") from exc
             partial.replace(target)
         if sha not in have:
             new_rows.append(blob_from_row(row).as_row())

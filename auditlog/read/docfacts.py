@@ -23,6 +23,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from auditlog.core.hashing import is_content_hash
 from auditlog.read.forensics import questions
 
 if TYPE_CHECKING:
@@ -279,14 +280,20 @@ def _weights(run: Run, step: int | None) -> Fact:
         plan = run.restore_plan(step=step)
     except AuditlogError as exc:
         return Fact(None, [], f"not available: {exc}")
-    hashes = [{"key": key, "sha256": sha} for key, sha in plan]
-    missing = [h["key"] for h in hashes if h["sha256"] is None]
+    # A value an edited event gives that is not a content hash is never presented as one.
+    crafted = [key for key, sha in plan if sha is not None and not is_content_hash(sha)]
+    hashes = [{"key": key, "sha256": sha if is_content_hash(sha) else None} for key, sha in plan]
+    missing = [key for key, sha in plan if sha is None]
     when = f"step {step}" if step is not None else "the end of the run"
+    notes = [f"{len(missing)} tensor(s) had no snapshot at {when}"] if missing else []
+    if crafted:
+        notes.append(f"{len(crafted)} tensor(s) name a value that is not a content hash (record edited): "
+                     f"{', '.join(crafted[:5])}")
     return Fact(
         {"at": when, "tensors": hashes, "algorithm": "auditlog tensor content hash (SHA-256 of dtype, shape and "
          "C-order bytes; docs/integrity.md)"},
         [{"kinds": ["snapshot_taken", "construction_sealed"], "view": "snapshots"}],
-        f"{len(missing)} tensor(s) had no snapshot at {when}" if missing else None,
+        "; ".join(notes) or None,
     )
 
 

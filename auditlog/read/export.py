@@ -49,6 +49,7 @@ from auditlog.integrity.heads import export_heads, store_id
 from auditlog.integrity.signing import KeyRing, canonical_statement
 from auditlog.integrity.verify import VerifyReport, verify_run
 from auditlog.read.runs import list_runs
+from auditlog.store.blobpaths import copy_regular, relpath
 from auditlog.store.blobs import SnapshotStore, file_digest
 from auditlog.store.eventstore import EventStore
 from auditlog.store.rows import decode_event
@@ -261,8 +262,8 @@ def _write_tensors(store: EventStore, root: Path, hashes: list[str]) -> list[dic
         row = catalog.get(sha)
         if row is None:
             raise AuditlogError(f"snapshot {sha[:16]}... is not in the store's catalog; run `auditlog verify`")
-        relative = f"tensors/{row['file']}"
-        shutil.copyfile(source.path(sha), _new(root / relative))
+        relative = f"tensors/{relpath(sha)}"  # from the hash alone, never the catalog's (editable) file column
+        copy_regular(source.path(sha), relpath(sha), _new(root / relative))
         files.append(_file(root, relative, None))
         rows.append({c: row.get(c) for c in CATALOG_COLUMNS})
     table = pa.Table.from_pylist(

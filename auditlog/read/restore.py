@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from auditlog.core.errors import IntegrityError
 from auditlog.store.blobformat import SnapshotError, reason
+from auditlog.store.blobpaths import where
 from auditlog.store.blobs import SnapshotStore
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def _facts(files: SnapshotStore, sha: str, key: str, when: str) -> Any:
         return files.describe(sha)
     except SnapshotError as exc:
         raise IntegrityError(
-            f"snapshot of {key} at {when} (snapshots/{files.relpath(sha)}) cannot be used: {reason(exc)}"
+            f"snapshot of {key} at {when} ({where(sha)}) cannot be used: {reason(exc)}"
         ) from exc
 
 
@@ -151,7 +152,7 @@ def _stream_safetensors(
                 info, data = got
                 if info.shape != facts[sha].shape or info.dtype != facts[sha].dtype:
                     raise IntegrityError(
-                        f"snapshot of {keys[0]} at {when} (snapshots/{files.relpath(sha)}) changed while it was restored"
+                        f"snapshot of {keys[0]} at {when} ({where(sha)}) changed while it was restored"
                     )
             for _ in keys:
                 handle.write(data)

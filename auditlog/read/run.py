@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from auditlog.core.errors import AuditlogError, CorruptRecordError, UsageError
+from auditlog.core.hashing import hash_text
 from auditlog.core.naming import Labels, attached_ids, label_state
 from auditlog.core.ranks import split_stream
 from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, replay
@@ -568,10 +569,14 @@ def _snapshot_owner(module_id: int | None, tensors: list[dict[str, Any]], labels
 
 
 def _snapshot_tensors(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tensors a snapshot or stored seal lists, each ``sha256`` as text (``hash_text``:
+    an edited event's object or list stays printable and is never looked up as a hash)."""
     payload = event["payload"]
     if event["kind"] == "snapshot_taken":
-        return list((payload.get("snapshot") or {}).get("tensors", []))
-    return list(payload.get("tensors", [])) if payload.get("stored") else []
+        items = (payload.get("snapshot") or {}).get("tensors", [])
+    else:
+        items = payload.get("tensors", []) if payload.get("stored") else []
+    return [{**t, "sha256": hash_text(t.get("sha256"))} for t in items if isinstance(t, dict)]
 
 
 def _mentions(event: dict[str, Any], wanted: set[int]) -> bool:

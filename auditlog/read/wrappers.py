@@ -21,6 +21,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from auditlog.core.errors import AuditlogError
+from auditlog.core.hashing import hash_text
 
 if TYPE_CHECKING:
     import torch
@@ -36,7 +37,7 @@ def rebuild_wrappers(
         if key not in state:
             continue
         cls = wrapper_class(key, facts)
-        inner_shas = facts["inner"]
+        inner_shas = {name: str(hash_text(sha)) for name, sha in facts["inner"].items()}  # never a dict as a key
         wanted = [(sha, f"{key}.{name} at {when}") for name, sha in inner_shas.items()]
         loaded = files.read_many(wanted)
         inner = {name: loaded[sha] for name, sha in inner_shas.items()}

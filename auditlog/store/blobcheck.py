@@ -38,9 +38,9 @@ from auditlog.store.blobformat import (
     SnapshotError,
     SnapshotFile,
     check_size,
-    file_digest,
     value_spans,
 )
+from auditlog.store.blobpaths import fd_digest, read_at
 
 FRAMING_PREFIX = b"auditlog-framing-v1\0"
 
@@ -70,44 +70,31 @@ def framing_digest(read: Callable[[int, int], bytes], size: int, spans: list[tup
     return digest.hexdigest()
 
 
-def _pread_all(fd: int, offset: int, length: int) -> bytes:
-    """``length`` bytes at ``offset`` (fewer only at the end of the file)."""
-    parts: list[bytes] = []
-    while length > 0:
-        part = os.pread(fd, length, offset)
-        if not part:
-            break
-        parts.append(part)
-        offset += len(part)
-        length -= len(part)
-    return b"".join(parts)
-
-
-def _framing_of_path(path: Path, spans: list[tuple[int, int]]) -> str:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return framing_digest(lambda offset, length: _pread_all(fd, offset, length), os.fstat(fd).st_size, spans)
-    finally:
-        os.close(fd)
+def _framing_of_fd(fd: int, spans: list[tuple[int, int]]) -> str:
+    return framing_digest(lambda offset, length: read_at(fd, offset, length), os.fstat(fd).st_size, spans)
 
 
 def written_digest(path: Path, dtype: str, numel: int) -> str:
     """The framing digest of a file the writer has just closed (its footer read back:
     a few small reads from the page cache, not a pass over the values)."""
     spans = value_spans(pq.read_metadata(path), dtype, numel)
-    return _framing_of_path(path, spans or [])
+    fd = os.open(path, os.O_RDONLY)  # the writer's own new file
+    try:
+        return _framing_of_fd(fd, spans or [])
+    finally:
+        os.close(fd)
 
 
 def stored_digest(found: SnapshotFile) -> str:
     """What the catalog's ``file_sha256`` of an open file should be, by the file's own
     marking: the framing digest, or the SHA-256 of every byte."""
     if not found.framed:
-        return hashlib.sha256(found.data).hexdigest() if found.data is not None else file_digest(found.path)
+        return hashlib.sha256(found.data).hexdigest() if found.data is not None else fd_digest(found.fd)
     spans = value_spans(found.reader.metadata, found.dtype, found.numel) or []
     if found.data is not None:
         data = found.data
         return framing_digest(lambda offset, length: data[offset : offset + length], len(data), spans)
-    return _framing_of_path(found.path, spans)
+    return _framing_of_fd(found.fd, spans)
 
 
 def verify_file(root: Path, sha256: str) -> BlobInfo:
@@ -125,7 +112,7 @@ def verify_file(root: Path, sha256: str) -> BlobInfo:
             _check_content(found)
             return dataclasses.replace(found.info(), file_sha256=stored_digest(found))
         with ThreadPoolExecutor(1, thread_name_prefix="auditlog-digest") as pool:
-            whole = pool.submit(file_digest, found.path)
+            whole = pool.submit(fd_digest, found.fd)  # pread: pyarrow's reads meanwhile are not disturbed
             _check_content(found)
             try:
                 file_sha256 = whole.result()

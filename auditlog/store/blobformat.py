@@ -28,8 +28,8 @@ reader follows each file's own codec, and a null value is refused.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
-import math
 import os
 import queue
 import threading
@@ -44,8 +44,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from auditlog.core.cpus import hash_threads
-from auditlog.core.errors import AuditlogError
 from auditlog.core.hashing import TREE, TREE_KEY, Hasher, content_hasher
+
+# SnapshotError and relpath live in blobpaths; most readers import them from here.
+from auditlog.store.blobpaths import NOT_A_HASH, open_regular, read_at
+from auditlog.store.blobpaths import SnapshotError as SnapshotError
+from auditlog.store.blobpaths import relpath as relpath
+from auditlog.store.blobshape import check_extent, element_count, parse_shape
 
 # Source bytes per chunk (one row group each): bounds the writer's and reader's extra memory.
 CHUNK_BYTES = 4 * 1024 * 1024
@@ -109,10 +114,6 @@ FRAMING = b"framing-v1"
 _LEGACY_GROUP_ROWS = 1024 * 1024
 
 
-class SnapshotError(AuditlogError):
-    """A snapshot file is missing, unreadable or does not match its content hash."""
-
-
 @dataclass(frozen=True)
 class BlobInfo:
     """One stored tensor content: the catalog row the event store keeps.
@@ -160,11 +161,6 @@ def blob_from_row(row: dict[str, Any]) -> BlobInfo:
         row_groups=int(row["row_groups"]),
         file_sha256=str(row.get("file_sha256") or ""),
     )
-
-
-def relpath(sha256: str) -> str:
-    """Where the content ``sha256`` lives, relative to ``snapshots/``: from the hash alone."""
-    return f"{sha256[:2]}/{sha256}.parquet"
 
 
 def itemsize(dtype: str) -> int:
@@ -260,51 +256,56 @@ class SnapshotFile:
 
     def __init__(self, root: Path, sha256: str) -> None:
         self.sha256 = sha256
-        self.relpath = relpath(sha256)
+        self.relpath = relpath(sha256)  # a hash that is not one names no file (blobpaths)
         self.path = root / self.relpath
         # The file's bytes when it is small enough to be read whole (WHOLE_FILE_BYTES).
         self.data: bytes | None = None
+        # The descriptor opened (and checked a regular file) once: every later read,
+        # pyarrow's included, goes through it, never through the path again.
+        self.fd = open_regular(self.path, self.relpath)
+        self._handle: Any = None
         try:
-            with open(self.path, "rb") as raw:
-                size = os.fstat(raw.fileno()).st_size
-                if size <= WHOLE_FILE_BYTES:
-                    self.data = raw.read()
-        except FileNotFoundError:
-            raise SnapshotError(f"snapshot file {self.relpath!r} is missing") from None
-        except OSError as exc:
-            raise SnapshotError(f"snapshot file {self.relpath!r} is unreadable: {exc}") from exc
-        try:
-            if self.data is not None:
-                self._handle: Any = pa.BufferReader(self.data)
+            self.size = os.fstat(self.fd).st_size
+            if self.size <= WHOLE_FILE_BYTES:
+                self.data = read_at(self.fd, 0, self.size)
+                self._handle = pa.BufferReader(self.data)
             else:
-                self._handle = pa.OSFile(str(self.path), "rb")
+                self._handle = pa.PythonFile(io.FileIO(os.dup(self.fd), "r", closefd=True), mode="r")
         except (OSError, pa.ArrowException) as exc:
+            self.close()
             raise SnapshotError(f"snapshot file {self.relpath!r} is unreadable: {exc}") from exc
         try:
             self.reader = pq.ParquetFile(self._handle)
             schema = self.reader.schema_arrow
             meta = schema.metadata or {}
             self.dtype = meta[b"auditlog.dtype"].decode()
-            self.shape = [int(d) for d in json.loads(meta[b"auditlog.shape"].decode())]
-            if any(d < 0 for d in self.shape):
-                raise ValueError(f"negative dimension in shape {self.shape}")
+            self.shape = parse_shape(json.loads(meta[b"auditlog.shape"].decode()), self.relpath)
             self.row_groups = self.reader.num_row_groups
             footer = self.reader.metadata.metadata or {}
             # Which digest the catalog's ``file_sha256`` is (``blobcheck.stored_digest``).
             self.framed = footer.get(FILE_DIGEST_KEY) == FRAMING
             # Which content hash version names the file (``hashing``: v2 where marked, else v1).
             self.tree = footer.get(TREE_KEY) == TREE
-        except (OSError, pa.ArrowException, ValueError, KeyError, TypeError) as exc:
+        except (OSError, pa.ArrowException, ValueError, KeyError, TypeError, RecursionError) as exc:
             self.close()
+            if isinstance(exc, SnapshotError):
+                raise
             raise SnapshotError(f"snapshot file {self.relpath!r} is unreadable: {exc}") from exc
         try:
             check_schema(schema, self.dtype, self.relpath)
+            self.numel = element_count(self.shape)
+            self.layout = layout_of(self.dtype)
+            self.nbytes = self.numel * itemsize(self.dtype)
+            # Before any reader allocates ``nbytes`` (blobshape): a shape the file cannot hold is refused.
+            check_extent(
+                self.reader.metadata, self.size, self.layout, self.dtype, itemsize(self.dtype), self.numel, self.relpath
+            )
         except SnapshotError:
             self.close()
             raise
-        self.numel = math.prod(self.shape)
-        self.layout = layout_of(self.dtype)
-        self.nbytes = self.numel * itemsize(self.dtype)
+        except (AttributeError, ValueError, TypeError, OverflowError, IndexError, pa.ArrowException) as exc:
+            self.close()
+            raise SnapshotError(f"snapshot file {self.relpath!r} is unreadable: {exc}") from exc
 
     def __enter__(self) -> SnapshotFile:
         return self
@@ -313,7 +314,12 @@ class SnapshotFile:
         self.close()
 
     def close(self) -> None:
-        self._handle.close()
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
     def info(self) -> BlobInfo:
         return BlobInfo(
@@ -418,24 +424,21 @@ class SnapshotFile:
         view = memoryview(target.data).cast("B")
 
         def fill(ready: Callable[[int, int], None]) -> None:
-            fd = os.open(self.path, os.O_RDONLY)
-            try:
-                position = 0
-                for offset, length in spans:
-                    for start in range(0, length, _READ_PIECE):
-                        size = min(_READ_PIECE, length - start)
-                        _read_ahead(fd, offset + start, size)
-                        got = 0
-                        while got < size:
-                            read = os.preadv(fd, [view[position + got : position + size]], offset + start + got)
-                            if read <= 0:
-                                raise SnapshotError(f"snapshot file {self.relpath!r} is shorter than its metadata says")
-                            got += read
-                        ready(position, position + size)
-                        position += size
-                check_size(position, self.nbytes, self.relpath)
-            finally:
-                os.close(fd)
+            fd = self.fd  # the descriptor checked at open (pread: its position is not shared)
+            position = 0
+            for offset, length in spans:
+                for start in range(0, length, _READ_PIECE):
+                    size = min(_READ_PIECE, length - start)
+                    _read_ahead(fd, offset + start, size)
+                    got = 0
+                    while got < size:
+                        read = os.preadv(fd, [view[position + got : position + size]], offset + start + got)
+                        if read <= 0:
+                            raise SnapshotError(f"snapshot file {self.relpath!r} is shorter than its metadata says")
+                        got += read
+                    ready(position, position + size)
+                    position += size
+            check_size(position, self.nbytes, self.relpath)
 
         _hash_while_filling(fill, view, digest, self.relpath)
 
@@ -547,8 +550,12 @@ def check_size(stored: int, expected: int, relpath: str) -> None:
 def reason(exc: SnapshotError) -> str:
     """A ``SnapshotError`` message without the file name (the caller names the file)."""
     text = str(exc)
+    if text.endswith(NOT_A_HASH):
+        return "not a content hash (64 lowercase hex characters): event edited, no file read"
     if text.endswith(" is missing"):
         return "missing"
+    if " is not a regular file (" in text:
+        return "not a regular file (" + text.split(" is not a regular file (", 1)[1] + ": refused unread (file replaced)"
     if " is unreadable: " in text:
         return "unreadable (file modified or damaged): " + text.split(" is unreadable: ", 1)[1]
     if " has columns " in text:

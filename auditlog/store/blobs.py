@@ -24,8 +24,9 @@ pyarrow and numpy only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -45,9 +46,12 @@ from auditlog.store.blobformat import (
     reason,
     relpath,
 )
+from auditlog.store.blobpaths import where
 
 if TYPE_CHECKING:
     import torch
+
+_T = TypeVar("_T")
 
 __all__ = [
     "CHUNK_BYTES",
@@ -165,7 +169,7 @@ class SnapshotStore:
                 return None
             else:
                 with SnapshotFile(self.root, sha256) as found:
-                    buffer = np.empty(found.nbytes, dtype=np.uint8)
+                    buffer = _allocated(lambda: np.empty(found.nbytes, dtype=np.uint8), found)
                     actual = found.read_hashed(buffer)
                     content = buffer
                     info = found.info()
@@ -196,14 +200,13 @@ class SnapshotStore:
 
     @staticmethod
     def _unusable(sha256: str, what: str, exc: SnapshotError) -> IntegrityError:
-        where = f"snapshots/{relpath(sha256)}"
-        return IntegrityError(f"snapshot of {what} ({where}) cannot be used: {reason(exc)}")
+        return IntegrityError(f"snapshot of {what} ({where(sha256)}) cannot be used: {reason(exc)}")
 
     @staticmethod
     def _compare(sha256: str, what: str, actual: str) -> None:
         if actual != sha256:
             raise IntegrityError(
-                f"snapshot of {what} (snapshots/{relpath(sha256)}) does not hold the recorded content: it hashes to "
+                f"snapshot of {what} ({where(sha256)}) does not hold the recorded content: it hashes to "
                 f"{actual[:16]}..., the record says {sha256[:16]}... (file replaced or modified)"
             )
 
@@ -212,7 +215,7 @@ class SnapshotStore:
         bytes written there, taken as they arrive (``SnapshotFile.read_hashed``)."""
         import torch
 
-        out = torch.empty(found.numel, dtype=dtype_from_name(found.dtype))
+        out = _allocated(lambda: torch.empty(found.numel, dtype=dtype_from_name(found.dtype)), found)
         actual = found.read_hashed(out.view(torch.uint8).numpy())
         return out.reshape(found.shape), actual
 
@@ -261,6 +264,18 @@ class SnapshotStore:
                     f"catalog, {theirs!r} by the file (catalog edited)"
                 )
         return problems
+
+
+def _allocated(make: Callable[[], _T], found: SnapshotFile) -> _T:
+    """``make()``, the buffer for a file's content, with an allocation that fails (a
+    shape bigger than memory, bounded by ``blobshape.check_extent``) as a ``SnapshotError``."""
+    try:
+        return make()
+    except (MemoryError, RuntimeError, ValueError, OverflowError) as exc:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SnapshotError(
+            f"snapshot file {found.relpath!r} is unreadable: its {found.nbytes} bytes cannot be allocated ({text})"
+        ) from None
 
 
 def _legacy_groups(listed: BlobInfo, in_file: int) -> bool:

@@ -20,6 +20,7 @@ from sqlalchemy import Engine, and_, func, or_, select, tuple_
 from sqlalchemy.exc import DBAPIError
 
 from auditlog.core.errors import StoreError
+from auditlog.core.hashing import is_content_hash
 from auditlog.store import schema
 
 _ev = schema.events
@@ -355,7 +356,7 @@ class EventQueries:
         """Which of ``hashes`` are in the snapshot catalog (one query per 500)."""
         blobs = schema.snapshot_blobs
         found: set[str] = set()
-        wanted = list(hashes)
+        wanted = [h for h in hashes if is_content_hash(h)]
         with self.guard("reading the snapshot catalog"), self.engine.connect() as conn:
             for start in range(0, len(wanted), 500):
                 chunk = wanted[start : start + 500]
@@ -363,11 +364,13 @@ class EventQueries:
         return found
 
     def blob_rows(self, hashes: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
-        """Catalog rows by hash (all of them when ``hashes`` is None)."""
+        """Catalog rows by hash (all of them when ``hashes`` is None). Only content hashes
+        are looked up: a crafted value (a NUL byte PostgreSQL refuses, an object) has
+        no catalog row, and its event is the finding (``integrity.snapshots``)."""
         blobs = schema.snapshot_blobs
         query = select(blobs)
         if hashes is not None:
-            query = query.where(blobs.c.sha256.in_(list(hashes)))
+            query = query.where(blobs.c.sha256.in_([h for h in hashes if is_content_hash(h)]))
         with self.guard("reading the snapshot catalog"), self.engine.connect() as conn:
             return {r["sha256"]: dict(r) for r in conn.execute(query).mappings()}
 

@@ -84,10 +84,12 @@ def secret() -> bytes | None:
     return made
 
 
-def file_identity(path: Path) -> list[int] | None:
-    """``[size, mtime_ns, ctime_ns, inode]``: changes whenever the file's bytes do."""
+def file_identity(path: Path, follow: bool = True) -> list[int] | None:
+    """``[size, mtime_ns, ctime_ns, inode]``: changes whenever the file's bytes do.
+    ``follow=False`` (snapshot files): of the path itself, so that a link put in a
+    verified file's place is a change even when it points at that file."""
     try:
-        st = path.stat()
+        st = path.stat() if follow else path.lstat()
     except OSError:
         return None
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
@@ -167,8 +169,10 @@ def check_blobs(snapshots: Path, hashes: list[str]) -> list[CheckedBlob]:
     """
     if not hashes:
         return []
+    from auditlog.core.hashing import is_content_hash
     from auditlog.store.blobcheck import verify_file  # pyarrow: only with snapshots
-    from auditlog.store.blobformat import SnapshotError, reason, relpath
+    from auditlog.store.blobformat import SnapshotError, reason
+    from auditlog.store.blobpaths import where
 
     out: list[CheckedBlob] = []
     for sha in hashes:
@@ -176,9 +180,10 @@ def check_blobs(snapshots: Path, hashes: list[str]) -> list[CheckedBlob]:
             info = verify_file(snapshots, sha)
         except (SnapshotError, AuditlogError) as exc:
             why = reason(exc) if isinstance(exc, SnapshotError) else str(exc)
-            out.append(CheckedBlob(sha, None, f"snapshot file snapshots/{relpath(sha)} cannot be used: {why}"))
+            place = f"snapshot file {where(sha)}" if is_content_hash(sha) else where(sha)
+            out.append(CheckedBlob(sha, None, f"{place} cannot be used: {why}"))
             continue
-        identity = file_identity(snapshots / info.file) or [0, 0, 0, 0]
+        identity = file_identity(snapshots / info.file, follow=False) or [0, 0, 0, 0]
         out.append(CheckedBlob(sha, {
             "sha256": sha, "file": info.file, "dtype": info.dtype, "shape": info.shape, "numel": info.numel,
             "nbytes": info.nbytes, "layout": info.layout, "row_groups": info.row_groups,
@@ -197,13 +202,18 @@ def changed_files(snapshots: Path, rows: list[tuple[str, str, list[int]]]) -> di
     """
     if not rows:
         return {}
+    from auditlog.core.hashing import is_content_hash
     from auditlog.store.blobcheck import unchanged
     from auditlog.store.blobformat import relpath
+    from auditlog.store.blobpaths import where
 
     changed: dict[str, str] = {}
     for sha, digest, identity in rows:
+        if not is_content_hash(sha):  # a projection edited to name another path: never read
+            changed[sha] = f"{where(sha)} is not a content hash"
+            continue
         path = snapshots / relpath(sha)
-        now = file_identity(path)
+        now = file_identity(path, follow=False)
         if now is None:
             changed[sha] = f"snapshots/{relpath(sha)} is missing"
         elif now != list(identity) and not unchanged(snapshots, sha, digest):
