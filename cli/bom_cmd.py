@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
 from auditlog.cli.options import run_argument, store_option
+from auditlog.cli.output import write_document
 
 from auditlog.core.errors import UsageError
 
@@ -40,12 +40,4 @@ def bom(store: str | None, step: int | None, fmt: str, output: str, run: str) ->
     with open_store(store) as opened:
         facts = documentation_facts(opened.run(run), step=step)
         document = facts.as_json() if fmt == "json" else bom_document(facts, fmt)
-    text = json.dumps(document, indent=2, sort_keys=False, default=str) + "\n"
-    if output == "-":
-        sys.stdout.write(text)
-        return
-    try:
-        Path(output).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write {output!r}: {exc.strerror or exc}") from exc
-    click.echo(f"wrote {output} ({fmt})", err=True)
+    write_document(output, json.dumps(document, indent=2, sort_keys=False, default=str) + "\n", fmt)

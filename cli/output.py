@@ -118,3 +118,20 @@ def fmt_duration(seconds: float) -> str:
         return f"{minutes}m{secs:02d}s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m"
+
+
+def write_document(output: str, text: str, what: str = "") -> None:
+    """A whole document (a page, a BOM) to the file ``output``, or stdout for ``-``; says
+    on stderr what was written. An unwritable path is a usage error in one line."""
+    from pathlib import Path
+
+    from auditlog.core.errors import UsageError
+
+    if output == "-":
+        sys.stdout.write(text)
+        return
+    try:
+        Path(output).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {output!r}: {exc.strerror or exc}") from exc
+    click.echo(f"wrote {output}{f' ({what})' if what else ''}", err=True)

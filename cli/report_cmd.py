@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 from auditlog.cli.options import run_argument, store_option
+from auditlog.cli.output import write_document
 
 from auditlog.core.errors import UsageError
 
@@ -35,11 +35,4 @@ def report(store: str | None, output: str, other: str | None, run: str) -> None:
         raise UsageError(f"{output!r} is a directory; give a file name such as report.html")
     with open_store(store) as opened:
         text = compare_report(opened, run, other) if other else run_report(opened.run(run))
-    if output == "-":
-        sys.stdout.write(text)
-        return
-    try:
-        Path(output).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write {output!r}: {exc.strerror or exc}") from exc
-    click.echo(f"wrote {output}", err=True)
+    write_document(output, text)

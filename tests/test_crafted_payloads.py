@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 from crafted_payload_cases import PAYLOAD_CASES, READERS, PayloadCase, edit_payload, nested
+from forgery_support import train
 from helpers import CliResult, assert_one_line_error, invoke
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -42,20 +43,9 @@ from auditlog.integrity.keys import generate_key_pair
 SECONDS = 10.0  # an answer takes 0.05-2 s here; a reader stopped by a payload took minutes
 
 
-def record(store: Path, name: str, seed: int, steps: int = 3, annotate: bool = True) -> str:
-    with auditlog.record(store=store, name=name, snapshot_every=2) as run:
-        torch.manual_seed(seed)
-        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        if annotate:
-            run.annotate("dataset", name="clean-data", sha256="0" * 64)
-        for _ in range(steps):
-            loss = model(torch.randn(8, 4)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    assert run.run_id is not None
-    return run.run_id
+def record(store: Path, name: str, seed: int, annotate: bool = True) -> str:
+    """The forgery trial's small run (``forgery_support.train``), 3 steps."""
+    return train(store, name, seed, steps=3, annotate=annotate)
 
 
 @pytest.fixture(scope="module")

@@ -42,11 +42,16 @@ class KeyFileError(AuditlogError):
 
 def default_private_key_path() -> Path:
     """``$AUDITLOG_KEY``, else ``$XDG_CONFIG_HOME/auditlog/signing_key`` (``~/.config`` by default)."""
-    configured = os.environ.get(KEY_ENV)
+    return _configured(KEY_ENV, KEY_FILE)
+
+
+def _configured(env: str, name: str) -> Path:
+    """The path in ``$env``, else ``name`` in ``$XDG_CONFIG_HOME/auditlog`` (``~/.config`` by default)."""
+    configured = os.environ.get(env)
     if configured:
         return Path(configured).expanduser()
     config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(config_home).expanduser() / "auditlog" / KEY_FILE
+    return Path(config_home).expanduser() / "auditlog" / name
 
 
 def public_key_path(private_path: Path) -> Path:
@@ -77,11 +82,7 @@ class KeyPair:
 
 def default_model_signing_key_path() -> Path:
     """``$AUDITLOG_MODEL_SIGNING_KEY``, else ``$XDG_CONFIG_HOME/auditlog/model_signing_key``."""
-    configured = os.environ.get(MODEL_KEY_ENV)
-    if configured:
-        return Path(configured).expanduser()
-    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(config_home).expanduser() / "auditlog" / MODEL_KEY_FILE
+    return _configured(MODEL_KEY_ENV, MODEL_KEY_FILE)
 
 
 def generate_key_pair(private_path: Path | None = None, model_signing: bool = False) -> KeyPair:
