@@ -69,7 +69,7 @@ def test_each_rank_records_the_indices_its_distributed_sampler_yielded(tmp_path:
     script.write_text(SCRIPT)
     store = str(tmp_path / "store")
     torchrun(tmp_path, "run", "--store", store, str(script), str(tmp_path / "truth"))
-    truth = [tuple(row[:2]) + (row[2],) for rank in (0, 1)
+    truth = [(row[0], row[1], row[2]) for rank in (0, 1)
              for row in json.loads((tmp_path / f"truth.{rank}.json").read_text())]
     assert len(truth) == 2 * 2 * 4  # 2 ranks, 2 epochs, 4 batches of 11 samples each
 
