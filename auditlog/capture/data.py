@@ -26,6 +26,9 @@ state, are those of an unrecorded run (tested bitwise).
   lists on the training thread and handed over as one ``batches`` event per
   ``BATCHES_PER_EVENT`` batches of one iterator, at the iterator's end, at a
   new epoch and at run end; the writer packs them (``core/packed.py``).
+- Behind a wrapper that fetches one batch ahead (Accelerate's ``DataLoaderShard``,
+  the HF Trainer's loader: ``readahead.py``) a batch is stamped when the next one
+  leaves the iterator (or the iterator ends): the moment the loop received it.
 
 Iterators started before the recording are not recorded (their first indices
 were drawn unseen). A wrapper never raises into user code: the recorder's part
@@ -38,6 +41,7 @@ import base64
 import collections
 import functools
 import operator
+import sys
 import weakref
 from array import array
 from collections.abc import Callable
@@ -46,7 +50,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils import data as tud
 
-from auditlog.capture import loader_compat
+from auditlog.capture import loader_compat, readahead
 from auditlog.capture.base import class_name
 from auditlog.capture.datasets import DatasetIdentity, loader_config
 from auditlog.capture.ids import ObjectIds
@@ -90,7 +94,8 @@ class _Iteration:
     """One DataLoader iterator's state: the indices drawn and not yet returned, the
     batches returned and not yet handed over."""
 
-    __slots__ = ("batches", "dataset_id", "drawn", "epoch", "first", "iterable", "loader_id", "single", "started")
+    __slots__ = ("ahead", "batches", "dataset_id", "drawn", "epoch", "first", "iterable", "loader_id", "pending",
+                 "single", "started")
 
     def __init__(self) -> None:
         self.drawn: collections.deque[Any] = collections.deque()
@@ -103,6 +108,8 @@ class _Iteration:
         self.first = 0  # position in the epoch of batches[0]
         self.iterable = False
         self.single = True
+        self.ahead = False  # behind a one-ahead wrapper (readahead.py)
+        self.pending: tuple[Any] | None = None  # ahead: the indices of the batch the loop has not received yet
 
 
 class Batches:
@@ -219,7 +226,7 @@ class DataWatch:
             iterator = original(loader)
             if self.active:
                 try:
-                    self._started(loader, iterator)
+                    self._started(loader, iterator, readahead.reads_one_ahead(sys._getframe(1), loader))
                 except Exception as exc:
                     self.listener.fault("dataloader_iter", exc)
             return iterator
@@ -293,7 +300,7 @@ class DataWatch:
             self._strong[id(obj)] = (obj, self._counter)
             return self._counter, True
 
-    def _started(self, loader: Any, iterator: Any) -> None:
+    def _started(self, loader: Any, iterator: Any, ahead: bool = False) -> None:
         for held in list(self._holding):  # earlier iterations (left early, or interleaved) first
             self._hand_over(held)
         loader_id, _ = self._id(self._loaders, loader)
@@ -317,6 +324,7 @@ class DataWatch:
         iteration.loader_id, iteration.dataset_id, iteration.epoch, iteration.first = loader_id, dataset_id, epoch, 0
         iteration.iterable = iterable
         iteration.single = int(loader.num_workers) == 0
+        iteration.ahead, iteration.pending = ahead, None
         iteration.started = True
         if iterable:
             iteration.drawn.clear()
@@ -338,16 +346,30 @@ class DataWatch:
             indices = iteration.drawn.popleft()
         else:
             return  # nothing drawn for it that we saw
+        if iteration.ahead:  # the loop receives the previous batch now, this one later
+            previous, iteration.pending = iteration.pending, (indices,)
+            self._holding.add(iteration)
+            if previous is None:
+                return
+            indices = previous[0]
         iteration.batches.append((self.listener.step, indices, torch.is_grad_enabled()))
         if len(iteration.batches) == 1:
             self._holding.add(iteration)
         if len(iteration.batches) >= BATCHES_PER_EVENT or (
             len(iteration.batches) * _size(indices) >= INDICES_PER_EVENT
         ):
-            self._hand_over(iteration)
+            self._hand_over(iteration, final=False)
 
-    def _hand_over(self, iteration: _Iteration) -> None:
+    def _hand_over(self, iteration: _Iteration, final: bool = True) -> None:
+        """Emit the batches held; ``final``: the iteration ended (or is left), so a
+        pending batch (one-ahead) is stamped now too, else it stays held."""
         self._holding.discard(iteration)
+        if iteration.pending is not None:
+            if not final:
+                self._holding.add(iteration)
+            else:
+                iteration.batches.append((self.listener.step, iteration.pending[0], torch.is_grad_enabled()))
+                iteration.pending = None
         if not iteration.batches:
             return
         batches, iteration.batches = iteration.batches, []

@@ -181,10 +181,15 @@ def _seed(generator: Any) -> int | None:
 def loader_config(loader: tud.DataLoader[Any], iterator: Any) -> dict[str, Any]:
     """How the loader draws, read at an iterator start (plain attribute reads: nothing
     here calls the sampler or touches a generator's state)."""
-    sampler = loader.sampler
     batch_sampler = loader.batch_sampler
+    sampler = loader.sampler
+    inner = getattr(batch_sampler, "sampler", None)
+    if inner is not None and inner is not sampler and isinstance(inner, tud.Sampler):
+        # A loader built with batch_sampler= (Accelerate, the HF Trainer) keeps a default
+        # SequentialSampler it never uses: describe the one its batch sampler draws from.
+        sampler = inner
     config: dict[str, Any] = {
-        "batch_size": loader.batch_size,
+        "batch_size": loader.batch_size if loader.batch_size is not None else getattr(batch_sampler, "batch_size", None),
         "drop_last": bool(loader.drop_last),
         "shuffle": _shuffles(sampler),
         "num_workers": int(loader.num_workers),

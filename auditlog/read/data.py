@@ -107,7 +107,9 @@ class SampleHistory:
             return f"sample {self.sample} was never drawn" + (
                 f" (beyond every dataset's length: {', '.join(map(str, lengths))})" if beyond else ""
             )
-        where = ", ".join(f"step {s}" + (f" (rank {r})" if r else "") for r, s in steps) or "no step"
+        # Several ranks: every step names its rank (rank 0 too), so the line says who trained on it.
+        ranked = len({d["rank"] for d in self.datasets}) > 1 or any(r for r, _ in steps)
+        where = ", ".join(f"step {s}" + (f" (rank {r})" if ranked else "") for r, s in steps) or "no step"
         return f"sample {self.sample} was drawn {times} time{'s' if times != 1 else ''}; trained at {where}"
 
     def as_dict(self) -> dict[str, Any]:
