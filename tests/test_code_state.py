@@ -161,3 +161,43 @@ def test_diff_and_report_name_the_files_that_made_a_run_dirty(tmp_path: Path) ->
     assert invoke("report", "--store", str(store), "latest", "-o", str(page)).exit_code == 0
     # modified (and deleted) first, then untracked, as the record lists them
     assert "2 modified, 1 untracked: model.py (modified); train.py (deleted); report.html (untracked)" in page.read_text()
+
+
+def test_git_answers_while_another_thread_forks_children_that_live_on(tmp_path: Path) -> None:
+    """The writer asks git while the program forks (a DataLoader's workers): a child forked
+    without exec keeps every pipe open at that instant. Reading git's output through a pipe
+    then waited as long as the child lived (a run start lost its record under load); git's
+    output now goes to a file and no pipe is read."""
+    import subprocess
+    import threading
+    import time
+
+    from auditlog.recording.codestate import git
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    stop = threading.Event()
+    children: list[int] = []
+
+    def fork_all_the_time() -> None:
+        while not stop.is_set():
+            pid = os.fork()
+            if pid == 0:  # a worker that lives on with whatever it inherited
+                time.sleep(3)
+                os._exit(0)
+            children.append(pid)
+            time.sleep(0.002)
+
+    answers = []
+    forking = threading.Thread(target=fork_all_the_time)
+    forking.start()
+    try:
+        for _ in range(20):
+            began = time.monotonic()
+            answers.append((git(tmp_path, "rev-parse", "--git-dir"), time.monotonic() - began))
+    finally:
+        stop.set()
+        forking.join()
+        for pid in children:
+            os.waitpid(pid, 0)
+    assert all(out == b".git\n" for out, _ in answers)
+    assert max(seconds for _, seconds in answers) < 2.0  # a child holding a pipe would make it >= 3 s

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -44,12 +46,34 @@ GIT_TIMEOUT = 10.0
 
 
 def git(root: Path, *args: str) -> bytes | None:
-    """stdout of ``git args`` in ``root``, or None (no git, not a repository, a timeout)."""
-    try:
-        done = subprocess.run(["git", *args], cwd=root, capture_output=True, timeout=GIT_TIMEOUT, check=False)
-    except (OSError, subprocess.SubprocessError):
+    """stdout of ``git args`` in ``root``, or None (no git, not a repository, a timeout).
+
+    This runs on the writer thread while the program's own thread may ``fork()`` at
+    any moment (a ``DataLoader`` starting its workers). A process forked without
+    exec inherits every pipe open at that instant, close-on-exec or not, and keeps
+    its write end open for as long as it lives (persistent workers: the whole run):
+    a pipe read for git's output, or subprocess's own exec-error pipe, then never
+    sees EOF, and the run start waited until the flush gave up and lost the record
+    (measured: 1 in 8 runs under load). So no pipe is read: git's output goes to an
+    unnamed temporary file, the process is waited for, not its pipes, and it is
+    started with ``posix_spawn`` (full path, no ``cwd``: ``git -C``; no
+    ``close_fds``), which has no exec-error pipe.
+    """
+    executable = shutil.which("git")
+    if executable is None:
         return None
-    return done.stdout if done.returncode == 0 else None
+    with tempfile.TemporaryFile() as out:
+        try:
+            done = subprocess.run(
+                [executable, "-C", str(root), *args], stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.DEVNULL, timeout=GIT_TIMEOUT, check=False, close_fds=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if done.returncode != 0:
+            return None
+        out.seek(0)
+        return out.read()
 
 
 def _state(code: str) -> str:
