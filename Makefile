@@ -32,7 +32,7 @@ demo: venv
 	$(BIN)/auditlog verify all
 
 test: venv
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q
 
 # Development loop: everything but the subprocess-heavy tests (marked slow).
 test-fast: venv
