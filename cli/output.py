@@ -9,7 +9,8 @@ most ``cli.inert.SHOWN_CHARS`` characters and says how long the rest is: rich fo
 cell into lines at a cost that grows faster than its length (a 4 MiB payload
 summary took minutes), and no one reads a cell of a thousand lines; JSON and CSV
 write every value whole. Rich is imported only when a table is drawn (the CLI
-starts fast).
+starts fast), and not even then into a pipe when the table is plain text
+(``cli.plaintable``: the same characters, without rich's cost per cell).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from auditlog.cli.inert import fit, inert, inert_console, raw
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+PIPE_WIDTH = 200  # the console's width when it is not a terminal
 
 
 def emit_rows(
@@ -57,23 +60,51 @@ def emit_rows(
             writer.writerow([_cell(row.get(c)) for c in columns])
             count += 1
         return count
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title=None if title is None else Text(inert(title)), show_lines=False, header_style="bold")
-    for column in columns:
-        table.add_column(Text(inert(column)), overflow="fold")
     more = False
+    cells: list[list[str]] = []
     for row in rows:
         if cap is not None and count >= cap:
             more = True
             break
-        table.add_row(*(Text(inert(fit(_cell(row.get(c))))) for c in columns))
+        cells.append([inert(fit(_cell(row.get(c)))) for c in columns])
         count += 1
-    console().print(table)
+    heads = [inert(c) for c in columns]
+    shown = None if title is None else inert(title)
+    plain = _plain_lines(shown, heads, cells)
+    if plain is not None:
+        raw(sys.stdout).write("".join(line + "\n" for line in plain))
+    else:
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(title=None if shown is None else Text(shown), show_lines=False, header_style="bold")
+        for column in heads:
+            table.add_column(Text(column), overflow="fold")
+        for values in cells:
+            table.add_row(*(Text(v) for v in values))
+        console().print(table)
     if more:
         sys.stderr.write(f"auditlog: showing the first {count} rows; more were left out{more_hint}\n")
     return count
+
+
+# Environment variables that make rich style its output even into a pipe.
+_STYLED_ANYWAY = ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
+
+
+def _plain_lines(title: str | None, columns: list[str], cells: list[list[str]]) -> list[str] | None:
+    """The table's lines drawn without rich (``cli.plaintable``) where rich would print
+    plain text: not a terminal, a UTF-8 stream, no variable that forces styles."""
+    import os
+
+    out = raw(sys.stdout)
+    if out.isatty() or any(os.environ.get(name) for name in _STYLED_ANYWAY):
+        return None
+    if not str(getattr(out, "encoding", None) or "utf-8").lower().startswith("utf"):
+        return None
+    from auditlog.cli.plaintable import plain_table
+
+    return plain_table(title, columns, cells, PIPE_WIDTH)
 
 
 def emit_json(value: Any) -> None:
@@ -105,7 +136,7 @@ def console() -> Console:
 
     out = raw(sys.stdout)
     return inert_console(
-        Console(file=out, soft_wrap=False, width=None if out.isatty() else 200, markup=False, emoji=False,
+        Console(file=out, soft_wrap=False, width=None if out.isatty() else PIPE_WIDTH, markup=False, emoji=False,
                 highlight=False)
     )
 

@@ -86,7 +86,7 @@ def core_free() -> bool:
 
 
 def _child(
-    uri: str, statement: tuple[str, tuple[Any, ...]], run_id: str, stream: int, m: int, sizes: frozenset[int],
+    uri: str, statement: tuple[str, dict[str, Any]], run_id: str, stream: int, m: int, sizes: frozenset[int],
     keep: bool,
 ) -> ChildResult | None:
     """Check the rows from seq ``m`` on (``statement``), ordinary ones, until one is not."""

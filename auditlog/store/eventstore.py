@@ -6,7 +6,11 @@ hash chain that tells a running process from a crashed one. Every driver error
 that escapes is a ``StoreError`` naming the store and the cause (``guard``).
 
 Reading questions are methods of ``EventQueries`` (``queries.py``), so that no
-SQL is written anywhere else and each question is written once.
+SQL is written anywhere else and each question is written once. A SQLite store
+is read with the stdlib ``sqlite3`` module (``sqlread``); the SQLAlchemy engine,
+which writes and reads other databases, is made (and SQLAlchemy imported) the
+first time something needs it, and at once by a writer (``create=True``), so
+that a recording never pays for the import in the middle of training.
 """
 
 from __future__ import annotations
@@ -14,13 +18,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import operator
+import sqlite3
+import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
-
-from sqlalchemy import Engine, select
-from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from auditlog.core.errors import (
     StoreError,
@@ -29,11 +34,15 @@ from auditlog.core.errors import (
     UsageError,
     one_line,
 )
-from auditlog.store import schema
+from auditlog.store import revision as revisions
 from auditlog.store.location import StoreLocation, resolve_store
 from auditlog.store.opening import check_revision, existing_revision, make_engine, read_only_query
 from auditlog.store.queries import EventQueries
-from auditlog.store.schema import SNAPSHOTS_META
+from auditlog.store.revision import SNAPSHOTS_META
+from auditlog.store.sqlread import EngineReads, Reads, SqliteReads
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 EVENT_COLUMNS = (
     "run_id", "stream", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id", "snapshot", "payload", "hash",
@@ -45,13 +54,39 @@ class EventStore(EventQueries):
     """An open, validated event store."""
 
     def __init__(
-        self, location: StoreLocation, engine: Engine, revision: str, read_only: str | None = None
+        self,
+        location: StoreLocation,
+        revision: str,
+        read_only: str | None = None,
+        synchronous: str = "NORMAL",
+        engine: Engine | None = None,
     ) -> None:
         self.location = location
-        self.engine = engine
         self.revision = revision
         self.read_only = read_only  # URI parameters of a store on read-only media, else None
-        self._insert_sql = _insert_statement(engine.dialect.paramstyle)
+        self.synchronous = synchronous
+        self._engine = engine
+        self._engine_lock = threading.Lock()
+        self._insert_sql: str | None = None
+        self.reads: Reads = self._sqlite_reads() if engine is None else EngineReads(engine)
+
+    def _sqlite_reads(self) -> Reads:
+        """``sqlite3`` on the store's file; other stores read through the engine."""
+        database = self.location.database
+        if database is None or not self.location.is_sqlite:
+            return EngineReads(self.engine)
+        if self.read_only is not None:
+            return SqliteReads(f"file:{quote(str(database))}?{self.read_only}", uri=True)
+        return SqliteReads(str(database))
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine (writes; reads of non-SQLite stores), made on first use."""
+        if self._engine is None:
+            with self._engine_lock:
+                if self._engine is None:
+                    self._engine = make_engine(self.location, self.synchronous, self.read_only)
+        return self._engine
 
     # ------------------------------------------------------------------ open
     @classmethod
@@ -83,9 +118,11 @@ class EventStore(EventQueries):
             from auditlog.store.migrate import create_store  # Alembic: only to create
 
             create_store(location)
-            revision = schema.HEAD_REVISION
+            revision = revisions.HEAD_REVISION
         check_revision(revision, shown, allow_old=allow_old)
-        opened = cls(location, make_engine(location, synchronous, read_only), revision, read_only)
+        opened = cls(location, revision, read_only, synchronous)
+        if create:
+            opened.engine  # noqa: B018  # a writer: SQLAlchemy now, not at its first append
         if shared and not location.snapshots_given:
             recorded = opened.meta().get(SNAPSHOTS_META)
             if recorded:
@@ -107,6 +144,11 @@ class EventStore(EventQueries):
         proc_start: int | None,
     ) -> None:
         """Insert the run's index row (ranks of one run share it; first one wins)."""
+        from sqlalchemy import select
+        from sqlalchemy.exc import IntegrityError
+
+        from auditlog.store import schema
+
         now = time.time_ns()
         try:
             with self.guard("registering a run"), self.engine.begin() as conn:
@@ -138,9 +180,11 @@ class EventStore(EventQueries):
         the statement is built once for the dialect's parameter style. Driver
         errors propagate unconverted: the writer retries and reports them itself.
         """
+        from auditlog.store import schema
+
         with self.engine.begin() as conn:
             if rows:
-                conn.exec_driver_sql(self._insert_sql, [_EVENT_VALUES(r) for r in rows])
+                conn.exec_driver_sql(self.insert_sql, [_EVENT_VALUES(r) for r in rows])
             if not heartbeat:
                 return
             conn.execute(
@@ -151,6 +195,11 @@ class EventStore(EventQueries):
 
     def add_run_row(self, row: dict[str, Any]) -> bool:
         """Insert a runs index row as it is (``auditlog combine``); False when the run has one."""
+        from sqlalchemy import select
+        from sqlalchemy.exc import IntegrityError
+
+        from auditlog.store import schema
+
         runs = schema.runs
         values = {c.name: row.get(c.name) for c in runs.columns}
         try:
@@ -167,10 +216,13 @@ class EventStore(EventQueries):
     def add_events(self, rows: Sequence[dict[str, Any]]) -> None:
         """Insert already chained events in one transaction (``auditlog combine``)."""
         with self.guard("copying events"), self.engine.begin() as conn:
-            conn.exec_driver_sql(self._insert_sql, [_EVENT_VALUES(r) for r in rows])
+            conn.exec_driver_sql(self.insert_sql, [_EVENT_VALUES(r) for r in rows])
+
     def rename_run(self, run_id: str, name: str) -> None:
         """Name a run that has no name yet (a ``record(name=...)`` joining ``auditlog run``);
         the recorder also puts the name in the hash chain as an annotation."""
+        from auditlog.store import schema
+
         runs = schema.runs
         with self.guard("naming a run"), self.engine.begin() as conn:
             conn.execute(runs.update().where(runs.c.run_id == run_id, runs.c.name.is_(None)).values(name=name))
@@ -182,6 +234,11 @@ class EventStore(EventQueries):
         2 s for a 5,000-tensor model's initial values); should another writer add
         one of them meanwhile, row by row as before.
         """
+        from sqlalchemy import select
+        from sqlalchemy.exc import IntegrityError
+
+        from auditlog.store import schema
+
         blobs = schema.snapshot_blobs
         now = time.time_ns()
         if not rows:
@@ -213,6 +270,8 @@ class EventStore(EventQueries):
 
     def add_checkpoint(self, row: dict[str, Any]) -> int | None:
         """Insert a signed checkpoint row (append-only like events); returns its id."""
+        from auditlog.store import schema
+
         with self.guard("storing a checkpoint"), self.engine.begin() as conn:
             result = conn.execute(schema.checkpoints.insert().values(**row))
             key = result.inserted_primary_key
@@ -224,14 +283,39 @@ class EventStore(EventQueries):
         """Convert driver errors into ``StoreError`` naming the store and the cause."""
         try:
             yield
-        except SQLAlchemyError as exc:
-            # OperationalError: read-only file, disk full, I/O error, lock timeout.
-            kind = StoreUnavailableError if isinstance(exc, OperationalError) else StoreError
+        except Exception as exc:
+            kind = _store_error(exc)
+            if kind is None:
+                raise
             raise kind(f"store {self.location.display()!r}: error while {doing}: {one_line(exc)}") from exc
+
+    @property
+    def insert_sql(self) -> str:
+        """The events INSERT in the engine's parameter style (made once)."""
+        if self._insert_sql is None:
+            self._insert_sql = _insert_statement(self.engine.dialect.paramstyle)
+        return self._insert_sql
 
     def close(self) -> None:
         """Release the store's connections (an open store holds a connection pool)."""
-        self.engine.dispose()
+        self.reads.close()
+        if self._engine is not None:
+            self._engine.dispose()
+
+
+def _store_error(exc: Exception) -> type[StoreError] | None:
+    """The ``StoreError`` class a driver error becomes (None: not a driver error).
+
+    ``OperationalError`` (a read-only file, disk full, an I/O error, a lock
+    timeout) is ``StoreUnavailableError``, from ``sqlite3`` directly or wrapped by
+    SQLAlchemy (looked up only when SQLAlchemy is loaded: reads never import it).
+    """
+    if isinstance(exc, sqlite3.Error):
+        return StoreUnavailableError if isinstance(exc, sqlite3.OperationalError) else StoreError
+    sa_exc = sys.modules.get("sqlalchemy.exc")
+    if sa_exc is not None and isinstance(exc, sa_exc.SQLAlchemyError):
+        return StoreUnavailableError if isinstance(exc, sa_exc.OperationalError) else StoreError
+    return None
 
 
 def _insert_statement(paramstyle: str) -> str:
@@ -260,8 +344,8 @@ def upgrade_store(store: str | StoreLocation | None) -> tuple[str | None, str]:
         return None, created.revision
     before = existing.revision
     existing.close()
-    if before != schema.HEAD_REVISION:
+    if before != revisions.HEAD_REVISION:
         from auditlog.store.migrate import migrate_to_head
 
         migrate_to_head(existing.location)
-    return before, schema.HEAD_REVISION
+    return before, revisions.HEAD_REVISION

@@ -3,7 +3,8 @@
 The brief demands that a foreign, corrupt or newer store is refused and left
 byte-for-byte untouched, so a SQLite file is checked with a read-only (when
 possible immutable) ``sqlite3`` connection *before* SQLAlchemy, which would set
-pragmas, ever touches it. Every driver error that escapes is a ``StoreError``
+pragmas, ever touches it; SQLAlchemy itself is imported only to make an engine
+(a writer, or a store behind a URL). Every driver error that escapes is a ``StoreError``
 naming the store and the cause.
 """
 
@@ -13,11 +14,8 @@ import os
 import sqlite3
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
-
-from sqlalchemy import Engine, create_engine, event, inspect, text
-from sqlalchemy.exc import SQLAlchemyError
 
 from auditlog.core.errors import (
     NotAStoreError,
@@ -27,8 +25,11 @@ from auditlog.core.errors import (
     StoreMissingError,
     one_line,
 )
-from auditlog.store import schema
+from auditlog.store import revision as revisions
 from auditlog.store.location import SHARDS_DIR, SNAPSHOTS_DIR, StoreLocation
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 30_000
@@ -66,7 +67,7 @@ def sqlite_revision(path: Path, shown: str) -> str:
                     f"{shown!r} is a foreign SQLite database, not an auditlog store (no auditlog tables)"
                 )
             meta = dict(conn.execute("select key, value from auditlog_meta").fetchall())
-            if meta.get("format") != schema.STORE_FORMAT:
+            if meta.get("format") != revisions.STORE_FORMAT:
                 raise NotAStoreError(f"{shown!r} is not an auditlog store (format {meta.get('format')!r})")
             row = conn.execute("select version_num from alembic_version").fetchone()
         finally:
@@ -127,14 +128,14 @@ def _read_only_params(database: Path, shown: str) -> str | None:
 
 def check_revision(revision: str, shown: str, allow_old: bool = False) -> None:
     """Refuse a store whose schema this version of auditlog cannot read or write."""
-    if revision not in schema.KNOWN_REVISIONS:
+    if revision not in revisions.KNOWN_REVISIONS:
         raise SchemaTooNewError(
             f"store {shown!r} has schema revision {revision!r}, newer than this auditlog knows "
-            f"(head {schema.HEAD_REVISION}); upgrade auditlog to use it"
+            f"(head {revisions.HEAD_REVISION}); upgrade auditlog to use it"
         )
-    if revision != schema.HEAD_REVISION and not allow_old:
+    if revision != revisions.HEAD_REVISION and not allow_old:
         raise SchemaTooOldError(
-            f"store {shown!r} has schema revision {revision} (current is {schema.HEAD_REVISION}); "
+            f"store {shown!r} has schema revision {revision} (current is {revisions.HEAD_REVISION}); "
             f"run `auditlog db upgrade --store {shown}` to bring it forward"
         )
 
@@ -147,6 +148,9 @@ def make_engine(location: StoreLocation, synchronous: str = "NORMAL", read_only:
     ``FULL`` syncs the WAL on every commit. ``read_only``: URI parameters from
     ``read_only_query`` for a store that cannot be written.
     """
+    from sqlalchemy import create_engine, event
+    from sqlalchemy.exc import SQLAlchemyError
+
     if synchronous not in ("NORMAL", "FULL"):
         raise ValueError(synchronous)
     url = location.url
@@ -233,6 +237,9 @@ def existing_revision(location: StoreLocation, shown: str, create: bool) -> str 
 
 def url_revision(location: StoreLocation, shown: str, create: bool) -> str | None:
     """Revision of a store behind a non-file URL (PostgreSQL); None if the database is empty."""
+    from sqlalchemy import inspect, text
+    from sqlalchemy.exc import SQLAlchemyError
+
     engine = make_engine(location)
     try:
         with engine.connect() as conn:

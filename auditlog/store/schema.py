@@ -14,7 +14,10 @@ Schema changelog (each entry is an Alembic revision in ``migrations/versions``):
 
 ``HEAD_REVISION`` must equal Alembic's head; a test checks it. Code that reads a
 store compares the store's revision with ``KNOWN_REVISIONS`` to decide between
-"upgrade your store" and "upgrade auditlog".
+"upgrade your store" and "upgrade auditlog"; those constants live in
+``revision.py`` (no SQLAlchemy: read commands open a store without it), and the
+column lists the read questions name in ``queries.py`` (a test checks them
+against these tables).
 """
 
 from __future__ import annotations
@@ -31,10 +34,10 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004")
-HEAD_REVISION = KNOWN_REVISIONS[-1]
-STORE_FORMAT = "auditlog-event-store"
-SNAPSHOTS_META = "snapshots"  # auditlog_meta key: a database store's snapshot directory
+from auditlog.store.revision import HEAD_REVISION as HEAD_REVISION
+from auditlog.store.revision import KNOWN_REVISIONS as KNOWN_REVISIONS
+from auditlog.store.revision import SNAPSHOTS_META as SNAPSHOTS_META
+from auditlog.store.revision import STORE_FORMAT as STORE_FORMAT
 
 metadata = MetaData()
 

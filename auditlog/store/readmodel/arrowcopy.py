@@ -34,10 +34,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from sqlalchemy import func, select
 
 from auditlog.core.errors import StoreError
-from auditlog.store import schema
 from auditlog.store.eventstore import EventStore
 
 BATCH_ROWS = 65_536
@@ -79,7 +77,7 @@ EVENT_SCHEMA = pa.schema(
 def copy_method(store: EventStore) -> str:
     """How events of ``store`` reach Arrow: ``"adbc"`` for a SQLite file,
     ``"adbc-postgresql"`` for PostgreSQL with its ADBC driver, else ``"sqlalchemy"``."""
-    dialect = store.engine.dialect.name
+    dialect = store.reads.dialect
     if dialect == "sqlite" and store.location.database is not None:
         return "adbc"
     if dialect == "postgresql" and importlib.util.find_spec("adbc_driver_postgresql") is not None:
@@ -89,25 +87,19 @@ def copy_method(store: EventStore) -> str:
 
 def copy_lower_bound(store: EventStore, last_id: int) -> int:
     """The id after which to read: ``last_id``, less a window where ids may commit late."""
-    if store.engine.dialect.name == "sqlite":
+    if store.reads.dialect == "sqlite":
         return last_id
     return max(0, last_id - REREAD_WINDOW)
 
 
 def max_event_id(store: EventStore) -> int:
     """The highest event ``id`` in the store (0 when empty)."""
-    ev = schema.events
-    with store.guard("reading the newest event id"), store.engine.connect() as conn:
-        value = conn.execute(select(func.max(ev.c.id))).scalar()
-    return 0 if value is None else int(value)
+    return store.max_event_id()
 
 
 def event_hash(store: EventStore, event_id: int) -> str | None:
     """The chain hash of the event with this ``id``, or None if there is none."""
-    ev = schema.events
-    with store.guard("reading an event hash"), store.engine.connect() as conn:
-        value = conn.execute(select(ev.c.hash).where(ev.c.id == event_id)).scalar()
-    return None if value is None else str(value)
+    return store.event_hash(event_id)
 
 
 def event_batches(store: EventStore, after_id: int, upto_id: int) -> Iterator[pa.RecordBatch]:
@@ -204,6 +196,10 @@ def _adbc_postgres_batches(store: EventStore, after_id: int, upto_id: int) -> It
 
 def sqlalchemy_batches(store: EventStore, after_id: int, upto_id: int) -> Iterator[pa.RecordBatch]:
     """The dialect-neutral path (databases without an ADBC driver), also tested against SQLite."""
+    from sqlalchemy import select
+
+    from auditlog.store import schema
+
     ev = schema.events
     query = (
         select(*(ev.c[name] for name in EVENT_COLUMNS))
@@ -251,6 +247,10 @@ def catalog_hashes(store: EventStore) -> set[str]:
     The catalog is keyed by hash with no insertion counter, so the projection
     learns what is new by difference; the hashes alone are small (64 bytes a row).
     """
+    from sqlalchemy import select
+
+    from auditlog.store import schema
+
     blobs = schema.snapshot_blobs
     with store.guard("reading the snapshot catalog"), store.engine.connect() as conn:
         return {str(h) for h in conn.execute(select(blobs.c.sha256)).scalars()}
@@ -258,6 +258,10 @@ def catalog_hashes(store: EventStore) -> set[str]:
 
 def catalog_count(store: EventStore) -> int:
     """Rows in the store's snapshot catalog."""
+    from sqlalchemy import func, select
+
+    from auditlog.store import schema
+
     blobs = schema.snapshot_blobs
     with store.guard("counting the snapshot catalog"), store.engine.connect() as conn:
         return int(conn.execute(select(func.count()).select_from(blobs)).scalar() or 0)
@@ -265,6 +269,10 @@ def catalog_count(store: EventStore) -> int:
 
 def catalog_batches(store: EventStore, hashes: list[str]) -> Iterator[pa.RecordBatch]:
     """The catalog rows of ``hashes`` as batches of ``CATALOG_SCHEMA``."""
+    from sqlalchemy import select
+
+    from auditlog.store import schema
+
     blobs = schema.snapshot_blobs
     for start in range(0, len(hashes), CATALOG_BATCH):
         wanted = hashes[start : start + CATALOG_BATCH]
