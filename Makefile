@@ -61,6 +61,7 @@ bench: venv
 	$(BIN)/python benchmarks/snapshots.py
 	$(BIN)/python benchmarks/snapshot_stall.py
 	$(BIN)/python benchmarks/startup.py
+	$(BIN)/python benchmarks/reads.py
 	$(BIN)/python benchmarks/verify.py
 	$(BIN)/python benchmarks/replay.py
 	$(BIN)/python benchmarks/forensics.py

@@ -3,38 +3,19 @@
 Library errors (``AuditlogError``) become ``Error: ...`` on stderr with the exit
 code their class documents (see ``auditlog.core.errors``); an unexpected exception is
 one line too. Tracebacks only with ``--debug``.
+
+Each command's module is imported when that command runs (or when ``--help``
+lists them all), not at start-up: a read command then loads the code it uses,
+not that of 26 others (``COMMANDS``).
 """
 
 from __future__ import annotations
 
+import importlib
 import traceback
 from typing import Any
 
 import click
-from auditlog.cli import (
-    attest_cmd,
-    bom_cmd,
-    combine_cmd,
-    data_cmd,
-    db_cmd,
-    diff_cmd,
-    events_cmd,
-    export_cmd,
-    heads_cmd,
-    keys_cmd,
-    metrics_cmd,
-    plot_cmd,
-    proofs_cmd,
-    query_cmd,
-    report_cmd,
-    restore_cmd,
-    run_cmd,
-    runs_cmd,
-    snapshots_cmd,
-    tree_cmd,
-    ui_cmd,
-    verify_cmd,
-)
 from auditlog.cli.inert import guarded_streams, inert
 
 from auditlog.core.errors import AuditlogError
@@ -54,8 +35,51 @@ class CliError(click.ClickException):
         self.exit_code = exit_code  # type: ignore[misc]  # click declares it on the class; each error has its own
 
 
+# command name -> (module under auditlog.cli, attribute): imported on first use.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("run_cmd", "run"),
+    "runs": ("runs_cmd", "runs"),
+    "events": ("events_cmd", "events"),
+    "verify": ("verify_cmd", "verify"),
+    "db": ("db_cmd", "db"),
+    "keygen": ("keys_cmd", "keygen"),
+    "checkpoint": ("heads_cmd", "checkpoint"),
+    "export-head": ("heads_cmd", "export_head"),
+    "tree": ("tree_cmd", "tree"),
+    "snapshots": ("snapshots_cmd", "snapshots"),
+    "restore": ("restore_cmd", "restore"),
+    "query": ("query_cmd", "query"),
+    "schema": ("query_cmd", "schema"),
+    "diff": ("diff_cmd", "diff"),
+    "prove": ("proofs_cmd", "prove"),
+    "verify-proof": ("proofs_cmd", "verify_proof"),
+    "attest": ("attest_cmd", "attest"),
+    "verify-attestation": ("attest_cmd", "verify_attestation"),
+    "combine": ("combine_cmd", "combine"),
+    "export": ("export_cmd", "export"),
+    "metrics": ("metrics_cmd", "metrics"),
+    "nonfinite": ("metrics_cmd", "nonfinite"),
+    "data": ("data_cmd", "data"),
+    "plot": ("plot_cmd", "plot"),
+    "report": ("report_cmd", "report"),
+    "bom": ("bom_cmd", "bom"),
+    "ui": ("ui_cmd", "ui"),
+}
+
+
 class AuditlogGroup(click.Group):
-    """Converts library errors into ``CliError`` for every subcommand."""
+    """Converts library errors into ``CliError`` for every subcommand; loads each
+    subcommand's module when it is asked for (``COMMANDS``)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.commands) | set(COMMANDS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, attribute = COMMANDS[cmd_name]
+            command = getattr(importlib.import_module(f"auditlog.cli.{module}"), attribute)
+            self.add_command(command, cmd_name)
+        return self.commands.get(cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -102,33 +126,6 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.meta["auditlog.debug"] = debug
 
 
-cli.add_command(run_cmd.run)
-cli.add_command(runs_cmd.runs)
-cli.add_command(events_cmd.events)
-cli.add_command(verify_cmd.verify)
-cli.add_command(db_cmd.db)
-cli.add_command(keys_cmd.keygen)
-cli.add_command(heads_cmd.checkpoint)
-cli.add_command(heads_cmd.export_head)
-cli.add_command(tree_cmd.tree)
-cli.add_command(snapshots_cmd.snapshots)
-cli.add_command(restore_cmd.restore)
-cli.add_command(query_cmd.query)
-cli.add_command(query_cmd.schema)
-cli.add_command(diff_cmd.diff)
-cli.add_command(proofs_cmd.prove)
-cli.add_command(proofs_cmd.verify_proof)
-cli.add_command(attest_cmd.attest)
-cli.add_command(attest_cmd.verify_attestation)
-cli.add_command(combine_cmd.combine)
-cli.add_command(export_cmd.export)
-cli.add_command(metrics_cmd.metrics)
-cli.add_command(metrics_cmd.nonfinite)
-cli.add_command(data_cmd.data)
-cli.add_command(plot_cmd.plot)
-cli.add_command(report_cmd.report)
-cli.add_command(bom_cmd.bom)
-cli.add_command(ui_cmd.ui)
 
 
 def main() -> None:

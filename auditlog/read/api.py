@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from auditlog.core.errors import RunNotFoundError, UsageError
-from auditlog.read.run import Run
 from auditlog.read.runs import RunInfo, list_runs, select_run
 from auditlog.store.eventstore import EventStore
 from auditlog.store.location import StoreLocation
@@ -21,6 +20,7 @@ if TYPE_CHECKING:
     from auditlog.integrity.verify import SourcedStatement, VerifyReport
     from auditlog.read.diff import RunDiff
     from auditlog.read.diff_values import ValuesDiff
+    from auditlog.read.run import Run
     from auditlog.store.readmodel.session import QuerySession
 
 Progress = Callable[[int, int], None]
@@ -70,6 +70,8 @@ class Store:
     def run(self, selector: str = "latest", rank: int | None = None) -> Run:
         """One run, by selector (see the class docstring); ``rank``: the view of one rank
         of a multi-rank run (its events, its module tree, its values)."""
+        from auditlog.read.run import Run  # here: `auditlog runs` never needs it
+
         return Run(self.event_store, self.select(selector), rank)
 
     @property
@@ -99,6 +101,8 @@ class Store:
         deleted is still checked. ``progress(run_id)`` may return a per-event
         callback.
         """
+        from auditlog.read.run import Run
+
         store = self.event_store
         self.check_file()
         reports = []

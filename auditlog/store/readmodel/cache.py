@@ -34,28 +34,29 @@ the record; the projection is a disposable cache shaped for questions:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import filelock
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from auditlog.core.errors import CorruptRecordError, IntegrityError, StoreError, one_line
 from auditlog.core.naming import attached_ids, label_state
 from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, apply
 from auditlog.store.eventstore import EventStore
 from auditlog.store.location import EVENTS_FILE
-from auditlog.store.readmodel import arrowcopy, names, tables, vectors
-from auditlog.store.readmodel import batches as batch_rows
-from auditlog.store.readmodel.links import Heads, check_links
-from auditlog.store.readmodel.names import MODULE_SCHEMA, TENSOR_SCHEMA
+from auditlog.store.readmodel import tables
 from auditlog.store.readmodel.trust import check_blobs, seal_path, seal_problem, write_seal
+
+if TYPE_CHECKING:  # the refresh imports pyarrow; a session on a fresh projection does not
+    import pyarrow as pa
+
+    from auditlog.store.readmodel.links import Heads
 
 PROJECTION_FILE = "readmodel.duckdb"
 CHUNK_ROWS = 1_000_000
@@ -204,7 +205,7 @@ class ReadModel:
         if meta.get("store_id") != self.store_id:
             return "projection was made from another store"
         last_id = int(meta.get("last_id", "0"))
-        if last_id and arrowcopy.event_hash(self.store, last_id) != meta.get("last_hash"):
+        if last_id and self.store.event_hash(last_id) != meta.get("last_hash"):
             return "the store no longer holds the last event copied"
         return seal_problem(self.path, self.store, self.store_id)
 
@@ -225,7 +226,7 @@ class ReadModel:
         if self._stale_reason(meta) is not None:
             return False
         assert meta is not None
-        if int(meta["last_id"]) < arrowcopy.max_event_id(self.store):
+        if int(meta["last_id"]) < self.store.max_event_id():
             return False
         # A refresh interrupted between the events and the file checks leaves
         # snapshot hashes neither verified nor rejected.
@@ -303,6 +304,8 @@ class ReadModel:
         start: float,
         progress: Progress | None,
     ) -> RefreshReport:
+        from auditlog.store.readmodel import arrowcopy
+
         meta = self._read_meta(con) or {}
         last_id = int(meta.get("last_id", "0"))
         upto = arrowcopy.max_event_id(self.store)
@@ -361,6 +364,12 @@ class ReadModel:
         handed to DuckDB as the Arrow table ``new_events`` (no staging copy);
         every derivation scans it.
         """
+        import pyarrow as pa
+
+        from auditlog.store.readmodel import arrowcopy, vectors
+        from auditlog.store.readmodel import batches as batch_rows
+        from auditlog.store.readmodel.links import check_links
+
         table = pa.Table.from_batches(batches, schema=arrowcopy.EVENT_SCHEMA)
         try:
             con.begin()
@@ -410,6 +419,8 @@ class ReadModel:
         immutable under its name, and a later change is the query session's to
         notice (``trust.changed_files``).
         """
+        import pyarrow as pa
+
         missing = [str(r[0]) for r in con.execute(tables.UNCHECKED_BLOBS).fetchall()]
         if not missing:
             return
@@ -419,7 +430,7 @@ class ReadModel:
         try:
             con.begin()
             if good:
-                con.register("new_blobs", pa.Table.from_pylist(good, schema=BLOB_SCHEMA))
+                con.register("new_blobs", pa.Table.from_pylist(good, schema=blob_schema()))
                 try:
                     con.execute(tables.COPY_CATALOG)
                 finally:
@@ -435,6 +446,9 @@ class ReadModel:
     @staticmethod
     def _drop_known(con: duckdb.DuckDBPyConnection, table: pa.Table, lower: int) -> pa.Table:
         """Rows of a re-read window (non-SQLite stores) that the projection already has."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         known = con.execute(
             f"SELECT id FROM {tables.SCHEMA}.events WHERE id > ? AND id <= ?",
             [lower, int(pc.max(table.column("id")).as_py() or 0)],
@@ -452,6 +466,11 @@ class ReadModel:
         applied (``new_events``). Labels that changed are rewritten where rows
         already carry them (``tables.RELABEL``).
         """
+        import pyarrow as pa
+
+        from auditlog.store.readmodel import names
+        from auditlog.store.readmodel.names import MODULE_SCHEMA, TENSOR_SCHEMA
+
         keys = pa.table({"run_id": [r for r, _ in streams], "stream": pa.array([s for _, s in streams], pa.int64())})
         con.register("touched_streams", keys)
         kinds = ", ".join(f"'{k}'" for k in CONSTRUCTION_KINDS)
@@ -534,21 +553,26 @@ def _unchecked_blobs(con: duckdb.DuckDBPyConnection) -> int:
         return -1
 
 
-BLOB_SCHEMA = pa.schema(
-    [
-        ("sha256", pa.string()),
-        ("file", pa.string()),
-        ("dtype", pa.string()),
-        ("shape", pa.list_(pa.int64())),
-        ("numel", pa.int64()),
-        ("nbytes", pa.int64()),
-        ("layout", pa.string()),
-        ("row_groups", pa.int32()),
-        ("file_sha256", pa.string()),
-        ("created_ns", pa.int64()),
-        ("identity", pa.list_(pa.int64())),
-    ]
-)
+@functools.cache
+def blob_schema() -> pa.Schema:
+    """The ``blobs`` rows a refresh writes (a function: pyarrow is imported by refreshes only)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("sha256", pa.string()),
+            ("file", pa.string()),
+            ("dtype", pa.string()),
+            ("shape", pa.list_(pa.int64())),
+            ("numel", pa.int64()),
+            ("nbytes", pa.int64()),
+            ("layout", pa.string()),
+            ("row_groups", pa.int32()),
+            ("file_sha256", pa.string()),
+            ("created_ns", pa.int64()),
+            ("identity", pa.list_(pa.int64())),
+        ]
+    )
 
 
 def _is_projection_file(path: Path) -> bool:

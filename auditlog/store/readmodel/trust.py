@@ -192,6 +192,13 @@ def check_blobs(snapshots: Path, hashes: list[str]) -> list[CheckedBlob]:
     return out
 
 
+def _unchanged(snapshots: Path, sha: str, digest: str) -> bool:
+    """``blobcheck.unchanged``, imported only for a file whose identity changed (it loads pyarrow)."""
+    from auditlog.store.blobcheck import unchanged
+
+    return unchanged(snapshots, sha, digest)
+
+
 def changed_files(snapshots: Path, rows: list[tuple[str, str, list[int]]]) -> dict[str, str]:
     """``sha256 -> why`` for verified files that are no longer the bytes verified.
 
@@ -203,19 +210,21 @@ def changed_files(snapshots: Path, rows: list[tuple[str, str, list[int]]]) -> di
     if not rows:
         return {}
     from auditlog.core.hashing import is_content_hash
-    from auditlog.store.blobcheck import unchanged
-    from auditlog.store.blobformat import relpath
-    from auditlog.store.blobpaths import where
+    from auditlog.store.blobpaths import relpath, where
 
     changed: dict[str, str] = {}
+    base = os.fspath(snapshots)  # strings, not Path objects: a session checks every file it may read
     for sha, digest, identity in rows:
         if not is_content_hash(sha):  # a projection edited to name another path: never read
             changed[sha] = f"{where(sha)} is not a content hash"
             continue
-        path = snapshots / relpath(sha)
-        now = file_identity(path, follow=False)
+        try:
+            st = os.lstat(os.path.join(base, relpath(sha)))
+            now: list[int] | None = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]  # file_identity
+        except OSError:
+            now = None
         if now is None:
             changed[sha] = f"snapshots/{relpath(sha)} is missing"
-        elif now != list(identity) and not unchanged(snapshots, sha, digest):
+        elif now != list(identity) and not _unchanged(snapshots, sha, digest):
             changed[sha] = f"snapshots/{relpath(sha)} changed since it was verified"
     return changed
