@@ -19,6 +19,12 @@ round by round so that machine noise hits them alike.
 
     python benchmarks/reads.py                # 5 rounds
     python benchmarks/reads.py --repeat 9 --runs 1000 --rebuild
+    python benchmarks/reads.py --baseline /tmp/base   # also another checkout's commands, same run
+
+``--baseline DIR`` adds the commands of the checkout at DIR (imported with
+``PYTHONPATH=DIR``; link its ``cli/`` and ``migrations/`` to ``auditlog/cli``
+and ``auditlog/migrations`` there, as the installed package has them) on the
+same stores, interleaved with this checkout's.
 """
 
 from __future__ import annotations
@@ -110,15 +116,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=5, help="rounds (median reported)")
     parser.add_argument("--runs", type=int, default=1000, help="runs in the large store")
     parser.add_argument("--rebuild", action="store_true", help="record the stores again")
+    parser.add_argument("--baseline", type=Path, default=None, help="another checkout to compare (see above)")
     args = parser.parse_args(argv)
     env = {k: v for k, v in os.environ.items() if k not in ("AUDITLOG_STORE", "AUDITLOG_KEY", "AUDITLOG_READMODEL")}
     small = cached_store("small", 1, args.rebuild)
     large = cached_store("large", args.runs, args.rebuild)
     cli = [sys.executable, "-m", "auditlog.cli.main"]
     many = f"{args.runs:,} runs"
-    rows: dict[str, list[str]] = {
-        "python -c pass": [sys.executable, "-c", "pass"],
-        'python -c "import torch"': [sys.executable, "-c", "import torch"],
+    commands: dict[str, list[str]] = {
         "`runs`, 1 run": [*cli, "runs", "--store", str(small)],
         f"`runs`, {many}": [*cli, "runs", "--store", str(large)],
         f"`events --limit 10`, {many}": [*cli, "events", "--store", str(large), "--limit", "10"],
@@ -126,15 +131,22 @@ def main(argv: list[str] | None = None) -> None:
         f"`query` cold, {many}": [*cli, "query", "--store", str(large), QUERY],
         f"`query` warm, {many}": [*cli, "query", "--store", str(large), QUERY],
     }
-    cold = f"`query` cold, {many}"
-    for command in rows.values():  # warm the page cache and the read model once
-        timed(command, env)
+    rows: dict[str, tuple[list[str], dict[str, str]]] = {
+        "python -c pass": ([sys.executable, "-c", "pass"], env),
+        'python -c "import torch"': ([sys.executable, "-c", "import torch"], env),
+    }
+    for name, command in commands.items():
+        rows[name] = (command, env)
+        if args.baseline is not None:
+            rows[f"baseline: {name}"] = (command, {**env, "PYTHONPATH": str(args.baseline.absolute())})
+    for command, environment in rows.values():  # warm the page cache and the read model once
+        timed(command, environment)
     samples: dict[str, list[float]] = {name: [] for name in rows}
     for _ in range(args.repeat):
-        for name, command in rows.items():
-            if name == cold:
+        for name, (command, environment) in rows.items():
+            if "`query` cold" in name:
                 drop_read_model(large)
-            samples[name].append(timed(command, env))
+            samples[name].append(timed(command, environment))
     median = {name: statistics.median(values) for name, values in samples.items()}
     torch_s = median['python -c "import torch"']
     targets = {

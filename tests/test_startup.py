@@ -25,7 +25,7 @@ except SystemExit as exc:
     code = exc.code
 else:
     code = 0
-heavy = ("torch", "duckdb", "pyarrow", "alembic", "numpy", "rich.table")
+heavy = ("torch", "duckdb", "pyarrow", "alembic", "numpy", "rich.table", "sqlalchemy", "pandas")
 print(json.dumps({"code": code, "loaded": [m for m in heavy if m in sys.modules]}), file=sys.stderr)
 """
 
@@ -54,6 +54,8 @@ def test_read_commands_do_not_import_torch_or_duckdb(tmp_path: Path) -> None:
         heavy = loaded([*args, "--store", str(store), "--format", "json"] if args[0] != "verify" else
                        [*args, "--store", str(store)], tmp_path)
         assert "torch" not in heavy and "duckdb" not in heavy and "pyarrow" not in heavy, (args, heavy)
+        # A SQLite store is read with the stdlib sqlite3 module (store/sqlread.py).
+        assert "sqlalchemy" not in heavy, (args, heavy)
 
 
 @pytest.mark.slow
@@ -62,6 +64,10 @@ def test_query_imports_duckdb_but_not_torch(tmp_path: Path) -> None:
     record_run(store, steps=2, snapshot_initial=False, snapshot_final=False)
     heavy = loaded(["query", "--store", str(store), "--format", "json", "select 1 as one"], tmp_path)
     assert "duckdb" in heavy and "torch" not in heavy
+    # Warm: the read model is fresh, so neither pyarrow (nor pandas, which pyarrow
+    # imports for a table built from Python lists) nor SQLAlchemy is needed.
+    heavy = loaded(["query", "--store", str(store), "--format", "json", "select count(*) from runs"], tmp_path)
+    assert not {"torch", "pyarrow", "pandas", "numpy", "sqlalchemy"} & set(heavy), heavy
 
 
 @pytest.mark.slow
@@ -72,3 +78,9 @@ def test_verify_of_a_store_with_snapshots_imports_no_torch(tmp_path: Path) -> No
     heavy = loaded(["verify", "--store", str(store)], tmp_path)
     assert "pyarrow" in heavy  # it did read the snapshot files
     assert "torch" not in heavy, heavy
+    # A warm query over snapshotted runs checks each verified file's identity (a stat),
+    # not its bytes: no pyarrow unless a file changed.
+    sql = "select count(*) from tensor_values"
+    loaded(["query", "--store", str(store), "--format", "json", sql], tmp_path)
+    heavy = loaded(["query", "--store", str(store), "--format", "json", sql], tmp_path)
+    assert "pyarrow" not in heavy and "torch" not in heavy, heavy
