@@ -53,8 +53,11 @@ def _walk(
     command: click.Command, path: tuple[str, ...] = ()
 ) -> list[tuple[tuple[str, ...], click.Command]]:
     found = [(path, command)]
-    if isinstance(command, click.Group):
-        for name, sub in sorted(command.commands.items()):
+    if isinstance(command, click.Group):  # Click's API: the root group loads each command on demand
+        ctx = click.Context(command)
+        for name in sorted(command.list_commands(ctx)):
+            sub = command.get_command(ctx, name)
+            assert sub is not None, name
             found.extend(_walk(sub, (*path, name)))
     return found
 
