@@ -9,8 +9,9 @@ most ``cli.inert.SHOWN_CHARS`` characters and says how long the rest is: rich fo
 cell into lines at a cost that grows faster than its length (a 4 MiB payload
 summary took minutes), and no one reads a cell of a thousand lines; JSON and CSV
 write every value whole. Rich is imported only when a table is drawn (the CLI
-starts fast), and not even then into a pipe when the table is plain text
-(``cli.plaintable``: the same characters, without rich's cost per cell).
+starts fast), and not even then into a pipe when the table is simple
+(``cli.plaintable``: the same bytes, without rich's cost per cell; on a
+terminal too, with rich's console deciding width and bold).
 """
 
 from __future__ import annotations
@@ -93,18 +94,23 @@ _STYLED_ANYWAY = ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
 
 
 def _plain_lines(title: str | None, columns: list[str], cells: list[list[str]]) -> list[str] | None:
-    """The table's lines drawn without rich (``cli.plaintable``) where rich would print
-    plain text: not a terminal, a UTF-8 stream, no variable that forces styles."""
+    """The table's lines drawn without rich's layout (``cli.plaintable``), as rich would
+    draw them; None where rich must. Into a pipe (UTF-8, no variable that forces
+    styles) rich is not even imported; on a terminal its console says how wide and
+    whether the header is bold."""
     import os
 
-    out = raw(sys.stdout)
-    if out.isatty() or any(os.environ.get(name) for name in _STYLED_ANYWAY):
-        return None
-    if not str(getattr(out, "encoding", None) or "utf-8").lower().startswith("utf"):
-        return None
     from auditlog.cli.plaintable import plain_table
 
-    return plain_table(title, columns, cells, PIPE_WIDTH)
+    out = raw(sys.stdout)
+    if not str(getattr(out, "encoding", None) or "utf-8").lower().startswith("utf"):
+        return None
+    if not out.isatty() and not any(os.environ.get(name) for name in _STYLED_ANYWAY):
+        return plain_table(title, columns, cells, PIPE_WIDTH)
+    drawn = console()
+    if drawn.legacy_windows or drawn.options.ascii_only:
+        return None
+    return plain_table(title, columns, cells, drawn.width, bold=drawn.is_terminal and drawn.color_system is not None)
 
 
 def emit_json(value: Any) -> None:

@@ -1,4 +1,4 @@
-"""``cli.plaintable`` draws exactly what rich draws into a pipe, or declines.
+"""``cli.plaintable`` draws exactly what rich draws (into a pipe, or a terminal), or declines.
 
 Many random tables (titles, empty ones, cells with spaces, narrow consoles) are
 drawn both ways; every table the plain renderer accepts must be rich's text
@@ -21,9 +21,13 @@ from rich.table import Table
 from rich.text import Text
 
 
-def _rich(title: str | None, columns: list[str], rows: list[list[str]], width: int) -> str:
+def _rich(
+    title: str | None, columns: list[str], rows: list[list[str]], width: int, colours: str | None = "none"
+) -> str:
+    """What rich prints: into a pipe (``colours="none"``), or as to a terminal with a colour system."""
     buffer = io.StringIO()
-    console = Console(file=buffer, soft_wrap=False, width=width, markup=False, emoji=False, highlight=False)
+    terminal = {} if colours == "none" else {"force_terminal": True, "color_system": colours}
+    console = Console(file=buffer, soft_wrap=False, width=width, markup=False, emoji=False, highlight=False, **terminal)
     table = Table(title=None if title is None else Text(title), show_lines=False, header_style="bold")
     for column in columns:
         table.add_column(Text(column), overflow="fold")
@@ -36,7 +40,7 @@ def _rich(title: str | None, columns: list[str], rows: list[list[str]], width: i
 def test_plain_tables_are_riches_text() -> None:
     rng = random.Random(7)
     drawn = declined = 0
-    for _ in range(1500):
+    for _ in range(2000):
         columns = ["".join(rng.choice("ab z_") for _ in range(rng.randint(0, 8))) for _ in range(rng.randint(1, 6))]
         rows = [
             ["".join(rng.choice("ab 01.:-") for _ in range(rng.randint(0, rng.choice([3, 12, 40])))) for _ in columns]
@@ -44,13 +48,15 @@ def test_plain_tables_are_riches_text() -> None:
         ]
         title = rng.choice([None, "", "runs in /tmp/x", "t" * rng.randint(1, 60)])
         width = rng.choice([200, 80, 40])
-        lines = plain_table(title, columns, rows, width)
+        colours = rng.choice(["none", None, "standard", "256", "truecolor"])  # a pipe, or terminals
+        lines = plain_table(title, columns, rows, width, bold=colours not in ("none", None))
         if lines is None:
             declined += 1
             continue
         drawn += 1
-        assert "".join(line + "\n" for line in lines) == _rich(title, columns, rows, width), (title, columns, rows)
-    assert drawn > 500 and declined > 100
+        expected = _rich(title, columns, rows, width, colours)
+        assert "".join(line + "\n" for line in lines) == expected, (title, columns, rows, colours)
+    assert drawn > 800 and declined > 100
 
 
 def test_declines_what_rich_measures_itself() -> None:
