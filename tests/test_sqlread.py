@@ -175,3 +175,27 @@ def test_reading_a_sqlite_store_does_not_import_sqlalchemy(store_dir: tuple[Path
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [2, len(list(EventStore.open(path).iter_events(ids[0]))), True, False]
+
+
+def test_a_result_left_half_read_does_not_pin_later_questions(tmp_path: Path) -> None:
+    """A result left half read (its iterator still alive) goes back to the pool without
+    its read transaction: the next question on that connection sees later commits."""
+    import sqlite3
+
+    db = tmp_path / "t.db"
+    writer = sqlite3.connect(db, isolation_level=None)
+    writer.execute("PRAGMA journal_mode=WAL")
+    writer.execute("CREATE TABLE t (x INTEGER)")
+    writer.executemany("INSERT INTO t VALUES (?)", [(i,) for i in range(10)])
+    reads = SqliteReads(str(db))
+    try:
+        with reads.connection() as conn:
+            _keys, parts = conn.batches("SELECT x FROM t", {}, 2)
+            assert next(parts) == [(0,), (1,)]
+        writer.execute("INSERT INTO t VALUES (10)")
+        with reads.connection() as conn:  # the same pooled connection
+            assert conn.rows("SELECT count(*) FROM t") == [(11,)]
+        del parts
+    finally:
+        reads.close()
+        writer.close()

@@ -70,6 +70,7 @@ class _SqliteConnection:
 
     def __init__(self, connection: sqlite3.Connection) -> None:
         self.connection = connection
+        self.cursors: list[sqlite3.Cursor] = []
 
     def rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
         return self.connection.execute(sql, params or {}).fetchall()
@@ -78,6 +79,7 @@ class _SqliteConnection:
         self, sql: str, params: Mapping[str, Any] | None, size: int
     ) -> tuple[list[str], Iterator[list[tuple[Any, ...]]]]:
         cursor = self.connection.execute(sql, params or {})
+        self.cursors.append(cursor)  # closed when the connection goes back to the pool
         keys = [str(d[0]) for d in cursor.description or ()]
 
         def fetched() -> Iterator[list[tuple[Any, ...]]]:
@@ -122,9 +124,15 @@ class SqliteReads:
             connection = self._idle.pop() if self._idle else None
         if connection is None:
             connection = self._connect()
+        wrapped = _SqliteConnection(connection)
         try:
-            yield _SqliteConnection(connection)
+            yield wrapped
         finally:
+            # A result left half read (a caller stopped early) must not hold its read
+            # transaction open on a pooled connection: the next question would see
+            # the store as it was then.
+            for cursor in wrapped.cursors:
+                cursor.close()
             with self._lock:
                 keep = not self._closed and self._pid == os.getpid() and len(self._idle) < 5
                 if keep:
