@@ -13,6 +13,7 @@ from auditlog.cli.options import format_option, rank_option, run_argument, store
 from auditlog.cli.output import emit_rows
 
 from auditlog.core.errors import IntegrityError, UsageError
+from auditlog.core.eventrow import output_columns
 from auditlog.core.kinds import KINDS
 from auditlog.core.values import iso
 
@@ -190,7 +191,7 @@ def _broken_line(broken: list[dict[str, Any]]) -> str:
             "deleted; marked CHAIN BROKEN (chain_ok false); run `auditlog verify`")
 
 
-JSON_COLUMNS = ("run_id", "stream", "seq", "time", "kind", "step", "module_id", "module", "tensor_id", "tensor", "snapshot", "hash", "chain_ok", "payload")
+JSON_COLUMNS = output_columns()  # the stored row, as core.eventrow defines it, with names
 BROKEN = "CHAIN BROKEN: "
 
 
@@ -208,22 +209,8 @@ def _row(event: dict[str, Any], fmt: str, labels: Labels) -> dict[str, Any]:
             "tensor": tensor,
             "summary": ("" if event["chain_ok"] else BROKEN) + summarize(event["kind"], event["payload"]),
         }
-    return {
-        "run_id": event["run_id"],
-        "stream": event["stream"],
-        "seq": event["seq"],
-        "time": iso(event["ts_ns"]),
-        "kind": event["kind"],
-        "step": event["step"],
-        "module_id": module_id,
-        "module": module,
-        "tensor_id": tensor_id,
-        "tensor": tensor,
-        "snapshot": event["snapshot"],
-        "hash": event["hash"],
-        "chain_ok": event["chain_ok"],
-        "payload": event["payload"],
-    }
+    shown = {"time": iso(event["ts_ns"]), "module": module, "tensor": tensor}
+    return {name: shown[name] if name in shown else event[name] for name in JSON_COLUMNS}
 
 
 def _module_label(module_id: int | None, labels: Labels) -> str | None:

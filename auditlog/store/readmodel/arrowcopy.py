@@ -37,43 +37,16 @@ import pyarrow.compute as pc
 from sqlalchemy import func, select
 
 from auditlog.core.errors import StoreError
+from auditlog.core.eventrow import ALL_COLUMNS, COLUMNS
 from auditlog.store import schema
 from auditlog.store.eventstore import EventStore
 
 BATCH_ROWS = 65_536
 REREAD_WINDOW = 10_000
 
-EVENT_COLUMNS: tuple[str, ...] = (
-    "id",
-    "run_id",
-    "stream",
-    "seq",
-    "ts_ns",
-    "kind",
-    "step",
-    "module_id",
-    "tensor_id",
-    "snapshot",
-    "payload",
-    "hash",
-)
+EVENT_COLUMNS: tuple[str, ...] = ALL_COLUMNS  # defined once, in core.eventrow
 
-EVENT_SCHEMA = pa.schema(
-    [
-        ("id", pa.int64()),
-        ("run_id", pa.string()),
-        ("stream", pa.int64()),
-        ("seq", pa.int64()),
-        ("ts_ns", pa.int64()),
-        ("kind", pa.string()),
-        ("step", pa.int64()),
-        ("module_id", pa.int64()),
-        ("tensor_id", pa.int64()),
-        ("snapshot", pa.string()),
-        ("payload", pa.string()),
-        ("hash", pa.string()),
-    ]
-)
+EVENT_SCHEMA = pa.schema([(c.name, pa.type_for_alias(c.arrow)) for c in COLUMNS])
 
 
 def copy_method(store: EventStore) -> str:
