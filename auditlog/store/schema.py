@@ -70,7 +70,8 @@ def _sql_type(sql: str) -> TypeEngine[Any]:
     """The SQLAlchemy type of a portable SQL type name of ``core.eventrow``."""
     if sql.startswith("VARCHAR("):
         return String(int(sql[len("VARCHAR(") : -1]))
-    return {"INTEGER": Integer(), "BIGINT": BigInteger(), "TEXT": Text()}[sql]
+    types: dict[str, TypeEngine[Any]] = {"INTEGER": Integer(), "BIGINT": BigInteger(), "TEXT": Text()}
+    return types[sql]
 
 
 def _event_column(column: RowColumn) -> Column[Any]:
