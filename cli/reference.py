@@ -2,7 +2,8 @@
 
 ``docs/cli.md`` comes from the Click commands themselves (every command, its
 usage, help and options), ``docs/views.md`` from ``auditlog.store.readmodel.views``
-and ``docs/events.md`` from ``auditlog.core.kinds``; ``tests/test_docs.py``
+and ``docs/events.md`` from ``auditlog.core.kinds`` (with the row's columns from
+``auditlog.core.eventrow``); ``tests/test_docs.py``
 fails when a page is stale. Regenerate with ``make docs`` (``python -m
 auditlog.cli.reference --write docs``).
 """
@@ -123,7 +124,9 @@ def pages() -> dict[str, str]:
         + "# Views\n\nThe views `auditlog query` answers from (also `auditlog schema`).\n\n"
         + views_markdown(),
         "events.md": HEADER
-        + "# Event kinds\n\nWhat every event kind records; the payload fields of each.\n\n"
+        + "# Event kinds\n\nWhat every event kind records, the payload fields of each with their types, "
+        "and the columns of the event row: generated from the one definition, `auditlog/core/kinds.py` "
+        "(and `core/eventrow.py` for the row).\n\n"
         + limits_markdown()
         + kinds_markdown(),
     }
