@@ -19,6 +19,7 @@ of an unexpected type; it is shown as text.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -42,7 +43,7 @@ def _l2(values: Any) -> str:
 
 def _stats_nonfinite(payload: Any) -> int | None:
     """Tensors with NaN/Inf among an activity payload's calls (None when there are none)."""
-    calls = [c for side in ("forward", "backward") for c in _list(_at(payload, side)) if isinstance(c, dict)]
+    calls = [c for side in ("forward", "backward") for c in _list(_at(payload, (side,))) if isinstance(c, dict)]
     count = sum(
         1
         for call in calls
@@ -69,9 +70,15 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _at(payload: Any, path: str) -> Any:
+Place = tuple[tuple[str, ...], str | None]
+"""One ``{path:format}``: the path's parts and the format (None: the value as it is)."""
+Part = str | Place | tuple[list["Part"], list["Part"]]
+"""Literal text, a place, or an optional segment: (its parts, the parts shown instead)."""
+
+
+def _at(payload: Any, path: tuple[str, ...]) -> Any:
     value = payload
-    for part in path.split(".") if path else ():
+    for part in path:
         if isinstance(value, dict):
             value = value.get(part)
         elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
@@ -81,35 +88,64 @@ def _at(payload: Any, path: str) -> Any:
     return value
 
 
-def _value(payload: Any, match: re.Match[str]) -> Any:
-    """The formatted value of one ``{path:format}``, or None when absent."""
-    raw = _at(payload, match.group(1))
-    if match.group(2) is None:
-        return raw
+def _places(text: str) -> list[Part]:
+    parts: list[Part] = []
+    last = 0
+    for match in _PLACE.finditer(text):
+        parts.append(text[last : match.start()])
+        path = tuple(match.group(1).split(".")) if match.group(1) else ()
+        parts.append((path, match.group(2)))
+        last = match.end()
+    parts.append(text[last:])
+    return [p for p in parts if p != ""]
+
+
+@functools.cache
+def compile_template(template: str) -> list[Part]:
+    """``template`` parsed once (the kinds' templates are few; each is rendered per event)."""
+    parts: list[Part] = []
+    last = 0
+    for segment in _OPTIONAL.finditer(template):
+        parts.extend(_places(template[last : segment.start()]))
+        parts.append((_places(segment.group(1)), _places(segment.group(2) or "")))
+        last = segment.end()
+    parts.extend(_places(template[last:]))
+    return parts
+
+
+def _value(payload: Any, place: Place) -> tuple[Any, Any]:
+    """The raw and the formatted value of one place."""
+    raw = _at(payload, place[0])
+    if place[1] is None:
+        return raw, raw
     try:
-        return FORMATS[match.group(2)](raw)
+        return raw, FORMATS[place[1]](raw)
     except (TypeError, ValueError, OverflowError):
-        return str(raw)
+        return raw, str(raw)
 
 
-def _fill(text: str, payload: Any) -> str:
-    return _PLACE.sub(lambda m: str(_value(payload, m)), text)
+def _absent(value: Any) -> bool:
+    return value is None or (not isinstance(value, (int, float)) and value in _ABSENT)
+
+
+def _fill(parts: list[Part], payload: Any, out: list[str]) -> None:
+    for part in parts:
+        if isinstance(part, str):
+            out.append(part)
+        elif isinstance(part[0], list):  # an optional segment
+            inner, otherwise = part
+            places = [p for p in inner if not isinstance(p, str)]
+            missing = any(_absent(v) for p in places for v in _value(payload, p))  # type: ignore[arg-type]
+            _fill(otherwise if missing else inner, payload, out)
+        else:
+            out.append(str(_value(payload, part)[1]))
 
 
 def render(template: str, payload: Any) -> str:
     """``template`` filled from ``payload`` (see the module docstring), in one pass: a
     value's own text is never read as a template."""
     out: list[str] = []
-    last = 0
-    for segment in _OPTIONAL.finditer(template):
-        out.append(_fill(template[last : segment.start()], payload))
-        inner, otherwise = segment.group(1), segment.group(2) or ""
-        places = list(_PLACE.finditer(inner))
-        values = [_at(payload, m.group(1)) for m in places] + [_value(payload, m) for m in places]
-        absent = any(v is None or (not isinstance(v, (int, float)) and v in _ABSENT) for v in values)
-        out.append(_fill(otherwise if absent else inner, payload))
-        last = segment.end()
-    out.append(_fill(template[last:], payload))
+    _fill(compile_template(template), payload, out)
     return "".join(out)
 
 
@@ -119,7 +155,7 @@ def summarize(kind: str, payload: dict[str, Any]) -> str:
     for when, template in known.summary if known is not None else ():
         if when is not None:
             name, _, wanted = when.partition("=")
-            if str(_at(payload, name)) != wanted:
+            if str(_at(payload, tuple(name.split(".")))) != wanted:
                 continue
         return render(template, payload)
     return ""
