@@ -47,6 +47,7 @@ def _train(store: Path, **policy: Any) -> None:
                 model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
                 model.add_module("spare", nn.Linear(2, 2))
                 lazy = nn.LazyLinear(2)  # parameter_registered lazy, structure_changed when materialized
+                lazy_norm = nn.LazyBatchNorm1d()  # buffer_registered lazy
                 loss_fn = nn.MSELoss()  # metrics: the loss of every step
                 opt = torch.optim.SGD(model.parameters(), lr=0.1)
                 # module_wrapped (CPU: DataParallel calls the model)
@@ -55,6 +56,7 @@ def _train(store: Path, **policy: Any) -> None:
                 model[1].weight.requires_grad_(False)  # no hook: found by the structural check
                 del model.spare  # structure_changed removed
                 lazy(torch.randn(3, 2))
+                lazy_norm(torch.randn(3, 2))
                 nn_module._global_module_registration_hooks = OrderedDict()  # other code drops our hook
                 model(torch.randn(3, 2)).sum().backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)  # raw_grad_norm
@@ -207,7 +209,7 @@ UNEXERCISED = {
     "run_ended": {"detected_by", "last_seen"},  # a crashed run closed by another: tests/test_cli_interrupts.py
     "module_registered": {"adopted", "detected_at"},  # modules built before recording: tests/test_construction.py
     "parameter_registered": {"adopted", "detected_at"},
-    "buffer_registered": {"adopted", "detected_at", "lazy", "module_source"},
+    "buffer_registered": {"adopted", "detected_at"},
     "flops": {"compiled", "skipped"},  # a compiled model: tests/test_behaviour_compiled.py
     "batches": {"opaque"},  # a sampler of non-integer indices (capture/data.py)
     "recorder_error": {"where", "type", "message"},  # the recorder failing: tests/test_capture.py
