@@ -120,7 +120,7 @@ class MapOf(Type):
             yield from self.value.problems(element, f"{at}.{key}")
 
     def text(self) -> str:
-        return f"{{str: {self.value.text()}}}"
+        return "object" if self.value == ANY else f"{{str: {self.value.text()}}}"
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 and the line ``auditlog events`` shows for it.
 
 This table is the single source of truth for what an event payload holds. Derived
-from it: the event reference (``docs/events.md``, ``make docs``), which fields
+from it: the event reference (``docs/events.md``, ``make docs``: ``cli/reference.py``), which fields
 readers decode from their packed form (``store/rows.py``, the read model's
 vectors), the summaries of ``auditlog events`` (``cli/summaries.py``), and the
 test that checks every payload a real recording emits against it, types included
@@ -13,7 +13,6 @@ vectors as ``F32`` / ``INTS``). The columns of the event row are ``core.eventrow
 
 from __future__ import annotations
 
-from auditlog.core.eventrow import columns_markdown
 from auditlog.core.eventtypes import (
     ANY,
     BOOL,
@@ -538,38 +537,3 @@ _KINDS = [
 ]
 
 KINDS: dict[str, Kind] = {k.name: k for k in _KINDS}
-
-
-def kinds_markdown() -> str:
-    """The event reference of ``docs/events.md``: the row, then every kind's fields."""
-    out: list[str] = [
-        "## The event row\n",
-        "Every event is one row of the `events` table (`core/eventrow.py`). The chain hash covers "
-        "the hashed columns, in this order, as one compact JSON array (docs/integrity.md). "
-        "`snapshot` is always NULL: a snapshot's tensors are listed in the `snapshot_taken` "
-        "payload. The column stays because every stored event was hashed with it: dropping it "
-        "is a new chain format, whose verifier must keep the old one for the records already "
-        "written. It is carried, as NULL, by the writer's rows (`core/chain.py`), the read "
-        "model's copy (`store/readmodel/arrowcopy.py`) and the export (`read/export.py`).\n",
-        columns_markdown(),
-        "## Payload fields\n",
-        "Types are as stored: `number` may also be the text 'NaN', 'Infinity' or '-Infinity'; "
-        "`packed f32` is `{f32: base64 of little-endian float32, absent?: [positions without a "
-        "value]}` and `packed ints` `{i16 | i32 | i64: base64 of little-endian integers}` "
-        "(`core/packed.py`; records written before packing hold the list). Readers (the views, "
-        "`auditlog events`, the Python API) decode packed fields to the list. A field marked "
-        "optional may be absent.\n",
-    ]
-    for kind in _KINDS:
-        out.append(f"#### `{kind.name}`\n\n{kind.doc}\n")
-        out.append("| field | type | meaning |\n|---|---|---|")
-        for name, field in kind.fields.items():
-            typ = field.type.text() + (" (optional)" if field.optional else "")
-            cells = (typ.replace("|", "\\|"), field.doc.replace("|", "\\|"))  # a literal | would end the cell
-            out.append(f"| `{name}` | {cells[0]} | {cells[1]} |")
-        out.append("")
-    return "\n".join(out)
-
-
-if __name__ == "__main__":
-    print(kinds_markdown())
