@@ -20,14 +20,15 @@ from sqlalchemy import Engine, and_, func, or_, select, tuple_
 from sqlalchemy.exc import DBAPIError
 
 from auditlog.core.errors import StoreError
+from auditlog.core.eventrow import STREAM_COLUMNS
 from auditlog.core.hashing import is_content_hash
 from auditlog.store import schema
 
 _ev = schema.events
 
 
-# The columns ``event_tuples`` returns, in order.
-TUPLE_COLUMNS = ("id", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id", "snapshot", "payload", "hash")
+# The columns ``event_tuples`` returns, in order (``core.eventrow``: a stream's rows).
+TUPLE_COLUMNS = STREAM_COLUMNS
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -403,7 +404,7 @@ def _tuple_query(run_id: str, stream: int, *, upto: int | None = None, since: in
     """The select of ``EventQueries.event_tuples``: ``TUPLE_COLUMNS`` of one stream in
     (seq, id) order (id breaks ties, so that two reads of a stream agree row for row)."""
     c = _ev.c
-    query = select(c.id, c.seq, c.ts_ns, c.kind, c.step, c.module_id, c.tensor_id, c.snapshot, c.payload, c.hash)
+    query = select(*(c[name] for name in TUPLE_COLUMNS))
     query = query.where(c.run_id == run_id, c.stream == stream)
     if upto is not None:  # a seq that is no number (NULL) sorts first: it belongs to the head
         query = query.where(or_(c.seq.is_(None), c.seq <= upto))
