@@ -11,8 +11,10 @@ import click
 from auditlog.cli.complete import complete_kinds
 from auditlog.cli.options import format_option, rank_option, run_argument, store_option
 from auditlog.cli.output import emit_rows
+from auditlog.cli.summaries import summarize
 
 from auditlog.core.errors import IntegrityError, UsageError
+from auditlog.core.eventrow import output_columns
 from auditlog.core.kinds import KINDS
 from auditlog.core.values import iso
 
@@ -38,61 +40,6 @@ def parse_step_range(text: str | None) -> tuple[int | None, int | None] | None:
     if low is not None and high is not None and low > high:
         raise UsageError(f"bad step range {text!r}: start is after end")
     return low, high
-
-
-def summarize(kind: str, p: dict[str, Any]) -> str:
-    """One human line per event."""
-    if kind == "module_registered":
-        return f"{p.get('name')} = {(p.get('child_class') or 'None').rsplit('.', 1)[-1]}"
-    if kind in ("parameter_registered", "buffer_registered"):
-        return f"{p.get('name')} {p.get('shape')} {p.get('dtype')}"
-    if kind == "construction_sealed":
-        return f"{len(p.get('tensors', []))} tensors sealed ({p.get('trigger')})"
-    if kind == "activity":
-        forward = p.get("forward") or []
-        backward = p.get("backward") or []
-        nonfinite = sum(
-            1
-            for call in forward + backward
-            for stats in (call.get("outputs") or []) + (call.get("grad_outputs") or []) + (call.get("grad_inputs") or [])
-            if stats and (stats.get("nan") or stats.get("inf"))
-        )
-        return f"{len(forward)} forward, {len(backward)} backward calls" + (
-            f"; {nonfinite} tensors with NaN/Inf" if nonfinite else ""
-        )
-    if kind == "optimizer_step":
-        groups = p.get("param_groups") or [{}]
-        lr = groups[0].get("lr")
-        norms = [n for n in p.get("grad_norm") or [] if isinstance(n, (int, float))]
-        total = sum(n * n for n in norms) ** 0.5
-        return f"{(p.get('optimizer_class') or '').rsplit('.', 1)[-1]} lr={_num(lr)} grad_norm={_num(total)}"
-    if kind == "run_started":
-        return " ".join(p.get("argv") or [])[:80]
-    if kind == "run_ended":
-        exc = p.get("exception") or {}
-        code = p.get("exit_code")
-        head = f"{p.get('status')} exit={code}" if code is not None else f"{p.get('status')} (exit code unknown)"
-        if p.get("detected_by"):
-            head += f", detected by run {str(p['detected_by'])[:12]}"
-        if exc:
-            head += f" {exc.get('type')}" + (f": {exc.get('message')}" if exc.get("message") else "")
-        return head
-    if kind == "snapshot_taken":
-        snap = p.get("snapshot") or {}
-        return f"{p.get('trigger')}{' ' + repr(p['tag']) if p.get('tag') else ''}: {len(snap.get('tensors', []))} tensors, {snap.get('new_bytes', 0)} new bytes"
-    if kind == "structure_changed":
-        if p.get("change") == "removed":
-            return f"{p.get('member')} {p.get('name')!r} removed (found at {p.get('detected_at')})"
-        return f"{p.get('member')} {p.get('name')!r}: {p.get('before')} -> {p.get('after')}"
-    if kind == "annotation":
-        return f"{p.get('key')}: {p.get('fields')}"
-    if kind == "recorder_error":
-        return f"{p.get('where')}: {p.get('type')}: {p.get('message')}"
-    return ""
-
-
-def _num(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
 
 
 @click.command()
@@ -190,7 +137,7 @@ def _broken_line(broken: list[dict[str, Any]]) -> str:
             "deleted; marked CHAIN BROKEN (chain_ok false); run `auditlog verify`")
 
 
-JSON_COLUMNS = ("run_id", "stream", "seq", "time", "kind", "step", "module_id", "module", "tensor_id", "tensor", "snapshot", "hash", "chain_ok", "payload")
+JSON_COLUMNS = output_columns()  # the stored row, as core.eventrow defines it, with names
 BROKEN = "CHAIN BROKEN: "
 
 
@@ -208,22 +155,8 @@ def _row(event: dict[str, Any], fmt: str, labels: Labels) -> dict[str, Any]:
             "tensor": tensor,
             "summary": ("" if event["chain_ok"] else BROKEN) + summarize(event["kind"], event["payload"]),
         }
-    return {
-        "run_id": event["run_id"],
-        "stream": event["stream"],
-        "seq": event["seq"],
-        "time": iso(event["ts_ns"]),
-        "kind": event["kind"],
-        "step": event["step"],
-        "module_id": module_id,
-        "module": module,
-        "tensor_id": tensor_id,
-        "tensor": tensor,
-        "snapshot": event["snapshot"],
-        "hash": event["hash"],
-        "chain_ok": event["chain_ok"],
-        "payload": event["payload"],
-    }
+    shown = {"time": iso(event["ts_ns"]), "module": module, "tensor": tensor}
+    return {name: shown[name] if name in shown else event[name] for name in JSON_COLUMNS}
 
 
 def _module_label(module_id: int | None, labels: Labels) -> str | None:

@@ -1,10 +1,10 @@
 """The table rich would draw into a pipe, drawn without rich when that is simple.
 
-Rich lays out every cell as a renderable (~70 us a cell here): a table of 1,000
-runs took 0.8 s to draw, more than the rest of ``auditlog runs``. Into a pipe or a
-file rich prints no colour and no style, so when every cell fits on its line the
-text is plain: the same box characters, the same padding, the title centred
-above. ``plain_table`` returns exactly those lines, or None whenever rich might
+Rich lays out every cell as a renderable, and for a table of many runs that
+cost more than the rest of ``auditlog runs`` (docs/performance.md). Into a pipe
+or a file rich prints no colour and no style, so when every cell fits on its
+line the text is plain: the same box characters, the same padding, the title
+centred above. ``plain_table`` returns exactly those lines, or None whenever rich might
 do something else (a table wider than the console, a non-UTF-8 stream, any
 character that is not printable ASCII, whose width rich measures itself); the
 caller then draws with rich. On a terminal with colours rich's only styling of

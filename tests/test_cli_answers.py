@@ -399,7 +399,7 @@ def test_item23_make_test_installs_only_when_pyproject_changed(tmp_path: Path) -
     dry = subprocess.run(["make", "-n", "-C", str(REPO), "test", f"VENV={venv}"], capture_output=True, text=True)
     assert dry.returncode == 0, dry.stderr
     assert [line for line in dry.stdout.splitlines() if not line.startswith("make")] == [
-        f"{venv}/bin/python -m pytest -q"
+        f"{venv}/bin/python -m pytest -q -n 2 --dist loadfile"
     ]
     os.utime(venv / ".installed", (0, 0))  # older: pyproject.toml changed since
     stale = subprocess.run(["make", "-n", "-C", str(REPO), "test", f"VENV={venv}"], capture_output=True, text=True)

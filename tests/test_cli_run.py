@@ -331,8 +331,23 @@ def start_long_run(tmp_path: Path, store: Path) -> subprocess.Popen[bytes]:
         if readable:
             chunk = os.read(proc.stdout.fileno(), 4096)
             seen += chunk
-    time.sleep(1.0)  # keep training a little past "ready"; the writer flushes every 0.1 s
+    # Keep training past "ready" until the record holds the first steps: the writer
+    # flushes every 0.1 s, but on a loaded machine it may be seconds behind, and a
+    # kill before then would (rightly) lose what was still queued.
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+        if store.exists() and _recorded_steps(store) >= 5:
+            break
+    time.sleep(0.3)
     return proc
+
+
+def _recorded_steps(store: Path) -> int:
+    """Steps of the latest run as committed so far (0 while the store is being created)."""
+    try:
+        return latest_info(store).steps
+    except Exception:  # the run's first events are not committed yet
+        return 0
 
 
 def test_sigterm_records_interrupted_and_dies_by_sigterm(tmp_path: Path, store: Path) -> None:

@@ -1,60 +1,56 @@
 """The layers are kept by import-linter contracts (pyproject ``[tool.importlinter]``).
 
-The check runs on a copy of the source tree, where ``cli/`` is the top-level
-package ``cli`` (installed as ``auditlog.cli``), as a plain ``lint-imports`` in a
-checkout does; a planted violation proves the check can fail.
+The check runs on a copy laid out as installed (``cli/`` as ``auditlog.cli``,
+``tests/importcontracts.py``), as ``make lint-imports`` does; planted violations
+prove that each contract can fail, and that each is reported as what it is.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from helpers import REPO
+from importcontracts import lint, stage, staged_contracts
 
 LINT = Path(sys.executable).with_name("lint-imports")
-
-
-def _stage(root: Path) -> Path:
-    shutil.copytree(REPO / "auditlog", root / "auditlog", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "cli", root / "cli", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "migrations", root / "migrations", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
-    return root
-
-
-def _lint(root: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    return subprocess.run([str(LINT)], cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.skipif(not LINT.exists(), reason="import-linter is a dev dependency")
 @pytest.mark.slow
 def test_import_contracts_are_kept(tmp_path: Path) -> None:
-    done = _lint(_stage(tmp_path))
+    done = lint(stage(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "4 kept, 0 broken" in done.stdout
 
 
+def _plant(path: Path, line: str) -> None:
+    path.write_text(path.read_text() + f"\n{line}  # planted\n")
+
+
 @pytest.mark.skipif(not LINT.exists(), reason="import-linter is a dev dependency")
 @pytest.mark.slow
-def test_a_layer_violation_is_reported(tmp_path: Path) -> None:
-    root = _stage(tmp_path)
-    core = root / "auditlog" / "core" / "values.py"
-    core.write_text(core.read_text() + "\nfrom auditlog.store import schema  # planted\n")
-    capture = root / "auditlog" / "capture" / "buffer.py"
-    capture.write_text(capture.read_text() + "\nimport sqlalchemy  # planted\n")
-    read = root / "auditlog" / "read" / "runs.py"
-    read.write_text(read.read_text() + "\nimport auditlog.cli.output  # planted: the library above the CLI\n")
-    command = root / "cli" / "output.py"
-    command.write_text(command.read_text() + "\nimport duckdb  # planted\n")
-    done = _lint(root)
+def test_a_layer_violation_is_reported_as_what_it_is(tmp_path: Path) -> None:
+    root = stage(tmp_path)
+    _plant(root / "auditlog" / "core" / "values.py", "from auditlog.store import schema")
+    _plant(root / "auditlog" / "capture" / "buffer.py", "import sqlalchemy")
+    _plant(root / "auditlog" / "capture" / "ids.py", "import hypothesis")  # on no deny-list
+    _plant(root / "auditlog" / "read" / "runs.py", "import auditlog.cli.output")  # the library above the CLI
+    _plant(root / "auditlog" / "cli" / "output.py", "import duckdb")
+    done = lint(root)
     assert done.returncode != 0
     assert "auditlog.core.values -> auditlog.store" in done.stdout
     assert "auditlog.capture.buffer -> sqlalchemy" in done.stdout
-    assert "cli.output -> duckdb" in done.stdout
-    assert "auditlog.read.runs -> auditlog" in done.stdout
+    assert "auditlog.capture.ids -> hypothesis" in done.stdout
+    assert "auditlog.read is not allowed to import auditlog.cli" in done.stdout
+    assert "auditlog.read.runs -> auditlog.cli.output" in done.stdout
+    assert "auditlog.cli.output -> duckdb" in done.stdout
+    assert "1 kept, 3 broken" in done.stdout  # the web UI contract: nothing planted
+
+
+def test_the_staged_contracts_name_the_cli_as_installed() -> None:
+    staged = staged_contracts((REPO / "pyproject.toml").read_text())
+    assert 'root_packages = ["auditlog"]' in staged
+    assert '"cli"' not in staged and '"auditlog.cli"' in staged
+    assert "[tool.mypy" not in staged and '"duckdb"' in staged  # the section only

@@ -3,7 +3,7 @@
 An event's hash covers every stored column except the autoincrement ``id``:
 ``sha256(prev_hash_hex || "\\n" || canonical_row)`` where ``canonical_row`` is the
 compact JSON array ``[run_id, stream, seq, ts_ns, kind, step, module_id,
-tensor_id, snapshot, payload]`` and ``payload`` is the stored payload text
+tensor_id, snapshot, payload]`` (the hashed columns of ``core.eventrow``) and ``payload`` is the stored payload text
 verbatim. Verification therefore needs no knowledge of payload structure: any
 change to any byte of a stored event changes its hash.
 """
@@ -17,6 +17,8 @@ from json.encoder import encode_basestring_ascii
 from typing import Any
 
 import orjson
+
+from auditlog.core.eventrow import HASHED_COLUMNS
 
 CHAIN_VERSION = "auditlog-chain-v1"
 
@@ -85,18 +87,7 @@ def _escaped(text: str) -> str:
 def canonical_row_reference(row: dict[str, Any]) -> bytes:
     """The definition of ``canonical_row`` (slower; tests check they agree)."""
     return json.dumps(
-        [
-            row["run_id"],
-            row["stream"],
-            row["seq"],
-            row["ts_ns"],
-            row["kind"],
-            row["step"],
-            row["module_id"],
-            row["tensor_id"],
-            row["snapshot"],
-            row["payload"],
-        ],
+        [row[name] for name in HASHED_COLUMNS],
         separators=(",", ":"),
         ensure_ascii=True,
     ).encode()

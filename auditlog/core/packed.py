@@ -34,6 +34,7 @@ from array import array
 from collections.abc import Sequence
 from typing import Any
 
+from auditlog.core.kinds import KINDS
 from auditlog.core.values import finite_or_text
 
 PACKED_KEY = "f32"
@@ -42,8 +43,9 @@ ABSENT_KEY = "absent"
 INT_KEYS = {"i16": ("h", 2), "i32": ("i", 4), "i64": ("q", 8)}
 
 
-NORM_VECTORS = ("grad_norm", "update_norm", "param_norm", "raw_grad_norm")
-"""The per-parameter vectors of an ``optimizer_step`` payload, stored packed (``pack_f32``)."""
+NORM_VECTORS = KINDS["optimizer_step"].packed("f32")
+"""The per-parameter vectors of an ``optimizer_step`` payload, stored packed (``pack_f32``):
+its fields of type ``F32`` in ``core.kinds`` (grad_norm, update_norm, param_norm, raw_grad_norm)."""
 
 
 def pack_f32(data: bytes, absent: Sequence[int] = ()) -> dict[str, Any]:

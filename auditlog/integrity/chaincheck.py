@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from auditlog.core import eventrow
 from auditlog.core.chain import canonical_row, chain_hash, genesis_hash, link_hash, row_prefix
 from auditlog.core.payloadlimits import MAX_PAYLOAD_BYTES, past_limits
 from auditlog.integrity.merkle import Frontier, PackedLeaves, leaf_hash
@@ -32,17 +33,8 @@ from auditlog.store.rows import payload_object
 # Column -> allowed Python types of a stored event. Anyone with file access can
 # store any SQLite value in any column; such a row is reported, never crashed on.
 EVENT_TYPES: dict[str, tuple[type, ...]] = {
-    "run_id": (str,),
-    "stream": (int,),
-    "seq": (int,),
-    "ts_ns": (int,),
-    "kind": (str,),
-    "step": (int, type(None)),
-    "module_id": (int, type(None)),
-    "tensor_id": (int, type(None)),
-    "snapshot": (str, type(None)),
-    "payload": (str,),
-    "hash": (str,),
+    name: (eventrow.BY_NAME[name].python, *((type(None),) if eventrow.BY_NAME[name].nullable else ()))
+    for name in eventrow.STORED_COLUMNS
 }
 
 _BOUNDARY_KINDS = frozenset({"run_started", "run_ended"})

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from auditlog.core.chain import canonical_row
+from auditlog.core.eventrow import HASHED_COLUMNS
 from auditlog.core.payloadlimits import NotJSONError, limit_problem
 from auditlog.integrity.chaincheck import EVENT_TYPES, short
 from auditlog.integrity.merkle import leaf_hash, verify_consistency, verify_inclusion
@@ -50,7 +51,7 @@ from auditlog.integrity.signing import (
 
 INCLUSION_FORMAT = "auditlog-inclusion-proof-v1"
 CONSISTENCY_FORMAT = "auditlog-consistency-proof-v1"
-EVENT_FIELDS = ("run_id", "stream", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id", "snapshot", "payload")
+EVENT_FIELDS = HASHED_COLUMNS  # the canonical row (core.eventrow)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX128 = re.compile(r"[0-9a-f]{128}")
 _CHECKPOINT_FIELDS = {

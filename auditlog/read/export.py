@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from auditlog.core import eventrow
 from auditlog.core.chain import CHAIN_VERSION
 from auditlog.core.errors import AuditlogError, IntegrityError
 from auditlog.core.ranks import split_stream
@@ -60,19 +61,8 @@ if TYPE_CHECKING:
 ARCHIVE_FORMAT = "auditlog-archive-v1"
 ROW_GROUP = 65_536
 
-EVENTS_SCHEMA = pa.schema(
-    [
-        ("seq", pa.int64()),
-        ("ts_ns", pa.int64()),
-        ("kind", pa.string()),
-        ("step", pa.int64()),
-        ("module_id", pa.int64()),
-        ("tensor_id", pa.int64()),
-        ("snapshot", pa.string()),
-        ("payload", pa.string()),
-        ("hash", pa.string()),
-    ]
-)
+# The archive's event files: the stored row but for its partitions and the store's id (core.eventrow).
+EVENTS_SCHEMA = pa.schema([(name, pa.type_for_alias(eventrow.BY_NAME[name].arrow)) for name in eventrow.ARCHIVE_COLUMNS])
 SNAPSHOTS_SCHEMA = pa.schema(
     [
         ("seq", pa.int64()),

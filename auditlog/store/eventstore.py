@@ -34,6 +34,7 @@ from auditlog.core.errors import (
     UsageError,
     one_line,
 )
+from auditlog.core.eventrow import STORED_COLUMNS
 from auditlog.store import revision as revisions
 from auditlog.store.location import StoreLocation, resolve_store
 from auditlog.store.opening import check_revision, existing_revision, make_engine, read_only_query
@@ -44,9 +45,7 @@ from auditlog.store.sqlread import EngineReads, Reads, SqliteReads
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-EVENT_COLUMNS = (
-    "run_id", "stream", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id", "snapshot", "payload", "hash",
-)
+EVENT_COLUMNS = STORED_COLUMNS  # what the writer inserts (core.eventrow defines them)
 _EVENT_VALUES = operator.itemgetter(*EVENT_COLUMNS)
 
 

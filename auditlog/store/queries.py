@@ -21,15 +21,14 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from auditlog.core.errors import StoreError
+from auditlog.core.eventrow import ALL_COLUMNS, STREAM_COLUMNS
 from auditlog.core.hashing import is_content_hash
 from auditlog.store.sqlread import ReadConnection, Reads, in_list
 
-# The columns of each table, in the order of its definition (``schema.py``; a test
-# checks that the two agree). Questions name their columns: a crafted store may
-# carry columns of its own, which no reader sees.
-EVENT_FIELDS = (
-    "id", "run_id", "stream", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id", "snapshot", "payload", "hash",
-)
+# The columns of each table, in the order of its definition (events: ``core.eventrow``;
+# the others: ``schema.py``, and a test checks that the two agree). Questions name
+# their columns: a crafted store may carry columns of its own, which no reader sees.
+EVENT_FIELDS = ALL_COLUMNS
 RUN_FIELDS = ("run_id", "name", "started_ns", "host", "pid", "proc_start", "last_seen_ns")
 CHECKPOINT_FIELDS = (
     "id", "run_id", "stream", "seq", "head_hash", "created_ns", "key_fingerprint", "signature", "format",
@@ -39,8 +38,8 @@ BLOB_FIELDS = (
     "sha256", "file", "dtype", "shape", "numel", "nbytes", "layout", "row_groups", "file_sha256", "created_ns",
 )
 
-# The columns ``event_tuples`` returns, in order.
-TUPLE_COLUMNS = ("id", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id", "snapshot", "payload", "hash")
+# The columns ``event_tuples`` returns, in order (``core.eventrow``: a stream's rows).
+TUPLE_COLUMNS = STREAM_COLUMNS
 
 
 def _columns(fields: Sequence[str], table: str = "") -> str:

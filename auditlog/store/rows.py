@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from auditlog.core.errors import CorruptRecordError, PayloadLimitError
+from auditlog.core.kinds import KINDS
 from auditlog.core.packed import NORM_VECTORS, is_packed, packed_ints_key, unpack_ints, unpack_list
 from auditlog.core.payloadlimits import parse_payload
 
@@ -20,8 +21,8 @@ _INT_COLUMNS = ("stream", "seq", "ts_ns")
 _OPTIONAL_INT_COLUMNS = ("step", "module_id", "tensor_id")
 # Per-parameter vectors of optimizer_step events, stored packed (``core.packed``).
 _PACKED_VECTORS = NORM_VECTORS
-# The packed integer lists of a ``batches`` event (``capture/data.py``).
-BATCH_LISTS = ("steps", "sizes", "indices")
+# The packed integer lists of a ``batches`` event (``capture/data.py``): its ``INTS`` fields.
+BATCH_LISTS = KINDS["batches"].packed("ints")
 
 
 def decode_event(row: dict[str, Any], shown: str = "") -> dict[str, Any]:

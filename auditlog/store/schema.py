@@ -22,6 +22,8 @@ against these tables).
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -33,7 +35,10 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.types import TypeEngine
 
+from auditlog.core import eventrow
+from auditlog.core.eventrow import RowColumn
 from auditlog.store.revision import HEAD_REVISION as HEAD_REVISION
 from auditlog.store.revision import KNOWN_REVISIONS as KNOWN_REVISIONS
 from auditlog.store.revision import SNAPSHOTS_META as SNAPSHOTS_META
@@ -62,21 +67,26 @@ runs = Table(
     Column("last_seen_ns", BigInteger, nullable=False),
 )
 
+
+def _sql_type(sql: str) -> TypeEngine[Any]:
+    """The SQLAlchemy type of a portable SQL type name of ``core.eventrow``."""
+    if sql.startswith("VARCHAR("):
+        return String(int(sql[len("VARCHAR(") : -1]))
+    types: dict[str, TypeEngine[Any]] = {"INTEGER": Integer(), "BIGINT": BigInteger(), "TEXT": Text()}
+    return types[sql]
+
+
+def _event_column(column: RowColumn) -> Column[Any]:
+    if column.name == "id":
+        return Column(column.name, _sql_type(column.sql), primary_key=True, autoincrement=True)
+    return Column(column.name, _sql_type(column.sql), nullable=column.nullable)
+
+
+# The columns are defined once, in ``core.eventrow`` (the chain hashes them).
 events = Table(
     "events",
     metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("run_id", String(32), nullable=False),
-    Column("stream", Integer, nullable=False),
-    Column("seq", BigInteger, nullable=False),
-    Column("ts_ns", BigInteger, nullable=False),
-    Column("kind", String(32), nullable=False),
-    Column("step", BigInteger),
-    Column("module_id", BigInteger),
-    Column("tensor_id", BigInteger),
-    Column("snapshot", String(64)),
-    Column("payload", Text, nullable=False),
-    Column("hash", String(64), nullable=False),
+    *(_event_column(c) for c in eventrow.COLUMNS),
     UniqueConstraint("run_id", "stream", "seq", name="uq_events_run_stream_seq"),
     Index("ix_events_run_kind", "run_id", "kind"),
 )

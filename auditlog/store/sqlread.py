@@ -5,7 +5,7 @@ parameters (``:run_id``), which both runners below accept unchanged:
 
 - ``SqliteReads``: the stdlib ``sqlite3`` module on a SQLite store's file. A
   read command (``runs``, ``events``, ``verify``) then never imports SQLAlchemy,
-  whose import alone cost more than the rest of ``auditlog runs``.
+  whose import was most of ``auditlog runs``'s time (docs/performance.md).
 - ``EngineReads``: a SQLAlchemy engine (PostgreSQL, and any store without a
   file), the text run through ``sqlalchemy.text``.
 

@@ -22,8 +22,9 @@ decide how, and they are kept here, away from the projection's SQL:
   the projection drops the rows it already has.
 
 ADBC's SQLite driver infers column types from the first batch, and a nullable
-text column that starts with NULLs is inferred as an integer; ``snapshot`` is
-therefore read as ``coalesce(snapshot, '')`` and turned back into NULL here.
+text column that starts with NULLs is inferred as an integer; such a column
+(``snapshot``, always NULL: ``core.eventrow``) is therefore read as
+``coalesce(snapshot, '')`` and turned back into NULL here.
 """
 
 from __future__ import annotations
@@ -36,42 +37,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from auditlog.core.errors import StoreError
+from auditlog.core.eventrow import ALL_COLUMNS, COLUMNS
 from auditlog.store.eventstore import EventStore
 
 BATCH_ROWS = 65_536
 REREAD_WINDOW = 10_000
 
-EVENT_COLUMNS: tuple[str, ...] = (
-    "id",
-    "run_id",
-    "stream",
-    "seq",
-    "ts_ns",
-    "kind",
-    "step",
-    "module_id",
-    "tensor_id",
-    "snapshot",
-    "payload",
-    "hash",
-)
+EVENT_COLUMNS: tuple[str, ...] = ALL_COLUMNS  # defined once, in core.eventrow
 
-EVENT_SCHEMA = pa.schema(
-    [
-        ("id", pa.int64()),
-        ("run_id", pa.string()),
-        ("stream", pa.int64()),
-        ("seq", pa.int64()),
-        ("ts_ns", pa.int64()),
-        ("kind", pa.string()),
-        ("step", pa.int64()),
-        ("module_id", pa.int64()),
-        ("tensor_id", pa.int64()),
-        ("snapshot", pa.string()),
-        ("payload", pa.string()),
-        ("hash", pa.string()),
-    ]
-)
+EVENT_SCHEMA = pa.schema([(c.name, pa.type_for_alias(c.arrow)) for c in COLUMNS])
+# Nullable text columns (``snapshot``, always NULL): read as '' through ADBC's SQLite driver.
+_NULLABLE_TEXT = frozenset(c.name for c in COLUMNS if c.nullable and c.arrow == "string")
 
 
 def copy_method(store: EventStore) -> str:
@@ -125,7 +101,7 @@ def _normalize(batch: pa.RecordBatch) -> pa.RecordBatch:
         column = batch.column(name)
         if column.type != target:
             column = column.cast(target)
-        if name == "snapshot":
+        if name in _NULLABLE_TEXT:
             column = pc.if_else(pc.equal(column, ""), pa.scalar(None, pa.string()), column)
         columns.append(column)
     return pa.RecordBatch.from_arrays(columns, schema=EVENT_SCHEMA)
@@ -136,7 +112,7 @@ def _adbc_sqlite_batches(store: EventStore, after_id: int, upto_id: int) -> Iter
 
     # Read-only URI: the copy must never be able to write the record.
     uri = store.sqlite_read_uri()
-    wanted = ", ".join("coalesce(snapshot, '') AS snapshot" if c == "snapshot" else c for c in EVENT_COLUMNS)
+    wanted = ", ".join(f"coalesce({c}, '') AS {c}" if c in _NULLABLE_TEXT else c for c in EVENT_COLUMNS)
     query = f"SELECT {wanted} FROM events WHERE id > ? AND id <= ? ORDER BY id"
     try:
         conn = adbc_sqlite.connect(uri)

@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from auditlog.core.chain import canonical_row, genesis_hash, link_hash, row_prefix
 from auditlog.core.errors import CorruptRecordError, IntegrityError
+from auditlog.core.eventrow import ALL_COLUMNS
 from auditlog.core.payloadlimits import event_label, limit_error, limit_problem
 
 SLICE_ROWS = 8192
@@ -44,8 +45,7 @@ SLICE_ROWS = 8192
 Heads = dict[tuple[str, int], tuple[int, str]]
 """``(run_id, stream) -> (seq, stored hash)`` of the last event of each stream checked so far."""
 
-_COLUMNS = ("id", "run_id", "stream", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id",
-            "snapshot", "payload", "hash")
+_COLUMNS = ALL_COLUMNS  # the order the loop below unpacks (core.eventrow)
 
 
 def _plain(text: Any) -> bool:

@@ -263,7 +263,7 @@ class QuerySession:
                          "started_ns": int(ts_ns), **facts})
             live.append(run_liveness(facts, begun, payloads["run_ended"].get(run_id, {})))
         # Handed to DuckDB as one list per column: a pyarrow table built from Python
-        # lists made pyarrow import pandas (0.25 s), more than the rest of the session.
+        # lists makes pyarrow import pandas, which cost more than the rest of the session.
         self.con.execute(
             f"""CREATE TEMP TABLE {RUNS_LIVE} AS SELECT
                    unnest($1::VARCHAR[]) AS run_id, unnest($2::VARCHAR[]) AS name,
