@@ -37,8 +37,10 @@ import json
 import re
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # the leaf threads start with the first large tensor; readers never need them
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 HASH_PREFIX = b"auditlog-tensor-v1\0"
 TREE_PREFIX = b"auditlog-tensor-v2\0"
@@ -167,6 +169,8 @@ class TreeHasher:
                 while len(self._pending) >= _IN_FLIGHT:
                     self._pending.popleft().result()
                 if self._pool is None:
+                    from concurrent.futures import ThreadPoolExecutor
+
                     self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="auditlog-leaf")
                 future = self._pool.submit(_leaf_digest, leaf)
                 self._leaves.append(future)

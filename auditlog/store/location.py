@@ -23,7 +23,6 @@ Snapshots are a local (or mounted) directory; ``file://`` URIs are accepted.
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -86,6 +85,8 @@ def snapshot_path(value: str | os.PathLike[str], base: Path | None = None) -> Pa
 
 def _from_config(path: Path, snapshots: str | os.PathLike[str] | None) -> StoreLocation:
     """A store named by a config file (module docstring)."""
+    import tomllib  # here: only a store config file needs it
+
     try:
         document = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
