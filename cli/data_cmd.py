@@ -2,53 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 from auditlog.cli.options import format_option, run_argument, store_option
 from auditlog.cli.output import echo_line, emit_json, emit_rows
 
-DATASET_COLUMNS = (
-    "rank", "dataset", "class", "length", "method", "fingerprint", "epochs", "batches", "samples",
-    "distinct", "coverage",
-)
-LOADER_COLUMNS = ("rank", "loader", "dataset", "epochs", "first_step", "batch_size", "shuffle", "workers",
-                  "sampler", "seed")
 SAMPLE_COLUMNS = ("rank", "dataset", "epoch", "batch", "step", "times", "no_grad")
-
-
-def _short(name: Any) -> Any:
-    return str(name).rsplit(".", 1)[-1] if name is not None else None
-
-
-def _dataset_row(d: dict[str, Any]) -> dict[str, Any]:
-    fingerprint = d.get("fingerprint")
-    return {
-        "rank": d["rank"], "dataset": d["dataset_id"], "class": _short(d["class"]), "length": d["length"],
-        "method": d["method"] if d["method"] != "unidentified" else f"unidentified: {d.get('reason')}",
-        "fingerprint": fingerprint[:16] if isinstance(fingerprint, str) else None,
-        "epochs": d["epochs"], "batches": d["batches"], "samples": d["samples_drawn"],
-        "distinct": d["distinct_samples"],
-        "coverage": None if d["coverage"] is None else f"{100 * float(d['coverage']):.1f}%",
-    }
-
-
-def _loader_row(entry: dict[str, Any]) -> dict[str, Any]:
-    config = entry.get("config") or {}
-    seed = config.get("sampler_seed")
-    if seed is None:
-        seed = config.get("generator_seed")
-    state = config.get("sampler_state") or {}
-    if seed is None and "seed" in state:
-        seed = state["seed"]
-    return {
-        "rank": entry["rank"], "loader": entry["loader_id"], "dataset": entry["dataset_id"],
-        "epochs": entry["epochs"], "first_step": entry["first_step"], "batch_size": config.get("batch_size"),
-        "shuffle": config.get("shuffle"), "workers": config.get("num_workers"),
-        "sampler": _short(config.get("sampler")),
-        # a shuffling sampler without a generator seeds itself from torch's global RNG
-        "seed": "global RNG" if seed is None and config.get("shuffle") else seed,
-    }
 
 
 @click.command()
@@ -72,6 +30,7 @@ def data(store: str | None, fmt: str, sample: int | None, dataset: str | None, r
     'never drawn'. Exit 0 either way; a --dataset that names no dataset exits 2.
     """
     from auditlog.read.api import open_store
+    from auditlog.read.data import DATASET_COLUMNS, LOADER_COLUMNS
     from auditlog.read.forensics import jsonable
 
     if dataset is not None and sample is None:
@@ -99,5 +58,5 @@ def data(store: str | None, fmt: str, sample: int | None, dataset: str | None, r
     if not summary.datasets:
         echo_line("no DataLoader iteration was recorded in this run")
         return
-    emit_rows((_dataset_row(d) for d in summary.datasets), DATASET_COLUMNS, fmt, title="datasets")
-    emit_rows((_loader_row(e) for e in summary.loaders), LOADER_COLUMNS, fmt, title="loaders")
+    emit_rows(summary.dataset_rows(), DATASET_COLUMNS, fmt, title="datasets")
+    emit_rows(summary.loader_rows(), LOADER_COLUMNS, fmt, title="loaders")

@@ -9,6 +9,7 @@ The browser part drives Debian's chromium with Playwright against the real
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -24,6 +25,7 @@ import pytest
 import torch
 from helpers import invoke
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 import auditlog
 
@@ -37,21 +39,45 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SCRIPT_NAME = "<script>alert(1)</script>"
 
 
+# A dataset class whose name is markup: the run page must show it as text.
+ScriptDataset = type(SCRIPT_NAME, (TensorDataset,), {})
+
+
+def shuffled_order() -> list[int]:
+    """The order a DataLoader(shuffle=True, generator seeded 1) draws 96 samples in, found
+    outside any recording so that the loader run can feed the very batches of the others."""
+    drawn = DataLoader(range(96), batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(1))
+    return [int(i) for batch in drawn for i in batch]
+
+
 def record(store: Path, name: str, activation: type[nn.Module], nan_at: int | None = None,
-           grow_at: int | None = None) -> str:
+           grow_at: int | None = None, loader: bool = False) -> str:
+    order = shuffled_order() if loader else []
     with auditlog.record(store, name=name, snapshot_every=1) as run:
         run.annotate("dataset", name="blobs", rows=64)
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(4, 8), activation(), nn.Linear(8, 3))
         loss_fn = nn.CrossEntropyLoss()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        batches = None
+        if loader:
+            # Only this run iterates a DataLoader (the others record no data). Its samples
+            # are placed where the shuffle draws them, so that it trains on the same batches
+            # as the others and its values equal theirs.
+            drawn = [(torch.randn(16, 4), torch.randint(0, 3, (16,))) for _ in range(6)]
+            xs, ys = torch.cat([x for x, _ in drawn]), torch.cat([y for _, y in drawn])
+            where = torch.tensor(order)
+            placed_x, placed_y = torch.empty_like(xs), torch.empty_like(ys)
+            placed_x[where], placed_y[where] = xs, ys
+            batches = iter(DataLoader(ScriptDataset(placed_x, placed_y), batch_size=16, shuffle=True,
+                                      generator=torch.Generator().manual_seed(1)))
         for step in range(6):
             if step == grow_at:
                 model.add_module("head", nn.Identity())
-            x = torch.randn(16, 4)
+            x, y = next(batches) if batches is not None else (torch.randn(16, 4), torch.randint(0, 3, (16,)))
             if step == nan_at:
                 x[0, 0] = float("nan")
-            loss = loss_fn(model(x), torch.randint(0, 3, (16,)))
+            loss = loss_fn(model(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -65,7 +91,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ids = {
         "grows": record(store, "grows", nn.ReLU, grow_at=3),
         "nan": record(store, "nan", nn.Tanh, nan_at=3),
-        "script": record(store, SCRIPT_NAME, nn.ReLU),
+        "script": record(store, SCRIPT_NAME, nn.ReLU, loader=True),
     }
     return {"store": store, "ids": ids}
 
@@ -105,6 +131,24 @@ def test_run_answer_holds_finding_snapshots_and_annotations(client: TestClient, 
     assert summary["totals"]["total"] == 4 * 8 + 8 + 8 * 3 + 3
     missing = client.get("/api/runs/nosuchrun")
     assert missing.status_code == 404 and "no run matches 'nosuchrun'" in missing.json()["error"]
+
+
+def test_run_answer_holds_the_data_as_auditlog_data_shows_it(client: TestClient, recorded: dict[str, Any]) -> None:
+    """The datasets and loaders of ``auditlog data RUN --format json``, in the rows the
+    CLI's table shows (one presentation: ``read.data``)."""
+    shown = client.get("/api/runs/" + recorded["ids"]["script"]).json()["data"]
+    cli = invoke("data", "--store", str(recorded["store"]), recorded["ids"]["script"], "--format", "json")
+    assert cli.exit_code == 0, cli.stderr
+    facts = json.loads(cli.stdout)["datasets"][0]
+    [dataset] = shown["datasets"]["rows"]
+    assert dataset["class"] == SCRIPT_NAME and dataset["method"] == "tensors" and dataset["length"] == 96
+    assert dataset["fingerprint"] == facts["fingerprint"][:16] and len(facts["fingerprint"]) == 64
+    assert (dataset["batches"], dataset["samples"], dataset["coverage"]) == (6, 96, "100.0%")
+    [loader] = shown["loaders"]["rows"]
+    assert (loader["batch_size"], loader["shuffle"], loader["seed"]) == (16, True, 1)
+    assert shown["datasets"]["columns"][:3] == ["rank", "dataset", "class"]
+    none = client.get("/api/runs/" + recorded["ids"]["nan"]).json()["data"]
+    assert none["datasets"]["rows"] == [] and none["loaders"]["rows"] == []
 
 
 def test_tree_changes_with_the_step(client: TestClient) -> None:
@@ -306,6 +350,13 @@ def browse(page: Any, url: str, ids: dict[str, str]) -> None:
     assert page.locator('li[data-module="head"]').count() == 1
     page.wait_for_selector("#verdict")
     assert "chain intact, unsigned" in page.inner_text("#verdict")
+
+    # the data a run trained on, a dataset class named with markup shown as text
+    page.goto(url + "#/run/" + ids["script"])
+    page.locator("#data table").first.wait_for()
+    assert page.locator("#data tbody td:nth-child(3)").first.inner_text() == SCRIPT_NAME
+    assert "tensors" in page.inner_text("#data")
+    assert page.evaluate("document.querySelectorAll('script').length") == 3  # still ours only
 
     # the planted NaN, marked on the loss curve (and listed under it)
     page.goto(url + "#/run/" + ids["nan"])

@@ -9,27 +9,22 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from auditlog.core.errors import UsageError
-from auditlog.store.readmodel.cache import ReadModel
 from auditlog.store.readmodel.dataqueries import DataQueries
-from auditlog.store.readmodel.session import QuerySession
 
 if TYPE_CHECKING:
     from auditlog.read.run import Run
 
 
-@contextlib.contextmanager
-def data_questions(run: Run) -> Iterator[DataQueries]:
-    """The data questions over ``run`` (the read model is refreshed first)."""
-    session, _ = QuerySession.open(ReadModel(run.store), run.run_id)
-    try:
-        yield DataQueries(session)
-    finally:
-        session.close()
+def data_questions(run: Run) -> contextlib.AbstractContextManager[DataQueries]:
+    """The data questions over ``run`` (the read model is refreshed first); they are the
+    forensic questions too (``DataQueries`` extends them), so one session answers a page."""
+    from auditlog.read.forensics import asking
+
+    return asking(run, DataQueries)
 
 
 def _json(text: Any) -> Any:
@@ -48,6 +43,61 @@ class DataSummary:
 
     def as_dict(self) -> dict[str, Any]:
         return {"datasets": self.datasets, "loaders": self.loaders}
+
+    def dataset_rows(self) -> list[dict[str, Any]]:
+        """The datasets as ``auditlog data`` and the UI show them (``DATASET_COLUMNS``)."""
+        return [dataset_row(d) for d in self.datasets]
+
+    def loader_rows(self) -> list[dict[str, Any]]:
+        """The loaders as ``auditlog data`` and the UI show them (``LOADER_COLUMNS``)."""
+        return [loader_row(e) for e in self.loaders]
+
+
+# What a reader is shown of each dataset and loader: one presentation for the CLI's
+# table and the UI's run page.
+DATASET_COLUMNS = (
+    "rank", "dataset", "class", "length", "method", "fingerprint", "epochs", "batches", "samples",
+    "distinct", "coverage",
+)
+LOADER_COLUMNS = ("rank", "loader", "dataset", "epochs", "first_step", "batch_size", "shuffle", "workers",
+                  "sampler", "seed")
+
+
+def _short(name: Any) -> Any:
+    return str(name).rsplit(".", 1)[-1] if name is not None else None
+
+
+def dataset_row(d: dict[str, Any]) -> dict[str, Any]:
+    """One dataset as shown: class without its module, the method (or why it is
+    unidentified), the fingerprint's first 16 hex digits, coverage in percent."""
+    fingerprint = d.get("fingerprint")
+    return {
+        "rank": d["rank"], "dataset": d["dataset_id"], "class": _short(d["class"]), "length": d["length"],
+        "method": d["method"] if d["method"] != "unidentified" else f"unidentified: {d.get('reason')}",
+        "fingerprint": fingerprint[:16] if isinstance(fingerprint, str) else None,
+        "epochs": d["epochs"], "batches": d["batches"], "samples": d["samples_drawn"],
+        "distinct": d["distinct_samples"],
+        "coverage": None if d["coverage"] is None else f"{100 * float(d['coverage']):.1f}%",
+    }
+
+
+def loader_row(entry: dict[str, Any]) -> dict[str, Any]:
+    """One loader as shown, with the seed its sampler drew from (or "global RNG")."""
+    config = entry.get("config") or {}
+    seed = config.get("sampler_seed")
+    if seed is None:
+        seed = config.get("generator_seed")
+    state = config.get("sampler_state") or {}
+    if seed is None and "seed" in state:
+        seed = state["seed"]
+    return {
+        "rank": entry["rank"], "loader": entry["loader_id"], "dataset": entry["dataset_id"],
+        "epochs": entry["epochs"], "first_step": entry["first_step"], "batch_size": config.get("batch_size"),
+        "shuffle": config.get("shuffle"), "workers": config.get("num_workers"),
+        "sampler": _short(config.get("sampler")),
+        # a shuffling sampler without a generator seeds itself from torch's global RNG
+        "seed": "global RNG" if seed is None and config.get("shuffle") else seed,
+    }
 
 
 def data_summary(q: DataQueries) -> DataSummary:

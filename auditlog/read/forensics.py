@@ -39,7 +39,7 @@ import math
 import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from auditlog.core.payloadlimits import parse_payload
 from auditlog.core.replay import attached_mark, built_at
@@ -49,15 +49,23 @@ from auditlog.store.readmodel.cache import ReadModel
 from auditlog.store.readmodel.forensics import ForensicQueries
 from auditlog.store.readmodel.session import QuerySession
 
+Q = TypeVar("Q", bound=ForensicQueries)
+
 
 @contextlib.contextmanager
-def questions(run: Run) -> Iterator[ForensicQueries]:
-    """The forensic questions over ``run`` (the read model is refreshed first)."""
+def asking(run: Run, kind: type[Q]) -> Iterator[Q]:
+    """Questions of ``kind`` over ``run`` on one query session (the read model is
+    refreshed first): ``ForensicQueries``, or a subclass asking more (``DataQueries``)."""
     session, _ = QuerySession.open(ReadModel(run.store), run.run_id)
     try:
-        yield ForensicQueries(session)
+        yield kind(session)
     finally:
         session.close()
+
+
+def questions(run: Run) -> contextlib.AbstractContextManager[ForensicQueries]:
+    """The forensic questions over ``run``."""
+    return asking(run, ForensicQueries)
 
 
 def finite(value: Any) -> bool:

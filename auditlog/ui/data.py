@@ -27,6 +27,7 @@ from typing import Any
 from auditlog.core.errors import UsageError
 from auditlog.core.values import finite_or_text
 from auditlog.read.api import Store
+from auditlog.read.data import DATASET_COLUMNS, LOADER_COLUMNS, data_questions, data_summary
 from auditlog.read.forensics import find_nonfinite, questions
 from auditlog.read.report import BADGES, UNSIGNED_NOTE, verify_verdict
 from auditlog.read.run import Run
@@ -117,14 +118,16 @@ def runs_page(
 
 # ---------------------------------------------------------------------------- one run
 def run_summary(store: Store, run: Run) -> dict[str, Any]:
-    """The run page's facts: summary, totals, annotations, the non-finite finding, snapshots
-    with the command that restores each, and the last step (the slider's end)."""
-    with questions(run) as q:
+    """The run page's facts: summary, totals, the data it trained on (as ``auditlog data``
+    shows it), annotations, the non-finite finding, snapshots with the command that
+    restores each, and the last step (the slider's end). One query session answers all."""
+    with data_questions(run) as q:
         row = q.run_row() or {}
         totals = q.parameter_totals()
         annotations = q.annotations()
         finding = find_nonfinite(q)
         flops = q.events_of("flops")
+        data = data_summary(q)
     try:
         metadata = json.loads(row.get("metadata") or "{}") or {}
     except ValueError:
@@ -140,6 +143,10 @@ def run_summary(store: Store, run: Run) -> dict[str, Any]:
                      if isinstance(metadata, dict)},
         "totals": totals,
         "annotations": [a | {"fields": _json_or_text(a["fields"])} for a in annotations],
+        "data": {
+            "datasets": {"columns": list(DATASET_COLUMNS), "rows": data.dataset_rows()},
+            "loaders": {"columns": list(LOADER_COLUMNS), "rows": data.loader_rows()},
+        },
         "finding": finding.as_dict(),
         "snapshots": snapshots,
         "snapshot_bytes": stored,

@@ -99,6 +99,7 @@ async function runPage(selector) {
     curvesBox,
     nonfiniteSection(s.finding),
     snapshotsSection(s),
+    dataSection(s.data),
     annotationsSection(s.annotations),
   );
   drawTree(treeBox, id, s.last_step);
@@ -158,8 +159,21 @@ function snapshotsSection(s) {
   return box;
 }
 
+// The datasets and loaders as `auditlog data RUN` shows them (the server sends its columns).
+function dataSection(d) {
+  const box = el("section", {id: "data"}, el("h2", {}, "Data"));
+  if (!d.datasets.rows.length) {
+    box.append(el("p", {class: "muted"}, "No DataLoader iteration was recorded in this run."));
+    return box;
+  }
+  const grid = (part) => table(part.columns, part.rows.map((r) => part.columns.map((c) => r[c])));
+  box.append(el("h3", {}, "Datasets"), grid(d.datasets), el("h3", {}, "Loaders"), grid(d.loaders));
+  box.append(el("p", {class: "muted"}, "Which steps trained on one sample: ", el("code", {}, "auditlog data RUN --sample I")));
+  return box;
+}
+
 function annotationsSection(items) {
-  const box = el("section", {id: "annotations"}, el("h2", {}, "Data and annotations"));
+  const box = el("section", {id: "annotations"}, el("h2", {}, "Annotations"));
   if (!items.length) { box.append(el("p", {class: "muted"}, "No annotations (run.annotate(key, **fields)).")); return box; }
   box.append(table(["key", "step", "time (UTC)", "fields"], items.map((a) => [a.key, a.step, a.time, a.fields]), [false, true, false, false]));
   return box;
