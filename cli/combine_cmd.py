@@ -34,8 +34,8 @@ def combine(shards: tuple[str, ...], into: str, snapshots: str | None, delete: b
     combining twice adds nothing. A shard that cannot be read, or whose record does
     not verify, is reported and left in place. Originals are kept unless --delete.
     """
+    from auditlog.read.api import SHARDS_DIR, resolve_store
     from auditlog.read.combine import combine as combine_shards
-    from auditlog.store.location import SHARDS_DIR, resolve_store
 
     target = resolve_store(into, snapshots)
     chosen = list(shards)

@@ -32,9 +32,9 @@ def complete_kinds(ctx: click.Context, param: click.Parameter, incomplete: str) 
 
 def complete_views(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """The views ``auditlog query`` answers from."""
-    from auditlog.store.readmodel.views import VIEWS
+    from auditlog.read.api import views
 
-    return [CompletionItem(v.name, help=v.doc.split(".")[0]) for v in VIEWS if v.name.startswith(incomplete)]
+    return [CompletionItem(v.name, help=v.doc.split(".")[0]) for v in views() if v.name.startswith(incomplete)]
 
 
 def _runs(ctx: click.Context, incomplete: str, extra: tuple[str, ...]) -> list[CompletionItem]:

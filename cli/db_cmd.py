@@ -15,12 +15,12 @@ def db() -> None:
 @store_option
 def current(store: str | None) -> None:
     """Print the store's schema revision and whether it is current."""
-    from auditlog.read.api import open_store
-    from auditlog.store.schema import HEAD_REVISION
+    from auditlog.read.api import head_revision, open_store
 
+    head = head_revision()
     with open_store(store, allow_old=True) as opened:
         revision, shown = opened.revision, opened.location.display()
-    state = "current" if revision == HEAD_REVISION else f"old: run `auditlog db upgrade` (head {HEAD_REVISION})"
+    state = "current" if revision == head else f"old: run `auditlog db upgrade` (head {head})"
     click.echo(f"{shown}: revision {revision} ({state})")
 
 
@@ -28,7 +28,7 @@ def current(store: str | None) -> None:
 @store_option
 def upgrade(store: str | None) -> None:
     """Create the store if none exists, or upgrade it to the current schema."""
-    from auditlog.store.eventstore import upgrade_store
+    from auditlog.read.api import upgrade as upgrade_store
 
     before, after = upgrade_store(store)
     if before is None:

@@ -48,7 +48,7 @@ def _with_snapshots(ctx: click.Context, _param: click.Parameter, value: str | No
     snapshots = ctx.meta.get("auditlog.snapshots")
     if snapshots is None:
         return value
-    from auditlog.store.location import resolve_store
+    from auditlog.read.api import resolve_store
 
     return resolve_store(value, snapshots)
 

@@ -106,11 +106,12 @@ def query(
 @click.argument("view", required=False, metavar="[VIEW]", shell_complete=complete_views)
 def schema(fmt: str, view: str | None) -> None:
     """The views `auditlog query` answers from: their columns, types and meaning."""
-    from auditlog.store.readmodel.views import VIEWS, VIEWS_BY_NAME
+    from auditlog.read.api import views
 
-    if view is not None and view not in VIEWS_BY_NAME:
-        raise UsageError(f"unknown view {view!r}; views: {', '.join(VIEWS_BY_NAME)}")
-    chosen = [VIEWS_BY_NAME[view]] if view is not None else list(VIEWS)
+    by_name = {v.name: v for v in views()}
+    if view is not None and view not in by_name:
+        raise UsageError(f"unknown view {view!r}; views: {', '.join(by_name)}")
+    chosen = [by_name[view]] if view is not None else list(by_name.values())
     if fmt == "json":
         document = [
             {

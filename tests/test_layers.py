@@ -22,7 +22,7 @@ LINT = Path(sys.executable).with_name("lint-imports")
 def test_import_contracts_are_kept(tmp_path: Path) -> None:
     done = lint(stage(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "4 kept, 0 broken" in done.stdout
+    assert "5 kept, 0 broken" in done.stdout
 
 
 def _plant(path: Path, line: str) -> None:
@@ -38,6 +38,7 @@ def test_a_layer_violation_is_reported_as_what_it_is(tmp_path: Path) -> None:
     _plant(root / "auditlog" / "capture" / "ids.py", "import hypothesis")  # on no deny-list
     _plant(root / "auditlog" / "read" / "runs.py", "import auditlog.cli.output")  # the library above the CLI
     _plant(root / "auditlog" / "cli" / "output.py", "import duckdb")
+    _plant(root / "auditlog" / "cli" / "runs_cmd.py", "from auditlog.store import eventstore")  # past the read API
     done = lint(root)
     assert done.returncode != 0
     assert "auditlog.core.values -> auditlog.store" in done.stdout
@@ -46,7 +47,9 @@ def test_a_layer_violation_is_reported_as_what_it_is(tmp_path: Path) -> None:
     assert "auditlog.read is not allowed to import auditlog.cli" in done.stdout
     assert "auditlog.read.runs -> auditlog.cli.output" in done.stdout
     assert "auditlog.cli.output -> duckdb" in done.stdout
-    assert "1 kept, 3 broken" in done.stdout  # the web UI contract: nothing planted
+    assert "The CLI reaches the store only through the read API BROKEN" in done.stdout
+    assert "auditlog.cli.runs_cmd -> auditlog.store.eventstore" in done.stdout
+    assert "1 kept, 4 broken" in done.stdout  # the web UI contract: nothing planted
 
 
 def test_the_staged_contracts_name_the_cli_as_installed() -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from auditlog.core.errors import RunNotFoundError, UsageError
 from auditlog.read.runs import RunInfo, list_runs, select_run
 from auditlog.store.eventstore import EventStore
-from auditlog.store.location import StoreLocation
+from auditlog.store.location import SHARDS_DIR, StoreLocation, resolve_store
 
 if TYPE_CHECKING:
     from auditlog.integrity.signing import KeyRing
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from auditlog.read.diff_values import ValuesDiff
     from auditlog.read.run import Run
     from auditlog.store.readmodel.session import QuerySession
+    from auditlog.store.readmodel.views import View
 
 Progress = Callable[[int, int], None]
 
@@ -225,3 +226,42 @@ def open_store(
 
 
 open = open_store  # ``auditlog.open``: the public name (``open_store`` inside the package, where ``open`` is the builtin)
+
+
+# ----------------------------------------------------------------------------------------
+# What the CLI needs of the store itself: where a store is, its schema, and the catalogue
+# of views. Here rather than imported from ``auditlog.store`` by the CLI, so that the CLI
+# reaches the store only through this module (an import contract in pyproject.toml holds
+# it to that). Imports are inside the functions: ``auditlog runs`` never pays for them.
+__all__ = ["SHARDS_DIR", "Store", "head_revision", "open", "open_store", "resolve_store",
+           "upgrade", "views", "views_markdown"]
+
+
+def head_revision() -> str:
+    """The schema revision this version of auditlog writes (``auditlog db current``)."""
+    from auditlog.store.schema import HEAD_REVISION
+
+    return HEAD_REVISION
+
+
+def upgrade(store: str | StoreLocation | None) -> tuple[str | None, str]:
+    """Create the store if none exists, or bring it to the head revision (``auditlog db
+    upgrade``): ``(revision before, revision after)``, ``before`` None for a new store.
+    A foreign, corrupt or newer store is refused untouched."""
+    from auditlog.store.eventstore import upgrade_store
+
+    return upgrade_store(store)
+
+
+def views() -> tuple[View, ...]:
+    """The documented views ``query`` answers from, with their columns and meaning."""
+    from auditlog.store.readmodel.views import VIEWS
+
+    return VIEWS
+
+
+def views_markdown() -> str:
+    """docs/views.md's body: every view and column (``make docs``)."""
+    from auditlog.store.readmodel.views import views_markdown as markdown
+
+    return markdown()
