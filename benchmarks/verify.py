@@ -37,10 +37,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from auditlog.core.chain import canonical_payload, canonical_row, genesis_hash, link_hash
 from auditlog.integrity import parallel
-from auditlog.integrity.heads import checkpoint_head, store_id
+from auditlog.integrity.checkpoints import checkpoint_head, store_id
+from auditlog.integrity.keys import KeyRing
 from auditlog.integrity.merkle import Frontier, leaf_hash
 from auditlog.integrity.proofs import check_consistency, check_inclusion
-from auditlog.integrity.signing import KeyRing, StreamHead, sign_heads
+from auditlog.integrity.statements import StreamHead, sign_heads
 from auditlog.integrity.verify import verify_run
 from auditlog.read.proofs import prove_consistency, prove_inclusion
 from auditlog.store.eventstore import EventStore

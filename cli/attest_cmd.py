@@ -71,8 +71,7 @@ def verify_attestation(key_paths: tuple[str, ...], model: Path | None, store: st
     """Check an attestation from `auditlog attest`: its signature, and with --model / --store the
     model file and the record (exit 4 when anything does not hold); with --model-signature and
     --model-signing-key, the file's OpenSSF model signature too, tied to the attestation."""
-    from auditlog.integrity.keys import trusted_public_keys
-    from auditlog.integrity.signing import KeyRing
+    from auditlog.integrity.keys import KeyRing, trusted_public_keys
     from auditlog.read.api import open_store
     from auditlog.read.attest import verify_attestation as check_attestation
 

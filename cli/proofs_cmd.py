@@ -102,9 +102,8 @@ def verify_proof(key_paths: tuple[str, ...], proof: str) -> None:
     the trusted key signed; a consistency proof, that the newer signed tree
     extends the older one.
     """
-    from auditlog.integrity.keys import trusted_public_keys
+    from auditlog.integrity.keys import KeyRing, trusted_public_keys
     from auditlog.integrity.proofs import check_document
-    from auditlog.integrity.signing import KeyRing
 
     keys = KeyRing(trusted_public_keys(tuple(Path(p) for p in key_paths)))
     check = check_document(read_json(proof, "an auditlog proof"), keys)

@@ -16,7 +16,7 @@ from auditlog.cli.output import echo_line, emit_rows
 from auditlog.core.errors import AuditlogError, IntegrityError, UsageError
 
 if TYPE_CHECKING:
-    from auditlog.integrity.signing import KeyRing
+    from auditlog.integrity.keys import KeyRing
     from auditlog.integrity.verify import SourcedStatement
 
 
@@ -73,8 +73,7 @@ def verify(
     "intact, signed and checked against an exported head". Exit 0 when intact;
     exit 4 naming the first problem otherwise.
     """
-    from auditlog.integrity.keys import trusted_public_keys
-    from auditlog.integrity.signing import KeyRing
+    from auditlog.integrity.keys import KeyRing, trusted_public_keys
     from auditlog.read.api import open_store
 
     # Given keys must load now; the default key is read only if a signature needs it.
@@ -134,7 +133,7 @@ def verify(
 
 def _read_statement(source: str) -> SourcedStatement:
     """Read and parse one ``--against`` file; a bad file is one error line naming it."""
-    from auditlog.integrity.signing import HeadStatement, StatementError
+    from auditlog.integrity.statements import HeadStatement, StatementError
 
     try:
         if source == "-":
@@ -182,8 +181,7 @@ def _progress() -> Iterator[Callable[[str], Callable[[int], None]] | None]:
 
 def _verify_archive(directory: Path, keys: KeyRing | None, fmt: str) -> None:
     """``verify --archive DIR``: one line (or a JSON/CSV row), problems, exit 4 when any."""
-    from auditlog.integrity.keys import trusted_public_keys
-    from auditlog.integrity.signing import KeyRing
+    from auditlog.integrity.keys import KeyRing, trusted_public_keys
     from auditlog.read.archive import verify_archive
 
     if keys is None:

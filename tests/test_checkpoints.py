@@ -20,15 +20,16 @@ from helpers import CliResult, file_digest, invoke
 from integrity_support import isolate_keys, last_seq, record_run, rewrite_chain, tamper, truncate
 
 from auditlog.core.chain import canonical_payload, chain_hash
-from auditlog.integrity.heads import checkpoint_head, checkpoints_for
+from auditlog.integrity.checkpoints import checkpoint_head, checkpoints_for
 from auditlog.integrity.keys import (
+    KeyRing,
+    Verdict,
     fingerprint,
     generate_key_pair,
     load_private_key,
     load_public_key,
 )
 from auditlog.integrity.report import StreamTip
-from auditlog.integrity.signing import KeyRing, Verdict
 from auditlog.integrity.verify import verify_run
 from auditlog.store.eventstore import EventStore
 

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from integrity_support import isolate_keys, record_run
 
 from auditlog.core.kinds import KINDS
-from auditlog.integrity.heads import checkpoint_head
+from auditlog.integrity.checkpoints import checkpoint_head
 from auditlog.integrity.keys import generate_key_pair, load_private_key
 from auditlog.store.eventstore import EventStore
 

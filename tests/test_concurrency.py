@@ -2,7 +2,7 @@
 
 Each worker is a real Python process that trains a tiny model under
 ``auditlog.record(store=...)`` and then signs its chain head with
-``auditlog.integrity.heads.checkpoint_head``; all of them wait for one start signal so
+``auditlog.integrity.checkpoints.checkpoint_head``; all of them wait for one start signal so
 that their writes really overlap. Afterwards every run must be present and
 completed, every stream gap-free, and ``verify all`` (with the signing key)
 must pass. A ``database is locked`` failure would show as a worker's stderr
@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 import auditlog
-from auditlog.integrity.heads import checkpoint_head
+from auditlog.integrity.checkpoints import checkpoint_head
 from auditlog.integrity.keys import load_private_key
 from auditlog.store.eventstore import EventStore
 

@@ -20,7 +20,7 @@ from integrity_support import rewrite_chain
 from torch import nn
 
 import auditlog
-from auditlog.integrity.heads import checkpoint_head
+from auditlog.integrity.checkpoints import checkpoint_head
 from auditlog.integrity.keys import KeyPair, generate_key_pair, load_private_key
 
 

@@ -19,7 +19,7 @@ import auditlog
 from auditlog.core.chain import canonical_row, chain_hash, genesis_hash
 from auditlog.integrity.keys import fingerprint, generate_key_pair, load_private_key
 from auditlog.integrity.merkle import leaf_hash, node_hash
-from auditlog.integrity.signing import Checkpoint
+from auditlog.integrity.statements import Checkpoint
 from auditlog.integrity.verify import verify_run
 from auditlog.store.eventstore import EventStore
 

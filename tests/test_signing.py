@@ -1,4 +1,4 @@
-"""``auditlog.integrity.signing``: what exactly is signed, and that changing any of it breaks the signature.
+"""``auditlog.integrity.statements``: what exactly is signed, and that changing any of it breaks the signature.
 
 The signed bytes are documented (README, module docstring) so that a third
 party can check a statement without auditlog; the first tests pin them.
@@ -13,18 +13,16 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from auditlog.integrity.keys import fingerprint
-from auditlog.integrity.signing import (
+from auditlog.integrity.keys import KeyRing, Verdict, fingerprint
+from auditlog.integrity.statements import (
     Checkpoint,
     HeadStatement,
-    KeyRing,
     StatementError,
     StreamHead,
-    Verdict,
     canonical_statement,
     sign_heads,
 )
-from auditlog.integrity.signing import sign_head as _sign_head
+from auditlog.integrity.statements import sign_head as _sign_head
 
 KEY = Ed25519PrivateKey.generate()
 OTHER = Ed25519PrivateKey.generate()

@@ -32,8 +32,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from auditlog.core.payloadlimits import loads_bounded
-from auditlog.integrity.keys import fingerprint
-from auditlog.integrity.signing import KeyRing, Verdict
+from auditlog.integrity.keys import KeyRing, Verdict, fingerprint
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"

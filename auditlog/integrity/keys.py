@@ -14,12 +14,14 @@ Every failure to read a key is one ``AuditlogError`` line naming the file.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -242,3 +244,32 @@ def trusted_public_keys(paths: list[Path] | tuple[Path, ...] = ()) -> list[Ed255
     if default.exists():
         return [load_public_key(default)]
     return []
+
+
+class Verdict(enum.Enum):
+    """What checking one signature found."""
+
+    VALID = "valid"
+    INVALID = "invalid"
+    UNKNOWN_KEY = "unknown key"
+
+
+class KeyRing:
+    """The public keys whose signatures are trusted, by fingerprint."""
+
+    def __init__(self, keys: Iterable[Ed25519PublicKey] = ()) -> None:
+        self.keys: dict[str, Ed25519PublicKey] = {fingerprint(k): k for k in keys}
+
+    def __bool__(self) -> bool:
+        return bool(self.keys)
+
+    def check(self, key_fingerprint: str, message: bytes, signature_hex: str) -> Verdict:
+        """Is ``signature_hex`` a valid signature of ``message`` by the named, trusted key?"""
+        key = self.keys.get(key_fingerprint)
+        if key is None:
+            return Verdict.UNKNOWN_KEY
+        try:
+            key.verify(bytes.fromhex(signature_hex), message)
+        except (InvalidSignature, ValueError, TypeError):
+            return Verdict.INVALID
+        return Verdict.VALID

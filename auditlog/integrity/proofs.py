@@ -38,14 +38,13 @@ from auditlog.core.chain import canonical_row
 from auditlog.core.eventrow import HASHED_COLUMNS
 from auditlog.core.payloadlimits import NotJSONError, limit_problem
 from auditlog.integrity.chaincheck import EVENT_TYPES, short
+from auditlog.integrity.keys import KeyRing, Verdict
 from auditlog.integrity.merkle import leaf_hash, verify_consistency, verify_inclusion
-from auditlog.integrity.signing import (
+from auditlog.integrity.statements import (
     CHECKPOINT_FORMAT,
     HEAD_FORMAT,
     HeadStatement,
-    KeyRing,
     StatementError,
-    Verdict,
     canonical_statement,
 )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from auditlog.integrity.signing import HeadStatement
+from auditlog.integrity.statements import HeadStatement
 
 
 @dataclass(frozen=True)

@@ -31,18 +31,17 @@ from auditlog.core.chain import chain_hash, genesis_hash
 from auditlog.core.errors import StoreError
 from auditlog.core.ranks import split_stream
 from auditlog.integrity.chaincheck import StreamCheck, short
-from auditlog.integrity.keys import trusted_public_keys
-from auditlog.integrity.merkle import PackedLeaves
-from auditlog.integrity.parallel import check_split, split_point
-from auditlog.integrity.report import Problem, SourcedStatement, StreamTip, VerifyReport
-from auditlog.integrity.runindex import verify_run_index
-from auditlog.integrity.signed import (
+from auditlog.integrity.checkpoints import (
     signed_sizes,
     verify_checkpoints,
     verify_coverage,
     verify_statement,
 )
-from auditlog.integrity.signing import KeyRing
+from auditlog.integrity.keys import KeyRing, trusted_public_keys
+from auditlog.integrity.merkle import PackedLeaves
+from auditlog.integrity.parallel import check_split, split_point
+from auditlog.integrity.report import Problem, SourcedStatement, StreamTip, VerifyReport
+from auditlog.integrity.runindex import verify_run_index
 from auditlog.integrity.snapshots import verify_snapshots
 from auditlog.store.eventstore import EventStore
 

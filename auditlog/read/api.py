@@ -16,7 +16,7 @@ from auditlog.store.eventstore import EventStore
 from auditlog.store.location import SHARDS_DIR, StoreLocation, resolve_store
 
 if TYPE_CHECKING:
-    from auditlog.integrity.signing import KeyRing
+    from auditlog.integrity.keys import KeyRing
     from auditlog.integrity.verify import SourcedStatement, VerifyReport
     from auditlog.read.diff import RunDiff
     from auditlog.read.diff_values import ValuesDiff

@@ -34,11 +34,11 @@ from auditlog.integrity.attest import (
     statement,
     tensor_subjects,
 )
-from auditlog.integrity.heads import Told, checkpoint_run, checkpoints_for, store_id
-from auditlog.integrity.keys import fingerprint
+from auditlog.integrity.checkpoints import Told, checkpoint_run, checkpoints_for, store_id
+from auditlog.integrity.keys import KeyRing, fingerprint
 from auditlog.integrity.merkle import root
 from auditlog.integrity.proofs import signed_tree_head
-from auditlog.integrity.signing import Checkpoint, KeyRing
+from auditlog.integrity.statements import Checkpoint
 from auditlog.read.proofs import stream_leaves
 from auditlog.read.run import Run
 from auditlog.store.blobs import file_digest
@@ -104,7 +104,7 @@ def attest(
     also: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A signed DSSE envelope attesting that ``model`` came out of the recorded run at ``step``
-    (``told``: the line saying what the signature trusts, ``integrity.heads.trust_line``;
+    (``told``: the line saying what the signature trusts, ``integrity.checkpoints.trust_line``;
     ``also``: more subjects, e.g. the OpenSSF signature bundle of the file, ``read.modelsign``)."""
     run = Run(store, run_id)
     heads = _signed_heads(store, run_id, key, told)

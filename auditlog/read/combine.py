@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from auditlog.core.errors import StoreError, UsageError
-from auditlog.integrity.signing import KeyRing
+from auditlog.integrity.keys import KeyRing
 from auditlog.integrity.verify import verify_run
 from auditlog.store.blobcheck import verify_file
 from auditlog.store.blobformat import SnapshotError

@@ -46,8 +46,9 @@ from auditlog.core.errors import AuditlogError, IntegrityError
 from auditlog.core.ranks import split_stream
 from auditlog.core.replay import CONSTRUCTION_KINDS, replay
 from auditlog.core.version import __version__
-from auditlog.integrity.heads import export_heads, store_id
-from auditlog.integrity.signing import KeyRing, canonical_statement
+from auditlog.integrity.checkpoints import export_heads, store_id
+from auditlog.integrity.keys import KeyRing
+from auditlog.integrity.statements import canonical_statement
 from auditlog.integrity.verify import VerifyReport, verify_run
 from auditlog.read.runs import list_runs
 from auditlog.store.blobpaths import copy_regular, relpath

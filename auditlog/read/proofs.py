@@ -13,7 +13,8 @@ from typing import Any
 
 from auditlog.core.chain import canonical_row
 from auditlog.core.errors import AuditlogError, IntegrityError
-from auditlog.integrity.heads import checkpoints_for, store_id
+from auditlog.integrity.checkpoints import checkpoints_for, store_id
+from auditlog.integrity.keys import KeyRing
 from auditlog.integrity.merkle import (
     PackedLeaves,
     consistency_proof,
@@ -22,7 +23,7 @@ from auditlog.integrity.merkle import (
     root,
 )
 from auditlog.integrity.proofs import consistency_document, inclusion_document, signed_tree_head
-from auditlog.integrity.signing import Checkpoint, KeyRing
+from auditlog.integrity.statements import Checkpoint
 from auditlog.store.eventstore import EventStore
 
 

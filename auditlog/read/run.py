@@ -25,8 +25,9 @@ if TYPE_CHECKING:
     import torch
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from auditlog.integrity.heads import SignedHead
-    from auditlog.integrity.signing import HeadStatement, KeyRing
+    from auditlog.integrity.checkpoints import SignedHead
+    from auditlog.integrity.keys import KeyRing
+    from auditlog.integrity.statements import HeadStatement
     from auditlog.integrity.verify import SourcedStatement, VerifyReport
     from auditlog.read.data import DataSummary, SampleHistory
     from auditlog.read.forensics import Finding
@@ -331,14 +332,14 @@ class Run:
         """Refuse (``IntegrityError``) to restore from a run whose events do not verify:
         every link and seq of every stream, its checkpoints by the configured keys, and,
         where a key is configured, a stream recorded for signing that has lost its
-        signatures (``integrity.heads.lost_signatures``). Snapshot files are left to the
+        signatures (``integrity.checkpoints.lost_signatures``). Snapshot files are left to the
         restore, which checks each one it reads. Issue 29: a restore checked only the
         files, so a chain rewritten to name another run's files restored those."""
         if self._chain_checked:
             return
         from auditlog.core.errors import IntegrityError
-        from auditlog.integrity.heads import default_keys, lost_signatures
-        from auditlog.integrity.signing import KeyRing
+        from auditlog.integrity.checkpoints import default_keys, lost_signatures
+        from auditlog.integrity.keys import KeyRing
         from auditlog.integrity.verify import verify_run
 
         keys = KeyRing(default_keys())
@@ -459,16 +460,16 @@ class Run:
         Refuses (``IntegrityError``) a record proven altered, or recorded for
         signing and stripped of its signatures; heads this key signed already
         are reported and left alone. ``told`` gets one line saying what the
-        signature trusts (``integrity.heads.trust_line``).
+        signature trusts (``integrity.checkpoints.trust_line``).
         """
-        from auditlog.integrity.heads import checkpoint_run
+        from auditlog.integrity.checkpoints import checkpoint_run
 
         return checkpoint_run(self.store, self.run_id, key, told)
 
     def export_head(self, key: Ed25519PrivateKey, told: Callable[[str], None] | None = None) -> HeadStatement:
         """A signed statement of every stream's current head, to keep outside the store
         (refused as ``checkpoint`` is; ``told`` as there)."""
-        from auditlog.integrity.heads import export_intact_heads
+        from auditlog.integrity.checkpoints import export_intact_heads
 
         return export_intact_heads(self.store, self.run_id, key, told)
 

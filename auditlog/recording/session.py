@@ -40,7 +40,7 @@ from auditlog.core.errors import (
 from auditlog.core.liveness import process_start_ticks
 from auditlog.core.policy import Policy, make_policy
 from auditlog.core.ranks import split_stream
-from auditlog.integrity.heads import checkpoint_head, checkpoint_run
+from auditlog.integrity.checkpoints import checkpoint_head, checkpoint_run
 from auditlog.integrity.keys import configured_private_key, fingerprint
 from auditlog.integrity.report import StreamTip
 from auditlog.recording.crashes import close_crashed_runs

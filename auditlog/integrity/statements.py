@@ -33,13 +33,13 @@ signed over the object without its ``signature`` field. Its ``store_id`` says
 where it came from; a copy of that store (a backup) verifies against it too,
 because the chain itself names the run (its genesis hash includes the run id).
 
-This module is pure: no store access, no files. ``auditlog.integrity.heads`` reads heads
-from a store and signs them; ``auditlog.integrity.verify`` checks the signatures.
+This module is pure: no store access, no files. ``auditlog.integrity.checkpoints`` reads
+heads from a store, signs them and checks stored and exported ones against the chain;
+the trusted keys are ``auditlog.integrity.keys.KeyRing``.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import re
 import time
@@ -47,8 +47,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from auditlog.core.errors import AuditlogError
 from auditlog.core.payloadlimits import loads_bounded
@@ -66,35 +65,6 @@ _HEX128 = re.compile(r"[0-9a-f]{128}")
 def canonical_statement(fields: Mapping[str, Any]) -> bytes:
     """The bytes a statement's signature covers."""
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-
-class Verdict(enum.Enum):
-    """What checking one signature found."""
-
-    VALID = "valid"
-    INVALID = "invalid"
-    UNKNOWN_KEY = "unknown key"
-
-
-class KeyRing:
-    """The public keys whose signatures are trusted, by fingerprint."""
-
-    def __init__(self, keys: Iterable[Ed25519PublicKey] = ()) -> None:
-        self.keys: dict[str, Ed25519PublicKey] = {fingerprint(k): k for k in keys}
-
-    def __bool__(self) -> bool:
-        return bool(self.keys)
-
-    def check(self, key_fingerprint: str, message: bytes, signature_hex: str) -> Verdict:
-        """Is ``signature_hex`` a valid signature of ``message`` by the named, trusted key?"""
-        key = self.keys.get(key_fingerprint)
-        if key is None:
-            return Verdict.UNKNOWN_KEY
-        try:
-            key.verify(bytes.fromhex(signature_hex), message)
-        except (InvalidSignature, ValueError, TypeError):
-            return Verdict.INVALID
-        return Verdict.VALID
 
 
 # --------------------------------------------------------------------------- checkpoints
