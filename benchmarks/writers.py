@@ -168,7 +168,7 @@ def main() -> None:
                     drop()
             shards = [str(work / "store" / "shards" / f"rank{r}") for r in range(n)]
             rows.append(_round("sqlite-shards", shards, "", args.events))
-            from auditlog.read.combine import combine
+            from auditlog.recording.combine import combine
 
             begun = time.perf_counter()
             report = combine(str(work / "store"), shards)

@@ -35,7 +35,7 @@ def combine(shards: tuple[str, ...], into: str, snapshots: str | None, delete: b
     not verify, is reported and left in place. Originals are kept unless --delete.
     """
     from auditlog.read.api import SHARDS_DIR, resolve_store
-    from auditlog.read.combine import combine as combine_shards
+    from auditlog.recording.combine import combine as combine_shards
 
     target = resolve_store(into, snapshots)
     chosen = list(shards)

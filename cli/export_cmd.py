@@ -27,9 +27,9 @@ def export(store: str | None, run: str, to: Path, key_path: str | None) -> None:
     DuckDB, Spark or Trino read it without auditlog; `auditlog verify --archive DIR`
     checks it. A record that does not verify is not exported (exit 4).
     """
+    from auditlog.archive.write import export_run
     from auditlog.integrity.keys import configured_private_key, load_private_key
     from auditlog.read.api import open_store
-    from auditlog.read.export import export_run
 
     key = load_private_key(Path(key_path)) if key_path else configured_private_key()
     with open_store(store) as opened:

@@ -94,7 +94,7 @@ def kinds_markdown() -> str:
         "payload. The column stays because every stored event was hashed with it: dropping it "
         "is a new chain format, whose verifier must keep the old one for the records already "
         "written. It is carried, as NULL, by the writer's rows (`core/chain.py`), the read "
-        "model's copy (`store/readmodel/arrowcopy.py`) and the export (`read/export.py`).\n",
+        "model's copy (`store/readmodel/arrowcopy.py`) and the export (`archive/write.py`).\n",
         columns_markdown(),
         "## Payload fields\n",
         "Types are as stored: `number` may also be the text 'NaN', 'Infinity' or '-Infinity'; "

@@ -181,8 +181,8 @@ def _progress() -> Iterator[Callable[[str], Callable[[int], None]] | None]:
 
 def _verify_archive(directory: Path, keys: KeyRing | None, fmt: str) -> None:
     """``verify --archive DIR``: one line (or a JSON/CSV row), problems, exit 4 when any."""
+    from auditlog.archive.check import verify_archive
     from auditlog.integrity.keys import KeyRing, trusted_public_keys
-    from auditlog.read.archive import verify_archive
 
     if keys is None:
         try:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, invoke, record_run, tamper, tree_digest
 
-from auditlog.read.combine import combine
+from auditlog.recording.combine import combine
 from auditlog.store.eventstore import EventStore
 
 

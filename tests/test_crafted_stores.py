@@ -203,7 +203,7 @@ def test_an_archive_with_a_fifo_for_a_tensor_file_is_refused_without_hanging(arc
 def test_an_archive_whose_manifest_lists_a_path_outside_it_is_refused_unread(archive: Path, tmp_path: Path) -> None:
     """The manifest's own digest is recomputed (the published function), so only the
     path check stands between the reader and ``outside/x.parquet``, a FIFO."""
-    from auditlog.read.export import manifest_digest
+    from auditlog.archive.write import manifest_digest
 
     copy = _archive_copy(archive, tmp_path)
     os.mkfifo(tmp_path / "outside" / "x.parquet")

@@ -20,12 +20,12 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 import auditlog
+from auditlog.archive.write import EVENTS_SCHEMA
 from auditlog.core import eventrow
 from auditlog.core.chain import chained_row, genesis_hash
 from auditlog.core.eventtypes import F32, INT, INTS, NULL, NUM, STR, ListOf, enum, obj
 from auditlog.core.kinds import KINDS
 from auditlog.integrity.chaincheck import EVENT_TYPES
-from auditlog.read.export import EVENTS_SCHEMA
 from auditlog.store import schema
 from auditlog.store.eventstore import EventStore
 from auditlog.store.queries import TUPLE_COLUMNS

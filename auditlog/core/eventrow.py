@@ -4,7 +4,7 @@ Every place that lists the columns derives them from ``COLUMNS``: the SQL table
 (``store/schema.py``), the insert (``store/eventstore.py``), the tuples ``verify``
 reads (``store/queries.py``), the read model's Arrow copy
 (``store/readmodel/arrowcopy.py``), the export's Parquet schema
-(``read/export.py``), the type check of a stored row (``integrity/chaincheck.py``),
+(``archive/write.py``), the type check of a stored row (``integrity/chaincheck.py``),
 the fields of an inclusion proof (``integrity/proofs.py``), the output of
 ``auditlog events`` and the row table of ``docs/events.md``.
 

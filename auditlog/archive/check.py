@@ -34,12 +34,12 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from auditlog.archive.write import ARCHIVE_FORMAT, manifest_digest
 from auditlog.core.chain import chain_hash, genesis_hash, row_prefix
 from auditlog.core.hashing import shown_hash
 from auditlog.core.payloadlimits import loads_bounded
 from auditlog.integrity.keys import KeyRing, Verdict
 from auditlog.integrity.statements import Checkpoint, HeadStatement, StatementError
-from auditlog.read.export import ARCHIVE_FORMAT, manifest_digest
 from auditlog.store.blobformat import SnapshotError
 from auditlog.store.blobpaths import kind_of, regular_digest, where
 from auditlog.store.blobs import SnapshotStore

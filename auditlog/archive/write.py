@@ -23,7 +23,7 @@ partition columns are not repeated inside the files), e.g. in DuckDB::
         hive_partitioning = true, hive_types = {'run_id': VARCHAR, 'stream': INTEGER}) GROUP BY ALL
 
 A record proven altered is not exported (verify it first); ``auditlog verify
---archive DIR`` checks an archive (``auditlog.read.archive``).
+--archive DIR`` checks an archive (``auditlog.archive.check``).
 """
 
 from __future__ import annotations
