@@ -78,8 +78,10 @@ def diff(
             document["identical"] = result.identical and found.identical
         sys.stdout.write(json.dumps(document, ensure_ascii=False, indent=2, default=str) + "\n")
     else:
-        from auditlog.cli.diff_render import render
+        from auditlog.cli.output import console
 
-        render(result, found)
+        from auditlog.present.diff_text import render
+
+        render(result, found, console())
     if exit_code and not (result.identical and (found is None or found.identical)):
         click.get_current_context().exit(1)

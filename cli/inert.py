@@ -20,11 +20,8 @@ hyperlink, a C1 byte or a bidi override reorders what is read. So:
   error) goes through ``inert``, which escapes newlines too: a stored newline
   cannot start a forged line.
 
-Escapes: ``\\x1b`` for C0 characters, ``\\u009b`` for DEL, C1 and the Unicode
-bidi controls (U+061C, U+200E-200F, U+202A-202E, U+2066-2069) and line
-separators (U+2028-2029). The ``\\uXXXX`` form is a JSON escape of the same
-character, so JSON output passing through the stream stays exact JSON (json
-itself escapes C0). ``auditlog run`` hands the streams back to the user's
+What is escaped and how: ``auditlog.present.text`` (``inert``, ``fit``,
+``one_line``). ``auditlog run`` hands the streams back to the user's
 program (``release``): its output is its own.
 """
 
@@ -32,60 +29,14 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
 import sys
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TextIO
 
+from auditlog.present.text import BUT_LINES, inert_lines
+
 if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
-    from rich.text import Text
-
-_WIDE = "\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
-_EVERY = re.compile(f"[\x00-\x1f{_WIDE}]")
-_BUT_LINES = re.compile(f"[\x00-\x08\x0b-\x1f{_WIDE}]")  # keeps \t and \n
-
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x20 else f"\\u{code:04x}"
-
-
-def inert(text: str) -> str:
-    """``text`` as one visible line: every control character (newlines too) escaped."""
-    return _EVERY.sub(_escape, text)
-
-
-def inert_lines(text: str) -> str:
-    """``text`` with every control character but newline and tab escaped."""
-    return _BUT_LINES.sub(_escape, text)
-
-
-SHOWN_CHARS = 1000
-
-
-def fit(text: str) -> str:
-    """``text`` cut after ``SHOWN_CHARS`` characters, saying how long it is (a table cell,
-    a piece of a line). Rich wraps a long line at a cost that grows faster than its
-    length (a 4 MiB module name in a diff took a minute), and nobody reads a thousand
-    wrapped lines; JSON and CSV output write every value whole."""
-    if len(text) <= SHOWN_CHARS:
-        return text
-    return f"{text[:SHOWN_CHARS]}... ({len(text):,} characters in all)"
-
-
-def one_line(*pieces: str | tuple[str, str] | Text) -> Text:
-    """A rich ``Text`` line from plain strings and ``(text, style)`` pairs: never markup,
-    every control character (newlines too) escaped, each string cut by ``fit``. A
-    ``Text`` piece is taken as it is (a line built here before)."""
-    from rich.text import Text
-
-    def piece(p: str | tuple[str, str] | Text) -> str | tuple[str, str] | Text:
-        if isinstance(p, Text):
-            return p
-        return inert(fit(p)) if isinstance(p, str) else (inert(fit(p[0])), p[1])
-
-    return Text.assemble(*(piece(p) for p in pieces))
 
 
 class InertStream(io.TextIOBase):
@@ -165,7 +116,7 @@ class _Inert:
         from rich.segment import Segment
 
         for segment in console.render(self.renderable, options):
-            if segment.control or not _BUT_LINES.search(segment.text):
+            if segment.control or not BUT_LINES.search(segment.text):
                 yield segment
             else:
                 yield Segment(inert_lines(segment.text), segment.style)

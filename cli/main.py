@@ -16,10 +16,11 @@ import traceback
 from typing import Any
 
 import click
-from auditlog.cli.inert import guarded_streams, inert
+from auditlog.cli.inert import guarded_streams
 
 from auditlog.core.errors import AuditlogError
 from auditlog.core.version import __version__
+from auditlog.present.text import inert
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 

@@ -23,7 +23,9 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
-from auditlog.cli.inert import fit, inert, inert_console, raw
+from auditlog.cli.inert import inert_console, raw
+
+from auditlog.present.text import fit, inert
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -34,8 +34,8 @@ def plot(store: str | None, fmt: str, output: str | None, max_rows: int, run: st
     name prefix (norms combine as the L2 norm of the group's parameters).
     NaN/Inf cells are red, steps without data grey.
     """
+    from auditlog.present.plots import render_png
     from auditlog.read.api import open_store
-    from auditlog.read.plots import render_png
 
     if fmt == "png" and output is None:
         raise UsageError("plot writes a PNG file: give -o FILE.png (or --format csv for the data)")

@@ -27,9 +27,9 @@ def report(store: str | None, output: str, other: str | None, run: str) -> None:
     The file is self-contained: inline styles and images, no scripts, no
     network access when opened.
     """
+    from auditlog.present.report import run_report
+    from auditlog.present.report_compare import compare_report
     from auditlog.read.api import open_store
-    from auditlog.read.report import run_report
-    from auditlog.read.report_compare import compare_report
 
     if output != "-" and Path(output).is_dir():
         raise UsageError(f"{output!r} is a directory; give a file name such as report.html")

@@ -21,6 +21,7 @@ import torch
 from helpers import invoke, run_auditlog
 
 import auditlog
+from auditlog.present.diff_text import diff_text
 from auditlog.read.diff import diff_runs, distribution_changed
 from auditlog.store.eventstore import EventStore
 
@@ -261,6 +262,11 @@ def test_rename_class_change_and_hyperparameters(tmp_path: Path, store: Path) ->
     text = invoke("diff", "--store", str(store), first, second).stdout
     assert "→ fc → proj" in text
     assert "class ReLU → GELU" in text
+    # Python users get the same text from the presentation layer the CLI draws with
+    with auditlog.open(store) as opened:
+        shown = diff_text(opened.diff(first, second))
+    assert "→ fc → proj" in shown and "class ReLU → GELU" in shown
+    assert shown.splitlines()[-1] == text.splitlines()[-1] and "\x1b" not in shown
 
 
 def test_distribution_change_is_told_from_a_redraw() -> None:

@@ -25,7 +25,7 @@ from integrity_support import rewrite_chain
 
 import auditlog
 from auditlog.integrity.report import VERDICTS
-from auditlog.read.report import run_report
+from auditlog.present.report import run_report
 
 pristine = forgery_support.pristine  # fixtures
 trial = forgery_support.trial

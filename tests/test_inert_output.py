@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from auditlog.cli.inert import inert, inert_lines
 from auditlog.cli.main import cli
 from click.testing import CliRunner
 from forgery_support import CHAINED, rows
@@ -30,6 +29,7 @@ from torch import nn
 
 import auditlog
 from auditlog.core.chain import chain_hash, genesis_hash
+from auditlog.present.text import inert, inert_lines
 
 # What a crafted string may hold: erase-line + carriage return + a fake verdict, an
 # OSC-8 hyperlink, BEL, a C1 CSI, a bidi override, a newline, and Rich markup.

@@ -1,6 +1,6 @@
 """``auditlog tree`` prints the same text whether rich draws it or the plain fast path does.
 
-The plain path (``tree_cmd._plain_lines``) is taken in pipes and files, where
+The plain path (``tree_text.plain_lines``) is taken in pipes and files, where
 rich prints no colour; it must give rich's exact text, and step aside (None)
 whenever rich would print something else (a wrapped label, a control
 character).
@@ -12,7 +12,7 @@ import io
 from typing import Any
 
 import pytest
-from auditlog.cli import tree_cmd
+from auditlog.present import tree_text
 from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
@@ -30,8 +30,8 @@ def _module(name: str, cls: str | None, children: list[dict[str, Any]] = (), **f
 
 def _rich_text(item: dict[str, Any], width: int = 200) -> str:
     out = io.StringIO()
-    top = Tree(Text.assemble(*tree_cmd._root_label(item)))
-    tree_cmd._render(item, top)
+    top = Tree(Text.assemble(*tree_text.root_label(item)))
+    tree_text.add_children(item, top)
     Console(file=out, soft_wrap=False, width=width, color_system=None).print(top, highlight=False)
     return out.getvalue()
 
@@ -47,7 +47,7 @@ def _sample(name: str = "[bold]x\\") -> dict[str, Any]:
 
 def test_plain_lines_are_richs_text() -> None:
     item = _sample()
-    lines = tree_cmd._plain_lines(item, 200)
+    lines = tree_text.plain_lines(item, 200)
     assert lines is not None
     assert "\n".join(lines) + "\n" == _rich_text(item)
 
@@ -55,7 +55,7 @@ def test_plain_lines_are_richs_text() -> None:
 @pytest.mark.parametrize("name", ["a\nb", "tab\there", "bell\x07", "wide名前"])
 def test_plain_lines_step_aside_or_agree(name: str) -> None:
     item = _sample(name)
-    lines = tree_cmd._plain_lines(item, 200)
+    lines = tree_text.plain_lines(item, 200)
     if lines is not None:
         assert "\n".join(lines) + "\n" == _rich_text(item)
     else:
@@ -64,7 +64,15 @@ def test_plain_lines_step_aside_or_agree(name: str) -> None:
 
 def test_a_label_rich_would_wrap_is_left_to_rich() -> None:
     item = _sample("n" * 300)
-    assert tree_cmd._plain_lines(item, 200) is None
+    assert tree_text.plain_lines(item, 200) is None
     narrow = _sample()
-    assert tree_cmd._plain_lines(narrow, 30) is None
-    assert "\n".join(tree_cmd._plain_lines(narrow, 60) or []) + "\n" == _rich_text(narrow, 60)
+    assert tree_text.plain_lines(narrow, 30) is None
+    assert "\n".join(tree_text.plain_lines(narrow, 60) or []) + "\n" == _rich_text(narrow, 60)
+
+
+def test_tree_text_is_what_the_cli_prints_in_a_pipe() -> None:
+    """Python users' ``present.tree_text.tree_text``: the plain lines where they fit, else rich's."""
+    item = _sample()
+    assert tree_text.tree_text(item, 200) == _rich_text(item)
+    wrapped = _sample("n" * 300)
+    assert tree_text.tree_text(wrapped, 200) == _rich_text(wrapped, 200)

@@ -4,7 +4,7 @@ Every answer is what a read command already computes: the runs of
 ``auditlog runs`` (``read.runs.list_runs``), the tree of ``auditlog tree``
 (``read.tree.tree_json``), the series of ``auditlog plot`` (``read.series``),
 the finding of ``auditlog nonfinite`` (``read.forensics``), the verdict of
-``auditlog verify`` in the report's words (``read.report.verify_verdict``),
+``auditlog verify`` in the report's words (``present.report.verify_verdict``),
 the snapshots of ``auditlog snapshots``, ``auditlog diff`` (and ``--values``)
 and the sandboxed session of ``auditlog query``. This module only picks,
 pages and shapes them for the page; it writes nothing and runs no SQL of its own.
@@ -26,10 +26,10 @@ from typing import Any
 
 from auditlog.core.errors import UsageError
 from auditlog.core.values import finite_or_text
+from auditlog.present.report import BADGES, UNSIGNED_NOTE, verify_verdict
 from auditlog.read.api import Store
 from auditlog.read.data import DATASET_COLUMNS, LOADER_COLUMNS, data_questions, data_summary
 from auditlog.read.forensics import find_nonfinite, questions
-from auditlog.read.report import BADGES, UNSIGNED_NOTE, verify_verdict
 from auditlog.read.run import Run
 from auditlog.read.runs import RunInfo
 from auditlog.read.series import Panel, panels, total_grad_norms

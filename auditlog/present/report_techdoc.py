@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from auditlog.present.report_html import badge, esc
 from auditlog.read.docfacts import DocumentationFacts, Fact
-from auditlog.read.report_html import badge, esc
 
 # (requirement, the facts that answer it, the report section that shows them in full)
 ANNEX_IV_2 = (

@@ -10,7 +10,7 @@ heatmap, the metrics per step and the non-finite findings. ``--compare`` renders
 ``auditlog diff`` of two runs as a page, with both loss curves.
 
 Pictures need matplotlib (``auditlog[plot]``); without it the page says so and
-keeps every table. HTML building blocks: ``auditlog.read.report_html``.
+keeps every table. HTML building blocks: ``auditlog.present.report_html``.
 """
 
 from __future__ import annotations
@@ -24,11 +24,8 @@ from auditlog.core.naming import short_class
 from auditlog.core.payloadlimits import loads_bounded, parse_payload
 from auditlog.core.replay import attached_mark
 from auditlog.core.version import __version__
-from auditlog.read import plots
-from auditlog.read.codefiles import dirty_files
-from auditlog.read.docfacts import Fact, documentation_facts
-from auditlog.read.forensics import Finding, find_nonfinite, finite, metrics_table, questions
-from auditlog.read.report_html import (
+from auditlog.present import plots
+from auditlog.present.report_html import (
     badge,
     esc,
     image,
@@ -39,7 +36,10 @@ from auditlog.read.report_html import (
     si,
     table,
 )
-from auditlog.read.report_techdoc import techdoc_section
+from auditlog.present.report_techdoc import techdoc_section
+from auditlog.read.codefiles import dirty_files
+from auditlog.read.docfacts import Fact, documentation_facts
+from auditlog.read.forensics import Finding, find_nonfinite, finite, metrics_table, questions
 from auditlog.read.run import Run
 from auditlog.read.series import Panel, panels
 from auditlog.store.readmodel.forensics import ForensicQueries

@@ -8,15 +8,17 @@ so names and arguments (``[/x]``, a trailing backslash) are shown as they are.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from auditlog.cli.inert import one_line
-from auditlog.cli.output import console
 from rich.text import Text
 
 from auditlog.core.naming import short_class
+from auditlog.present.text import one_line
 from auditlog.read.diff import Change, RunDiff, RunSide
 from auditlog.read.diff_values import ValuesDiff
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 SYMBOLS = {
     "added": ("+", "green"),
@@ -40,13 +42,23 @@ Piece = str | tuple[str, str] | Text
 
 def line(*pieces: Piece) -> Text:
     """One output line from plain strings and ``(text, style)`` pairs; never parsed as markup,
-    its control characters (newlines too) escaped (``cli.inert``)."""
+    its control characters (newlines too) escaped (``present.text``)."""
     return one_line(*pieces)
 
 
-def render(result: RunDiff, values: ValuesDiff | None = None) -> None:
-    """The human summary: both runs, then each section's differences, then a total."""
-    out = console()
+def diff_text(result: RunDiff, values: ValuesDiff | None = None, width: int = 100) -> str:
+    """The diff as ``auditlog diff`` prints it to a pipe: plain text, no colour."""
+    import io
+
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    render(result, values, Console(file=buffer, width=width, color_system=None, soft_wrap=False))
+    return buffer.getvalue()
+
+
+def render(result: RunDiff, values: ValuesDiff | None, out: Console) -> None:
+    """The human summary on ``out``: both runs, then each section's differences, then a total."""
     for letter, side in (("A", result.a), ("B", result.b)):
         out.print(line((f"run {letter}", "bold"), "  ", _side(side)), highlight=False)
     out.print()

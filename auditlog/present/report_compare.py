@@ -15,11 +15,11 @@ from typing import Any
 
 from auditlog.core.naming import short_class
 from auditlog.core.version import __version__
-from auditlog.read import plots
+from auditlog.present import plots
+from auditlog.present.report_html import badge, esc, image, kv_table, number, page, section, table
 from auditlog.read.api import Store
 from auditlog.read.diff import Change, RunDiff, RunSide
 from auditlog.read.forensics import metrics_table, questions
-from auditlog.read.report_html import badge, esc, image, kv_table, number, page, section, table
 from auditlog.read.series import Panel, panels
 
 TITLES = {
