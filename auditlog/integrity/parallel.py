@@ -1,10 +1,10 @@
 """The second half of a long stream checked in a forked process, beside the first.
 
 Reading an event from SQLite and hashing it (link, leaf, node) cost about the
-same, and one core tops out at both for a long stream (docs/performance.md). The chain check
-of ordinary events needs nothing from the events before but the stored hash,
-id and seq of the one just before, so the stream splits at ``m`` (its
-middle): this process checks events ``1..m`` as always, while a forked child
+same, so one core caps how fast a long stream is checked (docs/performance.md).
+The chain check of ordinary events needs nothing from the events before but
+the stored hash, id and seq of the one just before, so the stream splits at
+``m`` (its middle): this process checks events ``1..m`` as always, while a forked child
 reads ``m..n`` on its own read-only connection and checks the ordinary events
 there inline (``StreamCheck.feed`` with ``stop``), stopping at the first event
 that is not ordinary, and sends back their leaves as the perfect subtrees of
