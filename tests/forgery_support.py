@@ -151,3 +151,14 @@ def grad_norm_shown(store: Path, run_id: str) -> Iterator[float]:
     assert result.exit_code == 0, result.stderr
     for row in json.loads(result.stdout):
         yield float(row["grad_norm"])
+
+
+def fails(result: CliResult, *words: str, verdict: str = "record altered") -> str:
+    """Exit 4 with one ``Error: <verdict>: ...`` line naming ``words``; returns stdout + the line."""
+    assert result.exit_code == 4, (result.exit_code, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {verdict}: "), result.stderr
+    text = result.stdout + lines[0]
+    for word in words:
+        assert word in text, text
+    return text

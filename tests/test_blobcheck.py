@@ -11,8 +11,7 @@ from typing import NamedTuple
 import pyarrow.parquet as pq
 import pytest
 import torch
-from test_blobformat import write_legacy
-from test_snapshots import same_bits
+from snapshot_support import same_bits, write_legacy
 
 from auditlog.core.errors import IntegrityError
 from auditlog.store import blobformat

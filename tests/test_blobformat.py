@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from test_snapshots import DTYPES, same_bits, sample
+from snapshot_support import DTYPES, same_bits, sample, write_legacy
 
 from auditlog.core.errors import IntegrityError
 from auditlog.core.tensors import dtype_name, tensor_hash
@@ -74,28 +74,6 @@ def test_new_files_floats_uncompressed_integers_zstd_no_statistics(tmp_path: Pat
         assert not column.is_stats_set
         assert pq.ParquetFile(path).schema_arrow.field(0).nullable is False
         assert meta.metadata[b"auditlog.sha256"].decode() == path.stem  # added once the hash is known
-
-
-def write_legacy(root: Path, tensor: torch.Tensor) -> str:
-    """A file as the writer before issue 18 made it: zstd, statistics, a nullable column,
-    16 MiB chunks that pyarrow split into row groups of 1Mi rows, named by content
-    hash v1 (no version in its footer)."""
-    sha = tensor_hash(tensor, tree=False)
-    path = root / sha[:2] / f"{sha}.parquet"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    native = {torch.float32: pa.float32(), torch.int64: pa.int64()}.get(tensor.dtype)
-    field = pa.field("value", native) if native is not None else pa.field("raw", pa.large_binary())
-    schema = pa.schema([field], metadata={b"auditlog.sha256": sha.encode(), b"auditlog.dtype": dtype_name(tensor.dtype).encode(),
-                                          b"auditlog.shape": json.dumps(list(tensor.shape)).encode()})
-    flat = tensor.reshape(-1)
-    per_chunk = blobformat.LEGACY_CHUNK_BYTES // flat.element_size()
-    with pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=False) as writer:
-        for start in range(0, flat.numel(), per_chunk):
-            part = flat[start : start + per_chunk]
-            column = (pa.array(part.numpy(), type=native) if native is not None
-                      else pa.array([part.view(torch.uint8).numpy().tobytes()], type=pa.large_binary()))
-            writer.write_table(pa.Table.from_arrays([column], schema=schema))
-    return sha
 
 
 def test_files_written_before_issue_18_still_read_and_verify(tmp_path: Path) -> None:

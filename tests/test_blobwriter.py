@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
-from test_snapshots import DTYPES, same_bits, sample
+from snapshot_support import DTYPES, same_bits, sample
 
 from auditlog.core.tensors import tensor_hash
 from auditlog.store import blobformat, blobwriter

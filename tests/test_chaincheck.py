@@ -2,16 +2,20 @@
 
 ``feed`` checks ordinary rows in a tight loop and hands anything else to
 ``StreamCheck.one``; here every row is also checked by ``one`` alone, and the
-two must agree on every problem, the tree head and the tip.
+two must agree on every problem, the tree head and the tip. Agreement alone would
+pass if both missed a damage, so each damaged stream must also be reported as the
+finding it is, and the fast encoder must give the bytes of its JSON definition.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from auditlog.core.chain import canonical_payload, chained_row, genesis_hash
+from auditlog.core.eventrow import HASHED_COLUMNS
 from auditlog.integrity.chaincheck import StreamCheck
 from auditlog.integrity.report import VerifyReport
 from auditlog.store.queries import TUPLE_COLUMNS
@@ -82,11 +86,42 @@ def test_intact_and_awkward_rows_agree() -> None:
     assert [r["seq"] for r in fast.mismatched] == [5, 10]
 
 
-@pytest.mark.parametrize("damage", ["edit", "delete", "duplicate", "swap", "garble", "reorder_ids", "after_end"])
-def test_damaged_rows_agree(damage: str) -> None:
+UNCHAINED = frozenset({5, 10, 15, 20, 25, 30})  # seqs whose snapshot column ``_stream`` set unchained
+
+# What each damage must be reported as: problems (seq, what), hash mismatches beyond
+# the unchained snapshot columns, and events found after run_ended.
+FOUND: dict[str, tuple[list[tuple[int, str]], list[int], list[int]]] = {
+    "edit": ([], [17], []),
+    "delete": ([(14, "seqs 14..16 missing (events deleted)")], [], []),
+    "duplicate": ([(14, "duplicate sequence number (event inserted)")], [], []),
+    "swap": ([(12, "seq 12 missing (events deleted)"), (12, "duplicate sequence number (event inserted)")], [], []),
+    "garble": ([(18, "event is garbled: column ts_ns holds str 'soon'")], [], []),
+    "reorder_ids": ([(21, "stored out of order (events reordered)")], [], []),
+    "after_end": ([], [], list(range(11, 31))),
+}
+
+
+def _found(check: StreamCheck) -> tuple[list[tuple[int, str]], list[int], list[int]]:
+    return (
+        [(p.seq, p.what) for p in check.report.problems],
+        [r["seq"] for r in check.mismatched if r["seq"] not in UNCHAINED],
+        [r["seq"] for r in check.after_end],
+    )
+
+
+def test_an_intact_stream_has_no_finding_beyond_the_unchained_columns() -> None:
+    fast, slow = _both(_stream(PAYLOADS * 3), frozenset({12, 20}))
+    assert _found(fast) == _found(slow) == ([], [], [])
+    assert {r["seq"] for r in fast.mismatched} == UNCHAINED
+
+
+@pytest.mark.parametrize("damage", sorted(FOUND))
+def test_each_damage_is_found_and_both_paths_agree(damage: str) -> None:
     rows = [list(r) for r in _stream(PAYLOADS * 3)]
     if damage == "edit":
-        rows[12][8] = rows[12][8].replace("plain", "plan")
+        edited = rows[16][8].replace("plain", "plan")
+        assert edited != rows[16][8]  # the damage is real
+        rows[16][8] = edited
     elif damage == "delete":
         del rows[13:16]
     elif damage == "duplicate":
@@ -99,12 +134,14 @@ def test_damaged_rows_agree(damage: str) -> None:
         rows[20][0] = 1
     elif damage == "after_end":
         rows[9][3] = "run_ended"
-    _same(*_both([tuple(r) for r in rows], frozenset({12, 20})))
+    fast, slow = _both([tuple(r) for r in rows], frozenset({12, 20}))
+    _same(fast, slow)
+    assert _found(fast) == FOUND[damage]
 
 
 @pytest.mark.parametrize("text", ['plain', 'q"uote', "back\\slash", "nl\n tab\t cr\r", "\x00\x01\x1f\x1b", "/slash", ""])
 def test_inline_encoding_is_the_canonical_row(text: str) -> None:
-    from auditlog.core.chain import canonical_row
+    from auditlog.core.chain import canonical_row, canonical_row_reference
 
     for snapshot in (None, text):
         row = {"run_id": RUN, "stream": 3, "seq": 7, "ts_ns": -5, "kind": text or "k", "step": None,
@@ -116,6 +153,9 @@ def test_inline_encoding_is_the_canonical_row(text: str) -> None:
                                 text)
         stored["snapshot"] = snapshot
         stored["hash"] = _relinked(first["hash"], stored)
+        for encoded in (row, stored):  # the fast encoder writes the bytes its definition gives
+            assert canonical_row(encoded) == canonical_row_reference(encoded)
+            assert json.loads(canonical_row(encoded)) == [encoded[c] for c in HASHED_COLUMNS]
         rows = [tuple({**first, "id": 1}[c] for c in TUPLE_COLUMNS), tuple({**stored, "id": 2}[c] for c in TUPLE_COLUMNS)]
         fast.feed(rows)
         for r in rows:
@@ -123,7 +163,6 @@ def test_inline_encoding_is_the_canonical_row(text: str) -> None:
         assert not fast.mismatched and not slow.mismatched
         assert fast.calls == 1  # run_started only: the event itself was checked inline
         assert fast.tree.root() == slow.tree.root()
-        assert canonical_row(row)  # the reference encoder accepts it
 
 
 def _relinked(prev: str, row: dict[str, Any]) -> str:

@@ -1,7 +1,7 @@
 """Issue 15, "every command behaves as a careful user expects": the read commands.
 
-One test per numbered item of the issue (7-18, 20-23), through the CLI, with the
-exit code and the exact line a user reads. The items about ``auditlog run`` and
+One test per behaviour the issue asks for (its items 7-18, 20-23; the section
+comments give the item), through the CLI, with the exit code and the exact line a user reads. The items about ``auditlog run`` and
 Ctrl-C (1-6, 17's crash, 19, 21) need real processes: ``test_cli_interrupts.py``.
 """
 
@@ -70,7 +70,7 @@ def _markup_run(store: Path, name: str, arg: str) -> str:
     return run.run_id
 
 
-def test_item7_names_arguments_and_classes_are_printed_literally(store: Path) -> None:
+def test_names_arguments_and_classes_are_printed_literally(store: Path) -> None:
     first = _markup_run(store, "[/x]", "[bold]arg\\")
     _markup_run(store, "[foo]hidden", "x")
     s = ("--store", str(store))
@@ -103,7 +103,7 @@ def test_item7_names_arguments_and_classes_are_printed_literally(store: Path) ->
 
 # --------------------------------------------------------------------------- 8
 @pytest.mark.parametrize("command", ["tree", "diff"])
-def test_item8_tree_and_diff_offer_only_the_formats_they_have(plain: tuple[Path, str], command: str) -> None:
+def test_tree_and_diff_offer_only_the_formats_they_have(plain: tuple[Path, str], command: str) -> None:
     help_text = invoke(command, "-h").stdout
     assert "[table|json]" in help_text and "csv" not in help_text
     refused = invoke(command, "--store", str(plain[0]), "--format", "csv")
@@ -124,7 +124,7 @@ def test_item8_tree_and_diff_offer_only_the_formats_they_have(plain: tuple[Path,
         ("export-head", "auditlog export-head [OPTIONS] [RUN]"),
     ],
 )
-def test_item9_usage_lines_show_optional_arguments_in_brackets(command: str, usage: str) -> None:
+def test_usage_lines_show_optional_arguments_in_brackets(command: str, usage: str) -> None:
     from auditlog.cli.main import cli
     from click.testing import CliRunner
 
@@ -135,14 +135,14 @@ def test_item9_usage_lines_show_optional_arguments_in_brackets(command: str, usa
 
 # --------------------------------------------------------------------------- 10
 @pytest.mark.parametrize("command", [("tree",), ("restore", "-o", "out.pt")])
-def test_item10_step_and_seq_together_are_refused(plain: tuple[Path, str], command: tuple[str, ...]) -> None:
+def test_step_and_seq_together_are_refused(plain: tuple[Path, str], command: tuple[str, ...]) -> None:
     result = invoke(*command, "--store", str(plain[0]), "--step", "1", "--seq", "4")
     assert one_error(result, 2) == "Error: --step and --seq both name a point in the run; give one of them"
     assert not Path("out.pt").exists()
 
 
 # --------------------------------------------------------------------------- 11
-def test_item11_a_step_or_seq_beyond_the_run_is_an_error_naming_its_end(plain: tuple[Path, str]) -> None:
+def test_a_step_or_seq_beyond_the_run_is_an_error_naming_its_end(plain: tuple[Path, str]) -> None:
     store, run_id = plain
     s = ("--store", str(store))
     no_step = f"Error: run {run_id[:12]} has no step 999 (it recorded steps 0..2)"
@@ -157,7 +157,7 @@ def test_item11_a_step_or_seq_beyond_the_run_is_an_error_naming_its_end(plain: t
 
 
 # --------------------------------------------------------------------------- 12
-def test_item12_a_filter_that_matches_nothing_says_so(plain: tuple[Path, str]) -> None:
+def test_a_filter_that_matches_nothing_says_so(plain: tuple[Path, str]) -> None:
     store, run_id = plain
     s = ("--store", str(store))
     bad_glob = invoke("events", *s, "--module", "[")
@@ -169,7 +169,7 @@ def test_item12_a_filter_that_matches_nothing_says_so(plain: tuple[Path, str]) -
 
 
 # --------------------------------------------------------------------------- 13
-def test_item13_a_name_several_runs_have_is_refused_with_the_candidates(store: Path) -> None:
+def test_a_name_several_runs_have_is_refused_with_the_candidates(store: Path) -> None:
     older = record_run(store, name="dup")
     newer = record_run(store, name="dup")
     result = invoke("events", "--store", str(store), "dup")
@@ -181,7 +181,7 @@ def test_item13_a_name_several_runs_have_is_refused_with_the_candidates(store: P
 
 
 # --------------------------------------------------------------------------- 14
-def test_item14_one_naming_rule_in_events_query_and_diff(store: Path) -> None:
+def test_events_and_query_name_tensors_and_modules_by_one_rule(store: Path) -> None:
     with auditlog.record(store, name="template"):
         layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
         model = nn.Sequential(nn.Embedding(10, 8), nn.TransformerEncoder(layer, 1, enable_nested_tensor=False))
@@ -203,7 +203,7 @@ def test_item14_one_naming_rule_in_events_query_and_diff(store: Path) -> None:
 
 
 # --------------------------------------------------------------------------- 15
-def test_item15_restore_checks_before_it_writes(plain: tuple[Path, str], tmp_path: Path) -> None:
+def test_restore_checks_before_it_writes(plain: tuple[Path, str], tmp_path: Path) -> None:
     store, run_id = plain
     s = ("--store", str(store))
     empty = invoke("restore", *s, "--step", "1", "--allow-partial", "-o", "r.pt")
@@ -249,7 +249,7 @@ def _diff_run(store: Path, argv: str, snapshot_every: int, redraw: bool, at_seco
     return run.run_id
 
 
-def test_item16_diff_names_changed_keys_moves_and_can_exit_1(store: Path) -> None:
+def test_diff_names_changed_keys_moves_and_can_exit_1(store: Path) -> None:
     a = _diff_run(store, "a.py", 0, False, False)
     b = _diff_run(store, "b.py", 4, True, True)
     result = invoke("diff", "--store", str(store), a, b)
@@ -270,7 +270,7 @@ def test_item16_diff_names_changed_keys_moves_and_can_exit_1(store: Path) -> Non
 
 
 # --------------------------------------------------------------------------- 17 (the crash itself: test_cli_interrupts)
-def test_item17_verify_all_on_an_empty_store_says_no_runs(store: Path) -> None:
+def test_verify_all_on_an_empty_store_says_no_runs(store: Path) -> None:
     assert invoke("db", "upgrade", "--store", str(store)).exit_code == 0
     result = invoke("verify", "--store", str(store), "all")
     assert result.exit_code == 0, result.stderr
@@ -278,7 +278,7 @@ def test_item17_verify_all_on_an_empty_store_says_no_runs(store: Path) -> None:
 
 
 # --------------------------------------------------------------------------- 18
-def test_item18_a_missing_public_key_is_named_and_refusals_name_the_statement(plain: tuple[Path, str]) -> None:
+def test_a_missing_public_key_is_named_and_refusals_name_the_statement(plain: tuple[Path, str]) -> None:
     store, _ = plain
     missing = invoke("verify", "--store", str(store), "--key", "missing.pub")
     assert one_error(missing, 1) == "Error: no public key at 'missing.pub': no such file"
@@ -290,7 +290,7 @@ def test_item18_a_missing_public_key_is_named_and_refusals_name_the_statement(pl
 
 
 # --------------------------------------------------------------------------- 20
-def test_item20_help_lists_every_exit_code_and_library_errors_name_no_flags(plain: tuple[Path, str]) -> None:
+def test_help_lists_every_exit_code_and_library_errors_name_no_flags(plain: tuple[Path, str]) -> None:
     help_text = " ".join(invoke("-h").stdout.split())
     assert (
         "Exit codes: 0 ok, 1 error, 2 usage, 3 store refused, 4 verify failed, "
@@ -318,7 +318,7 @@ def _read_only_bind(source: Path, target: Path) -> bool:
     return True
 
 
-def test_item22_a_read_only_store_directory_is_read_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_read_only_store_directory_is_read_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     source = tmp_path / "archive"
     run_id = record_run(source, steps=2)
     mounted = tmp_path / "readonly"
@@ -375,7 +375,7 @@ def _complete(words: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return [line.split(",", 1)[1] for line in result.stdout.splitlines()]
 
 
-def test_item23_shell_completion_offers_runs_names_and_kinds(
+def test_shell_completion_offers_runs_names_and_kinds(
     plain: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, run_id = plain
@@ -390,7 +390,7 @@ def test_item23_shell_completion_offers_runs_names_and_kinds(
     assert 'eval "$(_AUDITLOG_COMPLETE=bash_source auditlog)"' in help_text
 
 
-def test_item23_make_test_installs_only_when_pyproject_changed(tmp_path: Path) -> None:
+def test_make_test_installs_only_when_pyproject_changed(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").write_text("")

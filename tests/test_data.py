@@ -16,44 +16,14 @@ from typing import Any
 
 import pytest
 import torch
+from data_support import Folder, Truth, events, indexed_tensors, train, write_folder
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
 import auditlog
 from auditlog.capture import loader_compat
 from auditlog.capture.data import pack_int_array
 from auditlog.core.packed import pack_ints, unpack_ints
-
-Truth = list[tuple[int, list[int]]]
-
-
-def indexed_tensors(n: int = 40, features: int = 4) -> TensorDataset:
-    generator = torch.Generator().manual_seed(3)
-    return TensorDataset(torch.randn(n, features, generator=generator), torch.arange(n))
-
-
-def train(loader: DataLoader[Any], run: Any, epochs: int = 1, accumulate: int = 1) -> Truth:
-    """A plain loop; returns (the step that consumed it, its indices) per batch."""
-    torch.manual_seed(0)
-    model = nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    truth: Truth = []
-    window: list[list[int]] = []
-    for _ in range(epochs):
-        for i, (x, index) in enumerate(loader):
-            window.append(index.tolist())
-            model(x).pow(2).mean().backward()
-            if (i + 1) % accumulate == 0:
-                opt.step()
-                opt.zero_grad()
-                truth += [(run.step, w) for w in window]
-                window = []
-    return truth
-
-
-def events(store: Path, kind: str) -> list[dict[str, Any]]:
-    with auditlog.open(store) as s:
-        return [e["payload"] for e in s.run().events() if e["kind"] == kind]
 
 
 def recorded(store: Path) -> Truth:
@@ -165,30 +135,6 @@ def test_the_originals_are_back_after_the_recording(store: Path) -> None:
     assert (DataLoader.__iter__, iterator_class.__next__, iterator_class._next_index, iterator_class._reset) == before
 
 
-class _Folder(Dataset[tuple[torch.Tensor, int]]):
-    """ImageFolder's shape without torchvision: ``root``, ``samples`` of (path, class), ``imgs``."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = str(root)
-        self.samples = [(str(p), int(p.parent.name)) for p in sorted(root.glob("*/*.bin"))]
-        self.imgs = self.samples
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        data = Path(self.samples[index][0]).read_bytes()
-        return torch.tensor(list(data[:4]), dtype=torch.float32), index
-
-
-def _folder(root: Path) -> Path:
-    for cls in range(2):
-        (root / str(cls)).mkdir(parents=True)
-        for i in range(6):
-            (root / str(cls) / f"{i}.bin").write_bytes(bytes([cls, i, 1, 2]) * 16)
-    return root
-
-
 def _fingerprint(store: Path) -> dict[str, Any]:
     (seen,) = events(store, "dataset_seen")
     identity: dict[str, Any] = seen["identity"]
@@ -196,7 +142,7 @@ def _fingerprint(store: Path) -> dict[str, Any]:
 
 
 def test_a_folder_dataset_is_identified_by_its_files_and_one_changed_byte_changes_it(tmp_path: Path) -> None:
-    root = _folder(tmp_path / "data")
+    root = write_folder(tmp_path / "data")
     fingerprints = []
     for attempt in range(3):
         if attempt == 2:
@@ -205,7 +151,7 @@ def test_a_folder_dataset_is_identified_by_its_files_and_one_changed_byte_change
             data[10] ^= 1
             target.write_bytes(bytes(data))
         store = tmp_path / f"store{attempt}"
-        loader = DataLoader(_Folder(root), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(2))
+        loader = DataLoader(Folder(root), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(2))
         with auditlog.record(store) as run:
             truth = train(loader, run)
         assert recorded(store) == truth

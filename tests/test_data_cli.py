@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from data_support import Folder, indexed_tensors, train, write_folder
 from helpers import assert_one_line_error, invoke
-from test_data import _Folder, _folder, indexed_tensors, train
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -83,13 +83,13 @@ def test_data_refuses_an_unknown_dataset_and_dataset_without_sample(store: Path)
 
 
 def _folder_run(store: Path, root: Path, name: str) -> Any:
-    loader = DataLoader(_Folder(root), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(2))
+    loader = DataLoader(Folder(root), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(2))
     with auditlog.record(store, name=name) as run:
         train(loader, run)
 
 
 def test_diff_names_the_dataset_whose_file_changed(store: Path, tmp_path: Path) -> None:
-    root = _folder(tmp_path / "data")
+    root = write_folder(tmp_path / "data")
     _folder_run(store, root, "before")
     _folder_run(store, root, "same")
     target = root / "0" / "2.bin"
@@ -99,10 +99,10 @@ def test_diff_names_the_dataset_whose_file_changed(store: Path, tmp_path: Path) 
     assert same["data"] == []
     result = invoke("diff", "--store", str(store), "before", "after", "--format", "json")
     (change,) = json.loads(result.stdout)["data"]
-    assert change["name"] == "dataset 1 (_Folder)" and change["change"] == "changed"
+    assert change["name"] == "dataset 1 (Folder)" and change["change"] == "changed"
     assert set(change["fields"]) == {"fingerprint", "files"} and change["fields"]["files"]["b"] == str(target)
     text = invoke("diff", "--store", str(store), "before", "after").stdout
-    assert "Data" in text and "dataset 1 (_Folder)" in text and "2.bin" in text
+    assert "Data" in text and "dataset 1 (Folder)" in text and "2.bin" in text
 
 
 def test_diff_says_where_sampling_diverged(store: Path) -> None:

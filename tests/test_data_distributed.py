@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from helpers import invoke
-from test_torchrun import torchrun
+from launch_support import torchrun
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_data import events
+from data_support import events
 
 import auditlog
 

@@ -18,12 +18,13 @@ import pytest
 from forgery_support import (
     Trial,
     append_event,
+    fails,
     grad_norm_shown,
     rows,
     run_started_payload,
     train,
 )
-from helpers import CliResult, invoke, tamper
+from helpers import invoke, tamper
 from integrity_support import rewrite_chain
 
 import auditlog
@@ -31,17 +32,6 @@ from auditlog.integrity.keys import generate_key_pair, load_private_key
 
 pristine = forgery_support.pristine  # fixtures
 trial = forgery_support.trial
-
-
-def fails(result: CliResult, *words: str, verdict: str = "record altered") -> str:
-    """Exit 4 with one ``Error: <verdict>: ...`` line naming ``words``; returns stdout + the line."""
-    assert result.exit_code == 4, (result.exit_code, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"Error: {verdict}: "), result.stderr
-    text = result.stdout + lines[0]
-    for word in words:
-        assert word in text, text
-    return text
 
 
 # --------------------------------------------------------------------------- the untouched record

@@ -18,12 +18,12 @@ import pytest
 import torch
 from forgery_support import (
     Trial,
+    fails,
     snapshot_hashes,
     snapshot_path,
     values_shown,
 )
 from helpers import file_digest, invoke, tamper
-from test_forgery import fails
 from torch import nn
 
 import auditlog

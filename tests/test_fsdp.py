@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import EXAMPLES, assert_one_line_error, invoke
-from test_torchrun import torchrun
+from launch_support import torchrun
 
 pytestmark = pytest.mark.slow
 

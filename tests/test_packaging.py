@@ -1,4 +1,6 @@
-"""A plain, non-editable install carries the CLI and the migrations (DESIGN.md: must ship)."""
+"""A plain, non-editable install carries the CLI and the migrations: a user installs auditlog
+with pip, and the store schema's Alembic revisions ship inside the package
+(docs/how-it-works.md, "Where data lives")."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from helpers import assert_one_line_error, invoke, record_run
 from integrity_support import isolate_keys
-from test_concurrency import WORKERS, start_workers
+from launch_support import WORKERS, start_workers
 
 import auditlog
 from auditlog.core.errors import StoreError, UsageError

@@ -11,39 +11,12 @@ from typing import Any
 import pytest
 import torch
 from helpers import invoke
+from snapshot_support import DTYPES, same_bits, sample
 from torch import nn
 
 import auditlog
 from auditlog.core.tensors import tensor_hash
 from auditlog.store.blobs import SnapshotError, SnapshotStore
-
-FLOAT8 = [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, n)]
-UNSIGNED = [getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)]
-DTYPES = [
-    torch.float64, torch.float32, torch.float16, torch.bfloat16,
-    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
-    torch.complex64, torch.complex128, *FLOAT8, *UNSIGNED,
-]
-
-
-def sample(dtype: torch.dtype) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(0)
-    base = torch.randn(6, 5, generator=gen, dtype=torch.float64) * 20
-    if dtype.is_complex:
-        return torch.randn(6, 5, generator=gen, dtype=dtype)
-    if dtype == torch.bool:
-        return base > 0
-    if dtype in FLOAT8:
-        return base.abs().to(torch.float32).to(dtype)
-    if dtype in UNSIGNED:
-        return base.abs().to(torch.int64).to(dtype)
-    return base.to(dtype)
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    return bool(torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

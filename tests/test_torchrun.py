@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,45 +17,13 @@ from typing import Any
 
 import pytest
 from helpers import EXAMPLES, REPO, invoke
+from launch_support import torchrun
 
 from auditlog.core.ranks import STREAM_STRIDE
 
 pytestmark = pytest.mark.slow
 
-AUDITLOG = Path(sys.executable).with_name("auditlog")
 SCRIPT = str(EXAMPLES / "train_ddp.py")
-
-
-def free_port() -> int:
-    """A TCP port nothing on 127.0.0.1 listens on now (the OS picks it)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def torchrun(
-    tmp_path: Path, *auditlog_args: str, module: bool = False, torchrun_args: tuple[str, ...] = (), check: bool = True
-) -> subprocess.CompletedProcess[str]:
-    """``torchrun --nproc_per_node=2 [--no-python auditlog | -m auditlog] ARGS``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AUDITLOG_")}
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env["OMP_NUM_THREADS"] = "1"
-    launcher = ["-m", "auditlog"] if module else ["--no-python", str(AUDITLOG)]
-    # A port of its own: torchrun's default (29500) is shared by every job on the machine,
-    # so two test processes (or a user's job) would meet in one rendezvous.
-    port = () if any(a.startswith("--master") for a in torchrun_args) else (f"--master-port={free_port()}",)
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", *port, *torchrun_args, *launcher,
-         *auditlog_args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if check:
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done
 
 
 def cli_json(*args: str) -> Any:

@@ -10,7 +10,7 @@ Forensics: metrics (``metrics.py``: the loss every step, user-logged values),
 FLOPs of one step (``flops.py``) and the first non-finite gradient
 (``nonfinite.py``) are mixins too.
 
-Rules every hook follows (DESIGN.md):
+Rules every hook follows (docs/how-it-works.md, docs/hooks.md):
 - return ``None``: a non-None return value would replace the tensor or parameter;
 - never raise into user code: faults become ``recorder_error`` records and one
   warning per place;

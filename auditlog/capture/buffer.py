@@ -22,8 +22,8 @@ Record = tuple[Any, ...]
 def record_weight(record: Record) -> int:
     """What a record counts against ``maxsize``, in units of ~1 KB of memory: an
     ``activity`` record one per module call it holds (a step of a big model holds
-    thousands), an ``optimizer_step`` one per 25 parameters (measured ~3.8 KB for
-    98 parameters with three norm vectors, benchmarks/memory.py), others 1."""
+    thousands), an ``optimizer_step`` one per 25 parameters (its size with three
+    norm vectors, benchmarks/memory.py; docs/performance.md), others 1."""
     kind = record[0]
     if kind == "activity":
         payload = record[5]

@@ -163,8 +163,8 @@ def _ints(indices: Any) -> list[int]:
 
 
 def pack_int_array(values: array[int]) -> dict[str, Any]:
-    """``core.packed.pack_ints`` of an ``array('q')``, with numpy (~2 us per batch of 32
-    instead of ~10: this runs on the writer, which shares the GIL with training)."""
+    """``core.packed.pack_ints`` of an ``array('q')``, with numpy (several times faster per
+    batch, docs/performance.md: this runs on the writer, which shares the GIL with training)."""
     import numpy as np
 
     data = np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)

@@ -5,9 +5,8 @@ snapshot that training waits for (the writer hashes and writes afterwards). A
 fresh CPU allocation of a large tensor is fresh memory: glibc serves blocks
 above its mmap threshold (at most 32 MiB) straight from ``mmap`` and unmaps them
 when they are freed, so every snapshot's copy faults each of its pages in again.
-Measured on this project's 2-CPU VM (torch 2.13): ``clone()`` of 0.5 GiB took
-0.12 s, a ``copy_`` of the same bytes into a buffer kept from before 0.04 s
-(``benchmarks/snapshots.py --stall``).
+A ``copy_`` into a buffer kept from before takes a fraction of a fresh
+``clone()``'s time (``benchmarks/snapshots.py --stall``; docs/performance.md).
 
 When snapshots recur (``snapshot_every``), the host copies of the last snapshot
 the writer has finished are kept here, and the next snapshot copies into them

@@ -50,8 +50,9 @@ class _IdRef(weakref.ref):  # type: ignore[type-arg]
     at first sight (source.py); ``attached``: that line is only where the module
     was attached, its constructor was not seen). One object per module: a building model's registrations add
     few objects for the cyclic garbage collector to traverse (closures, tuples
-    and a second weak-keyed table per module made its full collections ~3x
-    longer during a 5,000-module build). A module noted at construction has the
+    and a second weak-keyed table per module made its full collections several
+    times longer during a large model's build: docs/performance.md). A module noted
+    at construction has the
     reference before it has an id (``number`` None until it is first registered),
     so the note adds no object either."""
 

@@ -1,15 +1,15 @@
 """Per-parameter L2 norms in a few tensor ops per step, whatever the tensor count.
 
 ``torch._foreach_norm`` is one fused kernel on CUDA, but on CPU it runs one op
-per tensor: ~13 us each, 65 ms a step for a model of 5,000 small tensors
-(measured, 1 thread). A ``NormPlan`` is worked out once per list of tensor
+per tensor, which adds up to a large share of a step for a model of thousands of
+small tensors (docs/performance.md). A ``NormPlan`` is worked out once per list of tensor
 shapes (cached per optimizer, keyed by parameter identity): CPU tensors that
 are small and share shape and dtype are stacked and reduced in one op per
-group (the 5,000 tensors above: 2 groups, ~1 ms). Mid-sized CPU float32 and
+group (such a model: a few groups). Mid-sized CPU float32 and
 float64 tensors (up to ``DOT_MAX`` elements) are reduced by a BLAS dot product
-through numpy: a torch op costs ~7-10 us of dispatch on this class of machine,
-numpy's ``dot`` ~1-2 us, and on the 98-parameter benchmark MLP (24 weights of
-256x256) that is 256 -> ~90 us a step for the same bytes (measured, torch 2.13).
+through numpy: a torch op's dispatch costs several times a numpy ``dot``'s, and
+on the benchmark MLP that makes the step's norms several times cheaper for the
+same bytes (docs/performance.md).
 A dot that overflows float32 (square sums past 3.4e38) is taken again by torch
 in float64: such an overflow is not reported as a non-finite gradient. Large tensors, and every tensor on another device, still
 go through ``_foreach_norm`` (stacking a large tensor copies it for nothing,
@@ -33,7 +33,7 @@ from auditlog.capture.torch_compat import foreach_copy_, foreach_norm, foreach_s
 SMALL = 16384
 """Largest tensor (elements) that is stacked with others of its shape rather than
 reduced on its own: stacking copies it, which costs less than an op's dispatch
-(~5-10 us) only while it is small."""
+only while it is small."""
 
 MIN_GROUP = 4
 """Fewest tensors of one shape worth a stacked reduction."""
@@ -108,8 +108,8 @@ class NormPlan:
         worked out for the parameters: a gradient has its parameter's shape).
 
         One pass over the parameters in Python, where building the gradient list,
-        checking it and slicing it per group took three (~3 ms a step at 5,000
-        parameters). None when a gradient is absent or not strided: the caller
+        checking it and slicing it per group took three (a cost per step that
+        grows with the parameter count). None when a gradient is absent or not strided: the caller
         then takes the general path (``norms`` of the gradients present).
         RuntimeError when the plan no longer fits the parameters (one changed
         shape in place: the caller works out a new plan).
@@ -138,8 +138,8 @@ class NormPlan:
         ``difference_norms`` later): one stacked copy per group, one per other tensor.
 
         CPU: into buffers the plan keeps (a fresh allocation per step faults its
-        pages in: ~7x the copy, measured on the 98-parameter MLP) and, for the
-        groups, one ``stack`` each where a per-tensor copy cost ~2 us a tensor.
+        pages in, several times the copy: docs/performance.md) and, for the
+        groups, one ``stack`` each where a per-tensor copy costs a dispatch per tensor.
         Other devices: clones, so the caching allocator reuses their memory and
         nothing stays resident between steps.
         """

@@ -313,8 +313,8 @@ class OptimizerHooks(RecorderBase):
 
     def _timed_check(self) -> None:
         """The periodic structural check, timed: its smoothed cost sets the interval
-        to the next one (``Policy.check_interval``: 26-50 ms at 5,000 modules, measured,
-        2-4% of a 140 ms step when taken every 10 steps)."""
+        to the next one (``Policy.check_interval``; its cost on a wide model:
+        docs/performance.md)."""
         began = time.perf_counter()
         self.check(None, "optimizer_step")
         cost = time.perf_counter() - began

@@ -138,8 +138,8 @@ class Recorder(
         self.verify_hooks("optimizer_step")
         if self.compiled_seen:
             # Dynamo guards on the global hook tables: a change would make it compile
-            # every compiled module again (twice the graphs of an unrecorded run,
-            # measured). From the first compiled module on, the per-call hooks stay;
+            # every compiled module again (more graphs than an unrecorded run).
+            # From the first compiled module on, the per-call hooks stay;
             # on unsampled steps they record no activity (they do the root watch's job).
             self._watch_roots(False)
             self._install_call_hooks()

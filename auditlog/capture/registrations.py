@@ -15,8 +15,8 @@ the writer does not compete for the GIL while the model is being built.
 The facts hold strings (class names), ints, dtypes, devices and code objects,
 never the module or tensor: nothing the user drops is kept alive, and a pending
 tuple holds nothing the cyclic garbage collector tracks, so it untracks the
-tuple at its first pass (a 5,000-module build made ~30,000 more tracked objects
-before, enough to add a ~0.1 s full collection to the build).
+tuple at its first pass (before, a large model's build made enough more tracked
+objects to add a full collection to the build: docs/performance.md).
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def _check_tensors(
         if tensor is None or tensor_id is None or is_uninitialized(tensor):
             continue  # a lazy placeholder has no facts until it is materialized
         # The raw facts as last found equal to the record: comparing torch's own
-        # objects is ~5x cheaper than building the recorded form of each tensor.
+        # objects is cheaper than building the recorded form of each tensor.
         raw = (tensor.shape, tensor.dtype, tensor.device, tensor.requires_grad)
         if recorder.checked_facts.get(tensor_id) == raw:
             continue

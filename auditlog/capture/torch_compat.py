@@ -58,7 +58,7 @@ def call_guard(hook: F) -> F:
     values fails under vmap ("calling .item() on a Tensor"), and they are
     transient values of the transform, not the model's. The check is
     ``torch._C._functorch.peek_interpreter_stack()`` (None outside any
-    transform; torch 2.0-2.13), ~90 ns.
+    transform; torch 2.0-2.13), cheap enough for every call.
     """
 
     @functools.wraps(hook)
@@ -409,8 +409,8 @@ def outside_mode(mode: Any) -> Iterator[None]:
     torch 2.0-2.13); otherwise as it is (a mode of the user's inside ours stays).
 
     The recorder's own statistics during the counted first forward went through
-    the FLOP-counting mode op by op: ~70 us of Python dispatch per op, 4.5 s of
-    a 5,000-module model's first step under ``audit`` (measured, torch 2.13).
+    the FLOP-counting mode op by op: Python dispatch per op, seconds of a large
+    model's first step under ``audit`` (docs/performance.md).
     They are not the model's FLOPs (no formula counts a norm or a sum), so they
     run outside it.
     """
@@ -458,7 +458,7 @@ def flop_counting_mode() -> Any:
             formula = flop_registry.get(func._overloadpacket)
             if formula is not None:
                 # The formulas read shapes and plain arguments only, through a pytree
-                # walk (~50 us a call): a model of many equal layers asks the same
+                # walk (slow per call): a model of many equal layers asks the same
                 # question thousands of times.
                 key = _flop_key(func, args, kwargs, out)
                 count = None if key is None else known.get(key)

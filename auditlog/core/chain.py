@@ -28,8 +28,8 @@ class Clean(dict[str, Any]):
     their text, ``finite_or_text``), ints, str, None and lists/dicts of those.
 
     The writer hands it to the encoder without walking it (activity statistics
-    built on CPU are made this way; walking ~200 of them per step cost more than
-    encoding them).
+    built on CPU are made this way; walking the hundreds of them a step holds cost
+    more than encoding them).
     """
 
     __slots__ = ()
@@ -62,7 +62,7 @@ def canonical_row(row: dict[str, Any], prefix: str | None = None) -> bytes:
     ``json.dumps(..., separators=(",", ":"), ensure_ascii=True)`` gives, which
     ``canonical_row_reference`` keeps as the definition), assembled directly: the
     same C escaping function for the strings, ``str`` for the integers. That is
-    ~3x faster, and it is paid once per event.
+    several times faster (docs/performance.md), and it is paid once per event.
     """
     snapshot = row["snapshot"]
     if prefix is None:
@@ -78,7 +78,7 @@ def canonical_row(row: dict[str, Any], prefix: str | None = None) -> bytes:
 
 def _escaped(text: str) -> str:
     """``encode_basestring_ascii(text)``; for ASCII text without DEL (what payloads
-    almost always are) orjson writes the same escapes ~3x faster."""
+    almost always are) orjson writes the same escapes faster."""
     if text.isascii() and "\x7f" not in text:
         return orjson.dumps(text).decode("ascii")
     return str(encode_basestring_ascii(text))
@@ -170,8 +170,8 @@ def encode_clean(payload: Any) -> str:
     """JSON text of a payload that is clean already (see ``Clean``; the writer's
     ``materialize`` makes every payload so): sorted keys, no whitespace.
 
-    orjson is ~7-10x faster than the standard library here. It writes NaN as
-    ``null`` without complaint, which is why only clean payloads come here;
+    orjson is several times faster than the standard library here
+    (docs/performance.md). It writes NaN as ``null`` without complaint, which is why only clean payloads come here;
     anything orjson refuses (a non-JSON type, an integer beyond 64 bits) goes
     through ``canonical_payload``. Exponents are written ``1e-7`` rather than
     Python's ``1e-07``: the same number, and the chain covers the stored text

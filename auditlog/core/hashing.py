@@ -11,9 +11,9 @@ Two versions, told apart by a file's footer (``TREE_KEY``) and never by guessing
   hashed with plain SHA-256, and the hash is SHA-256
   over ``TREE_PREFIX``, the same header and NUL, then the leaf digests (32
   bytes each) in order. The leaves are independent, so they are hashed on
-  several cores (``update`` hands them to a thread pool): one SHA-256 stream
-  runs at ~1.2-1.5 GB/s on one core here, which capped every snapshot write and
-  every restore at that speed (issue 18). A tensor of at most one leaf has the
+  several cores (``update`` hands them to a thread pool): one SHA-256 stream on
+  one core capped every snapshot write and every restore at its speed (issue 18;
+  docs/performance.md). A tensor of at most one leaf has the
   same hash under both versions, so small tensors (most of a model's, and every
   initial value of a Linear(256)) keep their identity across versions.
 
@@ -202,8 +202,8 @@ class TreeHasher:
         """Let the leaf threads go (``hexdigest`` does). The pool is the hasher's own, not
         the process's: idle threads left behind would stop ``verify`` from forking its
         second process (``integrity.parallel`` forks only a single-threaded process),
-        and making a few threads costs ~0.1 ms against the >= 3 ms of a tensor that
-        has two leaves."""
+        and making a few threads costs little against hashing a tensor that has two
+        leaves."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None

@@ -2,8 +2,9 @@
 
 An ``optimizer_step`` of a model with thousands of parameter tensors carries
 thousands of norms per vector. As a JSON list each number is a Python float
-built, walked and printed on every step (measured: the bulk of the recorder's
-per-step cost at 5,000 tensors). Packed, a vector is one ``bytes`` object:
+built, walked and printed on every step: the bulk of the recorder's per-step
+cost for a model of thousands of tensors (docs/performance.md). Packed, a vector
+is one ``bytes`` object:
 
 - ``f32``: the standard base64 (RFC 4648, with padding) of the values as
   little-endian IEEE-754 float32, one per parameter, in ``tensor_ids`` order.

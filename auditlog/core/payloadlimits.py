@@ -8,9 +8,9 @@ minutes. So a payload has two documented limits (docs/events.md, "Payload
 limits"), and every reader goes through ``parse_payload``:
 
 - ``MAX_PAYLOAD_BYTES`` (64 MiB of UTF-8). The biggest payloads the recorder
-  writes grow with the model: a 5,000-module model's ``construction_sealed``
-  is 1.5 MB, its ``activity`` 1.2 MB a step; 64 MiB leaves a margin of 40x
-  (a model of about 200,000 modules reaches it).
+  writes grow with the model (``construction_sealed``, and ``activity`` every
+  step); 64 MiB leaves a wide margin above a large model's (a model of about
+  200,000 modules reaches it; docs/performance.md).
 - ``MAX_PAYLOAD_DEPTH`` (64 levels of objects and lists). The deepest payload
   the recorder writes is 6 levels (``run_started``'s environment, an
   annotation's fields); only a user's annotation nested 64 levels deep comes
@@ -60,7 +60,8 @@ def limit_problem(text: str) -> str | None:
     data = text.encode("utf-8", "surrogatepass")
     if len(data) > MAX_PAYLOAD_BYTES:
         return f"is {len(data):,} bytes long, over the limit of {MAX_PAYLOAD_BYTES:,} bytes"
-    # Brackets inside strings count here too: an upper bound (``bytes.count`` is 3x ``str.count``).
+    # Brackets inside strings count here too: an upper bound (``bytes.count`` is faster
+    # than ``str.count``).
     if data.count(b"[") + data.count(b"{") > MAX_PAYLOAD_DEPTH and _deeper_than(data, MAX_PAYLOAD_DEPTH):
         return f"is nested more than {MAX_PAYLOAD_DEPTH} levels deep"
     return None
@@ -114,7 +115,7 @@ def _deepest(kept: bytes) -> int:
 
     Vectorized in chunks (numpy): a Python loop over 64 MiB takes seconds.
     """
-    import numpy as np  # only here: most commands never need it, and it takes ~0.1 s to import
+    import numpy as np  # only here: most commands never need it, and it is slow to import
 
     codes = np.frombuffer(kept, dtype=np.uint8)
     top = level = quotes = 0

@@ -34,8 +34,8 @@ class HostValues:
     the GIL while the device catches up, then reads host memory. (A plain
     ``tolist()`` on the writer copies on the default stream while holding the
     GIL: it waits for all the work the training thread queued since, and the
-    training thread waits for the GIL — measured on an H200 as a 1.3-2x slower
-    step.) Elsewhere the tensor is read as it is.
+    training thread waits for the GIL: a markedly slower step on a GPU,
+    docs/performance.md.) Elsewhere the tensor is read as it is.
     """
 
     __slots__ = ("_list", "event", "tensor")
@@ -215,8 +215,8 @@ def activity_stats(tensor: torch.Tensor, full: bool = True, units: bool = False)
 
     On CPU there is no device to stay away from, so the numbers are read at once,
     from the three reductions that are fast there (``sum``, ``vector_norm``,
-    ``aminmax``: ~5 us each on a 64x256 float32 tensor, where ``std``,
-    ``std_mean`` and ``isnan(x).sum()`` took 20-100 us, measured with torch 2.13):
+    ``aminmax``, each several times cheaper than ``std``, ``std_mean`` or
+    ``isnan(x).sum()``; docs/performance.md):
 
     - mean = sum / n; std (population) = sqrt(norm^2/n - mean^2), computed in
       float64 from float32 reductions. Where mean^2 is more than half of the mean
@@ -240,7 +240,7 @@ def activity_stats(tensor: torch.Tensor, full: bool = True, units: bool = False)
     if numel == 0 or tensor.layout != torch.strided:
         return out
     # No no_grad() needed: a detached tensor records no graph (and entering the
-    # context costs ~2 us, which adds up over every module call).
+    # context has a cost that adds up over every module call).
     x = tensor.detach()
     if x.dtype not in _FAST_FLOATS:
         x = torch.view_as_real(x) if x.is_complex() else x.float()
@@ -280,10 +280,9 @@ def activity_stats(tensor: torch.Tensor, full: bool = True, units: bool = False)
 
 def _add_unit_counts(out: dict[str, Any], x: torch.Tensor) -> None:
     """``zeros``, ``units``, ``dead_units`` of a CPU activation, read at once."""
-    # count_nonzero is one kernel with no boolean tensor to allocate: ~4.5 us on a
-    # 64x256 float32 output where (x != 0).sum() took ~13 us (torch 2.13, 1 thread),
-    # and it runs on every forward output of a sampled step. Same rule: NaN counts
-    # as non-zero, -0.0 as zero.
+    # count_nonzero is one kernel with no boolean tensor to allocate, cheaper than
+    # (x != 0).sum() (docs/performance.md), and it runs on every forward output of a
+    # sampled step. Same rule: NaN counts as non-zero, -0.0 as zero.
     count = int(torch.count_nonzero(x))
     out["zeros"] = x.numel() - count
     if x.dim() < 2:

@@ -1,10 +1,10 @@
 """The second half of a long stream checked in a forked process, beside the first.
 
-A million events cost ~1.5 us each to read from SQLite and ~1.2 us to hash
-(link, leaf, node): one core tops out near 250,000 events/s. The chain check
-of ordinary events needs nothing from the events before but the stored hash,
-id and seq of the one just before, so the stream splits at ``m`` (its
-middle): this process checks events ``1..m`` as always, while a forked child
+Reading an event from SQLite and hashing it (link, leaf, node) cost about the
+same, so one core caps how fast a long stream is checked (docs/performance.md).
+The chain check of ordinary events needs nothing from the events before but
+the stored hash, id and seq of the one just before, so the stream splits at
+``m`` (its middle): this process checks events ``1..m`` as always, while a forked child
 reads ``m..n`` on its own read-only connection and checks the ordinary events
 there inline (``StreamCheck.feed`` with ``stop``), stopping at the first event
 that is not ordinary, and sends back their leaves as the perfect subtrees of
@@ -76,7 +76,8 @@ def core_free() -> bool:
     """Whether a second process would likely get a core of its own: two or more usable,
     and the load (one-minute average, which counts this process too) below one more than
     that. On a saturated machine the two halves took as long as the whole (the split
-    then costs ~5-10%); with the other core only partly busy it still gained 1.5x."""
+    then costs a little); with the other core only partly busy it still gained
+    (docs/performance.md)."""
     cores = usable_cpus()
     try:
         load = os.getloadavg()[0]

@@ -43,7 +43,7 @@ LABEL_CHARS = 80  # a module or metric name longer than this is cut: matplotlib 
 
 
 def _short(text: str) -> str:
-    """A label of at most ``LABEL_CHARS`` characters (a 4 MiB module name took minutes to draw)."""
+    """A label of at most ``LABEL_CHARS`` characters (a module name of megabytes took minutes to draw)."""
     return text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 3] + "..."
 
 

@@ -47,7 +47,7 @@ SHOWN_CHARS = 1000
 def fit(text: str) -> str:
     """``text`` cut after ``SHOWN_CHARS`` characters, saying how long it is (a table cell,
     a piece of a line). Rich wraps a long line at a cost that grows faster than its
-    length (a 4 MiB module name in a diff took a minute), and nobody reads a thousand
+    length (a module name of megabytes in a diff took a minute), and nobody reads a thousand
     wrapped lines; JSON and CSV output write every value whole."""
     if len(text) <= SHOWN_CHARS:
         return text

@@ -3,8 +3,8 @@
 Asked at every run start (on the writer thread), so it must be bounded in time
 and memory whatever the repository holds: a 3 GiB untracked checkpoint or a data
 folder bigger than RAM beside the code. Hashing the work tree by reading every
-untracked file whole (what this replaced) took 11 s more and 3.6 GB of memory
-for one untracked 3 GiB file. So:
+untracked file whole (what this replaced) took seconds more and more memory than
+the file itself for one untracked checkpoint (docs/performance.md). So:
 
 - ``git status --porcelain -z`` says which paths differ (tracked paths changed
   against ``HEAD``, and untracked, non-ignored files); git compares tracked
@@ -54,7 +54,7 @@ def git(root: Path, *args: str) -> bytes | None:
     its write end open for as long as it lives (persistent workers: the whole run):
     a pipe read for git's output, or subprocess's own exec-error pipe, then never
     sees EOF, and the run start waited until the flush gave up and lost the record
-    (measured: 1 in 8 runs under load). So no pipe is read: git's output goes to an
+    (it happened in runs under load). So no pipe is read: git's output goes to an
     unnamed temporary file, the process is waited for, not its pipes, and it is
     started with ``posix_spawn`` (full path, no ``cwd``: ``git -C``; no
     ``close_fds``), which has no exec-error pipe.

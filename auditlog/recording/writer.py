@@ -47,8 +47,8 @@ FLUSH = "__flush__"
 # The run's liveness heartbeat (``runs.last_seen_ns``) is refreshed with a batch at
 # most this often, and by an otherwise idle writer this often: the read side calls
 # a run on another host stale after ``runs.STALE_AFTER_S`` (300 s). Refreshing it
-# with every batch (~10 per second) was a third of the writer's time per
-# ``optimizer_step`` event (benchmarks/ingest.py).
+# with every batch was a large share of the writer's time per ``optimizer_step``
+# event (benchmarks/ingest.py; docs/performance.md).
 HEARTBEAT_S = 10.0
 
 

@@ -56,8 +56,8 @@ from auditlog.store.blobshape import check_extent, element_count, parse_shape
 CHUNK_BYTES = 4 * 1024 * 1024
 # Row groups of files written before the single-page layout (``page_options``):
 # 16 MiB. With one data page per row group, pyarrow holds a row group's page in
-# memory while writing it (measured: +60 MiB peak RSS with 16 MiB groups, against
-# the target of one host copy + 64 MiB); 4 MiB groups keep that small.
+# memory while writing it (16 MiB groups raised the peak memory well past the
+# target of one host copy + 64 MiB; docs/performance.md); 4 MiB groups keep that small.
 LEGACY_CHUNK_BYTES = 16 * 1024 * 1024
 # A data page header (Thrift) of one row group's single page is ~20-30 bytes; a
 # longer gap before the values means several pages (``SnapshotFile.direct_spans``).
@@ -506,8 +506,8 @@ def value_spans(metadata: Any, dtype: str, numel: int) -> list[tuple[int, int]] 
 def _read_ahead(fd: int, offset: int, size: int) -> None:
     """Ask the kernel to start reading the ``_READ_AHEAD`` bytes after this piece while it
     is read: a cold file (last month's snapshot) then streams from the disk without
-    stalls between ``preadv`` calls, and no more than that is asked for at once.
-    Measured on 0.5 GiB cold: 0.43-0.87 s against 0.73-1.02 s without."""
+    stalls between ``preadv`` calls, and no more than that is asked for at once
+    (a faster cold read: docs/performance.md)."""
     if hasattr(os, "posix_fadvise"):
         os.posix_fadvise(fd, offset + size, _READ_AHEAD, os.POSIX_FADV_WILLNEED)
 

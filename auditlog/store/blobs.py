@@ -131,8 +131,8 @@ class SnapshotStore:
 
         One read checks its content hash on one core while a reader thread fills
         the tensor; reading two or more tensors side by side keeps every core
-        busy (measured on 8 x 64 MiB, 2 CPUs: 1.5-2.3x ``torch.load``'s time one
-        at a time, 1.0-1.3x two at a time). Readers: ``side_by_side(2)`` (half
+        busy (one at a time is slower than ``torch.load``, two at a time about as
+        fast: docs/performance.md). Readers: ``side_by_side(2)`` (half
         the usable CPUs, at least 2, at most 4). The results are what the caller keeps anyway, so
         the extra memory is the pieces in flight. The first failing tensor in
         ``wanted`` order is the error raised, as reading them in turn would.

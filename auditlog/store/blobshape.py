@@ -36,7 +36,7 @@ from auditlog.store.blobpaths import SnapshotError
 # Bytes a compressed (or dictionary-encoded) byte may decode to, at most. zstd's
 # densest block is 4 bytes for 128 KiB (32768x); booleans are bit-packed (8x);
 # a dictionary page with run-length indices adds more. The writer's densest real
-# file (16 Mi int64 zeros, zstd level 1) is ~3000x.
+# file (int64 zeros, zstd level 1) stays far below the limit.
 MAX_EXPANSION = 1 << 20
 _LIMIT = 1 << 63  # torch and numpy sizes are signed 64-bit
 

@@ -6,8 +6,8 @@ the event needs, while a small pool (``WORKERS`` threads) encodes Parquet and
 writes the file; ``hashlib`` and pyarrow release the GIL, so these run on
 separate cores where there are some. A tensor over 4 MiB has a tree content
 hash (v2, ``auditlog.core.hashing``) whose leaves are hashed on
-``hash_threads`` cores: one SHA-256 stream capped every snapshot at ~1.2-1.5
-GB/s whatever the core count. The content hash is the only pass of
+``hash_threads`` cores: one SHA-256 stream capped every snapshot at one core's
+hashing speed whatever the core count (docs/performance.md). The content hash is the only pass of
 SHA-256 over the values: the catalog digest (``file_sha256``) of a file written
 here is its framing digest (``blobcheck``), the bytes outside the values, read
 back once the file is closed. Nothing is copied between the host copy and
@@ -152,8 +152,8 @@ class BlobWriter:
         Returns ``(sha256, info)`` per item, in order; ``info`` is None where the
         content was stored already (by an earlier snapshot or an earlier item).
         ``stored_among`` (optional): which of many hashes are stored, in one
-        question. Small tensors are hashed first and asked about together (5,000
-        one-row catalog queries cost ~2.5 s, measured on a 5,000-tensor model);
+        question. Small tensors are hashed first and asked about together (a
+        one-row catalog query per tensor cost seconds on a wide model: docs/performance.md);
         large ones are still overlapped with their writing and asked one by one.
         """
         out: list[tuple[str, BlobInfo | None]] = []
@@ -270,7 +270,7 @@ class BlobWriter:
         try:
             # "ab", not "wb": O_TRUNC on the file mkstemp made marks it for ext4's
             # auto_da_alloc, and its close then starts writing the whole file back
-            # (measured: 0.2 s of a 0.5 GiB snapshot's 0.6 s, inside the write).
+            # inside the write (a third of a large snapshot's time: docs/performance.md).
             sink = pa.OSFile(tmp, "ab")
             try:
                 self._encode(job, dtype, schema, compression, level, sink, framed=True)
@@ -296,8 +296,8 @@ class BlobWriter:
         (not framed: the bytes are in hand), written once with one ``write``.
 
         For the thousands of small tensors of a wide model, per-file work costs
-        more than the bytes (measured: ~1 ms a file with a temporary file and a
-        digest thread each).
+        more than the bytes (a temporary file and a digest thread each were the
+        bulk of it: docs/performance.md).
         """
         buffer = pa.BufferOutputStream()
         self._encode(job, dtype, schema, compression, level, buffer)
@@ -306,7 +306,7 @@ class BlobWriter:
         data = buffer.getvalue()
         file_sha256 = hashlib.sha256(data).hexdigest()
         target = self.files.path(job.sha256)
-        if target.parent not in self._made:  # a mkdir per file cost ~0.1 ms
+        if target.parent not in self._made:  # a mkdir per file adds up over thousands
             target.parent.mkdir(parents=True, exist_ok=True)
             self._made.add(target.parent)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=self.files.root)

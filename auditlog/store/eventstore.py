@@ -175,7 +175,8 @@ class EventStore(EventQueries):
         """Insert a batch of encoded events and refresh the run's heartbeat, atomically.
 
         The rows go to the driver's ``executemany`` as tuples (SQLAlchemy's Core
-        insert added ~40% per row to the writer, measured by benchmarks/ingest.py);
+        insert added a large share per row to the writer: benchmarks/ingest.py,
+        docs/performance.md);
         the statement is built once for the dialect's parameter style. Driver
         errors propagate unconverted: the writer retries and reports them itself.
         """
@@ -229,8 +230,8 @@ class EventStore(EventQueries):
     def add_blobs(self, rows: Sequence[dict[str, Any]]) -> None:
         """Add catalog rows; a row another process added first is left as it is.
 
-        One transaction for all of them (a transaction per row cost ~0.4 ms each:
-        2 s for a 5,000-tensor model's initial values); should another writer add
+        One transaction for all of them (a transaction per row cost seconds for a
+        wide model's initial values: docs/performance.md); should another writer add
         one of them meanwhile, row by row as before.
         """
         from sqlalchemy import select

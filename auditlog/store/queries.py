@@ -234,7 +234,7 @@ class EventQueries:
         ``rare``: the ``kinds`` asked for are few in the run (``run_started``,
         snapshots): they are found through the (run, kind) index and sorted,
         where SQLite would otherwise walk every event of the run in seq order
-        to save that sort (0.15 s a question on a million events).
+        to save that sort (slow on a long run: docs/performance.md).
         ``prev_hash``: each row also has ``prev_hash``, the stored hash of the
         event before it in its stream (seq - 1; None when there is none), one
         lookup in the (run, stream, seq) index, so that filtered rows can be
@@ -267,7 +267,7 @@ class EventQueries:
         with self.reading("reading events") as conn:
             keys, parts = conn.batches(sql, params, batch)
             for part in parts:
-                for row in part:  # zip over rows (tuples): ~2x cheaper than row objects -> dict
+                for row in part:  # zip over rows (tuples): cheaper than row objects -> dict
                     yield dict(zip(keys, row, strict=True))
 
     def event_tuples(

@@ -7,8 +7,9 @@ decide how, and they are kept here, away from the projection's SQL:
   option: it is downloaded on first use, and it would not read PostgreSQL. The
   rows are moved as Arrow instead, which DuckDB ingests without a copy.
 - **One path per database.** A SQLite store is always read through ADBC
-  (``adbc-driver-sqlite`` is a dependency) straight into Arrow, about 3x the
-  rows per second of Python's ``sqlite3`` (``benchmarks/query.py``). A
+  (``adbc-driver-sqlite`` is a dependency) straight into Arrow, several times
+  the rows per second of Python's ``sqlite3`` (``benchmarks/query.py``;
+  docs/performance.md). A
   PostgreSQL store is read through ``adbc-driver-postgresql`` (the
   ``auditlog[postgres]`` extra installs it; binary COPY, in a read-only
   session). Any other database (or PostgreSQL without that driver) is read with

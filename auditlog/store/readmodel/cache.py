@@ -1,7 +1,7 @@
 """The read model: a DuckDB projection of the event store, refreshed incrementally.
 
-This is the read side of the CQRS split (DESIGN.md, layer 3). The event store is
-the record; the projection is a disposable cache shaped for questions:
+This is the read side of the CQRS split (docs/how-it-works.md, the store layer). The
+event store is the record; the projection is a disposable cache shaped for questions:
 
 - **Where it lives.** ``<store dir>/readmodel.duckdb``; for a ``sqlite:///`` URL,
   beside the database file (``<name>.readmodel.duckdb``, or ``readmodel.duckdb``

@@ -22,7 +22,8 @@ Names: ``modules`` and ``tensors`` are written by the read model from Python
 replay (``auditlog.core.naming``) *before* a chunk's derivations run, and the
 derivations copy the labels into every row (``module``, ``tensor``,
 ``parameter`` columns), so the views need no joins: a join DuckDB cannot drop
-made ``select kind, count(*) from events`` 10x slower at 10M events. When a
+made ``select kind, count(*) from events`` many times slower on a large store
+(docs/performance.md). When a
 later chunk changes a label (a module attached later, a second model root), the
 read model rewrites the rows of that one label (``RELABEL``).
 
@@ -170,7 +171,7 @@ DERIVATIONS: tuple[str, ...] = (
     f"""INSERT INTO {SCHEMA}.run_ended
         SELECT run_id, stream, seq, ts_ns, payload::JSON FROM new_events WHERE kind = 'run_ended'""",
     # Lists are expanded with unnest() next to generate_subscripts() (they zip):
-    # on DuckDB 2.0 that is ~70x faster than UNNEST ... WITH ORDINALITY. An
+    # on DuckDB that is far faster than UNNEST ... WITH ORDINALITY (docs/performance.md). An
     # ``activity`` event holds one step's module calls (call order), each with
     # its tensors' statistics: two levels of lists.
     f"""INSERT INTO {SCHEMA}.forward_stats

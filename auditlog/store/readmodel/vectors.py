@@ -3,8 +3,8 @@
 The recorder stores each vector (``grad_norm``, ``update_norm``, ``param_norm``)
 as base64 of little-endian float32 (``auditlog.core.packed``). DuckDB has no
 way to reinterpret bytes as floats, and decoding them with string functions is
-quadratic (its ``substr`` counts characters from the start: measured 38 us per
-value at 5,000 values a vector). So the refresh decodes them here with numpy
+quadratic (its ``substr`` counts characters from the start, so a long vector
+costs more per value: docs/performance.md). So the refresh decodes them here with numpy
 (a ``frombuffer`` per vector) into the Arrow table ``new_vectors`` (``id`` and
 one ``DOUBLE[]`` per vector, absent positions NULL), which the ``steps``
 derivation joins; list-form payloads (older records) are read there as before.
