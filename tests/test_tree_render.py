@@ -12,10 +12,11 @@ import io
 from typing import Any
 
 import pytest
-from auditlog.present import tree_text
 from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
+
+from auditlog.present import tree_text
 
 
 def _tensor(name: str, **facts: Any) -> dict[str, Any]:
