@@ -3,7 +3,7 @@
 Records three small runs (one with a NaN planted in the loss at step 3, one
 with Tanh where the others have ReLU, one with a module added after step 3),
 serves them with the real ``auditlog ui`` and saves a PNG of the runs page, a
-run page, the compare page and the SQL page. Needs Debian's chromium and the
+run page (its integrity and its data sections), the compare page and the SQL page. Needs Debian's chromium and the
 ``playwright`` package (the dev extra).
 
     python benchmarks/ui_screenshots.py [--out docs/ui]
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 import auditlog
 
@@ -29,17 +30,18 @@ import auditlog
 def record(store: Path, name: str, activation: type[nn.Module], nan_at: int | None = None,
            grow_at: int | None = None) -> str:
     with auditlog.record(store, name=name, snapshot_every=4) as run:
-        run.annotate("dataset", name="blobs", rows=512, sha256="0" * 64)
+        run.annotate("dataset", name="blobs", licence="CC-BY-4.0", source="generated in the script")
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(4, 16), activation(), nn.Linear(16, 3))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for step in range(12):
+        blobs = TensorDataset(torch.randn(384, 4), torch.randint(0, 3, (384,)))
+        loader = DataLoader(blobs, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(1))
+        for step, (x, y) in enumerate(loader):  # 12 batches: the data section's coverage is 100%
             if step == grow_at:
                 model.add_module("head", nn.Identity())
-            x = torch.randn(32, 4)
             if step == nan_at:
                 x[0, 0] = float("nan")
-            loss = nn.functional.cross_entropy(model(x), torch.randint(0, 3, (32,)))
+            loss = nn.functional.cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -85,6 +87,9 @@ def main() -> None:
                 page.evaluate("document.getElementById('integrity').scrollIntoView()")  # CDP, not eval in the page
                 page.wait_for_timeout(200)
                 page.screenshot(path=str(args.out / "run.png"))
+                page.evaluate("document.getElementById('data').scrollIntoView()")
+                page.wait_for_timeout(200)
+                page.screenshot(path=str(args.out / "run-data.png"))
                 page.goto(url + f"#/compare?runs={base_id},{nan_id}")
                 page.locator(".diff").wait_for()
                 page.wait_for_timeout(200)
@@ -99,7 +104,7 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=30)
-    for name in ("runs", "run", "compare", "query"):
+    for name in ("runs", "run", "run-data", "compare", "query"):
         print(f"wrote {args.out / (name + '.png')} ({(args.out / (name + '.png')).stat().st_size // 1024} KiB)")
 
 
