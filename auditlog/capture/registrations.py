@@ -29,7 +29,7 @@ import torch
 
 from auditlog.capture.source import Location, module_kind, site_location
 from auditlog.core.chain import Clean
-from auditlog.core.replay import ModelState, TensorInfo
+from auditlog.core.replay import ModelState, apply
 from auditlog.core.tensors import dtype_name
 
 REGISTRATIONS = "__registrations__"
@@ -147,57 +147,10 @@ def parse(flat: list[Any]) -> list[tuple[Any, ...]]:
     return out
 
 
-def fold(state: ModelState, flat: list[Any]) -> None:
-    """Fold a run of flat registrations into ``state`` straight from the values:
-    what ``replay.apply`` does with their events (tests compare the two), without
-    building ~10 dicts per event on the training thread."""
-    node = state.node
-    for fields, shape in _walk(flat):
-        kind = fields[0]
-        if kind == "module_registered":
-            (_, _, _, parent_id, _, name, child_id, child_cls, parent_cls, code, line, attached,
-             parent_code, parent_line, parent_attached, adopted, _) = fields
-            parent = node(parent_id, parent_cls)
-            if parent.source is None and parent_code is not ABSENT and parent_code is not None:
-                parent.source = _site(parent_code, parent_line, parent_attached)
-            if name not in parent.children:
-                parent.drop_name(name)
-            parent.children[name] = child_id
-            if child_id is not None:
-                child = node(child_id, child_cls)
-                if child.source is None and not adopted:
-                    child.source = _site(code, line, attached)
-            continue
-        (_, _, _, module_id, tensor_id, name, module_cls, dtype, device, _lazy, flag, code, line,
-         module_code, module_line, module_attached, _, _, _) = fields
-        module = node(module_id, module_cls)
-        if module.source is None and module_code is not ABSENT and module_code is not None:
-            module.source = _site(module_code, module_line, module_attached)
-        parameter = kind == "parameter_registered"
-        members = module.parameters if parameter else module.buffers
-        if name not in members:
-            module.drop_name(name)
-        members[name] = tensor_id
-        if tensor_id is None:
-            continue
-        dtype_text = None if dtype is None else dtype_name(dtype)
-        device_text = None if device is None else _device(device)
-        info = state.tensors.get(tensor_id)
-        if info is None:
-            info = state.tensors[tensor_id] = TensorInfo(
-                tensor_id, "parameter" if parameter else "buffer", shape, dtype_text, device_text
-            )
-            info.source = _site(code, line)
-        info.shape, info.dtype, info.device = shape, dtype_text, device_text
-        if parameter:
-            info.requires_grad = flag
-        else:
-            info.persistent = flag
-
-
 class Registrations:
-    """A batch of pending registrations, in hook order: the writer parses it into
-    events (``records``), the recorder folds it into its replayed state (``fold_into``).
+    """A batch of pending registrations, in hook order: parsed once into events
+    (``records``) that the writer stores and the recorder folds into its replayed
+    state (``fold_into``).
     """
 
     __slots__ = ("_flat", "_lock", "_records", "count")
@@ -220,9 +173,14 @@ class Registrations:
                 if records is None:
                     assert self._flat is not None
                     records = self._records = parse(self._flat)
+                    self._flat = None  # the records say it all now
         return records
 
     def fold_into(self, state: ModelState) -> None:
-        """Fold these registrations into the recorder's replayed state (``fold``)."""
-        assert self._flat is not None
-        fold(state, self._flat)
+        """Fold these registrations into the recorder's replayed state with the replay's
+        own ``apply``: one definition of what an event does to the state. The records
+        are parsed once (``records``) for this and the writer, whichever asks first;
+        applying them costs about what a fold straight from the flat values did
+        (docs/performance.md)."""
+        for kind, _, _, module_id, tensor_id, payload in self.records():
+            apply(state, {"kind": kind, "module_id": module_id, "tensor_id": tensor_id, "payload": payload})
