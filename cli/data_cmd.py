@@ -10,11 +10,12 @@ from auditlog.cli.output import echo_line, emit_json, emit_rows
 
 DATASET_COLUMNS = (
     "rank", "dataset", "class", "length", "method", "fingerprint", "epochs", "batches", "samples",
-    "distinct", "coverage",
+    "distinct", "coverage", "hashed",
 )
 LOADER_COLUMNS = ("rank", "loader", "dataset", "epochs", "first_step", "batch_size", "shuffle", "workers",
                   "sampler", "seed")
 SAMPLE_COLUMNS = ("rank", "dataset", "epoch", "batch", "step", "times", "no_grad")
+BATCH_COLUMNS = ("rank", "dataset", "epoch", "batch", "step", "no_grad", "hash")
 
 
 def _short(name: Any) -> Any:
@@ -30,6 +31,7 @@ def _dataset_row(d: dict[str, Any]) -> dict[str, Any]:
         "epochs": d["epochs"], "batches": d["batches"], "samples": d["samples_drawn"],
         "distinct": d["distinct_samples"],
         "coverage": None if d["coverage"] is None else f"{100 * float(d['coverage']):.1f}%",
+        "hashed": d.get("hashed_batches") or None,
     }
 
 
@@ -58,8 +60,12 @@ def _loader_row(entry: dict[str, Any]) -> dict[str, Any]:
               help="Which steps (and ranks) trained on sample I: every batch that held it.")
 @click.option("--dataset", "dataset", default=None, metavar="D",
               help="With --sample: only dataset D (its id, or its class name); default every map-style dataset.")
+@click.option("--batch-hash", "batch_hash", default=None, metavar="H",
+              help="Which steps (and ranks) trained on the batch of an iterable dataset whose content hash "
+                   "(auditlog.batch_hash) is H, or starts with H (8 hex digits at least).")
 @run_argument
-def data(store: str | None, fmt: str, sample: int | None, dataset: str | None, run: str) -> None:
+def data(store: str | None, fmt: str, sample: int | None, dataset: str | None, batch_hash: str | None,
+         run: str) -> None:
     """The data RUN trained on: every dataset a DataLoader iterated, with its identity.
 
     One row per dataset (and rank): class, length, how it is identified
@@ -69,15 +75,34 @@ def data(store: str | None, fmt: str, sample: int | None, dataset: str | None, r
     then one row per loader: iterations, batch size, shuffle, workers, sampler
     and seed. With --sample I: every batch that held sample I (rank, dataset,
     epoch, batch, the step that trained on it), then one line: the steps, or
-    'never drawn'. Exit 0 either way; a --dataset that names no dataset exits 2.
+    'never drawn'. With --batch-hash H (iterable datasets, whose samples have
+    no index): the same for the batches whose content hash is H. Exit 0 either
+    way; a --dataset that names no dataset, or --sample on an iterable dataset,
+    exits 2.
     """
     from auditlog.read.api import open_store
     from auditlog.read.forensics import jsonable
 
     if dataset is not None and sample is None:
         raise click.UsageError("--dataset needs --sample")
+    if batch_hash is not None and sample is not None:
+        raise click.UsageError("--batch-hash and --sample ask different questions: give one")
     with open_store(store) as opened:
         selected = opened.run(run)
+        if batch_hash is not None:
+            found = selected.batch(batch_hash)
+            if fmt == "json":
+                emit_json(jsonable(found.as_dict()))
+                return
+            if found.batches:
+                emit_rows(
+                    ({"rank": b["rank"], "dataset": b["dataset_id"], "epoch": b["epoch"], "batch": b["batch"],
+                      "step": b["step"], "no_grad": b["no_grad"] or None, "hash": b["hash"][:16]}
+                     for b in found.batches),
+                    BATCH_COLUMNS, fmt,
+                )
+            echo_line(found.answer)
+            return
         if sample is not None:
             history = selected.sample(sample, dataset)
             if fmt == "json":
