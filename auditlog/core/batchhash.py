@@ -69,7 +69,7 @@ def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.resolve_conj().resolve_neg().contiguous()
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return t.reshape(-1).view(torch.uint8).numpy().data
 
 
 class BatchContent:

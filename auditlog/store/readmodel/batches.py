@@ -18,9 +18,8 @@ is the place that says what was altered.
 
 from __future__ import annotations
 
-from typing import Any
-
 import re
+from typing import Any
 
 import numpy as np
 import orjson
