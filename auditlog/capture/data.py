@@ -36,9 +36,10 @@ state, are those of an unrecorded run (tested bitwise).
   reaches ``HELD_BYTES_PER_EVENT``, and the event weighs its bytes in the
   record buffer, so a writer that falls behind blocks training (the buffer's
   back-pressure) instead of growing memory.
-- Behind a wrapper that fetches one batch ahead (Accelerate's ``DataLoaderShard``,
-  the HF Trainer's loader: ``readahead.py``) a batch is stamped when the next one
-  leaves the iterator (or the iterator ends): the moment the loop received it.
+- Behind a wrapper that fetches ``k`` batches ahead (Accelerate's ``DataLoaderShard``
+  and ``DataLoaderDispatcher``, the HF Trainer's loader, Lightning's prefetching
+  fetcher: ``readahead.py``) a batch is stamped when the ``k``-th after it leaves
+  the iterator (or the iterator ends): the moment the loop received it.
 
 Iterators started before the recording are not recorded (their first indices
 were drawn unseen). A wrapper never raises into user code: the recorder's part
@@ -127,9 +128,9 @@ class _Iteration:
         self.first = 0  # position in the epoch of batches[0]
         self.iterable = False
         self.single = True
-        self.ahead = False  # behind a one-ahead wrapper (readahead.py)
-        # ahead: the indices and content of the batch the loop has not received yet
-        self.pending: tuple[Any, BatchContent | str | None] | None = None
+        self.ahead = 0  # batches a wrapper reads ahead of its loop (readahead.py)
+        # ahead: the indices and content of the batches the loop has not received yet, oldest first
+        self.pending: collections.deque[tuple[Any, BatchContent | str | None]] = collections.deque()
         self.returned = 0  # batches returned in this epoch (the next one's position)
         self.held = 0  # bytes of the batch contents held for hashing
 
@@ -282,7 +283,7 @@ class DataWatch:
             iterator = original(loader)
             if self.active:
                 try:
-                    self._started(loader, iterator, readahead.reads_one_ahead(sys._getframe(1), loader))
+                    self._started(loader, iterator, readahead.reads_ahead(sys._getframe(1), loader))
                 except Exception as exc:
                     self.listener.fault("dataloader_iter", exc)
             return iterator
@@ -357,7 +358,7 @@ class DataWatch:
             self._strong[id(obj)] = (obj, self._counter)
             return self._counter, True
 
-    def _started(self, loader: Any, iterator: Any, ahead: bool = False) -> None:
+    def _started(self, loader: Any, iterator: Any, ahead: int = 0) -> None:
         for held in list(self._holding):  # earlier iterations (left early, or interleaved) first
             self._hand_over(held)
         loader_id, _ = self._id(self._loaders, loader)
@@ -381,7 +382,8 @@ class DataWatch:
         iteration.loader_id, iteration.dataset_id, iteration.epoch, iteration.first = loader_id, dataset_id, epoch, 0
         iteration.iterable = iterable
         iteration.single = int(loader.num_workers) == 0
-        iteration.ahead, iteration.pending = ahead, None
+        iteration.ahead = ahead
+        iteration.pending.clear()
         iteration.returned = 0
         iteration.started = True
         if iterable:
@@ -410,12 +412,12 @@ class DataWatch:
         else:
             return  # nothing drawn for it that we saw
         iteration.returned += 1
-        if iteration.ahead:  # the loop receives the previous batch now, this one later
-            previous, iteration.pending = iteration.pending, (indices, content)
+        if iteration.ahead:  # the loop receives an earlier batch now, this one later
+            iteration.pending.append((indices, content))
             self._holding.add(iteration)
-            if previous is None:
+            if len(iteration.pending) <= iteration.ahead:
                 return
-            indices, content = previous
+            indices, content = iteration.pending.popleft()
         iteration.batches.append((self.listener.step, indices, torch.is_grad_enabled(), content))
         if len(iteration.batches) == 1:
             self._holding.add(iteration)
@@ -426,21 +428,21 @@ class DataWatch:
 
     def _hand_over(self, iteration: _Iteration, final: bool = True) -> None:
         """Emit the batches held; ``final``: the iteration ended (or is left), so a
-        pending batch (one-ahead) is stamped now too, else it stays held."""
+        batch still pending (read ahead) is stamped now too, else they stay held."""
         self._holding.discard(iteration)
-        if iteration.pending is not None:
+        if iteration.pending:
             if not final:
                 self._holding.add(iteration)
             else:
-                indices, content = iteration.pending
-                iteration.batches.append((self.listener.step, indices, torch.is_grad_enabled(), content))
-                iteration.pending = None
+                grad = torch.is_grad_enabled()
+                while iteration.pending:
+                    indices, content = iteration.pending.popleft()
+                    iteration.batches.append((self.listener.step, indices, grad, content))
         if not iteration.batches:
             return
         batches, iteration.batches = iteration.batches, []
-        held = iteration.held
-        if iteration.pending is not None and isinstance(iteration.pending[1], BatchContent):
-            held -= iteration.pending[1].nbytes  # still held: counted with the next hand-over
+        held = iteration.held  # less what is still pending: counted with the next hand-over
+        held -= sum(c.nbytes for _, c in iteration.pending if isinstance(c, BatchContent))
         iteration.held -= held
         head: dict[str, Any] = {
             "loader_id": iteration.loader_id,
