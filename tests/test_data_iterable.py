@@ -152,12 +152,12 @@ def test_every_nth_batch_and_a_large_batch_referenced_then_changed_in_place(stor
 
 
 def test_diff_says_where_two_runs_batches_first_differ(store: Path) -> None:
-    for name, seed in (("a", 1), ("same", 1), ("b", 2)):
+    for name, seed in (("run-a", 1), ("same", 1), ("run-b", 2)):  # no hex: an id prefix wins over a name
         with auditlog.record(store, name=name) as run:
             train(DataLoader(Stream(seed=seed), batch_size=4), run)
-    same = json.loads(invoke("diff", "--store", str(store), "a", "same", "--format", "json").stdout)["data"]
+    same = json.loads(invoke("diff", "--store", str(store), "run-a", "same", "--format", "json").stdout)["data"]
     assert [c["fields"].keys() for c in same if c["name"] == "loader 1"] == []
-    changes = json.loads(invoke("diff", "--store", str(store), "a", "b", "--format", "json").stdout)["data"]
+    changes = json.loads(invoke("diff", "--store", str(store), "run-a", "run-b", "--format", "json").stdout)["data"]
     (loader,) = [c for c in changes if c["name"] == "loader 1"]
     assert loader["fields"]["batch_hashes"]["a"].startswith("epoch 0 batch 0: hash ")
 
