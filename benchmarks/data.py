@@ -126,11 +126,14 @@ def _iterable_cost(rounds: int, batches: int = 512) -> None:
         batch = {"x": torch.randn(*shape, generator=torch.Generator().manual_seed(0)), "y": torch.arange(shape[0])}
 
         class Stream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
+            def __init__(self, item: dict[str, torch.Tensor]) -> None:
+                self.item = item
+
             def __iter__(self) -> Any:
                 for _ in range(batches):
-                    yield batch
+                    yield self.item
 
-        loader = DataLoader(Stream(), batch_size=None)
+        loader = DataLoader(Stream(batch), batch_size=None)
         thread: dict[str, list[float]] = {c: [] for c in ITERABLE_CONFIGS}
         wall: dict[str, list[float]] = {c: [] for c in ITERABLE_CONFIGS}
         with tempfile.TemporaryDirectory() as tmp:

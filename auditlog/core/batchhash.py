@@ -82,7 +82,7 @@ def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
     if not t.is_contiguous():
         t = t.contiguous()
     if t.dtype in _NUMPY and t.dim():
-        return memoryview(t.numpy()).cast("B")
+        return t.numpy().data.cast("B")
     return t.reshape(-1).view(torch.uint8).numpy().data
 
 
