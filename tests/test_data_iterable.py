@@ -131,8 +131,8 @@ def test_the_minimal_policy_records_no_hashes(store: Path) -> None:
     assert "no batch of this run has a content hash" in answer
 
 
-def test_every_nth_batch_and_a_large_batch_referenced_then_changed_in_place(store: Path) -> None:
-    big = data_watch.COPY_BYTES // 4 + 1  # float32 values: one more than is copied
+def test_every_nth_batch_and_a_batch_changed_in_place_before_it_was_hashed(store: Path) -> None:
+    big = data_watch.COPY_BYTES // 4 + 1024  # float32 values: more than is copied (referenced)
 
     class Large(IterableDataset[torch.Tensor]):
         def __iter__(self) -> Any:
@@ -180,7 +180,12 @@ def test_the_hash_definition() -> None:
         + b"S" + lp(b"t")
     ).hexdigest()
     assert batch_hash((x, "t")) == by_hand
-    content = BatchContent([x.clone()], copy_bytes=0)  # referenced, not copied
-    content.parts[-1][0].mul_(2)  # type: ignore[index]
+    y = x.clone()
+    content = BatchContent([y], copy_bytes=0)  # referenced, not copied
+    y.mul_(2)
     with pytest.raises(BatchChanged):
         content.hexdigest()
+    z = x.clone()
+    copied = BatchContent([z], copy_bytes=1 << 20)  # copied when taken: a later change is not seen
+    z.add_(1)
+    assert copied.copied == copied.nbytes == 24 and copied.hexdigest() == batch_hash([x])

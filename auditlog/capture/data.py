@@ -28,9 +28,9 @@ state, are those of an unrecorded run (tested bitwise).
   new epoch and at run end; the writer packs them (``core/packed.py``).
 - A batch of an ``IterableDataset`` has no indices: every ``batch_hash_every``-th
   batch of an iterator (policy) is taken for its content hash
-  (``core/batchhash.py``): the encoding is built here, the bytes of its first
-  ``COPY_BYTES`` of CPU tensors copied, larger tensors referenced with their
-  in-place version counters, and the writer hashes them when it resolves the
+  (``core/batchhash.py``): the encoding is built here, its tensors referenced
+  with their in-place version counters (none copied: ``COPY_BYTES``), and the
+  writer hashes them when it resolves the
   ``batches`` event (a referenced tensor changed in place in between: no hash,
   and ``hash_errors`` says why). What an iteration holds is handed over once it
   reaches ``HELD_BYTES_PER_EVENT``, and the event weighs its bytes in the
@@ -72,9 +72,11 @@ BATCHES_PER_EVENT = 256
 """Batches of one iterator handed over in one ``batches`` event (at most)."""
 INDICES_PER_EVENT = 1 << 16
 """Indices in one ``batches`` event, about (a batch is never split)."""
-COPY_BYTES = 128 * 1024
-"""Tensor bytes of a batch copied on the training thread for its hash (a memcpy: ~12 us for
-128 KiB where hashing them costs ~150 us, docs/performance.md); beyond, referenced."""
+COPY_BYTES = 0
+"""Tensor bytes of a batch copied on the training thread for its hash; beyond, referenced
+with their version counters. None: a copy measured dearer than a reference at every size
+(page faults from 128 KiB, where malloc maps fresh pages; docs/performance.md), and a
+DataLoader's batches are fresh tensors that an in-place change would mark."""
 HELD_BYTES_PER_EVENT = 16 << 20
 """Batch bytes (copied or referenced for hashing) an iteration holds before it hands them over."""
 
