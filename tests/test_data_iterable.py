@@ -76,6 +76,11 @@ def test_the_record_holds_the_hash_the_script_computed_for_every_batch_and_its_s
         (dataset,) = s.query("select kind, batches, hashed_batches, distinct_hashes from datasets")
     assert [(r["step"], r["hash"]) for r in rows] == truth
     assert dataset == {"kind": "iterable", "batches": 6, "hashed_batches": 6, "distinct_hashes": 6}
+    page = store.parent / "report.html"
+    assert invoke("report", "--store", str(store), "-o", str(page)).exit_code == 0
+    html = page.read_text()
+    section = html[html.index("batches hashed"):]
+    assert "distinct hashes" in section and section.index("</table>") > section.index('<td class="num">6</td><td class="num">6</td></tr>')
 
 
 def test_worker_processes_yield_the_same_hashes(store: Path) -> None:
