@@ -105,7 +105,7 @@ def _iteration_cost(rounds: int, batches: int = 2048) -> dict[str, float]:
                     for _ in range(batches):
                         next(it)
                     per[name].append((time.thread_time() - start) / batches)
-    sample = [(i, random.sample(range(4096), 32), True) for i in range(256)]
+    sample = [(i, random.sample(range(4096), 32), True, None) for i in range(256)]
     start = time.perf_counter()
     for _ in range(20):
         Batches({}, list(sample)).resolve()

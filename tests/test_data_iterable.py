@@ -156,6 +156,19 @@ def test_every_nth_batch_and_a_batch_changed_in_place_before_it_was_hashed(store
     assert payload["hash_errors"] == [{"position": 2, "reason": "a tensor of the batch was modified in place before it was hashed"}]
 
 
+def test_a_batch_of_too_many_python_values_is_recorded_unhashed_with_the_reason(store: Path) -> None:
+    class Tokens(IterableDataset[list[int]]):
+        def __iter__(self) -> Any:
+            yield list(range(data_watch.ITEMS_WALKED))  # one item more with its list
+            yield list(range(8))
+
+    with auditlog.record(store):
+        batches = list(DataLoader(Tokens(), batch_size=None, collate_fn=lambda b: b))
+    (payload,) = events(store, "batches")
+    assert payload["hashes"] == [None, batch_hash(batches[1])]
+    assert payload["hash_errors"][0]["position"] == 0 and "more items" in payload["hash_errors"][0]["reason"]
+
+
 def test_diff_says_where_two_runs_batches_first_differ(store: Path) -> None:
     for name, seed in (("run-a", 1), ("same", 1), ("run-b", 2)):  # no hex: an id prefix wins over a name
         with auditlog.record(store, name=name) as run:

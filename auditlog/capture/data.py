@@ -77,6 +77,9 @@ COPY_BYTES = 0
 with their version counters. None: a copy measured dearer than a reference at every size
 (page faults from 128 KiB, where malloc maps fresh pages; docs/performance.md), and a
 DataLoader's batches are fresh tensors that an in-place change would mark."""
+ITEMS_WALKED = 4096
+"""Items (tensors, containers, values) of one batch walked on the training thread, at most:
+a batch of more (Python lists of token ids, say) is recorded unhashed, with the reason."""
 HELD_BYTES_PER_EVENT = 16 << 20
 """Batch bytes (copied or referenced for hashing) an iteration holds before it hands them over."""
 
@@ -203,7 +206,7 @@ def _hash_batches(out: dict[str, Any], batches: list[Taken]) -> None:
 def _take(batch: Any) -> BatchContent | str:
     """A batch taken for hashing (training thread), or why it cannot be."""
     try:
-        return BatchContent(batch, COPY_BYTES)
+        return BatchContent(batch, COPY_BYTES, ITEMS_WALKED)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"[:500]
 

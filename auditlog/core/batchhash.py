@@ -25,7 +25,11 @@ its content; every length and count is an unsigned 64-bit little-endian integer
   ``repr`` (a repr holding a memory address differs from run to run: such a
   batch has no stable hash, and the record cannot make one up).
 
-Nesting deeper than ``DEPTH_LIMIT`` raises ``ValueError`` (a cycle).
+Nesting deeper than ``DEPTH_LIMIT`` raises ``ValueError`` (a cycle). The recorder
+also bounds its walk on the training thread (``items``: a batch of more items,
+e.g. token ids collated as Python lists rather than tensors, is not hashed, and
+the record says so), since each item outside a tensor costs about a microsecond
+there.
 
 ``BatchContent`` splits the work in two so that the recorder hashes off the
 training thread: taking it (``BatchContent(batch, copy_bytes)``) walks the nesting
@@ -96,18 +100,22 @@ def _dtype(dtype: torch.dtype) -> bytes:
 class BatchContent:
     """A batch taken for hashing: its encoding, with tensor bytes copied or referenced."""
 
-    __slots__ = ("copied", "nbytes", "parts")
+    __slots__ = ("budget", "copied", "nbytes", "parts")
 
-    def __init__(self, batch: Any, copy_bytes: int = 0) -> None:
+    def __init__(self, batch: Any, copy_bytes: int = 0, items: int | None = None) -> None:
         # bytes (encoded already) or (tensor, its version when taken)
         self.parts: list[bytes | tuple[torch.Tensor, int]] = [PREFIX]
         self.nbytes = 0  # tensor bytes, copied or referenced (what holding this costs)
         self.copied = 0
+        self.budget = items if items is not None else -1  # items left to walk (negative: no bound)
         self._walk(batch, copy_bytes, 0)
 
     def _walk(self, value: Any, copy_bytes: int, depth: int) -> None:
         if depth > DEPTH_LIMIT:
             raise ValueError(f"batch nested deeper than {DEPTH_LIMIT} levels")
+        self.budget -= 1
+        if self.budget == -1:
+            raise ValueError("batch of more items than the recorder walks on the training thread")
         add = self.parts.append
         if isinstance(value, torch.Tensor):
             shape = value.shape
@@ -132,7 +140,7 @@ class BatchContent:
                     items.append((b"S" + _lp(key.encode("utf-8", "surrogatepass")), item))
                     continue
                 encoded = BatchContent.__new__(BatchContent)
-                encoded.parts, encoded.nbytes, encoded.copied = [], 0, 0
+                encoded.parts, encoded.nbytes, encoded.copied, encoded.budget = [], 0, 0, -1
                 encoded._walk(key, 1 << 62, depth + 1)
                 items.append((b"".join(p for p in encoded.parts if isinstance(p, bytes)), item))
             items.sort(key=lambda kv: kv[0])

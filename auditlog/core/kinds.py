@@ -519,8 +519,8 @@ _KINDS = [
                 " hex; docs/data.md), null for batches the policy did not sample or that could not be hashed",
                 optional=True),
             "hash_errors": F(ListOf(obj(position=INT, reason=STR)), "list of {position, reason}: batches taken "
-                "for hashing that have no hash (a tensor changed in place before the writer hashed it, a value "
-                "that cannot be encoded), only when some", optional=True),
+                "for hashing that have no hash (a tensor changed in place before the writer hashed it, more than "
+                "4096 items to walk on the training thread, a value that cannot be encoded), only when some", optional=True),
         },
     ),
     Kind(
