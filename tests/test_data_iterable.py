@@ -11,13 +11,18 @@ from typing import Any
 import pytest
 import torch
 from helpers import assert_one_line_error, invoke
-from test_data import events
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
 import auditlog
 from auditlog.capture import data as data_watch
 from auditlog.core.batchhash import BatchChanged, BatchContent, batch_hash
+
+
+def events(store: Path, kind: str) -> list[dict[str, Any]]:
+    """The payloads of the run's events of ``kind``, in order."""
+    with auditlog.open(store) as s:
+        return [e["payload"] for e in s.run().events() if e["kind"] == kind]
 
 
 class Stream(IterableDataset[dict[str, Any]]):

@@ -17,11 +17,17 @@ from typing import Any
 
 import pytest
 import torch
-from test_data import events
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import auditlog
+
+
+def events(store: Path, kind: str) -> list[dict[str, Any]]:
+    """The payloads of the run's events of ``kind``, in order."""
+    with auditlog.open(store) as s:
+        return [e["payload"] for e in s.run().events() if e["kind"] == kind]
+
 
 Truth = list[tuple[int, Any]]  # (the step that trained on it, its indices or its hash) per batch
 
