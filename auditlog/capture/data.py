@@ -75,8 +75,8 @@ INDICES_PER_EVENT = 1 << 16
 COPY_BYTES = 0
 """Tensor bytes of a batch copied on the training thread for its hash; beyond, referenced
 with their version counters. None: a copy measured dearer than a reference at every size
-(page faults from 128 KiB, where malloc maps fresh pages; docs/performance.md), and a
-DataLoader's batches are fresh tensors that an in-place change would mark."""
+(large ones fault in fresh pages; docs/performance.md), and a DataLoader's batches are
+fresh tensors that an in-place change would mark."""
 ITEMS_WALKED = 4096
 """Items (tensors, containers, values) of one batch walked on the training thread, at most:
 a batch of more (Python lists of token ids, say) is recorded unhashed, with the reason."""

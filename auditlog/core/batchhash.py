@@ -28,14 +28,14 @@ its content; every length and count is an unsigned 64-bit little-endian integer
 Nesting deeper than ``DEPTH_LIMIT`` raises ``ValueError`` (a cycle). The recorder
 also bounds its walk on the training thread (``items``: a batch of more items,
 e.g. token ids collated as Python lists rather than tensors, is not hashed, and
-the record says so), since each item outside a tensor costs about a microsecond
-there.
+the record says so), since every item outside a tensor is Python work there
+(docs/performance.md).
 
 ``BatchContent`` splits the work in two so that the recorder hashes off the
 training thread: taking it (``BatchContent(batch, copy_bytes)``) walks the nesting
 and encodes everything but tensor bytes, copies the bytes of the first
-``copy_bytes`` of CPU tensors (a memcpy is ~10x cheaper than hashing them) and
-keeps a reference, with PyTorch's in-place version counter, to every other
+``copy_bytes`` of CPU tensors (the recorder copies none: docs/data.md says why)
+and keeps a reference, with PyTorch's in-place version counter, to every other
 tensor; ``hexdigest()`` (on the writer) hashes, and raises ``BatchChanged`` when a
 referenced tensor was modified in place between the two. ``batch_hash`` is the
 two in one call: one definition, whoever computes it.
