@@ -9,6 +9,15 @@ rounds; each round trains ``--steps`` steps per configuration after a warm-up
 epoch; the figure is the median over rounds of the mean step time.
 
     python benchmarks/data.py --rounds 5 --steps 1024
+
+``--iterable``: instead, the cost of an ``IterableDataset``'s batch hashes (policy
+``batch_hash_every``): per batch of three sizes (4 KiB, 128 KiB, 1.5 MiB of float32),
+the training thread's CPU time (``thread_time``) to iterate a loader whose fetch
+costs nothing, bare, recorded without hashes and recorded with them; the wall time
+per batch until the writer has hashed them all (``run.flush()``); and what hashing
+the batch on the training thread would have cost (``auditlog.batch_hash``).
+
+    python benchmarks/data.py --iterable --rounds 5
 """
 
 from __future__ import annotations
@@ -96,7 +105,7 @@ def _iteration_cost(rounds: int, batches: int = 2048) -> dict[str, float]:
                     for _ in range(batches):
                         next(it)
                     per[name].append((time.thread_time() - start) / batches)
-    sample = [(i, random.sample(range(4096), 32), True) for i in range(256)]
+    sample = [(i, random.sample(range(4096), 32), True, None) for i in range(256)]
     start = time.perf_counter()
     for _ in range(20):
         Batches({}, list(sample)).resolve()
@@ -105,6 +114,53 @@ def _iteration_cost(rounds: int, batches: int = 2048) -> dict[str, float]:
         "on_us": statistics.median(per["on"]) * 1e6,
         "writer_us": (time.perf_counter() - start) / 20 / 256 * 1e6,
     }
+
+
+ITERABLE_SHAPES = ((32, 32), (32, 1024), (32, 3, 64, 64))
+ITERABLE_CONFIGS = ("bare", "batch_hash_every=0", "batch_hash_every=1")
+
+
+def _iterable_cost(rounds: int, batches: int = 512) -> None:
+    """Per-batch cost of hashing an IterableDataset's batches, side by side with bare."""
+    for shape in ITERABLE_SHAPES:
+        batch = {"x": torch.randn(*shape, generator=torch.Generator().manual_seed(0)), "y": torch.arange(shape[0])}
+
+        class Stream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
+            def __init__(self, item: dict[str, torch.Tensor]) -> None:
+                self.item = item
+
+            def __iter__(self) -> Any:
+                for _ in range(batches):
+                    yield self.item
+
+        loader = DataLoader(Stream(batch), batch_size=None)
+        thread: dict[str, list[float]] = {c: [] for c in ITERABLE_CONFIGS}
+        wall: dict[str, list[float]] = {c: [] for c in ITERABLE_CONFIGS}
+        with tempfile.TemporaryDirectory() as tmp:
+            for r in range(rounds):
+                for config in ITERABLE_CONFIGS[r % 3:] + ITERABLE_CONFIGS[: r % 3]:
+                    every = None if config == "bare" else int(config.rsplit("=", 1)[1])
+                    context: Any = nullcontext() if every is None else auditlog.record(
+                        Path(tmp) / f"{r}-{config}", batch_hash_every=every, snapshot_final=False)
+                    with context as run:
+                        start, cpu = time.perf_counter(), time.thread_time()
+                        for _ in loader:
+                            pass
+                        thread[config].append((time.thread_time() - cpu) / batches)
+                        if run is not None:
+                            run.flush()  # the writer has hashed every batch
+                        wall[config].append((time.perf_counter() - start) / batches)
+        start = time.perf_counter()
+        for _ in range(64):
+            auditlog.batch_hash(batch)
+        inline = (time.perf_counter() - start) / 64
+        nbytes = sum(t.numel() * t.element_size() for t in batch.values())
+        med = {c: (statistics.median(thread[c]) * 1e6, statistics.median(wall[c]) * 1e6) for c in ITERABLE_CONFIGS}
+        print(f"batch {nbytes / 1024:,.0f} KiB: training thread " + ", ".join(
+            f"{c} {med[c][0]:.1f} us" for c in ITERABLE_CONFIGS)
+            + f" (hashing +{med['batch_hash_every=1'][0] - med['batch_hash_every=0'][0]:.1f} us); wall to hashed "
+            + ", ".join(f"{c} {med[c][1]:.1f} us" for c in ITERABLE_CONFIGS)
+            + f"; batch_hash on the training thread {inline * 1e6:.1f} us")
 
 
 def _store_bytes(store: Path) -> tuple[int, int, int]:
@@ -152,9 +208,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=1024)
+    parser.add_argument("--iterable", action="store_true", help="the cost of batch hashes (IterableDataset)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(machine_line())
+    if args.iterable:
+        _iterable_cost(args.rounds)
+        return
     wall: dict[str, list[float]] = {c: [] for c in CONFIGS}
     cpu: dict[str, list[float]] = {c: [] for c in CONFIGS}
     with tempfile.TemporaryDirectory() as tmp:

@@ -106,11 +106,12 @@ def test_diff_names_the_dataset_whose_file_changed(store: Path, tmp_path: Path) 
 
 
 def test_diff_says_where_sampling_diverged(store: Path) -> None:
-    for name, seed in (("a", 1), ("b", 2)):
+    # Names that are no hex: a run id prefix wins over a name ("a" would select a run whose id starts so).
+    for name, seed in (("run-a", 1), ("run-b", 2)):
         loader = DataLoader(indexed_tensors(12), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(seed))
         with auditlog.record(store, name=name) as run:
             train(loader, run)
-    (change,) = json.loads(invoke("diff", "--store", str(store), "a", "b", "--format", "json").stdout)["data"]
+    (change,) = json.loads(invoke("diff", "--store", str(store), "run-a", "run-b", "--format", "json").stdout)["data"]
     assert change["name"] == "loader 1"
     assert change["fields"]["generator_seed"] == {"a": 1, "b": 2}
     assert change["fields"]["sampling"]["a"].startswith("epoch 0 batch 0: ")

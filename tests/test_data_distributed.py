@@ -1,6 +1,7 @@
 """``DistributedSampler`` on 2 gloo ranks under ``torchrun``: each rank's record of its
 batches equals what that rank's sampler yielded, and ``auditlog data --sample`` names
-the rank (and step) that trained on a sample.
+the rank (and step) that trained on a sample; and an ``IterableDataset`` on 2 ranks:
+``--batch-hash`` names the ranks that trained on a batch.
 
 The script is an ordinary DDP loop, unaware of the recorder; it takes its own
 ground truth: the dataset returns each sample's index beside it, so the script
@@ -95,3 +96,54 @@ def test_each_rank_records_the_indices_its_distributed_sampler_yielded(tmp_path:
         (0, 22, len({i for rank, _, indices in truth if rank == 0 for i in indices})),
         (1, 22, len({i for rank, _, indices in truth if rank == 1 for i in indices})),
     ]
+
+
+ITERABLE_SCRIPT = '''
+import json, sys
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, IterableDataset
+import auditlog
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+
+class Shard(IterableDataset):
+    """Each rank's stream: one batch every rank yields, then two of its own."""
+    def __iter__(self):
+        yield {"x": torch.ones(2, 4)}
+        for i in range(2):
+            yield {"x": torch.full((2, 4), float(10 * rank + i + 2))}
+
+torch.manual_seed(0)
+model = DistributedDataParallel(nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+steps, truth = 0, []
+for batch in DataLoader(Shard(), batch_size=None):
+    model(batch["x"]).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+    steps += 1
+    truth.append([rank, steps, auditlog.batch_hash(batch)])
+with open(sys.argv[1] + f".{rank}.json", "w") as f:
+    json.dump(truth, f)
+dist.destroy_process_group()
+'''
+
+
+def test_batch_hash_names_the_ranks_that_trained_on_a_batch_of_an_iterable_dataset(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(ITERABLE_SCRIPT)
+    store = str(tmp_path / "store")
+    torchrun(tmp_path, "run", "--store", store, str(script), str(tmp_path / "truth"))
+    truth = [tuple(row) for rank in (0, 1) for row in json.loads((tmp_path / f"truth.{rank}.json").read_text())]
+    rows = _cli("query", "--store", store, "select rank, step, hash from batches order by rank, seq, batch")
+    assert [(r["rank"], r["step"], r["hash"]) for r in rows] == truth
+    common, own = truth[0][2], truth[4][2]  # every rank's first batch; rank 1's second
+    assert truth[3][2] == common
+    text = invoke("data", "--store", store, "--batch-hash", common).stdout.strip().splitlines()[-1]
+    assert text == f"batch {common[:16]} was drawn 2 times; trained at step 1 (rank 0), step 1 (rank 1)"
+    text = invoke("data", "--store", store, "--batch-hash", own).stdout.strip().splitlines()[-1]
+    assert text == f"batch {own[:16]} was drawn 1 time; trained at step 2 (rank 1)"

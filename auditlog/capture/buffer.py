@@ -23,13 +23,16 @@ def record_weight(record: Record) -> int:
     """What a record counts against ``maxsize``, in units of ~1 KB of memory: an
     ``activity`` record one per module call it holds (a step of a big model holds
     thousands), an ``optimizer_step`` one per 25 parameters (its size with three
-    norm vectors, benchmarks/memory.py; docs/performance.md), others 1."""
+    norm vectors, benchmarks/memory.py; docs/performance.md), a ``batches`` record
+    one per KiB of batch contents it holds for hashing, others 1."""
     kind = record[0]
     if kind == "activity":
         payload = record[5]
         return max(1, len(payload.get("forward", ())) + len(payload.get("backward", ())))
     if kind == "optimizer_step":
         return 1 + packed_count(record[5].get("tensor_ids")) // 25  # packed or a list
+    if kind == "batches":  # the batch bytes it holds for hashing (capture/data.py)
+        return 1 + int(getattr(record[5], "weight", 0))
     if kind == "__registrations__":  # registrations.REGISTRATIONS: a batch of them
         return max(1, len(record[1]))
     return 1

@@ -26,9 +26,20 @@ state, are those of an unrecorded run (tested bitwise).
   lists on the training thread and handed over as one ``batches`` event per
   ``BATCHES_PER_EVENT`` batches of one iterator, at the iterator's end, at a
   new epoch and at run end; the writer packs them (``core/packed.py``).
-- Behind a wrapper that fetches one batch ahead (Accelerate's ``DataLoaderShard``,
-  the HF Trainer's loader: ``readahead.py``) a batch is stamped when the next one
-  leaves the iterator (or the iterator ends): the moment the loop received it.
+- A batch of an ``IterableDataset`` has no indices: every ``batch_hash_every``-th
+  batch of an iterator (policy) is taken for its content hash
+  (``core/batchhash.py``): the encoding is built here, its tensors referenced
+  with their in-place version counters (none copied: ``COPY_BYTES``), and the
+  writer hashes them when it resolves the
+  ``batches`` event (a referenced tensor changed in place in between: no hash,
+  and ``hash_errors`` says why). What an iteration holds is handed over once it
+  reaches ``HELD_BYTES_PER_EVENT``, and the event weighs its bytes in the
+  record buffer, so a writer that falls behind blocks training (the buffer's
+  back-pressure) instead of growing memory.
+- Behind a wrapper that fetches ``k`` batches ahead (Accelerate's ``DataLoaderShard``
+  and ``DataLoaderDispatcher``, the HF Trainer's loader, Lightning's prefetching
+  fetcher: ``readahead.py``) a batch is stamped when the ``k``-th after it leaves
+  the iterator (or the iterator ends): the moment the loop received it.
 
 Iterators started before the recording are not recorded (their first indices
 were drawn unseen). A wrapper never raises into user code: the recorder's part
@@ -54,12 +65,27 @@ from auditlog.capture import loader_compat, readahead
 from auditlog.capture.base import class_name
 from auditlog.capture.datasets import DatasetIdentity, loader_config
 from auditlog.capture.ids import ObjectIds
+from auditlog.core.batchhash import BatchChanged, BatchContent
 from auditlog.core.packed import INT_KEYS, pack_ints
 
 BATCHES_PER_EVENT = 256
 """Batches of one iterator handed over in one ``batches`` event (at most)."""
 INDICES_PER_EVENT = 1 << 16
 """Indices in one ``batches`` event, about (a batch is never split)."""
+COPY_BYTES = 0
+"""Tensor bytes of a batch copied on the training thread for its hash; beyond, referenced
+with their version counters. None: a copy measured dearer than a reference at every size
+(large ones fault in fresh pages; docs/performance.md), and a DataLoader's batches are
+fresh tensors that an in-place change would mark."""
+ITEMS_WALKED = 4096
+"""Items (tensors, containers, values) of one batch walked on the training thread, at most:
+a batch of more (Python lists of token ids, say) is recorded unhashed, with the reason."""
+HELD_BYTES_PER_EVENT = 16 << 20
+"""Batch bytes (copied or referenced for hashing) an iteration holds before it hands them over."""
+
+Taken = tuple[int, Any, bool, "BatchContent | str | None"]
+"""A batch returned: (optimizer steps completed, its indices, grad enabled, its content
+for hashing: taken, why it could not be, or None when not sampled)."""
 
 
 class DataListener(Protocol):
@@ -94,13 +120,12 @@ class _Iteration:
     """One DataLoader iterator's state: the indices drawn and not yet returned, the
     batches returned and not yet handed over."""
 
-    __slots__ = ("ahead", "batches", "dataset_id", "drawn", "epoch", "first", "iterable", "loader_id", "pending",
-                 "single", "started")
+    __slots__ = ("ahead", "batches", "dataset_id", "drawn", "epoch", "first", "held", "iterable", "loader_id",
+                 "pending", "returned", "single", "started")
 
     def __init__(self) -> None:
         self.drawn: collections.deque[Any] = collections.deque()
-        # (optimizer steps completed, the indices, grad enabled) per batch returned
-        self.batches: list[tuple[int, Any, bool]] = []
+        self.batches: list[Taken] = []
         self.started = False  # its start was seen (DataLoader.__iter__ under this recording)
         self.loader_id = 0
         self.dataset_id = 0
@@ -108,18 +133,22 @@ class _Iteration:
         self.first = 0  # position in the epoch of batches[0]
         self.iterable = False
         self.single = True
-        self.ahead = False  # behind a one-ahead wrapper (readahead.py)
-        self.pending: tuple[Any] | None = None  # ahead: the indices of the batch the loop has not received yet
+        self.ahead = 0  # batches a wrapper reads ahead of its loop (readahead.py)
+        # ahead: the indices and content of the batches the loop has not received yet, oldest first
+        self.pending: collections.deque[tuple[Any, BatchContent | str | None]] = collections.deque()
+        self.returned = 0  # batches returned in this epoch (the next one's position)
+        self.held = 0  # bytes of the batch contents held for hashing
 
 
 class Batches:
     """A ``batches`` payload: plain lists from the training thread, packed by the writer."""
 
-    __slots__ = ("_batches", "_head")
+    __slots__ = ("_batches", "_head", "weight")
 
-    def __init__(self, head: dict[str, Any], batches: list[tuple[int, Any, bool]]) -> None:
+    def __init__(self, head: dict[str, Any], batches: list[Taken], held: int = 0) -> None:
         self._head = head
         self._batches = batches
+        self.weight = held >> 10  # in the record buffer's units (~1 KB): capture/buffer.py
 
     def resolve(self) -> dict[str, Any]:
         out = dict(self._head)
@@ -130,11 +159,12 @@ class Batches:
         if no_grad:
             out["no_grad"] = no_grad
         if out.get("iterable"):
+            _hash_batches(out, batches)
             return out
         sizes: list[int] = []
         flat = array("q")
         opaque: list[int] = []
-        for position, (_, indices, _) in enumerate(batches):
+        for position, (_, indices, _, _) in enumerate(batches):
             before = len(flat)
             try:
                 # A BatchSampler's list of ints: one C loop (array refuses anything else).
@@ -148,6 +178,37 @@ class Batches:
         if opaque:
             out["opaque"] = opaque
         return out
+
+
+def _hash_batches(out: dict[str, Any], batches: list[Taken]) -> None:
+    """``hashes`` (and ``hash_errors``) of the batches taken for hashing (on the writer)."""
+    if all(b[3] is None for b in batches):
+        return
+    hashes: list[str | None] = []
+    errors: list[dict[str, Any]] = []
+    for position, (_, _, _, content) in enumerate(batches):
+        digest = None
+        if isinstance(content, str):
+            errors.append({"position": position, "reason": content})
+        elif content is not None:
+            try:
+                digest = content.hexdigest()
+            except BatchChanged as exc:
+                errors.append({"position": position, "reason": str(exc)})
+            except Exception as exc:  # whatever the batch holds, the record says why not
+                errors.append({"position": position, "reason": f"{type(exc).__name__}: {exc}"[:500]})
+        hashes.append(digest)
+    out["hashes"] = hashes
+    if errors:
+        out["hash_errors"] = errors
+
+
+def _take(batch: Any) -> BatchContent | str:
+    """A batch taken for hashing (training thread), or why it cannot be."""
+    try:
+        return BatchContent(batch, COPY_BYTES, ITEMS_WALKED)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"[:500]
 
 
 def _ints(indices: Any) -> list[int]:
@@ -179,8 +240,9 @@ def pack_int_array(values: array[int]) -> dict[str, Any]:
 class DataWatch:
     """The wrappers of one recording (see the module docstring), and their state."""
 
-    def __init__(self, listener: DataListener) -> None:
+    def __init__(self, listener: DataListener, hash_every: int = 0) -> None:
         self.listener = listener
+        self.hash_every = hash_every  # policy batch_hash_every (iterable datasets)
         self.active = False
         self._patches: list[_Patch] = []
         self._loaders = ObjectIds()
@@ -226,7 +288,7 @@ class DataWatch:
             iterator = original(loader)
             if self.active:
                 try:
-                    self._started(loader, iterator, readahead.reads_one_ahead(sys._getframe(1), loader))
+                    self._started(loader, iterator, readahead.reads_ahead(sys._getframe(1), loader))
                 except Exception as exc:
                     self.listener.fault("dataloader_iter", exc)
             return iterator
@@ -258,6 +320,7 @@ class DataWatch:
                         self._hand_over(iteration)
                         iteration.drawn.clear()
                         iteration.started = False
+                        iteration.returned = 0
                 except Exception as exc:
                     self.listener.fault("dataloader_reset", exc)
             return original(iterator, *args, **kwargs)
@@ -281,7 +344,7 @@ class DataWatch:
                         self.listener.fault("dataloader_next", exc)
                 raise
             try:
-                self._returned(iterator)
+                self._returned(iterator, batch)
             except Exception as exc:
                 self.listener.fault("dataloader_next", exc)
             return batch
@@ -300,7 +363,7 @@ class DataWatch:
             self._strong[id(obj)] = (obj, self._counter)
             return self._counter, True
 
-    def _started(self, loader: Any, iterator: Any, ahead: bool = False) -> None:
+    def _started(self, loader: Any, iterator: Any, ahead: int = 0) -> None:
         for held in list(self._holding):  # earlier iterations (left early, or interleaved) first
             self._hand_over(held)
         loader_id, _ = self._id(self._loaders, loader)
@@ -324,7 +387,9 @@ class DataWatch:
         iteration.loader_id, iteration.dataset_id, iteration.epoch, iteration.first = loader_id, dataset_id, epoch, 0
         iteration.iterable = iterable
         iteration.single = int(loader.num_workers) == 0
-        iteration.ahead, iteration.pending = ahead, None
+        iteration.ahead = ahead
+        iteration.pending.clear()
+        iteration.returned = 0
         iteration.started = True
         if iterable:
             iteration.drawn.clear()
@@ -336,43 +401,54 @@ class DataWatch:
             "config": loader_config(loader, iterator),
         })
 
-    def _returned(self, iterator: Any) -> None:
+    def _returned(self, iterator: Any, batch: Any) -> None:
         iteration = self._iterations.get(iterator)
         if iteration is None or not iteration.started:
             return
+        content: BatchContent | str | None = None
         if iteration.iterable:
             indices = None
+            if self.hash_every and iteration.returned % self.hash_every == 0:
+                content = _take(batch)
+                if isinstance(content, BatchContent):
+                    iteration.held += content.nbytes
         elif iteration.drawn:
             indices = iteration.drawn.popleft()
         else:
             return  # nothing drawn for it that we saw
-        if iteration.ahead:  # the loop receives the previous batch now, this one later
-            previous, iteration.pending = iteration.pending, (indices,)
+        iteration.returned += 1
+        if iteration.ahead:  # the loop receives an earlier batch now, this one later
+            iteration.pending.append((indices, content))
             self._holding.add(iteration)
-            if previous is None:
+            if len(iteration.pending) <= iteration.ahead:
                 return
-            indices = previous[0]
-        iteration.batches.append((self.listener.step, indices, torch.is_grad_enabled()))
+            indices, content = iteration.pending.popleft()
+        iteration.batches.append((self.listener.step, indices, torch.is_grad_enabled(), content))
         if len(iteration.batches) == 1:
             self._holding.add(iteration)
-        if len(iteration.batches) >= BATCHES_PER_EVENT or (
+        if len(iteration.batches) >= BATCHES_PER_EVENT or iteration.held >= HELD_BYTES_PER_EVENT or (
             len(iteration.batches) * _size(indices) >= INDICES_PER_EVENT
         ):
             self._hand_over(iteration, final=False)
 
     def _hand_over(self, iteration: _Iteration, final: bool = True) -> None:
         """Emit the batches held; ``final``: the iteration ended (or is left), so a
-        pending batch (one-ahead) is stamped now too, else it stays held."""
+        batch still pending (read ahead) is stamped now too, else they stay held."""
         self._holding.discard(iteration)
-        if iteration.pending is not None:
+        if iteration.pending:
             if not final:
                 self._holding.add(iteration)
             else:
-                iteration.batches.append((self.listener.step, iteration.pending[0], torch.is_grad_enabled()))
-                iteration.pending = None
+                grad = torch.is_grad_enabled()
+                while iteration.pending:
+                    indices, content = iteration.pending.popleft()
+                    iteration.batches.append((self.listener.step, indices, grad, content))
         if not iteration.batches:
             return
         batches, iteration.batches = iteration.batches, []
+        held = iteration.held  # less what is still pending: counted with the next hand-over
+        held -= sum(c.nbytes for _, c in iteration.pending if isinstance(c, BatchContent))
+        iteration.held -= held
         head: dict[str, Any] = {
             "loader_id": iteration.loader_id,
             "dataset_id": iteration.dataset_id,
@@ -382,7 +458,7 @@ class DataWatch:
         if iteration.iterable:
             head["iterable"] = True
         iteration.first += len(batches)
-        self.listener.emit("batches", payload=Batches(head, batches))
+        self.listener.emit("batches", payload=Batches(head, batches, held))
 
 
 def _size(indices: Any) -> int:

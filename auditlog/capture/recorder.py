@@ -58,7 +58,7 @@ class Recorder(
         self._refused: set[str] = set()  # kinds torch would not take back: not captured any more
         self._backward = BackwardWatch(self)  # backward(), GradScaler.scale/step (backward.py)
         self._constructed = self.on_constructed  # one bound method: listen and unlisten it
-        self.data = DataWatch(self)  # DataLoader iterations, datasets, batch indices (data.py)
+        self.data = DataWatch(self, self.policy.batch_hash_every)  # DataLoader iterations, datasets, batch indices (data.py)
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:

@@ -494,8 +494,9 @@ _KINDS = [
     Kind(
         "batches",
         "Batches a DataLoader iterator returned, in order, with the sample indices each was drawn "
-        "from (the sampler's, in the main process, whatever num_workers). Emitted every 256 batches"
-        " of an iterator, at its end, at its next epoch and at run end.",
+        "from (the sampler's, in the main process, whatever num_workers), or for an IterableDataset "
+        "their content hashes. Emitted every 256 batches of an iterator (sooner when the batches held"
+        " for hashing reach 16 MiB), at its end, at its next epoch and at run end.",
         {
             "loader_id": F(INT, "the loader (loader_started)"),
             "dataset_id": F(INT, "its dataset (dataset_seen)"),
@@ -513,6 +514,13 @@ _KINDS = [
             "opaque": F(ListOf(INT), "positions of batches whose indices were not integers (size 0), only when"
                 " some", optional=True),
             "iterable": F(BOOL, "true for an IterableDataset: batches counted, no indices", optional=True),
+            "hashes": F(ListOf(STR | NULL), "iterable datasets, policy batch_hash_every > 0: per batch, its "
+                "content hash (auditlog.batch_hash: SHA-256 over the batch's tensors, nesting and values, lowercase"
+                " hex; docs/data.md), null for batches the policy did not sample or that could not be hashed",
+                optional=True),
+            "hash_errors": F(ListOf(obj(position=INT, reason=STR)), "list of {position, reason}: batches taken "
+                "for hashing that have no hash (a tensor changed in place before the writer hashed it, more than "
+                "4096 items to walk on the training thread, a value that cannot be encoded), only when some", optional=True),
         },
     ),
     Kind(

@@ -51,6 +51,9 @@ class Policy:
     # data: every DataLoader iteration, its dataset's identity and the sample indices of
     # every batch, tied to the step that trained on them (docs/data.md)
     data: bool = True
+    # iterable datasets: the content hash of every N-th batch of an iterator (0: none),
+    # hashed on the writer thread (docs/data.md)
+    batch_hash_every: int = 1
     # training FLOPs of one step, counted with torch.utils.flop_counter (docs/forensics.md)
     flops: bool = True
     # non-finite values: check gradients before every step (CUDA: one sync per step) and,
@@ -126,7 +129,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # everything, every step: forward and backward statistics of every module call
     "debug": {"activity_every": 1, "activity_first": 0, "norms_every": 1, "nonfinite_check": True},
     # construction and optimizer steps (hyperparameters, gradient norms); no activity
-    "minimal": {"activity": False, "update_norms": False, "param_norms": False},
+    "minimal": {"activity": False, "update_norms": False, "param_norms": False, "batch_hash_every": 0},
 }
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Policy) if f.name != "source"}
@@ -147,7 +150,7 @@ def _check(key: str, value: Any, source: str) -> None:
     elif key in ("activity_every", "norms_every", "check_every"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             fail("an integer >= 1")
-    elif key in ("activity_first", "snapshot_every"):
+    elif key in ("activity_first", "snapshot_every", "batch_hash_every"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             fail("an integer >= 0")
     elif key == "backward":

@@ -325,11 +325,15 @@ def _datasets(datasets: list[dict[str, Any]]) -> str:
     if not datasets:
         return ""
     rows = [(d["dataset_id"], short_class(str(d["class"])), d["length"], d["method"],
-             d["fingerprint"] or d["reason"] or "", d["epochs"], d["samples_drawn"], d["distinct_samples"])
+             d["fingerprint"] or d["reason"] or "", d["epochs"], d["batches"], d["samples_drawn"],
+             d["distinct_samples"], d.get("hashed_batches") or 0, d.get("distinct_hashes") or 0)
             for d in datasets]
-    return ("<p>Datasets the DataLoaders iterated (<code>auditlog data RUN</code> has the samples of each step):</p>"
-            + table(["id", "class", "length", "identified by", "fingerprint", "epochs", "samples drawn", "distinct"],
-                    rows, [True, False, True, False, False, True, True, True]))
+    return ("<p>Datasets the DataLoaders iterated (<code>auditlog data RUN</code> has the samples of each step; "
+            "an IterableDataset's batches have content hashes instead: <code>auditlog data RUN --batch-hash H</code>"
+            "):</p>"
+            + table(["id", "class", "length", "identified by", "fingerprint", "epochs", "batches", "samples drawn",
+                     "distinct", "batches hashed", "distinct hashes"],
+                    rows, [True, False, True, False, False, True, True, True, True, True, True]))
 
 
 def _annotations(annotations: list[dict[str, Any]]) -> str:

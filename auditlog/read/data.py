@@ -1,5 +1,6 @@
 """Answers about the data a run trained on (``auditlog data``): which datasets, how they
-were drawn, and which steps trained on one sample.
+were drawn, which steps trained on one sample, and which on one batch of an iterable
+dataset (by its content hash).
 
 Built from the ``datasets`` and ``batches`` views (``store/readmodel/data_views.py``)
 through ``DataQueries``; docs/data.md shows the questions and their answers.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +59,7 @@ class DataSummary:
 # table and the UI's run page.
 DATASET_COLUMNS = (
     "rank", "dataset", "class", "length", "method", "fingerprint", "epochs", "batches", "samples",
-    "distinct", "coverage",
+    "distinct", "coverage", "hashed",
 )
 LOADER_COLUMNS = ("rank", "loader", "dataset", "epochs", "first_step", "batch_size", "shuffle", "workers",
                   "sampler", "seed")
@@ -69,7 +71,8 @@ def _short(name: Any) -> Any:
 
 def dataset_row(d: dict[str, Any]) -> dict[str, Any]:
     """One dataset as shown: class without its module, the method (or why it is
-    unidentified), the fingerprint's first 16 hex digits, coverage in percent."""
+    unidentified), the fingerprint's first 16 hex digits, coverage in percent, and the
+    batches hashed (iterable datasets)."""
     fingerprint = d.get("fingerprint")
     return {
         "rank": d["rank"], "dataset": d["dataset_id"], "class": _short(d["class"]), "length": d["length"],
@@ -78,6 +81,7 @@ def dataset_row(d: dict[str, Any]) -> dict[str, Any]:
         "epochs": d["epochs"], "batches": d["batches"], "samples": d["samples_drawn"],
         "distinct": d["distinct_samples"],
         "coverage": None if d["coverage"] is None else f"{100 * float(d['coverage']):.1f}%",
+        "hashed": d.get("hashed_batches") or None,
     }
 
 
@@ -141,11 +145,7 @@ class SampleHistory:
     def trained_steps(self) -> list[tuple[int, int]]:
         """(rank, step) of every step that trained on it (batches drawn under no_grad and
         batches no step followed left out), in order, a step once."""
-        seen: list[tuple[int, int]] = []
-        for b in self.batches:
-            if b["step"] is not None and not b["no_grad"] and (b["rank"], b["step"]) not in seen:
-                seen.append((int(b["rank"]), int(b["step"])))
-        return seen
+        return _trained_steps(self.batches)
 
     @property
     def answer(self) -> str:
@@ -157,10 +157,8 @@ class SampleHistory:
             return f"sample {self.sample} was never drawn" + (
                 f" (beyond every dataset's length: {', '.join(map(str, lengths))})" if beyond else ""
             )
-        # Several ranks: every step names its rank (rank 0 too), so the line says who trained on it.
-        ranked = len({d["rank"] for d in self.datasets}) > 1 or any(r for r, _ in steps)
-        where = ", ".join(f"step {s}" + (f" (rank {r})" if ranked else "") for r, s in steps) or "no step"
-        return f"sample {self.sample} was drawn {times} time{'s' if times != 1 else ''}; trained at {where}"
+        ranked = len({d["rank"] for d in self.datasets}) > 1
+        return f"sample {self.sample} was drawn {times} time{'s' if times != 1 else ''}; trained at " + _where(steps, ranked)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -171,6 +169,74 @@ class SampleHistory:
             "batches": self.batches,
             "answer": self.answer,
         }
+
+
+def _trained_steps(batches: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    seen: list[tuple[int, int]] = []
+    for b in batches:
+        if b["step"] is not None and not b["no_grad"] and (b["rank"], b["step"]) not in seen:
+            seen.append((int(b["rank"]), int(b["step"])))
+    return seen
+
+
+def _where(steps: list[tuple[int, int]], ranked: bool) -> str:
+    # Several ranks: every step names its rank (rank 0 too), so the line says who trained on it.
+    ranked = ranked or any(r for r, _ in steps)
+    return ", ".join(f"step {s}" + (f" (rank {r})" if ranked else "") for r, s in steps) or "no step"
+
+
+@dataclass
+class BatchHistory:
+    """Where one batch of an iterable dataset went, found by its content hash."""
+
+    digest: str
+    hashed: int  # batches of the run that have a content hash
+    ranks: int  # streams (ranks) that recorded batches
+    batches: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def trained_steps(self) -> list[tuple[int, int]]:
+        """(rank, step) of every step that trained on it, as for a sample."""
+        return _trained_steps(self.batches)
+
+    @property
+    def answer(self) -> str:
+        shown = self.digest[:16]
+        if not self.batches:
+            if not self.hashed:
+                return (f"batch {shown} was never drawn: no batch of this run has a content hash (an "
+                        "IterableDataset's batches are hashed under policy batch_hash_every > 0)")
+            return f"batch {shown} was never drawn ({self.hashed} batches hashed in this run)"
+        times = len(self.batches)
+        where = _where(self.trained_steps, self.ranks > 1)
+        return f"batch {shown} was drawn {times} time{'s' if times != 1 else ''}; trained at {where}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "hash": self.digest,
+            "hashed_batches": self.hashed,
+            "drawn": len(self.batches),
+            "trained_steps": [{"rank": r, "step": s} for r, s in self.trained_steps],
+            "batches": self.batches,
+            "answer": self.answer,
+        }
+
+
+_HEX = re.compile("[0-9a-f]{8,64}")
+
+
+def batch_history(q: DataQueries, digest: str) -> BatchHistory:
+    """Every batch whose content hash is ``digest`` (or starts with it: at least 8 hex
+    digits). Raises ``UsageError`` for text that is no hash, or a prefix of several."""
+    text = digest.strip().lower()
+    if not _HEX.fullmatch(text):
+        raise UsageError(f"batch hash {digest!r} must be 8 to 64 hex digits (auditlog.batch_hash)")
+    rows = q.batch_hash(text)
+    found = {r["hash"] for r in rows}
+    if len(found) > 1:
+        raise UsageError(f"batch hash prefix {digest!r} matches {len(found)} hashes; give more digits")
+    hashed, ranks = q.hash_counts()
+    return BatchHistory(found.pop() if found else text, hashed, ranks, rows)
 
 
 def select_datasets(rows: list[dict[str, Any]], wanted: str | None) -> list[dict[str, Any]]:
@@ -195,7 +261,13 @@ def sample_history(q: DataQueries, index: int, dataset: str | None = None) -> Sa
     """Every batch that held sample ``index`` of the selected datasets (``select_datasets``)."""
     if index < 0:
         raise UsageError(f"sample index {index} is negative")
-    chosen = select_datasets(q.datasets(), dataset)
+    rows = q.datasets()
+    chosen = select_datasets(rows, dataset)
+    iterable = [r for r in (chosen if dataset is not None else rows) if r.get("kind") == "iterable"]
+    if iterable and (dataset is not None or not chosen):
+        name = str(iterable[0]["class"]).rsplit(".", 1)[-1]
+        raise UsageError(f"dataset {iterable[0]['dataset_id']} ({name}) is an IterableDataset: its samples have "
+                         "no index; ask which steps trained on one of its batches with --batch-hash H")
     keys = [(int(r["stream"]), int(r["dataset_id"])) for r in chosen]
     shown = [
         {"rank": r["rank"], "dataset_id": r["dataset_id"], "class": r["class"], "length": r["length"],

@@ -7,7 +7,10 @@ fingerprint; when the fingerprints differ, the files listed in both records
 that differ are named (``files``). A loader's configuration is compared at its
 first iterator start (the workers' seed, drawn afresh each epoch, left out), and
 its sampling by the sample indices of every batch in order: ``sampling`` says at
-which batch the runs first drew different samples.
+which batch the runs first drew different samples. A loader over an
+``IterableDataset`` has no indices: its batches are compared by their content
+hashes (``batch_hashes``: the first batch whose hashes differ; a batch hashed in
+one run only is not compared).
 """
 
 from __future__ import annotations
@@ -33,16 +36,27 @@ def _ints(value: Any) -> list[int]:
     return unpack_ints(value) if packed_ints_key(value) is not None else []
 
 
-def _draws(store: EventStore, run_id: str) -> dict[int, list[tuple[int, int, list[int]]]]:
-    """Per loader id: (epoch, batch, indices) of every batch, in order."""
-    out: dict[int, list[tuple[int, int, list[int]]]] = {}
+Draw = tuple[int, int, "list[int] | str | None"]
+"""(epoch, batch, its indices, or for an iterable dataset its content hash or None)."""
+
+
+def _draws(store: EventStore, run_id: str) -> dict[int, list[Draw]]:
+    """Per loader id: (epoch, batch, indices or hash) of every batch, in order."""
+    out: dict[int, list[Draw]] = {}
     for p in _payloads(store, run_id, "batches"):
+        first = int(p.get("first") or 0)
+        epoch = int(p.get("epoch") or 0)
+        into = out.setdefault(int(p.get("loader_id") or 0), [])
+        if p.get("iterable"):
+            count = int(p.get("count") or 0)
+            listed = p.get("hashes")
+            hashes: list[Any] = listed if isinstance(listed, list) else [None] * count
+            into += [(epoch, first + i, h if isinstance(h, str) else None) for i, h in enumerate(hashes)]
+            continue
         flat = iter(_ints(p.get("indices")))
         sizes = _ints(p.get("sizes")) or [0] * int(p.get("count") or 0)
-        first = int(p.get("first") or 0)
-        into = out.setdefault(int(p.get("loader_id") or 0), [])
         for i, size in enumerate(sizes):
-            into.append((int(p.get("epoch") or 0), first + i, [next(flat, -1) for _ in range(size)]))
+            into.append((epoch, first + i, [next(flat, -1) for _ in range(size)]))
     return out
 
 
@@ -108,19 +122,32 @@ def data_changes(store: EventStore, run_a: str, run_b: str) -> list[Change]:
         config_a, config_b = _config(starts_a[key]), _config(starts_b[key])
         fields = {k: (config_a.get(k), config_b.get(k)) for k in {**config_a, **config_b}
                   if config_a.get(k) != config_b.get(k)}
-        first = _first_difference(draws_a.get(key, []), draws_b.get(key, []))
+        a_draws, b_draws = draws_a.get(key, []), draws_b.get(key, [])
+        iterable = any(isinstance(d[2], str) for d in a_draws + b_draws)
+        first = _first_hash_difference(a_draws, b_draws) if iterable else _first_difference(a_draws, b_draws)
         if first is not None:
-            fields["sampling"] = first
+            fields["batch_hashes" if iterable else "sampling"] = first
         if fields:
             changes.append(Change("data", f"loader {key}", "changed", fields))
     return changes
 
 
-def _first_difference(a: list[tuple[int, int, list[int]]], b: list[tuple[int, int, list[int]]]) -> tuple[Any, Any] | None:
+def _first_difference(a: list[Draw], b: list[Draw]) -> tuple[Any, Any] | None:
     """Where two loaders first drew different samples, as (run A's, run B's) description."""
     for (epoch, batch, got_a), (_, _, got_b) in zip(a, b, strict=False):
         if got_a != got_b:
-            return (f"epoch {epoch} batch {batch}: {got_a[:8]}", f"{got_b[:8]}")
+            return (f"epoch {epoch} batch {batch}: {(got_a or [])[:8]}", f"{(got_b or [])[:8]}")
+    if len(a) != len(b):
+        return (f"{len(a)} batches", f"{len(b)} batches")
+    return None
+
+
+def _first_hash_difference(a: list[Draw], b: list[Draw]) -> tuple[Any, Any] | None:
+    """Where two loaders over iterable datasets first returned batches of different
+    content (both hashed), as (run A's, run B's) description."""
+    for (epoch, batch, got_a), (_, _, got_b) in zip(a, b, strict=False):
+        if isinstance(got_a, str) and isinstance(got_b, str) and got_a != got_b:
+            return (f"epoch {epoch} batch {batch}: hash {got_a[:16]}", f"hash {got_b[:16]}")
     if len(a) != len(b):
         return (f"{len(a)} batches", f"{len(b)} batches")
     return None

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from auditlog.integrity.keys import KeyRing
     from auditlog.integrity.statements import HeadStatement
     from auditlog.integrity.verify import SourcedStatement, VerifyReport
-    from auditlog.read.data import DataSummary, SampleHistory
+    from auditlog.read.data import BatchHistory, DataSummary, SampleHistory
     from auditlog.read.forensics import Finding
     from auditlog.read.series import Panel
 
@@ -515,6 +515,12 @@ class Run:
 
         with data_questions(self) as q:
             return sample_history(q, index, dataset)
+
+    def batch(self, digest: str) -> BatchHistory:
+        """The batches hashed ``digest`` (or a prefix) and their steps (``data --batch-hash``)."""
+        from auditlog.read.data import batch_history, data_questions
+        with data_questions(self) as q:
+            return batch_history(q, digest)
 
     def plot_panels(self, what: str, max_rows: int = 40) -> list[Panel]:
         """The data of one picture (``auditlog plot``; see ``auditlog.read.series``)."""

@@ -8,13 +8,17 @@ bytes as integers, so the refresh decodes them here with numpy (one
 ``frombuffer`` per list, as ``vectors.py`` does for the norm vectors) into the
 Arrow table ``new_batches``: event ``id``, ``position`` in the event, ``after_step``,
 ``size``, ``indices BIGINT[]`` (NULL for iterable datasets and for batches whose
-indices were not integers) and ``no_grad``. An event whose lists are damaged or
+indices were not integers), ``no_grad`` and ``hash`` (an iterable dataset's batch:
+its content hash, NULL when not hashed; a ``hashes`` list of another length than
+the batches, or an entry that is no SHA-256 hex, gives NULL: ``verify`` says what
+was altered). An event whose lists are damaged or
 disagree (sizes that do not add up to the indices) yields no rows: ``verify``
 is the place that says what was altered.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -32,8 +36,16 @@ SCHEMA = pa.schema(
         ("size", pa.int64()),
         ("indices", pa.list_(pa.int64())),
         ("no_grad", pa.bool_()),
+        ("hash", pa.string()),
     ]
 )
+_HASH = re.compile("[0-9a-f]{64}")
+
+
+def _hashes(value: Any, count: int) -> list[str | None]:
+    if not isinstance(value, list) or len(value) != count:
+        return [None] * count
+    return [h if isinstance(h, str) and _HASH.fullmatch(h) else None for h in value]
 
 
 def _positions(value: Any, count: int) -> set[int]:
@@ -52,6 +64,7 @@ def new_batches(table: pa.Table) -> pa.Table:
     flats: list[np.ndarray] = []
     valid: list[np.ndarray] = []
     no_grads: list[np.ndarray] = []
+    hashes: list[str | None] = []
     for event_id, text in zip(events["id"].to_pylist(), events["payload"].to_pylist(), strict=True):
         try:
             payload = orjson.loads(text) if isinstance(text, str) else None
@@ -78,6 +91,7 @@ def new_batches(table: pa.Table) -> pa.Table:
         flats.append(flat if flat is not None else np.zeros(0, dtype=np.int64))
         valid.append(has)
         no_grads.append(flag)
+        hashes += _hashes(payload.get("hashes"), count)
 
     def joined(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
         return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
@@ -97,5 +111,6 @@ def new_batches(table: pa.Table) -> pa.Table:
         pa.array(size, type=pa.int64(), mask=mask),
         indices,
         pa.array(joined(no_grads, bool), type=pa.bool_()),
+        pa.array(hashes, type=pa.string()),
     ]
     return pa.Table.from_arrays(arrays, schema=SCHEMA)

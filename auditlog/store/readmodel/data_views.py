@@ -38,6 +38,9 @@ DATA_VIEWS: tuple[View, ...] = (
             _c("samples_drawn", "BIGINT", "indices drawn, repeats counted"),
             _c("distinct_samples", "BIGINT", "distinct indices drawn"),
             _c("coverage", "DOUBLE", "distinct_samples / length (null without a length)"),
+            _c("hashed_batches", "BIGINT", "batches with a content hash (iterable datasets: policy "
+               "batch_hash_every)"),
+            _c("distinct_hashes", "BIGINT", "distinct batch content hashes"),
         ),
         f"""
         WITH d AS (
@@ -52,7 +55,8 @@ DATA_VIEWS: tuple[View, ...] = (
                    count(*) AS epochs
             FROM {{events}} WHERE kind = 'loader_started' GROUP BY ALL),
         drawn AS (
-            SELECT run_id, stream, dataset_id, count(*) AS batches, sum(len(indices))::BIGINT AS samples_drawn
+            SELECT run_id, stream, dataset_id, count(*) AS batches, sum(len(indices))::BIGINT AS samples_drawn,
+                   count(hash) AS hashed_batches, count(DISTINCT hash) AS distinct_hashes
             FROM {{batches}} GROUP BY ALL),
         distinct_drawn AS (
             SELECT run_id, stream, dataset_id, count(DISTINCT i) AS distinct_samples
@@ -66,7 +70,8 @@ DATA_VIEWS: tuple[View, ...] = (
                TRY_CAST(d.identity ->> 'bytes_total' AS BIGINT) AS bytes,
                d.identity AS identity, coalesce(s.epochs, 0) AS epochs, coalesce(b.batches, 0) AS batches,
                coalesce(b.samples_drawn, 0) AS samples_drawn, coalesce(x.distinct_samples, 0) AS distinct_samples,
-               x.distinct_samples / nullif(d.length, 0) AS coverage
+               x.distinct_samples / nullif(d.length, 0) AS coverage,
+               coalesce(b.hashed_batches, 0) AS hashed_batches, coalesce(b.distinct_hashes, 0) AS distinct_hashes
         FROM d
         LEFT JOIN starts s ON s.run_id = d.run_id AND s.stream = d.stream AND s.dataset_id = d.dataset_id
         LEFT JOIN drawn b ON b.run_id = d.run_id AND b.stream = d.stream AND b.dataset_id = d.dataset_id
@@ -96,6 +101,8 @@ DATA_VIEWS: tuple[View, ...] = (
             _c("indices", "BIGINT[]", "the sample indices, in the order the sampler yielded them (null for "
                "iterable datasets and indices that were not integers)"),
             _c("no_grad", "BOOLEAN", "it left the loader with gradients disabled (an evaluation loop)"),
+            _c("hash", "VARCHAR", "an iterable dataset's batch: its content hash (auditlog.batch_hash, SHA-256 "
+               "hex; null when the policy did not sample it or it could not be hashed)"),
         ),
         f"""
         WITH last AS (
@@ -104,7 +111,7 @@ DATA_VIEWS: tuple[View, ...] = (
         SELECT b.run_id, b.stream, (b.stream % {STREAM_STRIDE})::INTEGER AS rank, b.seq,
                CASE WHEN b.after_step < l.steps THEN b.after_step + 1 END AS step, b.after_step,
                make_timestamp(b.ts_ns // 1000) AS time, b.loader_id, b.dataset_id, b.epoch,
-               b.position AS batch, b.size, b.indices, b.no_grad
+               b.position AS batch, b.size, b.indices, b.no_grad, b.hash
         FROM {{batches}} b
         LEFT JOIN last l ON l.run_id = b.run_id AND l.stream = b.stream
         """,

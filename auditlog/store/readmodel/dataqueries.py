@@ -35,6 +35,20 @@ class DataQueries(ForensicQueries):
             """
         )
 
+    def batch_hash(self, prefix: str) -> list[dict[str, Any]]:
+        """Every batch whose content hash starts with ``prefix`` (lowercase hex), in stream
+        and draw order."""
+        return self.rows(
+            "SELECT stream, rank, dataset_id, loader_id, epoch, batch, step, after_step, no_grad, hash "
+            "FROM batches WHERE starts_with(hash, ?) ORDER BY stream, seq, batch",
+            [prefix],
+        )
+
+    def hash_counts(self) -> tuple[int, int]:
+        """(batches with a content hash, streams that recorded batches) of the run."""
+        row = self.rows("SELECT count(hash) AS hashed, count(DISTINCT stream) AS streams FROM batches")[0]
+        return int(row["hashed"]), int(row["streams"])
+
     def sample(self, index: int, dataset_ids: list[tuple[int, int]] | None) -> list[dict[str, Any]]:
         """Every batch that held sample ``index`` (``times``: how often within it), in
         ``(stream, dataset_id)`` pairs when given, in stream and draw order."""

@@ -108,7 +108,8 @@ class ForensicQueries:
     def datasets(self) -> list[dict[str, Any]]:
         """The datasets view of the run (stream 0): identity and how much of each was drawn."""
         return self.rows("SELECT dataset_id, class, kind, length, method, fingerprint, reason, files, bytes, epochs, "
-                         "batches, samples_drawn, distinct_samples FROM datasets WHERE stream = 0 ORDER BY dataset_id")
+                         "batches, samples_drawn, distinct_samples, hashed_batches, distinct_hashes FROM datasets WHERE stream = 0 "
+                         "ORDER BY dataset_id")
 
     def parameter_devices(self) -> list[dict[str, Any]]:
         """Per stream (rank) and device: how many parameters lie there (the documentation's hardware)."""

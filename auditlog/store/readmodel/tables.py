@@ -47,8 +47,9 @@ from __future__ import annotations
 from auditlog.core.replay import CONSTRUCTION_KINDS
 
 # 6: modules.source_kind, the datasets and batches views; 7: payloads past the size or depth limit
-# are refused when copied (issue 29): a cache made before may hold some, and is rebuilt.
-FORMAT = "7"
+# are refused when copied (issue 29): a cache made before may hold some, and is rebuilt;
+# 8: batches.hash (the content hash of a batch of an iterable dataset).
+FORMAT = "8"
 
 SCHEMA = "projection"
 
@@ -130,7 +131,7 @@ TABLES: tuple[str, ...] = (
     f"""CREATE TABLE {SCHEMA}.batches (
         run_id VARCHAR NOT NULL, stream INTEGER NOT NULL, seq BIGINT NOT NULL, step BIGINT,
         ts_ns BIGINT NOT NULL, loader_id BIGINT, dataset_id BIGINT, epoch BIGINT, position BIGINT,
-        after_step BIGINT, size BIGINT, indices BIGINT[], no_grad BOOLEAN)""",
+        after_step BIGINT, size BIGINT, indices BIGINT[], no_grad BOOLEAN, hash VARCHAR)""",
     f"""CREATE TABLE {SCHEMA}.rejected_blobs (sha256 VARCHAR PRIMARY KEY, problem VARCHAR NOT NULL)""",
 )
 
@@ -321,7 +322,8 @@ BATCHES_DERIVATION = f"""INSERT INTO {SCHEMA}.batches
                                      "first":"BIGINT"}}') AS p
         FROM new_events WHERE kind = 'batches')
     SELECT e.run_id, e.stream, e.seq, e.step, e.ts_ns, e.p.loader_id, e.p.dataset_id, e.p.epoch,
-           coalesce(e.p.first, 0) + b.position, b.after_step, b.size, b.indices, b.no_grad
+           coalesce(e.p.first, 0) + b.position, b.after_step, b.size, b.indices, b.no_grad,
+           b.hash
     FROM new_batches b JOIN e ON e.id = b.id"""
 
 DERIVATIONS = (*DERIVATIONS, METRICS_DERIVATION, BATCHES_DERIVATION)
