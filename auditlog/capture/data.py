@@ -65,6 +65,7 @@ from auditlog.capture import loader_compat, readahead
 from auditlog.capture.base import class_name
 from auditlog.capture.datasets import DatasetIdentity, loader_config
 from auditlog.capture.ids import ObjectIds
+from auditlog.capture.torch_compat import tensor_version
 from auditlog.core.batchhash import BatchChanged, BatchContent
 from auditlog.core.packed import INT_KEYS, pack_ints
 
@@ -206,7 +207,7 @@ def _hash_batches(out: dict[str, Any], batches: list[Taken]) -> None:
 def _take(batch: Any) -> BatchContent | str:
     """A batch taken for hashing (training thread), or why it cannot be."""
     try:
-        return BatchContent(batch, COPY_BYTES, ITEMS_WALKED)
+        return BatchContent(batch, COPY_BYTES, ITEMS_WALKED, tensor_version)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"[:500]
 

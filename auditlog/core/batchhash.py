@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -98,12 +98,21 @@ def _dtype(dtype: torch.dtype) -> bytes:
 
 
 class BatchContent:
-    """A batch taken for hashing: its encoding, with tensor bytes copied or referenced."""
+    """A batch taken for hashing: its encoding, with tensor bytes copied or referenced.
 
-    __slots__ = ("budget", "copied", "nbytes", "parts")
+    ``version``: a tensor's in-place version counter (the recorder passes
+    ``capture.torch_compat.tensor_version``: private torch internals live there),
+    so that a referenced tensor changed in place before it is hashed is refused
+    (``BatchChanged``); None when it is hashed at once (``batch_hash``)."""
 
-    def __init__(self, batch: Any, copy_bytes: int = 0, items: int | None = None) -> None:
+    __slots__ = ("budget", "copied", "nbytes", "parts", "version")
+
+    def __init__(
+        self, batch: Any, copy_bytes: int = 0, items: int | None = None,
+        version: Callable[[torch.Tensor], int] | None = None,
+    ) -> None:
         # bytes (encoded already) or (tensor, its version when taken)
+        self.version = version
         self.parts: list[bytes | tuple[torch.Tensor, int]] = [PREFIX]
         self.nbytes = 0  # tensor bytes, copied or referenced (what holding this costs)
         self.copied = 0
@@ -126,7 +135,7 @@ class BatchContent:
                 self.copied += nbytes
                 add(bytes(_tensor_bytes(value)))
             else:
-                add((value, value._version))
+                add((value, version(value) if (version := self.version) is not None else 0))
         elif type(value).__module__ == "numpy" and type(value).__name__ == "ndarray" and value.dtype != object:
             import numpy as np
 
@@ -141,6 +150,7 @@ class BatchContent:
                     continue
                 encoded = BatchContent.__new__(BatchContent)
                 encoded.parts, encoded.nbytes, encoded.copied, encoded.budget = [], 0, 0, -1
+                encoded.version = None
                 encoded._walk(key, 1 << 62, depth + 1)
                 items.append((b"".join(p for p in encoded.parts if isinstance(p, bytes)), item))
             items.sort(key=lambda kv: kv[0])
@@ -176,11 +186,12 @@ class BatchContent:
             if isinstance(part, bytes):
                 digest.update(part)
                 continue
-            tensor, version = part
-            if tensor._version != version:
+            tensor, taken = part
+            version = self.version
+            if version is not None and version(tensor) != taken:
                 raise BatchChanged("a tensor of the batch was modified in place before it was hashed")
             digest.update(_tensor_bytes(tensor))  # hashlib releases the GIL over large buffers
-            if tensor._version != version:
+            if version is not None and version(tensor) != taken:
                 raise BatchChanged("a tensor of the batch was modified in place while it was hashed")
         self.parts = []  # hashed once: the references go now
         return digest.hexdigest()

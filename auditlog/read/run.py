@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from auditlog.core.errors import AuditlogError, CorruptRecordError, UsageError
-from auditlog.core.hashing import hash_text
 from auditlog.core.naming import Labels, attached_ids, label_state
 from auditlog.core.ranks import split_stream
 from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, replay
@@ -409,33 +408,9 @@ class Run:
         records before it was kept); ``behind``: snapshots not yet stored when
         this one was due (its ``overrun``; 0 when the writer kept up).
         """
-        events = list(self.events(kinds=["snapshot_taken", "construction_sealed"]))
-        labels = self.labels()
-        catalog = self.store.blob_rows(sorted({t["sha256"] for e in events for t in _snapshot_tensors(e)}))
-        rows: list[dict[str, Any]] = []
-        for event in events:
-            tensors = _snapshot_tensors(event)
-            if not tensors:
-                continue
-            logical = sum(int(catalog[t["sha256"]]["nbytes"]) for t in tensors if t["sha256"] in catalog)
-            payload = event["payload"]
-            sealed = event["kind"] == "construction_sealed"
-            new = int((payload.get("snapshot") or {}).get("new_bytes", logical if sealed else 0))
-            rows.append(
-                {
-                    "seq": event["seq"],
-                    "step": event["step"],
-                    "trigger": "sealed" if sealed else payload.get("trigger"),
-                    "tag": payload.get("tag"),
-                    "module": _snapshot_owner(event["module_id"], tensors, labels),
-                    "tensors": len(tensors),
-                    "logical_bytes": logical,
-                    "new_bytes": new,
-                    "write_s": (payload.get("snapshot") or {}).get("write_s"),
-                    "behind": int((payload.get("overrun") or {}).get("behind", 0)),
-                }
-            )
-        return rows, sum(int(r["nbytes"]) for r in catalog.values())
+        from auditlog.read.snapshot_list import snapshot_rows
+
+        return snapshot_rows(self)
 
     # ------------------------------------------------------------------ integrity
     def verify(
@@ -560,30 +535,6 @@ def pick_entry(
     if at_or_before:
         return at_or_before[-1][1], at_or_before[-1][2]
     return (same[0][1], same[0][2]) if same else None
-
-
-def _snapshot_owner(module_id: int | None, tensors: list[dict[str, Any]], labels: Labels) -> str | None:
-    """The module a snapshot is of; for a seal at an optimizer step (no module of its
-    own), the root(s) its tensors belong to."""
-    if module_id is not None:
-        return labels.module_label(module_id)
-    roots = {
-        labels.modules[found.module_id].root
-        for found in (labels.tensors.get(int(t.get("tensor_id") or -1)) for t in tensors)
-        if found is not None and found.module_id in labels.modules
-    }
-    return ", ".join(sorted(roots)) or None
-
-
-def _snapshot_tensors(event: dict[str, Any]) -> list[dict[str, Any]]:
-    """The tensors a snapshot or stored seal lists, each ``sha256`` as text (``hash_text``:
-    an edited event's object or list stays printable and is never looked up as a hash)."""
-    payload = event["payload"]
-    if event["kind"] == "snapshot_taken":
-        items = (payload.get("snapshot") or {}).get("tensors", [])
-    else:
-        items = payload.get("tensors", []) if payload.get("stored") else []
-    return [{**t, "sha256": hash_text(t.get("sha256"))} for t in items if isinstance(t, dict)]
 
 
 def _mentions(event: dict[str, Any], wanted: set[int]) -> bool:
