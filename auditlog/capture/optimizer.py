@@ -35,7 +35,7 @@ import torch
 from auditlog.capture.base import RecorderBase, class_name
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.norms import NormPlan, norms_of
-from auditlog.capture.payloads import NonFiniteCount, StackedNorms
+from auditlog.capture.payloads import StackedNorms, StepPayload
 from auditlog.capture.torch_compat import compile_guard, local_view, tensor_version
 from auditlog.core.chain import Clean
 from auditlog.core.errors import RecordingFailedError, one_line
@@ -265,12 +265,7 @@ class OptimizerHooks(RecorderBase):
             if self.policy.grad_norms and (pending.closure or _has_closure(args, kwargs)):
                 # The closure ran inside step(): its last evaluation's gradients are the ones used.
                 pending = pending._replace(grads=self._used_grad_norms(optimizer, params))
-            payload = self._step_payload(optimizer, params, ids, pending)
-            payload.update(
-                optimizer_id=optimizer_id,
-                optimizer_class=class_name(optimizer),
-                optimizer_step=count,
-            )
+            payload = self._step_payload(optimizer, params, ids, pending, optimizer_id, count)
             # Structure check and snapshot come before the optimizer_step event, so
             # "the state after step N" is exactly the events up to that event.
             self.check_after_step(optimizer, params)  # nonfinite.py (keep_finite_state)
@@ -327,69 +322,58 @@ class OptimizerHooks(RecorderBase):
         params: list[torch.Tensor],
         ids: tuple[Clean, list[Clean]],
         pending: _Pending,
-    ) -> dict[str, Any]:
-        """The ``optimizer_step`` payload: hyperparameters and per-parameter norms.
+        optimizer_id: int,
+        count: int,
+    ) -> StepPayload:
+        """The ``optimizer_step`` payload's raw values: hyperparameters and per-parameter norms.
 
         Gradient norms every step (measured by the pre hook: the gradients the
         update used; taken here only when the pre hook did not run); parameter and
-        update norms on the steps ``norms_every`` selects. On CPU the norms are read
-        at once (no device to wait for; the writer then only encodes), elsewhere
-        they stay on the device until the writer reads them.
+        update norms on the steps ``norms_every`` selects. Every number is taken
+        here; the writer builds the event from them (``StepPayload``), so a step
+        costs the training thread no dict, packing or read-back. Only whether the
+        gradients were finite is looked at now on CPU, where it decides whether the
+        next step's activity is sampled (``sample_nonfinite``).
         """
         tensor_ids, group_ids = ids
         groups: list[dict[str, Any]] = []
-        for group, members in zip(optimizer.param_groups, group_ids, strict=True):
-            hyper = {
-                key: (value.detach().clone() if isinstance(value, torch.Tensor) else value)
-                for key, value in group.items()
-                if key != "params"
-            }
-            hyper["params"] = members
+        for group in optimizer.param_groups:
+            hyper = group.copy()  # shallow, as the event's values were
+            hyper.pop("params", None)  # the writer puts the ids there; a record never holds a parameter
+            tensor_keys = [key for key, value in hyper.items() if isinstance(value, torch.Tensor)]
+            for key in tensor_keys:  # a tensor hyperparameter (lr as a tensor) may change in place
+                hyper[key] = hyper[key].detach().clone()
             groups.append(hyper)
         policy = self.policy
         with torch.no_grad():
-            grad_norms: Clean | StackedNorms | None = None
-            raw_norms: Clean | StackedNorms | None = None
+            grad_norms: StackedNorms | None = None
+            raw_norms: StackedNorms | None = None
             modified: bool | None = None
-            nonfinite: int | NonFiniteCount | None = None
             if policy.grad_norms:
                 grads = pending.grads
                 if grads is None or grads.used.size != len(params):
                     grads = self._used_grad_norms(optimizer, params)
-                stacked = grads.used
-                modified = grads.modified
-                if grads.raw is not None:
-                    raw_norms = _read_if_cpu(grads.raw)
-                if _on_cpu(stacked):
-                    grad_norms = stacked.resolve()
-                    nonfinite = stacked.nonfinite()
-                    if nonfinite:
-                        self.flag_nonfinite()
-                else:
-                    grad_norms, nonfinite = stacked, NonFiniteCount(stacked, self.flag_nonfinite)
-            param_norms: Clean | StackedNorms | None = None
-            update_norms: Clean | StackedNorms | None = None
+                grad_norms, raw_norms, modified = grads.used, grads.raw, grads.modified
+                if (
+                    policy.activity and policy.sample_nonfinite and not self._nonfinite
+                    and _on_cpu(grad_norms) and grad_norms.any_nonfinite()
+                ):
+                    self.flag_nonfinite()  # the next step is sampled (the writer would say so later)
+            param_norms: StackedNorms | None = None
+            update_norms: StackedNorms | None = None
             if pending.due:
                 plan, tensors = self._param_plan(optimizer, params)
                 try:
                     if policy.param_norms:
-                        param_norms = _read_if_cpu(StackedNorms(plan.norms(tensors), len(params)))
+                        param_norms = StackedNorms(plan.norms(tensors), len(params))
                     if pending.before is not None:  # before := before - after, in place
-                        update_norms = _read_if_cpu(
-                            StackedNorms(plan.difference_norms(pending.before, tensors), len(params))
-                        )
+                        update_norms = StackedNorms(plan.difference_norms(pending.before, tensors), len(params))
                 except RuntimeError:  # a parameter changed shape or dtype inside the step
                     self._param_plans.forget(optimizer)
-        return {
-            "param_groups": groups,
-            "tensor_ids": tensor_ids,
-            "grad_norm": grad_norms,
-            "raw_grad_norm": raw_norms,
-            "grads_modified": modified,
-            "nonfinite_grads": nonfinite,
-            "update_norm": update_norms,
-            "param_norm": param_norms,
-        }
+        return StepPayload(
+            groups, group_ids, tensor_ids, len(params), grad_norms, raw_norms, modified, param_norms,
+            update_norms, optimizer_id, type(optimizer), count, self.flag_nonfinite,
+        )
 
     def _grad_norms(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> StackedNorms:
         """The norms of the parameters' gradients (absent ones marked), plan cached.
@@ -500,8 +484,3 @@ def _has_closure(args: Any, kwargs: Any) -> bool:
 
 def _on_cpu(norms: StackedNorms) -> bool:
     return norms.norms is None or norms.norms.device.type == "cpu"
-
-
-def _read_if_cpu(norms: StackedNorms) -> Clean | StackedNorms:
-    """CPU norms are read now (nothing to wait for); device norms stay lazy for the writer."""
-    return norms.resolve() if _on_cpu(norms) else norms
