@@ -49,7 +49,9 @@ class OptimizerHooks(RecorderBase):
     def __init__(self, buffer: RecordBuffer, policy: Policy | None = None) -> None:
         super().__init__(buffer, policy)
         # Optimizers seen stepping (weakly): the ones whose raw norms a backward takes.
-        self._stepping: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        # (id -> weak reference: a lookup per hook, where a WeakSet made a new reference
+        # with a callback at every add)
+        self._stepping: dict[int, weakref.ref[torch.optim.Optimizer]] = {}
         # Per optimizer, the gradients the last backward left (``_Raw``), until its step.
         self._raw: weakref.WeakKeyDictionary[torch.optim.Optimizer, _Raw] = weakref.WeakKeyDictionary()
         # The same for trainable parameters of the roots that no optimizer seen so far
@@ -68,7 +70,7 @@ class OptimizerHooks(RecorderBase):
         if not self.policy.grad_norms:
             return
         with torch.no_grad():
-            known = list(self._stepping)
+            known = self._stepping_now()
             covered: set[int] = set()
             sizes = []
             for optimizer in known:
@@ -86,6 +88,25 @@ class OptimizerHooks(RecorderBase):
                 return
             self._unbound = self._measure_unbound(covered)
             self._all_bound = structure if self._unbound is None and known else None
+
+    def _note_stepping(self, optimizer: torch.optim.Optimizer) -> None:
+        ref = self._stepping.get(id(optimizer))
+        if ref is None or ref() is not optimizer:  # new, or a dead one's id reused
+            self._stepping[id(optimizer)] = weakref.ref(optimizer)
+
+    def _stepping_now(self) -> list[torch.optim.Optimizer]:
+        """The optimizers seen stepping that are alive, in the order first seen."""
+        known = []
+        dead = []
+        for key, ref in self._stepping.items():
+            optimizer = ref()
+            if optimizer is None:
+                dead.append(key)
+            else:
+                known.append(optimizer)
+        for key in dead:
+            del self._stepping[key]
+        return known
 
     def _measure_unbound(self, covered: set[int]) -> _Unbound | None:
         """Raw norms of the roots' trainable parameters that no known optimizer holds."""
@@ -185,7 +206,7 @@ class OptimizerHooks(RecorderBase):
             if self._nested(optimizer):
                 return None
             self.call_stack().clear()  # a forward that died on BaseException left stale entries
-            self._stepping.add(optimizer)
+            self._note_stepping(optimizer)
             params = [p for group in optimizer.param_groups for p in group["params"]]
             if self._step_scanned != self._registrations or self._lazy:
                 # The structure changed since the last step: per-call hooks may be
@@ -243,7 +264,7 @@ class OptimizerHooks(RecorderBase):
             self._post_calls += 1
             if self._ended_nested(optimizer):
                 return None
-            self._stepping.add(optimizer)
+            self._note_stepping(optimizer)
             found_inf = getattr(optimizer, "found_inf", None)  # GradScaler with a fused optimizer
             if isinstance(found_inf, torch.Tensor) and bool(found_inf.detach().sum().item()):
                 scale = getattr(optimizer, "grad_scale", None)
