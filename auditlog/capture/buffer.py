@@ -30,7 +30,9 @@ def record_weight(record: Record) -> int:
         payload = record[5]
         return max(1, len(payload.get("forward", ())) + len(payload.get("backward", ())))
     if kind == "optimizer_step":
-        return 1 + packed_count(record[5].get("tensor_ids")) // 25  # packed or a list
+        payload = record[5]
+        weight = getattr(payload, "weight", None)  # payloads.StepPayload knows its own
+        return weight if weight is not None else 1 + packed_count(payload.get("tensor_ids")) // 25
     if kind == "batches":  # the batch bytes it holds for hashing (capture/data.py)
         return 1 + int(getattr(record[5], "weight", 0))
     if kind == "__registrations__":  # registrations.REGISTRATIONS: a batch of them

@@ -73,6 +73,10 @@ class HookTables:
     def installed(self) -> list[str]:
         return list(self._entries)
 
+    def has(self, kind: str) -> bool:
+        """Is ``kind`` installed (expected in its table)?"""
+        return kind in self._entries
+
     def uninstall(self, kind: str) -> None:
         """Take one kind out (per-call hooks leave on unsampled steps)."""
         entry = self._entries.pop(kind, None)
@@ -83,7 +87,21 @@ class HookTables:
         """The kinds whose hook is not in the table torch uses now (cheap: a dict
         lookup or two per kind)."""
         gone = []
+        tables: dict[str, dict[int, Any]] = {}
+        always: dict[int, Any] | None = None
         for kind, entry in self._entries.items():
+            name = KIND_TABLES[kind]
+            table = tables.get(name)
+            if table is None:
+                table = tables[name] = global_hook_table(name)
+            # The common case first: the last handle's id holds this very hook.
+            if table.get(entry.handle.id) is entry.hook:
+                if not entry.always_called:
+                    continue
+                if always is None:
+                    always = global_hook_table("forward_always_called")
+                if entry.handle.id in always:
+                    continue
             if not self._present(entry):
                 gone.append(kind)
         return gone

@@ -58,7 +58,7 @@ class NormPlan:
     permutation back to input order (None when the concatenation already is).
     """
 
-    __slots__ = ("_copies", "dots", "groups", "order", "rest", "size", "tail")
+    __slots__ = ("_copies", "dots", "groups", "order", "plain", "rest", "size", "tail")
 
     def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
         by_kind: dict[tuple[object, ...], list[int]] = {}
@@ -96,6 +96,9 @@ class NormPlan:
             for position, i in enumerate(placed):
                 inverse[i] = position
             self.order = torch.tensor(inverse, dtype=torch.long)
+        # Nothing stacked and nothing by dot products, in input order (a small model's
+        # few tensors of distinct shapes): ``grad_norms`` takes a shorter path.
+        self.plain = not self.groups and not self.dots and self.order is None
 
     def norms(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
         """One 1-D float32 tensor: the L2 norm of each tensor, in input order (no sync)."""
@@ -116,6 +119,12 @@ class NormPlan:
         """
         if not params:
             return None
+        if self.plain:  # every tensor reduced by _foreach_norm: one list, one call, no permutation
+            grads = [p.grad for p in params]
+            for g in grads:
+                if g is None or g.layout is not torch.strided:
+                    return None
+            return _stacked_foreach(grads)  # type: ignore[arg-type]
         try:
             out = self._reduce(lambda members: [params[i].grad for i in members], strict=True)  # type: ignore[misc]
         except (TypeError, AttributeError):  # a None or sparse gradient
@@ -225,7 +234,8 @@ def _dot_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
 def _stacked_foreach(tensors: list[torch.Tensor]) -> torch.Tensor:
     norms = foreach_norm(tensors)
     try:
-        return torch.stack(norms).float()  # one device: the common case, no per-norm checks
+        out = torch.stack(norms)  # one device: the common case, no per-norm checks
+        return out if out.dtype is torch.float32 else out.float()
     except RuntimeError:  # several devices: gathered on the first (a rare, blocking case)
         device = tensors[0].device
         return torch.stack([n.float().to(device) for n in norms])

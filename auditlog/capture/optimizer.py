@@ -35,7 +35,7 @@ import torch
 from auditlog.capture.base import RecorderBase, class_name
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.norms import NormPlan, norms_of
-from auditlog.capture.payloads import NonFiniteCount, StackedNorms
+from auditlog.capture.payloads import StackedNorms, StepPayload
 from auditlog.capture.torch_compat import compile_guard, local_view, tensor_version
 from auditlog.core.chain import Clean
 from auditlog.core.errors import RecordingFailedError, one_line
@@ -49,7 +49,9 @@ class OptimizerHooks(RecorderBase):
     def __init__(self, buffer: RecordBuffer, policy: Policy | None = None) -> None:
         super().__init__(buffer, policy)
         # Optimizers seen stepping (weakly): the ones whose raw norms a backward takes.
-        self._stepping: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        # (id -> weak reference: a lookup per hook, where a WeakSet made a new reference
+        # with a callback at every add)
+        self._stepping: dict[int, weakref.ref[torch.optim.Optimizer]] = {}
         # Per optimizer, the gradients the last backward left (``_Raw``), until its step.
         self._raw: weakref.WeakKeyDictionary[torch.optim.Optimizer, _Raw] = weakref.WeakKeyDictionary()
         # The same for trainable parameters of the roots that no optimizer seen so far
@@ -68,7 +70,7 @@ class OptimizerHooks(RecorderBase):
         if not self.policy.grad_norms:
             return
         with torch.no_grad():
-            known = list(self._stepping)
+            known = self._stepping_now()
             covered: set[int] = set()
             sizes = []
             for optimizer in known:
@@ -86,6 +88,25 @@ class OptimizerHooks(RecorderBase):
                 return
             self._unbound = self._measure_unbound(covered)
             self._all_bound = structure if self._unbound is None and known else None
+
+    def _note_stepping(self, optimizer: torch.optim.Optimizer) -> None:
+        ref = self._stepping.get(id(optimizer))
+        if ref is None or ref() is not optimizer:  # new, or a dead one's id reused
+            self._stepping[id(optimizer)] = weakref.ref(optimizer)
+
+    def _stepping_now(self) -> list[torch.optim.Optimizer]:
+        """The optimizers seen stepping that are alive, in the order first seen."""
+        known = []
+        dead = []
+        for key, ref in self._stepping.items():
+            optimizer = ref()
+            if optimizer is None:
+                dead.append(key)
+            else:
+                known.append(optimizer)
+        for key in dead:
+            del self._stepping[key]
+        return known
 
     def _measure_unbound(self, covered: set[int]) -> _Unbound | None:
         """Raw norms of the roots' trainable parameters that no known optimizer holds."""
@@ -185,7 +206,7 @@ class OptimizerHooks(RecorderBase):
             if self._nested(optimizer):
                 return None
             self.call_stack().clear()  # a forward that died on BaseException left stale entries
-            self._stepping.add(optimizer)
+            self._note_stepping(optimizer)
             params = [p for group in optimizer.param_groups for p in group["params"]]
             if self._step_scanned != self._registrations or self._lazy:
                 # The structure changed since the last step: per-call hooks may be
@@ -243,7 +264,7 @@ class OptimizerHooks(RecorderBase):
             self._post_calls += 1
             if self._ended_nested(optimizer):
                 return None
-            self._stepping.add(optimizer)
+            self._note_stepping(optimizer)
             found_inf = getattr(optimizer, "found_inf", None)  # GradScaler with a fused optimizer
             if isinstance(found_inf, torch.Tensor) and bool(found_inf.detach().sum().item()):
                 scale = getattr(optimizer, "grad_scale", None)
@@ -265,12 +286,7 @@ class OptimizerHooks(RecorderBase):
             if self.policy.grad_norms and (pending.closure or _has_closure(args, kwargs)):
                 # The closure ran inside step(): its last evaluation's gradients are the ones used.
                 pending = pending._replace(grads=self._used_grad_norms(optimizer, params))
-            payload = self._step_payload(optimizer, params, ids, pending)
-            payload.update(
-                optimizer_id=optimizer_id,
-                optimizer_class=class_name(optimizer),
-                optimizer_step=count,
-            )
+            payload = self._step_payload(optimizer, params, ids, pending, optimizer_id, count)
             # Structure check and snapshot come before the optimizer_step event, so
             # "the state after step N" is exactly the events up to that event.
             self.check_after_step(optimizer, params)  # nonfinite.py (keep_finite_state)
@@ -327,69 +343,58 @@ class OptimizerHooks(RecorderBase):
         params: list[torch.Tensor],
         ids: tuple[Clean, list[Clean]],
         pending: _Pending,
-    ) -> dict[str, Any]:
-        """The ``optimizer_step`` payload: hyperparameters and per-parameter norms.
+        optimizer_id: int,
+        count: int,
+    ) -> StepPayload:
+        """The ``optimizer_step`` payload's raw values: hyperparameters and per-parameter norms.
 
         Gradient norms every step (measured by the pre hook: the gradients the
         update used; taken here only when the pre hook did not run); parameter and
-        update norms on the steps ``norms_every`` selects. On CPU the norms are read
-        at once (no device to wait for; the writer then only encodes), elsewhere
-        they stay on the device until the writer reads them.
+        update norms on the steps ``norms_every`` selects. Every number is taken
+        here; the writer builds the event from them (``StepPayload``), so a step
+        costs the training thread no dict, packing or read-back. Only whether the
+        gradients were finite is looked at now on CPU, where it decides whether the
+        next step's activity is sampled (``sample_nonfinite``).
         """
         tensor_ids, group_ids = ids
         groups: list[dict[str, Any]] = []
-        for group, members in zip(optimizer.param_groups, group_ids, strict=True):
-            hyper = {
-                key: (value.detach().clone() if isinstance(value, torch.Tensor) else value)
-                for key, value in group.items()
-                if key != "params"
-            }
-            hyper["params"] = members
+        for group in optimizer.param_groups:
+            hyper = group.copy()  # shallow, as the event's values were
+            hyper.pop("params", None)  # the writer puts the ids there; a record never holds a parameter
+            tensor_keys = [key for key, value in hyper.items() if isinstance(value, torch.Tensor)]
+            for key in tensor_keys:  # a tensor hyperparameter (lr as a tensor) may change in place
+                hyper[key] = hyper[key].detach().clone()
             groups.append(hyper)
         policy = self.policy
         with torch.no_grad():
-            grad_norms: Clean | StackedNorms | None = None
-            raw_norms: Clean | StackedNorms | None = None
+            grad_norms: StackedNorms | None = None
+            raw_norms: StackedNorms | None = None
             modified: bool | None = None
-            nonfinite: int | NonFiniteCount | None = None
             if policy.grad_norms:
                 grads = pending.grads
                 if grads is None or grads.used.size != len(params):
                     grads = self._used_grad_norms(optimizer, params)
-                stacked = grads.used
-                modified = grads.modified
-                if grads.raw is not None:
-                    raw_norms = _read_if_cpu(grads.raw)
-                if _on_cpu(stacked):
-                    grad_norms = stacked.resolve()
-                    nonfinite = stacked.nonfinite()
-                    if nonfinite:
-                        self.flag_nonfinite()
-                else:
-                    grad_norms, nonfinite = stacked, NonFiniteCount(stacked, self.flag_nonfinite)
-            param_norms: Clean | StackedNorms | None = None
-            update_norms: Clean | StackedNorms | None = None
+                grad_norms, raw_norms, modified = grads.used, grads.raw, grads.modified
+                if (
+                    policy.activity and policy.sample_nonfinite and not self._nonfinite
+                    and _on_cpu(grad_norms) and grad_norms.any_nonfinite()
+                ):
+                    self.flag_nonfinite()  # the next step is sampled (the writer would say so later)
+            param_norms: StackedNorms | None = None
+            update_norms: StackedNorms | None = None
             if pending.due:
                 plan, tensors = self._param_plan(optimizer, params)
                 try:
                     if policy.param_norms:
-                        param_norms = _read_if_cpu(StackedNorms(plan.norms(tensors), len(params)))
+                        param_norms = StackedNorms(plan.norms(tensors), len(params))
                     if pending.before is not None:  # before := before - after, in place
-                        update_norms = _read_if_cpu(
-                            StackedNorms(plan.difference_norms(pending.before, tensors), len(params))
-                        )
+                        update_norms = StackedNorms(plan.difference_norms(pending.before, tensors), len(params))
                 except RuntimeError:  # a parameter changed shape or dtype inside the step
                     self._param_plans.forget(optimizer)
-        return {
-            "param_groups": groups,
-            "tensor_ids": tensor_ids,
-            "grad_norm": grad_norms,
-            "raw_grad_norm": raw_norms,
-            "grads_modified": modified,
-            "nonfinite_grads": nonfinite,
-            "update_norm": update_norms,
-            "param_norm": param_norms,
-        }
+        return StepPayload(
+            groups, group_ids, tensor_ids, len(params), grad_norms, raw_norms, modified, param_norms,
+            update_norms, optimizer_id, type(optimizer), count, self.flag_nonfinite,
+        )
 
     def _grad_norms(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> StackedNorms:
         """The norms of the parameters' gradients (absent ones marked), plan cached.
@@ -500,8 +505,3 @@ def _has_closure(args: Any, kwargs: Any) -> bool:
 
 def _on_cpu(norms: StackedNorms) -> bool:
     return norms.norms is None or norms.norms.device.type == "cpu"
-
-
-def _read_if_cpu(norms: StackedNorms) -> Clean | StackedNorms:
-    """CPU norms are read now (nothing to wait for); device norms stay lazy for the writer."""
-    return norms.resolve() if _on_cpu(norms) else norms

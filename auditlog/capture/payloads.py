@@ -251,6 +251,15 @@ class StackedNorms:
         self._read()
         return self._nonfinite
 
+    def any_nonfinite(self) -> bool:
+        """Is any norm NaN or infinite? (CPU norms, training thread: one float64 sum of a
+        view of them, nothing packed; norms are never negative, so only a NaN or an
+        infinity makes the sum not finite.)"""
+        if self.norms is None:
+            return False
+        total = np.add.reduce(self.norms.detach().numpy(), dtype=np.float64)
+        return not bool(total - total == 0.0)
+
 
 class NonFiniteCount:
     """How many of the stacked norms are NaN or infinite (resolved on the writer)."""
@@ -310,3 +319,95 @@ class Scalar:
         if isinstance(value, float):
             return value if value - value == 0.0 else finite_or_text(value)
         return value  # type: ignore[no-any-return]
+
+
+class StepPayload:
+    """An ``optimizer_step`` payload as the post hook leaves it: raw values, built into
+    the event's dict on the writer (``resolve``).
+
+    Every number in it was taken on the training thread (norms are result tensors
+    nothing writes to again; a tensor hyperparameter is cloned); what is left for
+    the writer is the dict itself, the packed vectors and the non-finite count.
+    ``weight``: what the record counts against the buffer's bound
+    (``buffer.record_weight``: one per 25 parameters).
+    """
+
+    __slots__ = (
+        "count", "grad_norms", "group_ids", "groups", "modified", "on_nonfinite", "optimizer_class",
+        "optimizer_id", "param_norms", "raw_norms", "tensor_ids", "update_norms", "weight",
+    )
+
+    def __init__(
+        self,
+        groups: list[dict[str, Any]],
+        group_ids: list[Clean],
+        tensor_ids: Clean,
+        size: int,
+        grad_norms: StackedNorms | None,
+        raw_norms: StackedNorms | None,
+        modified: bool | None,
+        param_norms: StackedNorms | None,
+        update_norms: StackedNorms | None,
+        optimizer_id: int,
+        optimizer_class: type,
+        count: int,
+        on_nonfinite: Callable[[], None] | None,
+    ) -> None:
+        self.groups = groups  # shallow copies of the param groups, without ``params``
+        self.group_ids = group_ids
+        self.tensor_ids = tensor_ids
+        self.grad_norms = grad_norms
+        self.raw_norms = raw_norms
+        self.modified = modified
+        self.param_norms = param_norms
+        self.update_norms = update_norms
+        self.optimizer_id = optimizer_id
+        self.optimizer_class = optimizer_class
+        self.count = count
+        self.on_nonfinite = on_nonfinite
+        self.weight = 1 + size // 25
+
+    def resolve(self) -> dict[str, Any]:
+        """The payload (writer thread). ``Clean`` when every hyperparameter is a plain
+        JSON value (numbers, text, flags, tuples of them: what torch's optimizers hold),
+        so the writer encodes it without walking it; otherwise a dict it walks."""
+        groups: list[dict[str, Any]] = []
+        clean = True
+        for group, members in zip(self.groups, self.group_ids, strict=True):
+            plain = True
+            for key, value in group.items():
+                kind = type(value)
+                if kind is float:
+                    if value - value != 0.0:
+                        group[key] = finite_or_text(value)
+                elif not (kind in _JSON_SCALARS or (kind is tuple and all(map(_json_ready, value)))):
+                    plain = False  # a tensor, a dtype, an object: the writer's materialize knows them
+            group["params"] = members
+            groups.append(Clean(group) if plain else group)
+            clean = clean and plain
+        grads = self.grad_norms
+        cls = self.optimizer_class
+        payload = {
+            "param_groups": groups,
+            "tensor_ids": self.tensor_ids,
+            "grad_norm": None if grads is None else grads.resolve(),
+            "raw_grad_norm": None if self.raw_norms is None else self.raw_norms.resolve(),
+            "grads_modified": self.modified,
+            "nonfinite_grads": None if grads is None else NonFiniteCount(grads, self.on_nonfinite).resolve(),
+            "update_norm": None if self.update_norms is None else self.update_norms.resolve(),
+            "param_norm": None if self.param_norms is None else self.param_norms.resolve(),
+            "optimizer_id": self.optimizer_id,
+            "optimizer_class": f"{cls.__module__}.{cls.__qualname__}",
+            "optimizer_step": self.count,
+        }
+        return Clean(payload) if clean else payload
+
+
+# Values the JSON encoder takes as they are (a float is checked apart: NaN and infinities
+# are stored as text). A tuple of finite floats (``betas``) is one too.
+_JSON_SCALARS = frozenset((int, bool, str, type(None)))
+
+
+def _json_ready(value: Any) -> bool:
+    kind = type(value)
+    return (kind is float and value - value == 0.0) or kind in _JSON_SCALARS

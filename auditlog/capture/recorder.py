@@ -36,6 +36,8 @@ from auditlog.capture.structure import StructureChecks
 from auditlog.capture.torch_compat import FullBackwardFlag
 from auditlog.core.policy import Policy
 
+_ROOT_WATCH = ("root_watch_pre", "root_watch")
+
 
 class Recorder(
     ConstructionHooks,
@@ -120,6 +122,10 @@ class Recorder(
     def _watch_roots(self, present: bool) -> None:
         """``RootWatch``: on unsampled steps, a light global pre/post pair that sees the
         outermost call of a root whose output carried a loss (metrics.py)."""
+        self._watch_depth = 0
+        has = self._hooks.has
+        if all(has(kind) or kind in self._refused for kind in _ROOT_WATCH) if present else not any(map(has, _ROOT_WATCH)):
+            return  # as it should be already: nothing to build (every step goes through here)
         kinds: list[tuple[str, Callable[..., Any], Register]] = [
             ("root_watch_pre", self._on_root_watch_pre, nn_module.register_module_forward_pre_hook),
             ("root_watch", self._on_root_watch, partial(nn_module.register_module_forward_hook, always_call=True)),
@@ -129,7 +135,6 @@ class Recorder(
                 self._hooks.install(kind, hook, register, always_called=kind == "root_watch")
             elif not present and kind in self._hooks.installed():
                 self._hooks.uninstall(kind)
-        self._watch_depth = 0
 
     def update_call_hooks(self) -> None:
         """At every optimizer step: check that every hook is still in torch's tables,
