@@ -44,6 +44,7 @@ test-fast: venv
 
 lint: venv lint-imports typecheck
 	$(BIN)/ruff check auditlog cli migrations tests examples benchmarks
+	$(BIN)/ruff format --check auditlog cli migrations tests examples benchmarks
 
 # Import contracts (pyproject [tool.importlinter]) on a copy laid out as installed
 # (cli/ as auditlog.cli: tests/importcontracts.py).

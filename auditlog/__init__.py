@@ -1,7 +1,8 @@
 """auditlog: an event-sourced, tamper-evident audit log of PyTorch model building and training.
 
 Public API: ``record`` (context manager / decorator) and ``current`` (the active
-recording), ``log`` (metrics into the active recording), ``open`` (read a store), ``tensor_hash``, ``batch_hash``, and the exception
+recording), ``log`` (metrics into the active recording), ``open`` (read a store), ``tensor_hash``,
+``batch_hash``, and the exception
 hierarchy in ``auditlog.core.errors`` (``AuditlogError`` and subclasses).
 
 ``import auditlog`` is cheap: the names below are imported on first use, so a
@@ -33,7 +34,17 @@ _LAZY = {
     "batch_hash": "auditlog.core.batchhash",
 }
 
-__all__ = ["AuditlogError", "Recording", "__version__", "batch_hash", "current", "log", "open", "record", "tensor_hash"]
+__all__ = [
+    "AuditlogError",
+    "Recording",
+    "__version__",
+    "batch_hash",
+    "current",
+    "log",
+    "open",
+    "record",
+    "tensor_hash",
+]
 
 
 def __getattr__(name: str) -> Any:

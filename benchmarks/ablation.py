@@ -59,8 +59,16 @@ def numpy_host_stats(tensor: torch.Tensor) -> dict[str, Any]:
     from auditlog.core.tensors import dtype_name
     from auditlog.core.values import finite_or_text
 
-    out: dict[str, Any] = {"shape": list(tensor.shape), "dtype": dtype_name(tensor.dtype), "numel": tensor.numel()}
-    if tensor.numel() == 0 or tensor.is_complex() or tensor.dtype not in (torch.float32, torch.float64):
+    out: dict[str, Any] = {
+        "shape": list(tensor.shape),
+        "dtype": dtype_name(tensor.dtype),
+        "numel": tensor.numel(),
+    }
+    if (
+        tensor.numel() == 0
+        or tensor.is_complex()
+        or tensor.dtype not in (torch.float32, torch.float64)
+    ):
         # keep the library's path for the rare dtypes; sealing is what matters here
         from auditlog.core.tensors import host_stats
 
@@ -129,7 +137,10 @@ def persistent_update_buffers() -> Iterator[None]:
     namespace["_bench_reuse"] = reuse
     patched = source.replace(CLONE_LINE, "before = _bench_reuse(self, optimizer, params)")
     flags = __future__.annotations.compiler_flag
-    exec(compile(patched, "<ablation: _on_step_pre>", "exec", flags=flags, dont_inherit=True), namespace)
+    exec(
+        compile(patched, "<ablation: _on_step_pre>", "exec", flags=flags, dont_inherit=True),
+        namespace,
+    )
     Recorder._on_step_pre = namespace[original.__name__]  # type: ignore[method-assign]
     try:
         yield
@@ -214,7 +225,9 @@ def variants(presets: list[str]) -> list[overhead.Config]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--models", default="mlp")
     parser.add_argument("--presets", default="minimal,audit,debug")
     parser.add_argument("--rounds", type=int, default=5)
@@ -229,13 +242,17 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     print(machine_line())
     print(preset_note())
-    print("command: python benchmarks/ablation.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    print(
+        "command: python benchmarks/ablation.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    )
     configs = variants(args.presets.split(","))
     skipped = {c.name: why for c in configs if (why := c.unavailable()) is not None}
     runnable = [c for c in configs if c.name not in skipped]
     for name in args.models.split(","):
         workload = WORKLOADS[name]
-        overhead.report(workload, configs, skipped, overhead.measure(workload, runnable, args), args)
+        overhead.report(
+            workload, configs, skipped, overhead.measure(workload, runnable, args), args
+        )
 
 
 if __name__ == "__main__":

@@ -81,7 +81,8 @@ def preset_note() -> str:
     if policy_supported():
         return "auditlog presets: record(policy=NAME)"
     parts = ", ".join(
-        f"{name} = {', '.join(f'{k}={v!r}' for k, v in opts.items())}" for name, opts in PRESETS.items()
+        f"{name} = {', '.join(f'{k}={v!r}' for k, v in opts.items())}"
+        for name, opts in PRESETS.items()
     )
     return f"auditlog presets approximated with today's options ({parts})"
 
@@ -96,7 +97,9 @@ def mlp() -> nn.Module:
 def fast_mlp() -> nn.Module:
     """Issue 34's fast-step workload: the 4-layer MLP 16-64-64-1 (6 parameter tensors) whose
     AdamW step on a batch of 8 takes 1-2 ms here, where a fixed per-step cost shows most."""
-    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+    return nn.Sequential(
+        nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)
+    )
 
 
 def _fast_batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -226,7 +229,9 @@ def code_line() -> str:
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = dirty = ""
-    return f"auditlog from {where}" + (f" at commit {commit}{'+dirty' if dirty else ''}" if commit else "")
+    return f"auditlog from {where}" + (
+        f" at commit {commit}{'+dirty' if dirty else ''}" if commit else ""
+    )
 
 
 def machine_line() -> str:

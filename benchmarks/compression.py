@@ -44,8 +44,15 @@ def train(layers: int, width: int, steps: int, seq: int, batch: int) -> dict[str
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=256, n_positions=seq, n_embd=width, n_layer=layers, n_head=max(1, width // 64),
-                        bos_token_id=0, eos_token_id=0)
+    config = GPT2Config(
+        vocab_size=256,
+        n_positions=seq,
+        n_embd=width,
+        n_layer=layers,
+        n_head=max(1, width // 64),
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = GPT2LMHeadModel(config)
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1)
     text = corpus()
@@ -62,14 +69,20 @@ def train(layers: int, width: int, steps: int, seq: int, batch: int) -> dict[str
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def write(tensors: list[torch.Tensor], codec: str, level: int | None, out: Path) -> tuple[int, int, float]:
+def write(
+    tensors: list[torch.Tensor], codec: str, level: int | None, out: Path
+) -> tuple[int, int, float]:
     """(raw bytes, file bytes, seconds) of writing ``tensors`` as snapshot files with one codec."""
     raw = disk = 0
     seconds = 0.0
     for index, tensor in enumerate(tensors):
         flat = tensor.contiguous().reshape(-1)
-        native = {torch.float32: pa.float32(), torch.float16: pa.float16(), torch.int64: pa.int64(),
-                  torch.bool: pa.bool_()}.get(flat.dtype)
+        native = {
+            torch.float32: pa.float32(),
+            torch.float16: pa.float16(),
+            torch.int64: pa.int64(),
+            torch.bool: pa.bool_(),
+        }.get(flat.dtype)
         if native is not None:
             column = pa.array(flat.numpy(), type=native)
             field = pa.field("value", native, nullable=False)
@@ -79,8 +92,14 @@ def write(tensors: list[torch.Tensor], codec: str, level: int | None, out: Path)
             field = pa.field("raw", pa.large_binary(), nullable=False)
         path = out / f"{index}.parquet"
         began = time.perf_counter()
-        pq.write_table(pa.Table.from_arrays([column], schema=pa.schema([field])), path, compression=codec,
-                       compression_level=level, use_dictionary=False, write_statistics=False)
+        pq.write_table(
+            pa.Table.from_arrays([column], schema=pa.schema([field])),
+            path,
+            compression=codec,
+            compression_level=level,
+            use_dictionary=False,
+            write_statistics=False,
+        )
         seconds += time.perf_counter() - began
         raw += flat.numel() * flat.element_size()
         disk += path.stat().st_size
@@ -89,7 +108,9 @@ def write(tensors: list[torch.Tensor], codec: str, level: int | None, out: Path)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--width", type=int, default=384)
     parser.add_argument("--steps", type=int, default=300)
@@ -97,13 +118,18 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    print(f"GPT-2 {args.layers} layers x {args.width}, {args.steps} AdamW steps on stdlib source bytes")
+    print(
+        f"GPT-2 {args.layers} layers x {args.width}, {args.steps} AdamW steps on stdlib source bytes"
+    )
     state = train(args.layers, args.width, args.steps, args.seq, args.batch)
     floats = [t for t in state.values() if t.is_floating_point()]
     others = [t for t in state.values() if not t.is_floating_point()]
     # Integer and bool buffers as models carry them (GPT-2 in this transformers has none).
-    others += [torch.arange(args.seq).expand(args.batch, -1).contiguous(), torch.ones(args.seq, args.seq).tril().bool(),
-               (torch.rand(1 << 20) > 0.1)]
+    others += [
+        torch.arange(args.seq).expand(args.batch, -1).contiguous(),
+        torch.ones(args.seq, args.seq).tril().bool(),
+        (torch.rand(1 << 20) > 0.1),
+    ]
     groups = {
         "float32 (trained)": floats,
         "bfloat16 (cast)": [t.bfloat16() for t in floats],
@@ -119,7 +145,9 @@ def main() -> None:
             for codec, level in CODECS:
                 raw, disk, seconds = write(tensors, codec, level, Path(tmp))
                 name = codec if level is None else f"{codec}-{level}"
-                print(f"| {label} | {name} | {disk / raw:.3f} | {raw / max(seconds, 1e-9) / 1e6:.0f} |")
+                print(
+                    f"| {label} | {name} | {disk / raw:.3f} | {raw / max(seconds, 1e-9) / 1e6:.0f} |"
+                )
 
 
 if __name__ == "__main__":

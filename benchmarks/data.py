@@ -43,7 +43,10 @@ CONFIGS = ("bare", "audit, data=false", "audit")
 
 def _loader() -> DataLoader[Any]:
     generator = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(4096, 32, generator=generator), torch.randint(0, 10, (4096,), generator=generator))
+    data = TensorDataset(
+        torch.randn(4096, 32, generator=generator),
+        torch.randint(0, 10, (4096,), generator=generator),
+    )
     return DataLoader(data, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(1))
 
 
@@ -52,7 +55,9 @@ def _steps(config: str, steps: int, store: Path) -> tuple[float, float]:
     warm-up epoch; CPU: every thread of this process (the writer's work counts), which a
     loaded machine disturbs less than wall time."""
     torch.manual_seed(0)
-    context: Any = nullcontext() if config == "bare" else auditlog.record(store, data=config == "audit")
+    context: Any = (
+        nullcontext() if config == "bare" else auditlog.record(store, data=config == "audit")
+    )
     with context as run:
         model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
         loss_fn = nn.CrossEntropyLoss()
@@ -94,12 +99,20 @@ def _iteration_cost(rounds: int, batches: int = 2048) -> dict[str, float]:
         def __getitem__(self, index: int) -> int:
             return index
 
-    loader = DataLoader(Cheap(), batch_size=32, shuffle=True, collate_fn=len, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        Cheap(),
+        batch_size=32,
+        shuffle=True,
+        collate_fn=len,
+        generator=torch.Generator().manual_seed(0),
+    )
     per: dict[str, list[float]] = {"off": [], "on": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
             for name in ("off", "on") if r % 2 else ("on", "off"):
-                with auditlog.record(Path(tmp) / f"{r}{name}", data=name == "on", snapshot_final=False):
+                with auditlog.record(
+                    Path(tmp) / f"{r}{name}", data=name == "on", snapshot_final=False
+                ):
                     it = iter(loader)
                     start = time.thread_time()
                     for _ in range(batches):
@@ -123,7 +136,10 @@ ITERABLE_CONFIGS = ("bare", "batch_hash_every=0", "batch_hash_every=1")
 def _iterable_cost(rounds: int, batches: int = 512) -> None:
     """Per-batch cost of hashing an IterableDataset's batches, side by side with bare."""
     for shape in ITERABLE_SHAPES:
-        batch = {"x": torch.randn(*shape, generator=torch.Generator().manual_seed(0)), "y": torch.arange(shape[0])}
+        batch = {
+            "x": torch.randn(*shape, generator=torch.Generator().manual_seed(0)),
+            "y": torch.arange(shape[0]),
+        }
 
         class Stream(torch.utils.data.IterableDataset[dict[str, torch.Tensor]]):
             def __init__(self, item: dict[str, torch.Tensor]) -> None:
@@ -138,10 +154,17 @@ def _iterable_cost(rounds: int, batches: int = 512) -> None:
         wall: dict[str, list[float]] = {c: [] for c in ITERABLE_CONFIGS}
         with tempfile.TemporaryDirectory() as tmp:
             for r in range(rounds):
-                for config in ITERABLE_CONFIGS[r % 3:] + ITERABLE_CONFIGS[: r % 3]:
+                for config in ITERABLE_CONFIGS[r % 3 :] + ITERABLE_CONFIGS[: r % 3]:
                     every = None if config == "bare" else int(config.rsplit("=", 1)[1])
-                    context: Any = nullcontext() if every is None else auditlog.record(
-                        Path(tmp) / f"{r}-{config}", batch_hash_every=every, snapshot_final=False)
+                    context: Any = (
+                        nullcontext()
+                        if every is None
+                        else auditlog.record(
+                            Path(tmp) / f"{r}-{config}",
+                            batch_hash_every=every,
+                            snapshot_final=False,
+                        )
+                    )
                     with context as run:
                         start, cpu = time.perf_counter(), time.thread_time()
                         for _ in loader:
@@ -155,12 +178,17 @@ def _iterable_cost(rounds: int, batches: int = 512) -> None:
             auditlog.batch_hash(batch)
         inline = (time.perf_counter() - start) / 64
         nbytes = sum(t.numel() * t.element_size() for t in batch.values())
-        med = {c: (statistics.median(thread[c]) * 1e6, statistics.median(wall[c]) * 1e6) for c in ITERABLE_CONFIGS}
-        print(f"batch {nbytes / 1024:,.0f} KiB: training thread " + ", ".join(
-            f"{c} {med[c][0]:.1f} us" for c in ITERABLE_CONFIGS)
+        med = {
+            c: (statistics.median(thread[c]) * 1e6, statistics.median(wall[c]) * 1e6)
+            for c in ITERABLE_CONFIGS
+        }
+        print(
+            f"batch {nbytes / 1024:,.0f} KiB: training thread "
+            + ", ".join(f"{c} {med[c][0]:.1f} us" for c in ITERABLE_CONFIGS)
             + f" (hashing +{med['batch_hash_every=1'][0] - med['batch_hash_every=0'][0]:.1f} us); wall to hashed "
             + ", ".join(f"{c} {med[c][1]:.1f} us" for c in ITERABLE_CONFIGS)
-            + f"; batch_hash on the training thread {inline * 1e6:.1f} us")
+            + f"; batch_hash on the training thread {inline * 1e6:.1f} us"
+        )
 
 
 def _store_bytes(store: Path) -> tuple[int, int, int]:
@@ -170,7 +198,9 @@ def _store_bytes(store: Path) -> tuple[int, int, int]:
     con = sqlite3.connect(store / "events.db")
     try:
         rows = con.execute("SELECT payload FROM events WHERE kind = 'batches'").fetchall()
-        step = con.execute("SELECT length(payload) FROM events WHERE kind = 'optimizer_step' LIMIT 1").fetchone()
+        step = con.execute(
+            "SELECT length(payload) FROM events WHERE kind = 'optimizer_step' LIMIT 1"
+        ).fetchone()
     finally:
         con.close()
     count = sum(json.loads(r[0])["count"] for r in rows)
@@ -201,14 +231,20 @@ def _fingerprint_time(root: Path, files: int, size: int) -> dict[str, Any]:
         on_training_thread = time.perf_counter() - iterator_start
     with auditlog.open(store) as s:
         (seen,) = [e["payload"] for e in s.run().events() if e["kind"] == "dataset_seen"]
-    return {"training_thread_s": on_training_thread, "total_s": time.perf_counter() - start, **seen["identity"]["hashing"]}
+    return {
+        "training_thread_s": on_training_thread,
+        "total_s": time.perf_counter() - start,
+        **seen["identity"]["hashing"],
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=1024)
-    parser.add_argument("--iterable", action="store_true", help="the cost of batch hashes (IterableDataset)")
+    parser.add_argument(
+        "--iterable", action="store_true", help="the cost of batch hashes (IterableDataset)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(machine_line())
@@ -219,7 +255,7 @@ def main() -> None:
     cpu: dict[str, list[float]] = {c: [] for c in CONFIGS}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for config in CONFIGS[r % 3:] + CONFIGS[: r % 3]:  # each configuration in each place
+            for config in CONFIGS[r % 3 :] + CONFIGS[: r % 3]:  # each configuration in each place
                 w, c = _steps(config, args.steps, Path(tmp) / f"{r}-{config}")
                 wall[config].append(w)
                 cpu[config].append(c)
@@ -228,14 +264,20 @@ def main() -> None:
             for config in CONFIGS:
                 value = statistics.median(times[config])
                 print(f"{name} {config:20s} {value * 1e3:7.3f} ms/step  {value / bare:5.2f}x bare")
-            watch = statistics.median(times["audit"]) - statistics.median(times["audit, data=false"])
+            watch = statistics.median(times["audit"]) - statistics.median(
+                times["audit, data=false"]
+            )
             print(f"{name} data watch: {watch * 1e6:+.1f} us/step")
         cost = _iteration_cost(args.rounds)
-        print(f"training thread per batch (cheap fetch): {cost['off_us']:.1f} us off, {cost['on_us']:.1f} us on "
-              f"(+{cost['on_us'] - cost['off_us']:.1f} us); writer packing {cost['writer_us']:.1f} us per batch of 32")
+        print(
+            f"training thread per batch (cheap fetch): {cost['off_us']:.1f} us off, {cost['on_us']:.1f} us on "
+            f"(+{cost['on_us'] - cost['off_us']:.1f} us); writer packing {cost['writer_us']:.1f} us per batch of 32"
+        )
         batches, payload, step = _store_bytes(Path(tmp) / "0-audit")
-        print(f"batches events: {batches} batches, {payload} bytes ({payload / batches:.0f} bytes/batch of 32 "
-              f"indices); an optimizer_step event here: {step} bytes")
+        print(
+            f"batches events: {batches} batches, {payload} bytes ({payload / batches:.0f} bytes/batch of 32 "
+            f"indices); an optimizer_step event here: {step} bytes"
+        )
         found = _fingerprint_time(Path(tmp) / "folder", files=2000, size=32 << 10)
         print("fingerprint of 2,000 files of 32 KiB (62.5 MiB): " + json.dumps(found))
 

@@ -80,7 +80,9 @@ def configs(tmp: Path) -> dict[str, Callable[[], AbstractContextManager[Any]]]:
     }
 
 
-def steps_timed(make: Callable[[], AbstractContextManager[Any]], steps: int, warmup: int) -> tuple[float, float]:
+def steps_timed(
+    make: Callable[[], AbstractContextManager[Any]], steps: int, warmup: int
+) -> tuple[float, float]:
     """(mean step time after warm-up, time of step 0)."""
     x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
     loss_fn = nn.CrossEntropyLoss()
@@ -100,7 +102,9 @@ def steps_timed(make: Callable[[], AbstractContextManager[Any]], steps: int, war
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
@@ -117,17 +121,32 @@ def main() -> None:
             ratios[name].append(mean / means["bare"][0])
             ms[name].append(mean * 1e3)
         # step 0 with and without the FLOP count (minimal policy elsewhere, so step 0 differs only by it)
-        first_step["flops"].append(steps_timed(lambda: auditlog.record(tmp / f"f{time.time_ns()}", policy="minimal"), 1, 0)[1])
+        first_step["flops"].append(
+            steps_timed(
+                lambda: auditlog.record(tmp / f"f{time.time_ns()}", policy="minimal"), 1, 0
+            )[1]
+        )
         first_step["no flops"].append(
-            steps_timed(lambda: auditlog.record(tmp / f"n{time.time_ns()}", policy="minimal", flops=False), 1, 0)[1]
+            steps_timed(
+                lambda: auditlog.record(tmp / f"n{time.time_ns()}", policy="minimal", flops=False),
+                1,
+                0,
+            )[1]
         )
     print(machine_line())
-    print(f"{args.rounds} rounds x {args.steps} steps, 98-module MLP, batch 64, CrossEntropyLoss module, SGD")
+    print(
+        f"{args.rounds} rounds x {args.steps} steps, 98-module MLP, batch 64, CrossEntropyLoss module, SGD"
+    )
     print(f"{'configuration':34} {'ms/step':>9} {'vs bare':>9}")
     for name in table:
-        print(f"{name:34} {statistics.median(ms[name]):9.2f} {statistics.median(ratios[name]):9.3f}")
+        print(
+            f"{name:34} {statistics.median(ms[name]):9.2f} {statistics.median(ratios[name]):9.3f}"
+        )
     flops, plain = statistics.median(first_step["flops"]), statistics.median(first_step["no flops"])
-    print(f"step 0 with FLOP counting: {flops * 1e3:.1f} ms, without: {plain * 1e3:.1f} ms ({flops / plain:.2f}x, once per run)")
+    print(
+        f"step 0 with FLOP counting: {flops * 1e3:.1f} ms, without: {plain * 1e3:.1f} ms "
+        f"({flops / plain:.2f}x, once per run)"
+    )
 
 
 if __name__ == "__main__":

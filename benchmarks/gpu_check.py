@@ -45,9 +45,15 @@ def mlp(width: int = 1024, depth: int = 24) -> nn.Module:
 
 def cnn() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(inplace=True),
-        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(inplace=True),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10),
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(inplace=True),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, 10),
     ).to(DEV)
 
 
@@ -65,7 +71,9 @@ def count_syncs(ctx: Any, steps: int) -> Counter[str]:
     seen: Counter[str] = Counter()
     original = warnings.showwarning
 
-    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+    def show(
+        message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
+    ) -> None:
         if "synchroniz" in str(message).lower():
             seen[threading.current_thread().name] += 1
 
@@ -101,7 +109,9 @@ def check_bitwise(tmp: Path, steps: int) -> dict[str, Any]:
             train(model, steps, x, y)
             torch.cuda.synchronize()
             finals.append([p.detach().cpu().clone() for p in model.parameters()])
-    same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(*finals, strict=True))
+    same = all(
+        torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(*finals, strict=True)
+    )
     return {"parameters_bitwise_equal": same, "tensors": len(finals[0])}
 
 
@@ -122,12 +132,19 @@ def check_update_norms(tmp: Path) -> dict[str, Any]:
             before = [p.detach().clone() for p in model.parameters()]
             expected_grad.append([float(p.grad.norm()) for p in model.parameters()])
             opt.step()
-            expected_update.append([float((p.detach() - b).norm()) for p, b in zip(model.parameters(), before, strict=True)])
+            expected_update.append(
+                [
+                    float((p.detach() - b).norm())
+                    for p, b in zip(model.parameters(), before, strict=True)
+                ]
+            )
     with auditlog.open(tmp / "norms") as s:
         steps = [e["payload"] for e in s.run().events(kinds=["optimizer_step"])]
     worst = 0.0
     for payload, upd, grad in zip(steps, expected_update, expected_grad, strict=True):
-        for got, want in zip(payload["update_norm"] + payload["grad_norm"], upd + grad, strict=True):
+        for got, want in zip(
+            payload["update_norm"] + payload["grad_norm"], upd + grad, strict=True
+        ):
             worst = max(worst, abs(got - want) / max(abs(want), 1e-12))
     return {"steps": len(steps), "worst_relative_error": worst, "ok": worst < 1e-4}
 
@@ -142,7 +159,9 @@ def check_restore(store: Path) -> dict[str, Any]:
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         for step in range(1, 6):
             x = torch.randn(8, 3, 16, 16, device=DEV, generator=gen)
-            nn.functional.cross_entropy(model(x), torch.zeros(8, dtype=torch.long, device=DEV)).backward()
+            nn.functional.cross_entropy(
+                model(x), torch.zeros(8, dtype=torch.long, device=DEV)
+            ).backward()
             opt.step()
             opt.zero_grad()
             copies[step] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
@@ -152,7 +171,10 @@ def check_restore(store: Path) -> dict[str, Any]:
         for step in (0, 1, 3, 5):
             restored = run.state_dict(step=step)
             same = list(restored) == list(copies[step]) and all(
-                torch.equal(restored[k].reshape(-1).view(torch.uint8), copies[step][k].reshape(-1).view(torch.uint8))
+                torch.equal(
+                    restored[k].reshape(-1).view(torch.uint8),
+                    copies[step][k].reshape(-1).view(torch.uint8),
+                )
                 for k in copies[step]
             )
             results[f"step {step}"] = same
@@ -204,7 +226,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="auditlog-gpu-"))
     steps = args.steps
     out["syncs_bare"] = dict(count_syncs(nullcontext(), steps))
-    out["syncs_debug"] = dict(count_syncs(auditlog.record(tmp / "sync-debug", policy="debug"), steps))
+    out["syncs_debug"] = dict(
+        count_syncs(auditlog.record(tmp / "sync-debug", policy="debug"), steps)
+    )
     out["syncs_audit"] = dict(count_syncs(auditlog.record(tmp / "sync-audit"), steps))
     out["syncs_audit_snapshots"] = dict(
         count_syncs(auditlog.record(tmp / "sync-audit-snap", snapshot_every=5), steps)

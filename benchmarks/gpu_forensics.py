@@ -38,7 +38,9 @@ import auditlog
 DEV = "cuda"
 
 
-def model_and_data(width: int = 1024, depth: int = 12) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+def model_and_data(
+    width: int = 1024, depth: int = 12
+) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     torch.manual_seed(0)
     layers: list[nn.Module] = []
     for _ in range(depth):
@@ -82,9 +84,18 @@ def count_syncs(store: Path, steps: int, **options: Any) -> dict[str, Any]:
         warnings.showwarning = original
         sync()
     with auditlog.open(store) as s:
-        recorded = [r["value"] for r in s.query("select value from metrics where name = 'loss' order by seq", run="latest")]
+        recorded = [
+            r["value"]
+            for r in s.query(
+                "select value from metrics where name = 'loss' order by seq", run="latest"
+            )
+        ]
     expected = [float(t.item()) for t in losses]
-    return {"syncs_by_thread_steps_2_on": dict(seen), "losses_equal": recorded == expected, "losses": len(recorded)}
+    return {
+        "syncs_by_thread_steps_2_on": dict(seen),
+        "losses_equal": recorded == expected,
+        "losses": len(recorded),
+    }
 
 
 def check_flops(store: Path) -> dict[str, Any]:
@@ -103,7 +114,11 @@ def check_flops(store: Path) -> dict[str, Any]:
             opt.step()
     with auditlog.open(store) as s:
         flops = [e["payload"]["flops"] for e in s.run().events(kinds=["flops"])]
-    return {"recorded": flops, "expected": counter.get_total_flops(), "ok": flops == [counter.get_total_flops()]}
+    return {
+        "recorded": flops,
+        "expected": counter.get_total_flops(),
+        "ok": flops == [counter.get_total_flops()],
+    }
 
 
 class Log(nn.Module):
@@ -114,7 +129,9 @@ class Log(nn.Module):
 def check_nonfinite(store: Path, **options: Any) -> dict[str, Any]:
     with auditlog.record(store, **options):
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(4, 8), Log(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3)).to(DEV)
+        model = nn.Sequential(
+            nn.Linear(4, 8), Log(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3)
+        ).to(DEV)
         with torch.no_grad():
             model[0].weight.zero_()
             model[0].bias.fill_(1.0)
@@ -125,7 +142,9 @@ def check_nonfinite(store: Path, **options: Any) -> dict[str, Any]:
             if step == 7:
                 with torch.no_grad():
                     model[0].bias.fill_(-1.0)
-            loss = loss_fn(model(torch.randn(16, 4, device=DEV)), torch.randint(0, 3, (16,), device=DEV))
+            loss = loss_fn(
+                model(torch.randn(16, 4, device=DEV)), torch.randint(0, 3, (16,), device=DEV)
+            )
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -134,8 +153,13 @@ def check_nonfinite(store: Path, **options: Any) -> dict[str, Any]:
         found = run.nonfinite().as_dict()
         caught = [(e["step"], e["payload"]["where"]) for e in run.events(kinds=["nonfinite_found"])]
     producer = found["producer"] or {}
-    return {"step": found["step"], "phase": found["phase"], "producer": producer.get("module"), "caught": caught,
-            "ok": found["step"] == 7 and (producer.get("module") == "1" or not options.get("policy"))}
+    return {
+        "step": found["step"],
+        "phase": found["phase"],
+        "producer": producer.get("module"),
+        "caught": caught,
+        "ok": found["step"] == 7 and (producer.get("module") == "1" or not options.get("policy")),
+    }
 
 
 def timing(tmp: Path, steps: int, rounds: int) -> dict[str, Any]:
@@ -170,7 +194,10 @@ def timing(tmp: Path, steps: int, rounds: int) -> dict[str, Any]:
                 sync()
                 samples[name].append((time.perf_counter() - start) / steps)
     bare = statistics.median(samples["bare"])
-    return {"bare_ms": bare * 1e3, **{k: round(statistics.median(v) / bare, 4) for k, v in samples.items()}}
+    return {
+        "bare_ms": bare * 1e3,
+        **{k: round(statistics.median(v) / bare, 4) for k, v in samples.items()},
+    }
 
 
 def main() -> None:
@@ -184,7 +211,10 @@ def main() -> None:
     DEV = args.device
     if DEV == "cuda":
         assert torch.cuda.is_available(), "needs a CUDA device"
-    out: dict[str, Any] = {"device": torch.cuda.get_device_name() if DEV == "cuda" else DEV, "torch": torch.__version__}
+    out: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if DEV == "cuda" else DEV,
+        "torch": torch.__version__,
+    }
     tmp = Path(tempfile.mkdtemp(prefix="auditlog-gpu-forensics-"))
     checks = (
         ("syncs_audit", lambda: count_syncs(tmp / "s1", 20)),

@@ -70,13 +70,17 @@ def _install() -> None:
     writer_module.Writer._drain_once = timed_drain  # type: ignore[method-assign]
 
 
-def run(preset: str, workload: str, steps: int, warmup: int = 20) -> tuple[float, float, float, float]:
+def run(
+    preset: str, workload: str, steps: int, warmup: int = 20
+) -> tuple[float, float, float, float]:
     """(training thread CPU, in hooks, writer CPU, wall), ms per step over ``steps`` steps."""
     w = WORKLOADS[workload]
     torch.manual_seed(0)
     x, y = w.batch()
     with tempfile.TemporaryDirectory(prefix="auditlog-hookcpu-") as scratch:
-        recording = auditlog.record(Path(scratch) / "store", policy=preset) if preset != "bare" else None
+        recording = (
+            auditlog.record(Path(scratch) / "store", policy=preset) if preset != "bare" else None
+        )
         if recording is not None:
             recording.__enter__()
         model = w.build()
@@ -102,7 +106,9 @@ def run(preset: str, workload: str, steps: int, warmup: int = 20) -> tuple[float
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--models", default="fast")
     parser.add_argument("--presets", default="minimal,audit")
     parser.add_argument("--steps", type=int, default=1500)
@@ -111,19 +117,27 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     _install()
     print(machine_line())
-    print("command: python benchmarks/hookcpu.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    print(
+        "command: python benchmarks/hookcpu.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    )
     rows = ["bare", *args.presets.split(",")]
     for workload in args.models.split(","):
         results: dict[str, list[tuple[float, float, float, float]]] = {row: [] for row in rows}
         for _ in range(args.rounds):
             for row in rows:
                 results[row].append(run(row, workload, args.steps))
-        print(f"\n{workload}: ms per step, medians of {args.rounds} rounds of {args.steps} steps, 1 torch thread\n")
+        print(
+            f"\n{workload}: ms per step, medians of {args.rounds} rounds of {args.steps} steps, 1 torch thread\n"
+        )
         print("| preset | training thread CPU | in hooks | writer CPU | hooks + writer | wall |")
         print("|---|---:|---:|---:|---:|---:|")
         for row in rows:
-            cpu, hooks, writer, wall = (statistics.median(r[i] for r in results[row]) for i in range(4))
-            print(f"| {row} | {cpu:.3f} | {hooks:.3f} | {writer:.3f} | {hooks + writer:.3f} | {wall:.3f} |")
+            cpu, hooks, writer, wall = (
+                statistics.median(r[i] for r in results[row]) for i in range(4)
+            )
+            print(
+                f"| {row} | {cpu:.3f} | {hooks:.3f} | {writer:.3f} | {hooks + writer:.3f} | {wall:.3f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -197,7 +197,9 @@ def stored_rows(db: Path, run_id: str) -> tuple[list[tuple[Any, ...]], list[str]
     return rows, columns, ddl
 
 
-def raw_executemany(path: Path, ddl: list[str], table: str, columns: list[str], rows: list[tuple[Any, ...]]) -> float:
+def raw_executemany(
+    path: Path, ddl: list[str], table: str, columns: list[str], rows: list[tuple[Any, ...]]
+) -> float:
     """rows/s of plain sqlite3 executemany, one transaction per BATCH rows."""
     conn = sqlite3.connect(path, isolation_level=None)
     try:
@@ -221,7 +223,9 @@ def narrow_rows(n: int) -> list[tuple[int, ...]]:
     return [(i, i % 7, i * 3, 1, 2, 3, i % 100, i) for i in range(n)]
 
 
-NARROW_DDL = ["create table narrow (a integer, b integer, c integer, d integer, e integer, f integer, g integer, h integer)"]
+NARROW_DDL = [
+    "create table narrow (a integer, b integer, c integer, d integer, e integer, f integer, g integer, h integer)"
+]
 
 
 # ---------------------------------------------------------------------- stages
@@ -295,7 +299,9 @@ def print_profile(profiles: list[cProfile.Profile], records: int, top: int) -> N
     print("|---|---:|---:|---:|")
     for (filename, line, func), (_cc, calls, own, cumulative, _callers) in entries[:top]:
         where = f"`{func}`" if filename == "~" else f"`{_short(filename)}:{line} {func}`"
-        print(f"| {where} | {calls / records:.2f} | {own / records * 1e6:.2f} | {cumulative / records * 1e6:.2f} |")
+        print(
+            f"| {where} | {calls / records:.2f} | {own / records * 1e6:.2f} | {cumulative / records * 1e6:.2f} |"
+        )
 
 
 def _short(filename: str) -> str:
@@ -308,11 +314,22 @@ def _short(filename: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--records", type=int, default=300_000, help="records per pipeline run")
-    parser.add_argument("--repeat", type=int, default=2, help="pipeline + raw runs (medians reported)")
-    parser.add_argument("--capture-steps", type=int, default=10, help="MLP steps whose records are replicated")
-    parser.add_argument("--pace", type=float, default=0.0, help="paced run's producer rate, records/s (0: half the measured rate)")
+    parser.add_argument(
+        "--repeat", type=int, default=2, help="pipeline + raw runs (medians reported)"
+    )
+    parser.add_argument(
+        "--capture-steps", type=int, default=10, help="MLP steps whose records are replicated"
+    )
+    parser.add_argument(
+        "--pace",
+        type=float,
+        default=0.0,
+        help="paced run's producer rate, records/s (0: half the measured rate)",
+    )
     parser.add_argument("--stage-records", type=int, default=50_000)
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--top", type=int, default=20)
@@ -321,18 +338,24 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     print(machine_line())
     print(preset_note())
-    print("command: python benchmarks/ingest.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    print(
+        "command: python benchmarks/ingest.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    )
 
     parser_mixes = {
-        "training (debug preset: activity + optimizer_step per step)": capture_records("debug", args.capture_steps),
+        "training (debug preset: activity + optimizer_step per step)": capture_records(
+            "debug", args.capture_steps
+        ),
         "construction (registration events)": capture_records("debug", 0, construction=True),
     }
     base = parser_mixes["training (debug preset: activity + optimizer_step per step)"]
     per_step = len(base) // args.capture_steps
     kinds = Counter(r[0] for r in base)
     mix = ", ".join(f"{k} {v / args.capture_steps:.0f}" for k, v in sorted(kinds.items()))
-    print(f"records: MLP under the debug preset, per step: {mix} ({per_step} records); "
-          f"and the {len(parser_mixes['construction (registration events)'])} registration records of building it")
+    print(
+        f"records: MLP under the debug preset, per step: {mix} ({per_step} records); "
+        f"and the {len(parser_mixes['construction (registration events)'])} registration records of building it"
+    )
 
     table: list[str] = []
     training_rate = 0.0
@@ -351,14 +374,24 @@ def main(argv: list[str] | None = None) -> None:
                 if i == 0 and not args.no_profile and captured is base:
                     # The profiled run is extra: cProfile slows the writer, so it is not timed.
                     with WriterProfile() as wp:
-                        pipeline(mixed[: min(len(mixed), 100_000)], scratch / "profiled", None, per_step)
+                        pipeline(
+                            mixed[: min(len(mixed), 100_000)], scratch / "profiled", None, per_step
+                        )
                     profiles = wp.profiles
                 run = pipeline(mixed, scratch, None, per_step)
                 rows, columns, ddl = stored_rows(run["db"], run["run_id"])
-                payload_bytes = sum(len(r[columns.index("payload")]) for r in rows) // max(1, len(rows))
+                payload_bytes = sum(len(r[columns.index("payload")]) for r in rows) // max(
+                    1, len(rows)
+                )
                 raws.append(raw_executemany(scratch / "raw.db", ddl, "events", columns, rows))
                 narrows.append(
-                    raw_executemany(scratch / "narrow.db", NARROW_DDL, "narrow", list("abcdefgh"), narrow_rows(len(rows)))
+                    raw_executemany(
+                        scratch / "narrow.db",
+                        NARROW_DDL,
+                        "narrow",
+                        list("abcdefgh"),
+                        narrow_rows(len(rows)),
+                    )
                 )
                 rates.append(run["rate"])
                 if captured is base:
@@ -370,7 +403,11 @@ def main(argv: list[str] | None = None) -> None:
                 )
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
-        rate, raw, narrow = statistics.median(rates), statistics.median(raws), statistics.median(narrows)
+        rate, raw, narrow = (
+            statistics.median(rates),
+            statistics.median(raws),
+            statistics.median(narrows),
+        )
         if captured is base:
             training_rate = rate
         table.append(
@@ -378,13 +415,18 @@ def main(argv: list[str] | None = None) -> None:
             f"{raw:,.0f} | **{rate / raw:.0%}** | {narrow:,.0f} |"
         )
     print(f"\n### ingest ({args.records:,} records per run, {args.repeat} runs, medians)\n")
-    print("| records | auditlog writer rows/s (runs) | raw executemany of the same stored rows, rows/s | writer vs raw (target >= 50%) | raw, 8 narrow integer columns |")
+    print(
+        "| records | auditlog writer rows/s (runs) | raw executemany of the same stored rows, rows/s "
+        "| writer vs raw (target >= 50%) | raw, 8 narrow integer columns |"
+    )
     print("|---|---:|---:|---:|---:|")
     for line in table:
         print(line)
-    print("\nauditlog writer = resolve + JSON + SHA-256 chain + EventStore.append, on its thread, fed by a producer "
-          "putting records as fast as the buffer takes them; raw = plain sqlite3 executemany into an identical table "
-          "(same DDL, WAL, synchronous=NORMAL, one transaction per 5000 rows).")
+    print(
+        "\nauditlog writer = resolve + JSON + SHA-256 chain + EventStore.append, on its thread, fed by a producer "
+        "putting records as fast as the buffer takes them; raw = plain sqlite3 executemany into an identical table "
+        "(same DDL, WAL, synchronous=NORMAL, one transaction per 5000 rows)."
+    )
 
     flood = runs[-1]
     print(

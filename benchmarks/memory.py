@@ -83,7 +83,18 @@ def tiny() -> nn.Module:
 class _MallInfo2(ctypes.Structure):
     _fields_ = [
         (name, ctypes.c_size_t)
-        for name in ["arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"]
+        for name in [
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        ]
     ]
 
 
@@ -124,7 +135,12 @@ def child_long(preset: str, steps: int) -> dict[str, Any]:
         for i in range(steps + 1):
             if i in marks:
                 points.append(
-                    {"step": i, "rss": rss_bytes(), "queued": queued_weight(), "seconds": time.perf_counter() - began}
+                    {
+                        "step": i,
+                        "rss": rss_bytes(),
+                        "queued": queued_weight(),
+                        "seconds": time.perf_counter() - began,
+                    }
                 )
             if i == steps:
                 break
@@ -316,15 +332,25 @@ def run_child(threads: int, *args: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=100_000, help="optimizer steps of the long runs")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--steps", type=int, default=100_000, help="optimizer steps of the long runs"
+    )
     parser.add_argument("--presets", default="bare,minimal,audit", help="long runs to make")
     parser.add_argument(
-        "--per-record", type=int, default=100_000, help="module calls queued for the activity measurement"
+        "--per-record",
+        type=int,
+        default=100_000,
+        help="module calls queued for the activity measurement",
     )
     parser.add_argument("--flood-seconds", type=float, default=120.0, help="longest flood")
     parser.add_argument(
-        "--flood-hold", type=float, default=10.0, help="stop the flood once the producer was blocked this long"
+        "--flood-hold",
+        type=float,
+        default=10.0,
+        help="stop the flood once the producer was blocked this long",
     )
     parser.add_argument(
         "--flood-writer-delay",
@@ -350,7 +376,9 @@ def main(argv: list[str] | None = None) -> None:
 
     print(machine_line())
     print(preset_note())
-    print("command: python benchmarks/memory.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    print(
+        "command: python benchmarks/memory.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    )
     wanted = set(args.only.split(",")) if args.only else {"long", "per-record", "flood"}
 
     if "long" in wanted:
@@ -360,11 +388,15 @@ def main(argv: list[str] | None = None) -> None:
             results.append(run_child(args.threads, "long", preset, str(args.steps)))
             print(f"  long run {preset}: {time.perf_counter() - began:.0f}s", file=sys.stderr)
         marks = [p["step"] for p in results[0]["points"]]
-        print(f"\n### RSS over a {args.steps:,}-step run (tiny model, {results[0]['points'][-1]['step']:,} optimizer steps)\n")
+        print(
+            f"\n### RSS over a {args.steps:,}-step run "
+            f"(tiny model, {results[0]['points'][-1]['step']:,} optimizer steps)\n"
+        )
         print(
             "| configuration | "
             + " | ".join(f"step {m:,}" for m in marks)
-            + f" | growth step {marks[2]:,} to {marks[-1]:,} | peak RSS | us/step | queued weight at end | store on disk |"
+            + f" | growth step {marks[2]:,} to {marks[-1]:,} | peak RSS | us/step "
+            "| queued weight at end | store on disk |"
         )
         print("|---|" + "---:|" * (len(marks) + 5))
         for r in results:
@@ -383,7 +415,9 @@ def main(argv: list[str] | None = None) -> None:
         for kind in ("activity", "optimizer_step"):
             count = args.per_record if kind == "activity" else max(1000, args.per_record // 50)
             per_record[kind] = run_child(args.threads, "per-record", kind, str(count))
-        print("\n### bytes per unit of queued weight (growth / weight; nothing draining the queue)\n")
+        print(
+            "\n### bytes per unit of queued weight (growth / weight; nothing draining the queue)\n"
+        )
         print(
             "| record (weight unit) | measured on | weight | records | RSS/unit | C heap/unit | "
             "RSS x maxsize 200,000 |"
@@ -406,12 +440,20 @@ def main(argv: list[str] | None = None) -> None:
 
     if "flood" in wanted:
         r = run_child(
-            args.threads, "flood", str(args.flood_seconds), str(args.flood_hold), str(args.flood_writer_delay)
+            args.threads,
+            "flood",
+            str(args.flood_seconds),
+            str(args.flood_hold),
+            str(args.flood_writer_delay),
         )
         print(
             f"\n### flood: 16 modules returning 4 empty tensors, under no_grad, activity every call; "
             f"RecordBuffer maxsize {r['maxsize']:,} (weight: module calls)"
-            + (f"; writer slowed by {r['writer_delay']:g}s per event" if r["writer_delay"] > 0 else "")
+            + (
+                f"; writer slowed by {r['writer_delay']:g}s per event"
+                if r["writer_delay"] > 0
+                else ""
+            )
             + "\n"
         )
         print(

@@ -107,7 +107,9 @@ class Samples:
     blocks: list[list[float]] = field(default_factory=list)
     foreign: list[float] = field(default_factory=list)  # other processes' CPU use, per round
     details: list[dict[str, Any]] = field(default_factory=list)
-    ratios: list[float] = field(default_factory=list)  # per round: vs the bare runs right before and after
+    ratios: list[float] = field(
+        default_factory=list
+    )  # per round: vs the bare runs right before and after
 
     def used(self, clean: list[bool]) -> list[int]:
         """Indices of the rounds that count: the clean ones, or all when none was clean."""
@@ -168,7 +170,9 @@ def train(
     return blocks, wall, details
 
 
-def bracketed(rows: list[R], run: Callable[[R], T], run_bare: Callable[[], T]) -> Iterator[tuple[R, T, T, T]]:
+def bracketed(
+    rows: list[R], run: Callable[[R], T], run_bare: Callable[[], T]
+) -> Iterator[tuple[R, T, T, T]]:
     """Run bare, row 1, bare, row 2, bare, ...; yield ``(row, result, bare before, bare after)``.
 
     This machine's speed drifts in phases of seconds (measured: 100-step windows
@@ -184,7 +188,9 @@ def bracketed(rows: list[R], run: Callable[[R], T], run_bare: Callable[[], T]) -
         before = after
 
 
-def measure(workload: Workload, configs: list[Config], args: argparse.Namespace) -> tuple[dict[str, Samples], list[bool]]:
+def measure(
+    workload: Workload, configs: list[Config], args: argparse.Namespace
+) -> tuple[dict[str, Samples], list[bool]]:
     """Interleaved rounds until ``--rounds`` clean ones are in (or the time budget is spent).
 
     Other processes (a test suite, say) on a 2-CPU machine do not slow every
@@ -253,7 +259,11 @@ def report(
     used = bare.used(clean)
     base = statistics.median(x for i in used for x in bare.blocks[i])
     print(f"\n### {workload.name}: {workload.description}\n")
-    counted = f"{len(used)} clean rounds" if any(clean) else f"all {len(used)} rounds, NONE clean: ratios unreliable"
+    counted = (
+        f"{len(used)} clean rounds"
+        if any(clean)
+        else f"all {len(used)} rounds, NONE clean: ratios unreliable"
+    )
     print(
         f"bare: {base * 1e3:.2f} ms/step; {counted} of {len(clean)} run (a round is clean when other "
         f"processes used <= {args.max_foreign} CPUs), each {args.steps} timed steps after {args.warmup} warm-up\n"
@@ -270,7 +280,9 @@ def report(
         ratio = statistics.median(per_round)
         target = ""
         if config.target is not None:
-            target = f"<= {config.target:.2f}x " + ("(met)" if ratio <= config.target else "(NOT met)")
+            target = f"<= {config.target:.2f}x " + (
+                "(met)" if ratio <= config.target else "(NOT met)"
+            )
         print(
             f"| {config.name} | {value * 1e3:.2f} | {ratio:.2f}x | "
             f"{min(per_round):.2f}-{max(per_round):.2f}x | {target} | {config.reported} |"
@@ -302,12 +314,22 @@ def report(
 
 # ---------------------------------------------------------------------- profile
 HOOKS = (
-    "_on_forward_pre", "_on_forward", "_on_output_grad", "_on_output_grads", "_on_backward_pre",
-    "_on_full_backward", "_on_legacy_backward", "_on_step_pre", "_on_step_post",
-    "_on_module_registered", "_on_parameter_registered", "_on_buffer_registered",
+    "_on_forward_pre",
+    "_on_forward",
+    "_on_output_grad",
+    "_on_output_grads",
+    "_on_backward_pre",
+    "_on_full_backward",
+    "_on_legacy_backward",
+    "_on_step_pre",
+    "_on_step_post",
+    "_on_module_registered",
+    "_on_parameter_registered",
+    "_on_buffer_registered",
     # Called by the backward() wrapper (capture/backward.py): the loss, and the raw gradient
     # norms measured as each outermost backward returns (issue 28).
-    "backward_started", "backward_finished",
+    "backward_started",
+    "backward_finished",
 )
 
 
@@ -332,7 +354,11 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
 
     spent = {"hooks": 0.0, "writer": 0.0}
     # Only the hooks this checkout's recorder has (an older commit lacks the backward ones).
-    originals = {name: getattr(recorder_module.Recorder, name) for name in HOOKS if hasattr(recorder_module.Recorder, name)}
+    originals = {
+        name: getattr(recorder_module.Recorder, name)
+        for name in HOOKS
+        if hasattr(recorder_module.Recorder, name)
+    }
     original_drain = writer_module.Writer._drain_once
 
     def timed(function: Any) -> Any:
@@ -362,7 +388,9 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
     results: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in names}
 
     def one(row: str) -> tuple[float, float, float]:
-        config: Config = Config() if row == "bare" else floors[row]() if row in floors else Auditlog(row, None)
+        config: Config = (
+            Config() if row == "bare" else floors[row]() if row in floors else Auditlog(row, None)
+        )
 
         def start() -> None:
             spent.update(hooks=0.0, writer=0.0)
@@ -377,7 +405,9 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
                 window["hooks"] = config.spent
 
         with tempfile.TemporaryDirectory(prefix="auditlog-bench-") as scratch:
-            _blocks, wall, _details = train(workload, config, Path(scratch), 5, steps, start=start, written=written)
+            _blocks, wall, _details = train(
+                workload, config, Path(scratch), 5, steps, start=start, written=written
+            )
         return wall / steps, window["hooks"] / steps, window["writer"] / steps
 
     for name in originals:
@@ -385,7 +415,9 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
     writer_module.Writer._drain_once = timed_drain  # type: ignore[method-assign,assignment]
     try:
         for _ in range(rounds):
-            for row, (wall, hooks, writer), before, after in bracketed(names[1:], one, lambda: one("bare")):
+            for row, (wall, hooks, writer), before, after in bracketed(
+                names[1:], one, lambda: one("bare")
+            ):
                 reference = (before[0] + after[0]) / 2
                 results[row].append((wall, hooks, writer, 1 + (hooks + writer) / reference))
                 results["bare"].append((after[0], 0.0, 0.0, 1.0))
@@ -398,7 +430,9 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
         f"\n{workload.name}: CPU time auditlog adds, {rounds} rounds of {steps} steps, each row between two bare "
         f"runs (medians; bare {bare * 1e3:.2f} ms/step)\n"
     )
-    print("| preset | wall ms/step | in hooks ms/step | writer CPU ms/step | 1 + (hooks + writer) / bare | target |")
+    print(
+        "| preset | wall ms/step | in hooks ms/step | writer CPU ms/step | 1 + (hooks + writer) / bare | target |"
+    )
     print("|---|---:|---:|---:|---:|---|")
     targets = {"audit": 1.05, "debug": 1.5}
     for preset in names[1:]:
@@ -408,8 +442,14 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
         writer = statistics.median(r[2] for r in rows)
         ratio = statistics.median(r[3] for r in rows)
         target = targets.get(preset)
-        verdict = "" if target is None else f"<= {target:.2f}x " + ("(met)" if ratio <= target else "(NOT met)")
-        print(f"| {preset} | {wall * 1e3:.2f} | {hooks * 1e3:.3f} | {writer * 1e3:.3f} | {ratio:.3f}x | {verdict} |")
+        verdict = (
+            ""
+            if target is None
+            else f"<= {target:.2f}x " + ("(met)" if ratio <= target else "(NOT met)")
+        )
+        print(
+            f"| {preset} | {wall * 1e3:.2f} | {hooks * 1e3:.3f} | {writer * 1e3:.3f} | {ratio:.3f}x | {verdict} |"
+        )
 
 
 def profile(workload: Workload, presets: list[str], steps: int, top: int) -> None:
@@ -418,7 +458,9 @@ def profile(workload: Workload, presets: list[str], steps: int, top: int) -> Non
     for config in configs:
         profiler = cProfile.Profile()
         with tempfile.TemporaryDirectory(prefix="auditlog-bench-") as scratch:
-            _blocks, wall, _details = train(workload, config, Path(scratch), BLOCK, steps, profiler.enable, profiler.disable)
+            _blocks, wall, _details = train(
+                workload, config, Path(scratch), BLOCK, steps, profiler.enable, profiler.disable
+            )
         out = io.StringIO()
         stats = pstats.Stats(profiler, stream=out)
         total = sum(v[2] for v in stats.stats.values())  # type: ignore[attr-defined]
@@ -431,7 +473,9 @@ def profile(workload: Workload, presets: list[str], steps: int, top: int) -> Non
         entries = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)  # type: ignore[attr-defined]
         for (filename, line, func), (_cc, calls, own, cumulative, _callers) in entries[:top]:
             where = _short(filename, line, func)
-            print(f"| {where} | {calls / steps:.0f} | {own / steps * 1e3:.3f} | {cumulative / steps * 1e3:.3f} |")
+            print(
+                f"| {where} | {calls / steps:.0f} | {own / steps * 1e3:.3f} | {cumulative / steps * 1e3:.3f} |"
+            )
 
 
 def _short(filename: str, line: int, func: str) -> str:
@@ -448,13 +492,22 @@ def _short(filename: str, line: int, func: str) -> str:
 # ---------------------------------------------------------------------- main
 def add_noise_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--max-foreign", type=float, default=0.25, help="CPUs other processes may use during a round"
+        "--max-foreign",
+        type=float,
+        default=0.25,
+        help="CPUs other processes may use during a round",
     )
     parser.add_argument(
-        "--budget", type=float, default=8.0, help="minutes per model after which noisy rounds stop being replaced"
+        "--budget",
+        type=float,
+        default=8.0,
+        help="minutes per model after which noisy rounds stop being replaced",
     )
     parser.add_argument(
-        "--wait-quiet", type=float, default=10.0, help="seconds to wait for a quiet machine before each round"
+        "--wait-quiet",
+        type=float,
+        default=10.0,
+        help="seconds to wait for a quiet machine before each round",
     )
 
 
@@ -462,18 +515,39 @@ def main(argv: list[str] | None = None) -> None:
     # The empty full backward hooks make torch warn (once per process) that they fire for
     # gradients w.r.t. module outputs only; that is expected here.
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="mlp,transformer", help="comma-separated: mlp, transformer, fast (the 4-layer MLP at 1-2 ms/step)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--models",
+        default="mlp,transformer",
+        help="comma-separated: mlp, transformer, fast (the 4-layer MLP at 1-2 ms/step)",
+    )
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=BLOCK, help=f"timed steps per round (multiple of {BLOCK})")
+    parser.add_argument(
+        "--steps", type=int, default=BLOCK, help=f"timed steps per round (multiple of {BLOCK})"
+    )
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0, help="seed of the per-round shuffle")
     add_noise_options(parser)
-    parser.add_argument("--no-peers", action="store_true", help="skip the wandb and TensorBoard rows")
-    parser.add_argument("--only", default="", help="comma-separated substrings of row names to run (bare always runs)")
-    parser.add_argument("--attribute-rounds", type=int, default=2, help="rounds of the CPU-time attribution table (0: skip)")
-    parser.add_argument("--profile", action="store_true", help="profile each preset instead of the table")
+    parser.add_argument(
+        "--no-peers", action="store_true", help="skip the wandb and TensorBoard rows"
+    )
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated substrings of row names to run (bare always runs)",
+    )
+    parser.add_argument(
+        "--attribute-rounds",
+        type=int,
+        default=2,
+        help="rounds of the CPU-time attribution table (0: skip)",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="profile each preset instead of the table"
+    )
     parser.add_argument("--profile-presets", default="minimal,audit,debug")
     parser.add_argument("--profile-steps", type=int, default=50)
     parser.add_argument("--top", type=int, default=15, help="functions shown per profile")
@@ -491,7 +565,9 @@ def main(argv: list[str] | None = None) -> None:
             profile(workload, args.profile_presets.split(","), args.profile_steps, args.top)
         return
 
-    print("command: python benchmarks/overhead.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    print(
+        "command: python benchmarks/overhead.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    )
     configs = configurations(peers=not args.no_peers)
     if args.only:
         wanted = [w.strip() for w in args.only.split(",") if w.strip()]
@@ -504,7 +580,9 @@ def main(argv: list[str] | None = None) -> None:
         for workload in workloads:
             report(workload, configs, skipped, measure(workload, runnable, args), args)
             if args.attribute_rounds > 0:
-                attribute(workload, ["minimal", "audit", "debug"], args.steps, args.attribute_rounds)
+                attribute(
+                    workload, ["minimal", "audit", "debug"], args.steps, args.attribute_rounds
+                )
     finally:
         WandbRun.finish()
 

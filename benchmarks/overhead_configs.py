@@ -128,7 +128,12 @@ class GradientNormsFloor(Floor):
 
     def begin(self, scratch: Path) -> None:
         def norms(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            grads = [
+                p.grad
+                for group in optimizer.param_groups
+                for p in group["params"]
+                if p.grad is not None
+            ]
             values = norms_of(grads)
             if values is not None:
                 values.tolist()
@@ -186,7 +191,9 @@ class DebugStatisticsFloor(Floor):
 class Auditlog(Config):
     """``auditlog.record`` with one of the presets."""
 
-    def __init__(self, preset: str, target: float | None, overrides: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, preset: str, target: float | None, overrides: dict[str, Any] | None = None
+    ) -> None:
         self.preset = preset
         self.name = f"auditlog {preset}"
         self.target = target
@@ -194,7 +201,9 @@ class Auditlog(Config):
 
     def begin(self, scratch: Path) -> None:
         self.store = scratch / f"store-{self.preset}"
-        self.recording = auditlog.record(self.store, **record_options(self.preset), **self.overrides)
+        self.recording = auditlog.record(
+            self.store, **record_options(self.preset), **self.overrides
+        )
         self.recording.__enter__()
         self.steps = 0
 
@@ -388,5 +397,3 @@ def configurations(peers: bool) -> list[Config]:
             TensorBoardHistograms(),
         ]
     return configs
-
-

@@ -101,7 +101,8 @@ def _activity(rng: random.Random) -> dict[str, Any]:
     """One step's ``activity`` payload: forward calls in module order, backward calls in reverse."""
     return {
         "forward": [
-            {"module_id": m, "n_outputs": 1, "outputs": [_stats(rng, [64, 256])]} for m in range(1, MODULES + 1)
+            {"module_id": m, "n_outputs": 1, "outputs": [_stats(rng, [64, 256])]}
+            for m in range(1, MODULES + 1)
         ],
         "backward": [
             {"module_id": m, "mechanism": "grad", "grad_outputs": [_stats(rng, [64, 256])]}
@@ -148,33 +149,79 @@ def _construction(run_id: str, name: str, ts: int) -> list[tuple[Any, ...]]:
     rows: list[tuple[Any, ...]] = []
     seq = 0
 
-    def add(kind: str, module_id: int | None, tensor_id: int | None, payload: dict[str, Any]) -> None:
+    def add(
+        kind: str, module_id: int | None, tensor_id: int | None, payload: dict[str, Any]
+    ) -> None:
         nonlocal seq
         seq += 1
-        rows.append((run_id, 0, seq, ts + seq, kind, 0, module_id, tensor_id, None,
-                     encode_clean(payload), ""))
+        rows.append(
+            (
+                run_id,
+                0,
+                seq,
+                ts + seq,
+                kind,
+                0,
+                module_id,
+                tensor_id,
+                None,
+                encode_clean(payload),
+                "",
+            )
+        )
 
-    add("run_started", None, None, {"argv": ["train.py"], "name": name, "git": None, "host": "bench",
-                                    "pid": 1, "seeds": {"torch_initial_seed": 0}, "world_size": 1})
+    add(
+        "run_started",
+        None,
+        None,
+        {
+            "argv": ["train.py"],
+            "name": name,
+            "git": None,
+            "host": "bench",
+            "pid": 1,
+            "seeds": {"torch_initial_seed": 0},
+            "world_size": 1,
+        },
+    )
     root = MODULES + 1
     for m in range(1, MODULES + 1):
         source = {"file": "model.py", "line": 10 + m, "function": "__init__"}
         for p, (attr, shape) in enumerate((("weight", [256, 256]), ("bias", [256]))):
             tensor = 2 * (m - 1) + p + 1
             if tensor <= PARAMS:
-                add("parameter_registered", m, tensor, {"name": attr, "shape": shape, "dtype": "float32",
-                                                        "device": "cpu", "requires_grad": True,
-                                                        "module_class": "torch.nn.modules.linear.Linear",
-                                                        "source": source})
-        add("module_registered", root, None, {"name": str(m - 1), "child_id": m,
-                                              "child_class": "torch.nn.modules.linear.Linear",
-                                              "parent_class": "torch.nn.modules.container.Sequential",
-                                              "source": source})
+                add(
+                    "parameter_registered",
+                    m,
+                    tensor,
+                    {
+                        "name": attr,
+                        "shape": shape,
+                        "dtype": "float32",
+                        "device": "cpu",
+                        "requires_grad": True,
+                        "module_class": "torch.nn.modules.linear.Linear",
+                        "source": source,
+                    },
+                )
+        add(
+            "module_registered",
+            root,
+            None,
+            {
+                "name": str(m - 1),
+                "child_id": m,
+                "child_class": "torch.nn.modules.linear.Linear",
+                "parent_class": "torch.nn.modules.container.Sequential",
+                "source": source,
+            },
+        )
     return rows
 
 
-def _run_rows(run_id: str, name: str, n_steps: int, pools: tuple[list[str], list[str]],
-              rng: random.Random) -> Iterator[tuple[Any, ...]]:
+def _run_rows(
+    run_id: str, name: str, n_steps: int, pools: tuple[list[str], list[str]], rng: random.Random
+) -> Iterator[tuple[Any, ...]]:
     """A run's events: construction, then per step its ``activity`` event (the step's
     module calls, emitted before the optimizer step) and its ``optimizer_step``."""
     activity, steps = pools
@@ -184,14 +231,47 @@ def _run_rows(run_id: str, name: str, n_steps: int, pools: tuple[list[str], list
     seq = len(head)
     for step in range(n_steps):
         seq += 1
-        yield (run_id, 0, seq, ts + seq * 1000, "activity", step, None, None, None,
-               activity[rng.randrange(len(activity))], "")
+        yield (
+            run_id,
+            0,
+            seq,
+            ts + seq * 1000,
+            "activity",
+            step,
+            None,
+            None,
+            None,
+            activity[rng.randrange(len(activity))],
+            "",
+        )
         seq += 1
-        yield (run_id, 0, seq, ts + seq * 1000, "optimizer_step", step + 1, None, None, None,
-               steps[rng.randrange(len(steps))], "")
+        yield (
+            run_id,
+            0,
+            seq,
+            ts + seq * 1000,
+            "optimizer_step",
+            step + 1,
+            None,
+            None,
+            None,
+            steps[rng.randrange(len(steps))],
+            "",
+        )
     seq += 1
-    yield (run_id, 0, seq, ts + seq * 1000, "run_ended", n_steps, None, None, None,
-           encode_clean({"exit_code": 0, "status": "completed", "steps": n_steps}), "")
+    yield (
+        run_id,
+        0,
+        seq,
+        ts + seq * 1000,
+        "run_ended",
+        n_steps,
+        None,
+        None,
+        None,
+        encode_clean({"exit_code": 0, "status": "completed", "steps": n_steps}),
+        "",
+    )
 
 
 def _chained(rows: Iterator[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
@@ -222,8 +302,11 @@ def generate(directory: Path, n_calls: int) -> tuple[float, int, int]:
         run_id = f"{run_index:04d}" + "b" * 28
         count = min(STEPS_PER_RUN, n_steps - stepped)
         now = time.time_ns()
-        conn.execute("insert into runs (run_id, name, started_ns, host, pid, proc_start, last_seen_ns) "
-                     "values (?, ?, ?, 'bench', 1, null, ?)", (run_id, f"bench{run_index}", now, now))
+        conn.execute(
+            "insert into runs (run_id, name, started_ns, host, pid, proc_start, last_seen_ns) "
+            "values (?, ?, ?, 'bench', 1, null, ?)",
+            (run_id, f"bench{run_index}", now, now),
+        )
         rows = _chained(_run_rows(run_id, f"bench{run_index}", count, pools, rng))
         while True:
             batch = [row for _, row in zip(range(2_000), rows, strict=False)]
@@ -274,7 +357,9 @@ def copy_rate(store: EventStore, limit: int, use_adbc: bool) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument(
         "--calls",
         type=int,
@@ -283,7 +368,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--keep", type=Path, default=None, help="store directory to reuse or keep")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--copy", action="store_true", help="also measure raw ADBC and SQLAlchemy copy rates")
+    parser.add_argument(
+        "--copy", action="store_true", help="also measure raw ADBC and SQLAlchemy copy rates"
+    )
     args = parser.parse_args(argv)
 
     directory = args.keep or Path(tempfile.mkdtemp(prefix="auditlog-bench-")) / "store"
@@ -305,7 +392,9 @@ def main(argv: list[str] | None = None) -> None:
             limit = min(n_events, 1_000_000)
             for use_adbc in (True, False):
                 rate = copy_rate(store, limit, use_adbc)
-                print(f"copy {'ADBC' if use_adbc else 'SQLAlchemy'}: {rate / 1e6:.2f}M rows/s ({limit:,} rows)")
+                print(
+                    f"copy {'ADBC' if use_adbc else 'SQLAlchemy'}: {rate / 1e6:.2f}M rows/s ({limit:,} rows)"
+                )
 
         model = ReadModel(store)
         for suffix in ("", ".wal"):
@@ -315,7 +404,9 @@ def main(argv: list[str] | None = None) -> None:
         build = time.perf_counter() - start
         with QuerySession(ReadModel(store)) as session:
             forward_rows, backward_rows = list(
-                session.execute("select (select count(*) from forward_stats), (select count(*) from backward_stats)").rows
+                session.execute(
+                    "select (select count(*) from forward_stats), (select count(*) from backward_stats)"
+                ).rows
             )[0]
         calls = forward_rows + backward_rows  # one output / gradient per call here
         print(
@@ -350,10 +441,19 @@ def main(argv: list[str] | None = None) -> None:
                 f"{t_sqlite / t_cold:10.2f}x {t_sqlite / t_warm:10.1f}x {t_sqlite / t_hot:9.1f}x"
             )
         keys = ("query", "sqlite_s", "cold_s", "warm_s", "hot_s")
-        print(json.dumps({"events": n_events, "module_calls": calls, "build_s": build,
-                          "link_check_s": report.link_seconds,
-                          "build_events_per_s": report.copied / build, "build_calls_per_s": calls / build,
-                          "queries": [dict(zip(keys, r, strict=True)) for r in results]}))
+        print(
+            json.dumps(
+                {
+                    "events": n_events,
+                    "module_calls": calls,
+                    "build_s": build,
+                    "link_check_s": report.link_seconds,
+                    "build_events_per_s": report.copied / build,
+                    "build_calls_per_s": calls / build,
+                    "queries": [dict(zip(keys, r, strict=True)) for r in results],
+                }
+            )
+        )
     finally:
         store.close()
         if args.keep is None:

@@ -43,7 +43,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # What the cached stores depend on: the code that records and the code that stores.
 KEYED = ("auditlog/capture", "auditlog/recording", "auditlog/store", "auditlog/core", "migrations")
-QUERY = "select status, count(*) as runs, sum(steps) as steps from runs group by status order by status"
+QUERY = (
+    "select status, count(*) as runs, sum(steps) as steps from runs group by status order by status"
+)
 
 
 def code_key(runs: int) -> str:
@@ -93,7 +95,10 @@ def cached_store(name: str, count: int, rebuild: bool) -> Path:
         os.chdir(cwd)
     (scratch / "store").rename(store)
     shutil.rmtree(scratch, ignore_errors=True)
-    print(f"recorded {count} runs into {store} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    print(
+        f"recorded {count} runs into {store} in {time.perf_counter() - start:.1f} s",
+        file=sys.stderr,
+    )
     return store
 
 
@@ -112,13 +117,21 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeat", type=int, default=5, help="rounds (median reported)")
     parser.add_argument("--runs", type=int, default=1000, help="runs in the large store")
     parser.add_argument("--rebuild", action="store_true", help="record the stores again")
-    parser.add_argument("--baseline", type=Path, default=None, help="another checkout to compare (see above)")
+    parser.add_argument(
+        "--baseline", type=Path, default=None, help="another checkout to compare (see above)"
+    )
     args = parser.parse_args(argv)
-    env = {k: v for k, v in os.environ.items() if k not in ("AUDITLOG_STORE", "AUDITLOG_KEY", "AUDITLOG_READMODEL")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("AUDITLOG_STORE", "AUDITLOG_KEY", "AUDITLOG_READMODEL")
+    }
     small = cached_store("small", 1, args.rebuild)
     large = cached_store("large", args.runs, args.rebuild)
     cli = [sys.executable, "-m", "auditlog.cli.main"]
@@ -138,7 +151,10 @@ def main(argv: list[str] | None = None) -> None:
     for name, command in commands.items():
         rows[name] = (command, env)
         if args.baseline is not None:
-            rows[f"baseline: {name}"] = (command, {**env, "PYTHONPATH": str(args.baseline.absolute())})
+            rows[f"baseline: {name}"] = (
+                command,
+                {**env, "PYTHONPATH": str(args.baseline.absolute())},
+            )
     for command, environment in rows.values():  # warm the page cache and the read model once
         timed(command, environment)
     samples: dict[str, list[float]] = {name: [] for name in rows}
@@ -154,8 +170,10 @@ def main(argv: list[str] | None = None) -> None:
         f"`runs`, {many}": ("< 1 s", median[f"`runs`, {many}"] < 1.0),
         f"`query` warm, {many}": ("< 1 s", median[f"`query` warm, {many}"] < 1.0),
     }
-    print(f"\nwall time per command (fresh process, output to a pipe), median of {args.repeat} rounds; "
-          f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs\n")
+    print(
+        f"\nwall time per command (fresh process, output to a pipe), median of {args.repeat} rounds; "
+        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs\n"
+    )
     print("| command | seconds | vs `import torch` | target |")
     print("|---|---:|---:|---|")
     for name, value in median.items():
@@ -163,7 +181,10 @@ def main(argv: list[str] | None = None) -> None:
         verdict = "" if target is None else f"{target[0]}: {'met' if target[1] else 'MISSED'}"
         print(f"| {name} | {value:.3f} | {value / torch_s:.2f}x | {verdict} |")
     spread = {name: (min(v), max(v)) for name, v in samples.items()}
-    print("\nspread (min-max s): " + "; ".join(f"{n}: {lo:.2f}-{hi:.2f}" for n, (lo, hi) in spread.items()))
+    print(
+        "\nspread (min-max s): "
+        + "; ".join(f"{n}: {lo:.2f}-{hi:.2f}" for n, (lo, hi) in spread.items())
+    )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,25 @@ def _flat_fold(state: ModelState, flat: list[Any]) -> None:
     for fields, shape in R._walk(flat):
         kind = fields[0]
         if kind == "module_registered":
-            (_, _, _, parent_id, _, name, child_id, child_cls, parent_cls, code, line, attached,
-             parent_code, parent_line, parent_attached, adopted, _) = fields
+            (
+                _,
+                _,
+                _,
+                parent_id,
+                _,
+                name,
+                child_id,
+                child_cls,
+                parent_cls,
+                code,
+                line,
+                attached,
+                parent_code,
+                parent_line,
+                parent_attached,
+                adopted,
+                _,
+            ) = fields
             parent = node(parent_id, parent_cls)
             if parent.source is None and parent_code is not R.ABSENT and parent_code is not None:
                 parent.source = R._site(parent_code, parent_line, parent_attached)
@@ -45,8 +62,27 @@ def _flat_fold(state: ModelState, flat: list[Any]) -> None:
                 if child.source is None and not adopted:
                     child.source = R._site(code, line, attached)
             continue
-        (_, _, _, module_id, tensor_id, name, module_cls, dtype, device, _lazy, flag, code, line,
-         module_code, module_line, module_attached, _, _, _) = fields
+        (
+            _,
+            _,
+            _,
+            module_id,
+            tensor_id,
+            name,
+            module_cls,
+            dtype,
+            device,
+            _lazy,
+            flag,
+            code,
+            line,
+            module_code,
+            module_line,
+            module_attached,
+            _,
+            _,
+            _,
+        ) = fields
         module = node(module_id, module_cls)
         if module.source is None and module_code is not R.ABSENT and module_code is not None:
             module.source = R._site(module_code, module_line, module_attached)
@@ -94,7 +130,15 @@ def main() -> None:
         state = ModelState()
         for batch in records:
             for kind, _, _, module_id, tensor_id, payload in batch:
-                apply(state, {"kind": kind, "module_id": module_id, "tensor_id": tensor_id, "payload": payload})
+                apply(
+                    state,
+                    {
+                        "kind": kind,
+                        "module_id": module_id,
+                        "tensor_id": tensor_id,
+                        "payload": payload,
+                    },
+                )
 
     rows: dict[str, Callable[[], None]] = {
         "flat fold (before)": lambda: [_flat_fold(ModelState(), b) for b in batches] and None,

@@ -59,17 +59,38 @@ def commands(store: str, scratch: str) -> dict[str, list[str]]:
         "auditlog verify": [*cli, "verify", "--store", store],
         "auditlog tree": [*cli, "tree", "--store", store],
         "auditlog restore -o end.safetensors": [
-            *cli, "restore", "--store", store, "--force", "-o", str(Path(scratch) / "end.safetensors")],
+            *cli,
+            "restore",
+            "--store",
+            store,
+            "--force",
+            "-o",
+            str(Path(scratch) / "end.safetensors"),
+        ],
         'python -c "import torch"': [sys.executable, "-c", "import torch"],
-        "auditlog restore -o end.pt": [*cli, "restore", "--store", store, "--force", "-o", str(Path(scratch) / "end.pt")],
+        "auditlog restore -o end.pt": [
+            *cli,
+            "restore",
+            "--store",
+            store,
+            "--force",
+            "-o",
+            str(Path(scratch) / "end.pt"),
+        ],
     }
 
 
-TARGETS = {"auditlog verify": TARGET_S, "auditlog tree": TARGET_S, "auditlog restore -o end.safetensors": TARGET_S}
+TARGETS = {
+    "auditlog verify": TARGET_S,
+    "auditlog tree": TARGET_S,
+    "auditlog restore -o end.safetensors": TARGET_S,
+}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeat", type=int, default=5, help="rounds (median reported)")
     args = parser.parse_args(argv)
     env = {k: v for k, v in os.environ.items() if k not in ("AUDITLOG_STORE", "AUDITLOG_KEY")}
@@ -78,9 +99,17 @@ def main(argv: list[str] | None = None) -> None:
         script = Path(scratch) / "wide.py"
         script.write_text(SCRIPT)
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "auditlog.cli.main", "run", "--store", store, str(script)],
-                       env=env, cwd=scratch, check=True, capture_output=True)
-        print(f"recorded 2,500 x Linear(8,8)+Tanh, 3 steps, in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+        subprocess.run(
+            [sys.executable, "-m", "auditlog.cli.main", "run", "--store", store, str(script)],
+            env=env,
+            cwd=scratch,
+            check=True,
+            capture_output=True,
+        )
+        print(
+            f"recorded 2,500 x Linear(8,8)+Tanh, 3 steps, in {time.perf_counter() - start:.1f} s",
+            file=sys.stderr,
+        )
         rows = commands(store, scratch)
         for argv_ in rows.values():  # warm the disk cache (and the read model) once
             timed(argv_, env, scratch)
@@ -89,15 +118,19 @@ def main(argv: list[str] | None = None) -> None:
             for name, argv_ in rows.items():
                 samples[name].append(timed(argv_, env, scratch))
     base = statistics.median(samples["python -c pass"])
-    print(f"\n5,000-module record: wall time per command, median of {args.repeat} rounds "
-          f"(python {sys.version.split()[0]})\n")
+    print(
+        f"\n5,000-module record: wall time per command, median of {args.repeat} rounds "
+        f"(python {sys.version.split()[0]})\n"
+    )
     print("| command | seconds | minus `python -c pass` | / target | target |")
     print("|---|---:|---:|---:|---|")
     for name, values in samples.items():
         median = statistics.median(values)
         target = TARGETS.get(name)
         ratio = "" if target is None else f"{median / target:.2f}"
-        verdict = "" if target is None else f"<= {target} s: {'met' if median <= target else 'MISSED'}"
+        verdict = (
+            "" if target is None else f"<= {target} s: {'met' if median <= target else 'MISSED'}"
+        )
         print(f"| {name} | {median:.3f} | {median - base:+.3f} | {ratio} | {verdict} |")
     print("\n(figures from a loaded machine need a quiet rerun)")
 

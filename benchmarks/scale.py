@@ -170,7 +170,11 @@ def train(workload: Workload, preset: str | None, warmup: int, steps: int) -> Ru
     torch.manual_seed(0)
     batch = workload.batch()
     with tempfile.TemporaryDirectory(prefix="auditlog-scale-") as scratch:
-        recording = None if preset is None else auditlog.record(Path(scratch) / "store", **record_options(preset))
+        recording = (
+            None
+            if preset is None
+            else auditlog.record(Path(scratch) / "store", **record_options(preset))
+        )
         with recording if recording is not None else contextlib.nullcontext():
             began = time.perf_counter()
             model = workload.build()
@@ -220,7 +224,9 @@ def _gc_timer() -> Iterator[dict[str, float]]:
         gc.callbacks.remove(callback)
 
 
-def measure(workload: Workload, rounds: int, warmup: int, steps: int, seed: int, debug_steps: int) -> dict[str, Row]:
+def measure(
+    workload: Workload, rounds: int, warmup: int, steps: int, seed: int, debug_steps: int
+) -> dict[str, Row]:
     rows = {name: Row() for name in ("bare", *PRESETS)}
     rng = random.Random(seed)
     order = list(PRESETS)
@@ -240,7 +246,10 @@ def measure(workload: Workload, rounds: int, warmup: int, steps: int, seed: int,
             row.build_ratios.append(run.build / ((before.build + after.build) / 2))
             row.first_ratios.append(run.first / ((before.first + after.first) / 2))
             before = after
-        print(f"  {workload.name}: round {number + 1}/{rounds} took {time.perf_counter() - began:.1f}s", file=sys.stderr)
+        print(
+            f"  {workload.name}: round {number + 1}/{rounds} took {time.perf_counter() - began:.1f}s",
+            file=sys.stderr,
+        )
     return rows
 
 
@@ -253,10 +262,16 @@ def measure_builds(workload: Workload, presets: tuple[str, ...]) -> dict[str, fl
 
     def build(preset: str | None, phase: int) -> float:
         with tempfile.TemporaryDirectory(prefix="auditlog-scale-") as scratch:
-            recording = None if preset is None else auditlog.record(Path(scratch) / "store", **record_options(preset))
+            recording = (
+                None
+                if preset is None
+                else auditlog.record(Path(scratch) / "store", **record_options(preset))
+            )
             with recording if recording is not None else contextlib.nullcontext():
                 gc.collect()
-                ballast: list[list[int]] = [[] for _ in range(phase)]  # tracked, alive through the build
+                ballast: list[list[int]] = [
+                    [] for _ in range(phase)
+                ]  # tracked, alive through the build
                 began = time.perf_counter()
                 model = workload.build()
                 elapsed = time.perf_counter() - began
@@ -275,7 +290,11 @@ def measure_builds(workload: Workload, presets: tuple[str, ...]) -> dict[str, fl
 
 
 def report(
-    workload: Workload, rows: dict[str, Row], args: argparse.Namespace, command: str, builds: dict[str, float]
+    workload: Workload,
+    rows: dict[str, Row],
+    args: argparse.Namespace,
+    command: str,
+    builds: dict[str, float],
 ) -> None:
     targets = TARGETS.get(workload.name, {})
     print(f"\n## {workload.name}: {workload.description}")
@@ -307,10 +326,14 @@ def report(
             continue
         ratio = statistics.median(row.mean_ratios)
         target = targets.get(name)
-        verdict = "" if target is None else f"<= {target:.2f} {'met' if ratio <= target else 'MISSED'}"
+        verdict = (
+            "" if target is None else f"<= {target:.2f} {'met' if ratio <= target else 'MISSED'}"
+        )
         phased = builds[name]
         build_note = (
-            f" ({'met' if phased <= BUILD_TARGET else 'MISSED'} <= {BUILD_TARGET})" if workload.name in TARGETS else ""
+            f" ({'met' if phased <= BUILD_TARGET else 'MISSED'} <= {BUILD_TARGET})"
+            if workload.name in TARGETS
+            else ""
         )
         print(
             f"| {name} | {mean:.1f} | {ratio:.2f} | {verdict} | {statistics.median(row.step_ratios):.2f} "
@@ -324,7 +347,10 @@ def warm_up() -> None:
     modules) before anything is timed, so they count against no row."""
     model = nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with tempfile.TemporaryDirectory() as scratch, auditlog.record(Path(scratch) / "s", **record_options("debug")):
+    with (
+        tempfile.TemporaryDirectory() as scratch,
+        auditlog.record(Path(scratch) / "s", **record_options("debug")),
+    ):
         inner = nn.Linear(2, 2)
         opt = torch.optim.SGD(inner.parameters(), lr=0.1)
         inner(torch.randn(1, 2)).sum().backward()
@@ -334,20 +360,31 @@ def warm_up() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--models", default="wide,gpt2", help="comma-separated: wide, gpt2")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
-        "--steps", type=int, default=100,
+        "--steps",
+        type=int,
+        default=100,
         help="timed steps per run (default: one whole period of audit's activity sampling, every 100th step)",
     )
     parser.add_argument(
-        "--debug-steps", type=int, default=10, help="timed steps of a debug run (every step is sampled there)"
+        "--debug-steps",
+        type=int,
+        default=10,
+        help="timed steps of a debug run (every step is sampled there)",
     )
-    parser.add_argument("--warmup", type=int, default=5, help="steps after the first, before the drain")
+    parser.add_argument(
+        "--warmup", type=int, default=5, help="steps after the first, before the drain"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="one round, 10 timed steps, 3 warm-up steps")
+    parser.add_argument(
+        "--quick", action="store_true", help="one round, 10 timed steps, 3 warm-up steps"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.steps, args.debug_steps, args.warmup = 1, 10, 3, 3
@@ -360,7 +397,9 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 import transformers  # noqa: F401
             except ImportError:
-                print("\n## gpt2: skipped (transformers is not installed: pip install -e '.[bench]')")
+                print(
+                    "\n## gpt2: skipped (transformers is not installed: pip install -e '.[bench]')"
+                )
                 continue
         rows = measure(workload, args.rounds, args.warmup, args.steps, args.seed, args.debug_steps)
         builds = measure_builds(workload, PRESETS)

@@ -93,10 +93,14 @@ def child(row: str, gib: float, steps: int) -> dict[str, object]:
 def _run(row: str, gib: float, steps: int) -> list[float]:
     done = subprocess.run(
         [sys.executable, __file__, "--child", row, "--gib", str(gib), "--steps", str(steps)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if done.returncode != 0:
-        raise SystemExit(f"{row}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+        raise SystemExit(
+            f"{row}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
+        )
     return list(json.loads(done.stdout.strip().splitlines()[-1])["times"])
 
 
@@ -118,12 +122,16 @@ def report(gib: float, steps: int, rounds: int) -> None:
     print("| row | training waits per snapshot (median) | vs fresh buffers | vs torch.save |")
     print("|---|---:|---:|---:|")
     for row, wait in waits.items():
-        print(f"| {row} | {wait:.3f} s | {wait / waits['fresh buffers']:.2f}x | {wait / save:.2f}x |")
+        print(
+            f"| {row} | {wait:.3f} s | {wait / waits['fresh buffers']:.2f}x | {wait / save:.2f}x |"
+        )
     print(f"| torch.save (the whole checkpoint, for scale) | {save:.3f} s | | 1.00x |")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--gib", type=float, default=0.5, help="state size in GiB")
     parser.add_argument("--steps", type=int, default=12, help="snapshots timed per process")
     parser.add_argument("--rounds", type=int, default=3)

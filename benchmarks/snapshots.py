@@ -82,7 +82,9 @@ def _warm(gib: float) -> None:
     del block
 
 
-def write_child(method: str, gib: float, out: Path, warm: float, periodic: bool = False) -> dict[str, float]:
+def write_child(
+    method: str, gib: float, out: Path, warm: float, periodic: bool = False
+) -> dict[str, float]:
     """One write of ``method`` (``--periodic``: the second of two, the state changed in
     between, as in a run that snapshots or checkpoints every N steps)."""
     # Every method's modules imported before the baseline: pyarrow alone adds ~70 MiB of
@@ -99,7 +101,9 @@ def write_child(method: str, gib: float, out: Path, warm: float, periodic: bool 
     nbytes = sum(t.numel() * t.element_size() for t in state.values())  # type: ignore[attr-defined]
     durable = method.endswith(DURABLE)
     method = method.removesuffix(DURABLE)
-    buffers = HostBuffers()  # what a recording keeps between periodic snapshots (capture/hostbuffers.py)
+    buffers = (
+        HostBuffers()
+    )  # what a recording keeps between periodic snapshots (capture/hostbuffers.py)
     if periodic:
         (out / "first").mkdir()
         _write_once(method, state, out / "first", durable, buffers)
@@ -109,16 +113,26 @@ def write_child(method: str, gib: float, out: Path, warm: float, periodic: bool 
     start = time.perf_counter()
     copied, copy_cpu = _write_once(method, state, out, durable, buffers)
     elapsed, cpu = time.perf_counter() - start, _cpu() - cpu0
-    disk = sum(p.stat().st_size for p in out.rglob("*") if p.is_file() and p.relative_to(out).parts[0] != "first")
+    disk = sum(
+        p.stat().st_size
+        for p in out.rglob("*")
+        if p.is_file() and p.relative_to(out).parts[0] != "first"
+    )
     return {
         # a warmed (or periodic) process's peak is the warming block (or the first write): no figure then
-        "seconds": elapsed, "cpu": cpu, "bytes": nbytes, "disk": disk,
+        "seconds": elapsed,
+        "cpu": cpu,
+        "bytes": nbytes,
+        "disk": disk,
         "extra_rss": -1 if warm or periodic else _rss() - base,
-        "copy_seconds": copied - start, "copy_cpu": copy_cpu - cpu0,
+        "copy_seconds": copied - start,
+        "copy_cpu": copy_cpu - cpu0,
     }
 
 
-def _write_once(method: str, state: dict[str, object], out: Path, durable: bool, buffers: object) -> tuple[float, float]:
+def _write_once(
+    method: str, state: dict[str, object], out: Path, durable: bool, buffers: object
+) -> tuple[float, float]:
     """Write ``state`` into ``out``; returns when the host copies were done (auditlog) and the CPU time then."""
     import torch
     from safetensors.torch import save_file
@@ -135,14 +149,19 @@ def _write_once(method: str, state: dict[str, object], out: Path, durable: bool,
         copied, copy_cpu = time.perf_counter(), _cpu()
         with BlobWriter(SnapshotStore(out), durable=durable) as writer:
             writer.store(copies, lambda sha: False)  # type: ignore[arg-type]
-        buffers.give([copy for _, copy in copies])  # the writer is done: the next snapshot's buffers
+        buffers.give(
+            [copy for _, copy in copies]
+        )  # the writer is done: the next snapshot's buffers
         del copies
     elif method == "torch.save":
         torch.save(state, out / "state.pt")
     else:
         save_file(state, str(out / "state.safetensors"))  # type: ignore[arg-type]
     if durable and method != "auditlog":
-        for path in (next(p for p in out.iterdir() if p.is_file()), out):  # the file, then its directory entry
+        for path in (
+            next(p for p in out.iterdir() if p.is_file()),
+            out,
+        ):  # the file, then its directory entry
             fd = os.open(path, os.O_RDONLY)
             os.fsync(fd)
             os.close(fd)
@@ -175,7 +194,10 @@ def read_child(method: str, out: Path) -> dict[str, float]:
     start = time.perf_counter()
     if method == "auditlog":
         files = SnapshotStore(out / "snapshots")
-        loaded = {sha: files.read_verified(sha, sha[:8]) for sha in json.loads((out / "hashes.json").read_text())}
+        loaded = {
+            sha: files.read_verified(sha, sha[:8])
+            for sha in json.loads((out / "hashes.json").read_text())
+        }
     elif method == "torch.load":
         loaded = torch.load(out / "state.pt")
     else:
@@ -184,7 +206,13 @@ def read_child(method: str, out: Path) -> dict[str, float]:
     touched = sum(int(t.reshape(-1).view(torch.uint8)[::4096].sum()) for t in loaded.values())
     elapsed, cpu = time.perf_counter() - start, _cpu() - cpu
     nbytes = sum(t.numel() * t.element_size() for t in loaded.values())
-    return {"seconds": elapsed, "cpu": cpu, "bytes": nbytes, "extra_rss": _rss() - base, "touched": touched}
+    return {
+        "seconds": elapsed,
+        "cpu": cpu,
+        "bytes": nbytes,
+        "extra_rss": _rss() - base,
+        "touched": touched,
+    }
 
 
 def _evict(root: Path) -> None:
@@ -208,7 +236,9 @@ def _rate(result: dict[str, float]) -> float:
 
 
 def _run(*args: str) -> dict[str, float]:
-    done = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         raise SystemExit(f"child {args} failed:\n{done.stderr}")
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -235,37 +265,70 @@ def _rotated(methods: tuple[str, ...], turn: int) -> tuple[str, ...]:
 def report(gib: float, where: str | None, rounds: int, warm: float, periodic: bool) -> None:
     writes: dict[str, dict[str, float]] = {}
     reads: dict[str, dict[str, float]] = {}
-    for turn in range(rounds):  # methods interleaved, so a slow spell of the machine hits all of them
+    for turn in range(
+        rounds
+    ):  # methods interleaved, so a slow spell of the machine hits all of them
         order = _rotated(WRITES, turn)
         for method in (*order, *(m + DURABLE for m in order)):
             with tempfile.TemporaryDirectory(prefix="auditlog-snapbench-", dir=where) as out:
                 result = _run(
-                    "--child", f"write:{method}", "--gib", str(gib), "--out", out, "--warm", str(warm),
+                    "--child",
+                    f"write:{method}",
+                    "--gib",
+                    str(gib),
+                    "--out",
+                    out,
+                    "--warm",
+                    str(warm),
                     *(["--periodic"] if periodic else []),
                 )
                 _best(writes, method, result)
-                if method.startswith("auditlog"):  # the writer's part alone (the training thread has gone on)
+                if method.startswith(
+                    "auditlog"
+                ):  # the writer's part alone (the training thread has gone on)
                     writer = method.replace("auditlog", WRITER, 1)
-                    _best(writes, writer, {
-                        **result, "seconds": result["seconds"] - result["copy_seconds"],
-                        "cpu": result["cpu"] - result["copy_cpu"],
-                    })
+                    _best(
+                        writes,
+                        writer,
+                        {
+                            **result,
+                            "seconds": result["seconds"] - result["copy_seconds"],
+                            "cpu": result["cpu"] - result["copy_cpu"],
+                        },
+                    )
     with tempfile.TemporaryDirectory(prefix="auditlog-snapbench-", dir=where) as out:
         _run("--child", "prepare", "--gib", str(gib), "--out", out)
         for turn in range(rounds):
             for method in _rotated(READS, turn):
                 _evict(Path(out))
-                _best(reads, method + COLD, _run("--child", f"read:{method}", "--gib", str(gib), "--out", out))
-                _best(reads, method, _run("--child", f"read:{method}", "--gib", str(gib), "--out", out))
+                _best(
+                    reads,
+                    method + COLD,
+                    _run("--child", f"read:{method}", "--gib", str(gib), "--out", out),
+                )
+                _best(
+                    reads,
+                    method,
+                    _run("--child", f"read:{method}", "--gib", str(gib), "--out", out),
+                )
     gb = writes["torch.save"]["bytes"] / (1 << 30)
-    warmed = f"; every write process first touched {warm:g}x that much memory (--warm)" if warm else ""
+    warmed = (
+        f"; every write process first touched {warm:g}x that much memory (--warm)" if warm else ""
+    )
     if periodic:
         warmed += "; the second write of each process, the state changed in between (--periodic)"
-    print(f"\nstate_dict of {gb:.2f} GiB (one {gib:g} GiB float32 parameter + 64 small); best of {rounds} rounds{warmed}")
-    for suffix, title in (("", "into the page cache"), (DURABLE, "durable: fsynced before returning")):
+    print(
+        f"\nstate_dict of {gb:.2f} GiB (one {gib:g} GiB float32 parameter + 64 small); best of {rounds} rounds{warmed}"
+    )
+    for suffix, title in (
+        ("", "into the page cache"),
+        (DURABLE, "durable: fsynced before returning"),
+    ):
         torch_rate = _rate(writes["torch.save" + suffix])
         safe_rate = _rate(writes["safetensors" + suffix])
-        print(f"| write, {title} | GB/s | vs torch.save | vs safetensors | CPU s/GiB | peak extra RSS | on disk |")
+        print(
+            f"| write, {title} | GB/s | vs torch.save | vs safetensors | CPU s/GiB | peak extra RSS | on disk |"
+        )
         print("|---|---:|---:|---:|---:|---:|---:|")
         for method in (WRITES[0], WRITER, *WRITES[1:]):
             r = writes[method + suffix]
@@ -275,9 +338,18 @@ def report(gib: float, where: str | None, rounds: int, warm: float, periodic: bo
                 f"| {r['cpu'] / (r['bytes'] / (1 << 30)):.2f} "
                 f"| {_mib(r['extra_rss'])} | {r['disk'] / (1 << 30):.2f} GiB |"
             )
-    for suffix, title in (("", "from the page cache"), (COLD, "cold: files evicted from the page cache")):
-        base, safe = reads["torch.load" + suffix]["seconds"], reads["safetensors" + suffix]["seconds"]
-        print(f"| restore, {title} | GB/s | time vs torch.load | time vs safetensors | CPU s/GiB | peak extra RSS (result included) |")
+    for suffix, title in (
+        ("", "from the page cache"),
+        (COLD, "cold: files evicted from the page cache"),
+    ):
+        base, safe = (
+            reads["torch.load" + suffix]["seconds"],
+            reads["safetensors" + suffix]["seconds"],
+        )
+        print(
+            f"| restore, {title} | GB/s | time vs torch.load | time vs safetensors | CPU s/GiB "
+            "| peak extra RSS (result included) |"
+        )
         print("|---|---:|---:|---:|---:|---:|")
         for method in READS:
             r = reads[method + suffix]
@@ -288,23 +360,38 @@ def report(gib: float, where: str | None, rounds: int, warm: float, periodic: bo
             )
     copy = writes["auditlog"]["bytes"]
     if not (warm or periodic):
-        print(f"auditlog write: peak extra RSS - one host copy = {(writes['auditlog']['extra_rss'] - copy) / (1 << 20):.0f} MiB "
-              "(target <= 64 MiB)")
+        print(
+            "auditlog write: peak extra RSS - one host copy = "
+            f"{(writes['auditlog']['extra_rss'] - copy) / (1 << 20):.0f} MiB "
+            "(target <= 64 MiB)"
+        )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--gib", default="0.5,2", help="state_dict sizes in GiB, comma-separated")
-    parser.add_argument("--dir", default=None, help="where the files are written (default: the system's temp dir)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds, methods interleaved; each method's best is shown")
     parser.add_argument(
-        "--warm", type=float, default=0.0,
+        "--dir", default=None, help="where the files are written (default: the system's temp dir)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds, methods interleaved; each method's best is shown",
+    )
+    parser.add_argument(
+        "--warm",
+        type=float,
+        default=0.0,
         help="each write process first touches and frees this many times the state's size (0: off). On a VM "
         "whose free memory the host backs lazily, the first touch of a page costs several times a write; a "
         "snapshot touches one host copy more than torch.save, so this shows the write without that effect",
     )
     parser.add_argument(
-        "--periodic", action="store_true",
+        "--periodic",
+        action="store_true",
         help="time each method's second write in its process, the state changed in between: the steady state "
         "of a run that snapshots (or checkpoints) every N steps, where a snapshot's host copy goes into the "
         "last one's buffers",
@@ -320,7 +407,8 @@ def main() -> None:
             return
         kind, method = args.child.split(":", 1)
         result = (
-            write_child(method, float(args.gib), out, args.warm, args.periodic) if kind == "write"
+            write_child(method, float(args.gib), out, args.warm, args.periodic)
+            if kind == "write"
             else read_child(method, out)
         )
         print(json.dumps(result))

@@ -71,13 +71,17 @@ def timed(argv: list[str], env: dict[str, str], cwd: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeat", type=int, default=7, help="rounds (median reported)")
     args = parser.parse_args(argv)
     env = {k: v for k, v in os.environ.items() if k not in ("AUDITLOG_STORE", "AUDITLOG_KEY")}
     with tempfile.TemporaryDirectory(prefix="auditlog-startup-") as scratch:
         store = str(Path(scratch) / "store")
-        subprocess.run([sys.executable, "-c", RECORD.format(store=store)], env=env, cwd=scratch, check=True)
+        subprocess.run(
+            [sys.executable, "-c", RECORD.format(store=store)], env=env, cwd=scratch, check=True
+        )
         rows = commands(store)
         for argv_ in rows.values():  # warm the disk cache and the read model once
             timed(argv_, env, scratch)
@@ -86,13 +90,17 @@ def main(argv: list[str] | None = None) -> None:
             for name, argv_ in rows.items():
                 samples[name].append(timed(argv_, env, scratch))
     base = statistics.median(samples["python -c pass"])
-    print(f"\nwall time per command, median of {args.repeat} rounds (python {sys.version.split()[0]})\n")
+    print(
+        f"\nwall time per command, median of {args.repeat} rounds (python {sys.version.split()[0]})\n"
+    )
     print("| command | seconds | minus `python -c pass` | target |")
     print("|---|---:|---:|---|")
     for name, values in samples.items():
         median = statistics.median(values)
         target = TARGETS.get(name)
-        verdict = "" if target is None else f"<= {target} s: {'met' if median <= target else 'MISSED'}"
+        verdict = (
+            "" if target is None else f"<= {target} s: {'met' if median <= target else 'MISSED'}"
+        )
         print(f"| {name} | {median:.3f} | {median - base:+.3f} | {verdict} |")
 
 

@@ -41,7 +41,18 @@ from torch import nn
 import auditlog
 from auditlog.core.chain import canonical_row, genesis_hash, link_hash
 
-COLUMNS = ["run_id", "stream", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id", "snapshot", "payload"]
+COLUMNS = [
+    "run_id",
+    "stream",
+    "seq",
+    "ts_ns",
+    "kind",
+    "step",
+    "module_id",
+    "tensor_id",
+    "snapshot",
+    "payload",
+]
 
 
 def record_small(store: Path) -> str:
@@ -62,10 +73,13 @@ def clone_runs(store: Path, source: str, copies: int) -> None:
     """``copies`` more runs: the source run's events under new ids and names, chained afresh."""
     conn = sqlite3.connect(store / "events.db")
     conn.execute("PRAGMA synchronous=OFF")
-    events = conn.execute(f"SELECT {', '.join(COLUMNS)} FROM events WHERE run_id = ? ORDER BY stream, seq",
-                          [source]).fetchall()
-    index = conn.execute("SELECT name, started_ns, host, pid, proc_start, last_seen_ns FROM runs WHERE run_id = ?",
-                         [source]).fetchone()
+    events = conn.execute(
+        f"SELECT {', '.join(COLUMNS)} FROM events WHERE run_id = ? ORDER BY stream, seq", [source]
+    ).fetchall()
+    index = conn.execute(
+        "SELECT name, started_ns, host, pid, proc_start, last_seen_ns FROM runs WHERE run_id = ?",
+        [source],
+    ).fetchone()
     for n in range(1, copies + 1):
         run_id, shift = uuid.uuid4().hex, n * 1_000_000_000
         rows, prev = [], ""
@@ -77,10 +91,22 @@ def clone_runs(store: Path, source: str, copies: int) -> None:
                 prev = genesis_hash(run_id, int(fields["stream"]))
             prev = link_hash(prev, canonical_row(fields))
             rows.append((*fields.values(), prev))
-        conn.executemany(f"INSERT INTO events ({', '.join(COLUMNS)}, hash) VALUES ({', '.join('?' * 11)})", rows)
-        conn.execute("INSERT INTO runs (run_id, name, started_ns, host, pid, proc_start, last_seen_ns) "
-                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                     (run_id, f"run-{n:04d}", index[1] + shift, index[2], index[3], index[4], index[5] + shift))
+        conn.executemany(
+            f"INSERT INTO events ({', '.join(COLUMNS)}, hash) VALUES ({', '.join('?' * 11)})", rows
+        )
+        conn.execute(
+            "INSERT INTO runs (run_id, name, started_ns, host, pid, proc_start, last_seen_ns) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                run_id,
+                f"run-{n:04d}",
+                index[1] + shift,
+                index[2],
+                index[3],
+                index[4],
+                index[5] + shift,
+            ),
+        )
     conn.commit()
     conn.close()
 
@@ -103,8 +129,12 @@ def record_wide(store: Path, layers: int) -> str:
 
 def serve(store: Path) -> tuple[subprocess.Popen[str], str]:
     env = {k: v for k, v in os.environ.items() if k != "AUDITLOG_STORE"}
-    server = subprocess.Popen([sys.executable, "-m", "auditlog.cli.main", "ui", "--store", str(store), "--port", "0"],
-                              stdout=subprocess.PIPE, text=True, env=env)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "auditlog.cli.main", "ui", "--store", str(store), "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     assert server.stdout is not None
     found = re.search(r"at (http://\S+/) ", server.stdout.readline())
     assert found, "auditlog ui did not start"
@@ -118,22 +148,31 @@ def fetch(url: str) -> tuple[float, int]:
     return time.perf_counter() - start, len(body)
 
 
-def measure(base: str, paths: list[tuple[str, str]], repeat: int) -> list[tuple[str, float, float, int]]:
+def measure(
+    base: str, paths: list[tuple[str, str]], repeat: int
+) -> list[tuple[str, float, float, int]]:
     out = []
     for label, path in paths:
         cold, size = fetch(base + path)
         warm = statistics.median(fetch(base + path)[0] for _ in range(repeat))
         out.append((label, cold, warm, size))
-        print(f"  {label:<44} cold {cold:7.3f} s   warm {warm:7.3f} s   {size / 1024:8.1f} KiB", flush=True)
+        print(
+            f"  {label:<44} cold {cold:7.3f} s   warm {warm:7.3f} s   {size / 1024:8.1f} KiB",
+            flush=True,
+        )
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1000)
-    parser.add_argument("--layers", type=int, default=2500, help="(Linear, Tanh) pairs of the wide model")
+    parser.add_argument(
+        "--layers", type=int, default=2500, help="(Linear, Tanh) pairs of the wide model"
+    )
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--keep", type=Path, default=None, help="build the stores here and keep them")
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="build the stores here and keep them"
+    )
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench-ui-"))
     try:
@@ -144,25 +183,44 @@ def main() -> None:
         server, base = serve(many)
         try:
             print(f"runs page, {args.runs} runs:")
-            measure(base, [("index.html", ""), ("/api/runs (first 100, newest first)", "api/runs"),
-                           ("/api/runs?sort=name&order=asc&offset=500", "api/runs?sort=name&order=asc&offset=500"),
-                           ("/api/runs?q=run-09 (filtered)", "api/runs?q=run-09"),
-                           ("/api/runs/latest (one run's facts)", "api/runs/latest")], args.repeat)
+            measure(
+                base,
+                [
+                    ("index.html", ""),
+                    ("/api/runs (first 100, newest first)", "api/runs"),
+                    (
+                        "/api/runs?sort=name&order=asc&offset=500",
+                        "api/runs?sort=name&order=asc&offset=500",
+                    ),
+                    ("/api/runs?q=run-09 (filtered)", "api/runs?q=run-09"),
+                    ("/api/runs/latest (one run's facts)", "api/runs/latest"),
+                ],
+                args.repeat,
+            )
         finally:
             server.terminate()
             server.wait(timeout=30)
         start = time.perf_counter()
         wide_id = record_wide(wide, args.layers)
-        print(f"{2 * args.layers}-module run recorded in {time.perf_counter() - start:.1f} s", flush=True)
+        print(
+            f"{2 * args.layers}-module run recorded in {time.perf_counter() - start:.1f} s",
+            flush=True,
+        )
         server, base = serve(wide)
         try:
             print(f"run page, {2 * args.layers} modules:")
             run = f"api/runs/{wide_id}"
-            measure(base, [("/api/runs/RUN (summary, finding, snapshots)", run),
-                           ("/api/runs/RUN/tree (the end)", run + "/tree"),
-                           ("/api/runs/RUN/tree?step=1 (slider)", run + "/tree?step=1"),
-                           ("/api/runs/RUN/curves", run + "/curves"),
-                           ("/api/runs/RUN/verify", run + "/verify")], args.repeat)
+            measure(
+                base,
+                [
+                    ("/api/runs/RUN (summary, finding, snapshots)", run),
+                    ("/api/runs/RUN/tree (the end)", run + "/tree"),
+                    ("/api/runs/RUN/tree?step=1 (slider)", run + "/tree?step=1"),
+                    ("/api/runs/RUN/curves", run + "/curves"),
+                    ("/api/runs/RUN/verify", run + "/verify"),
+                ],
+                args.repeat,
+            )
         finally:
             server.terminate()
             server.wait(timeout=30)

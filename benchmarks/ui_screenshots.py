@@ -27,15 +27,22 @@ from torch.utils.data import DataLoader, TensorDataset
 import auditlog
 
 
-def record(store: Path, name: str, activation: type[nn.Module], nan_at: int | None = None,
-           grow_at: int | None = None) -> str:
+def record(
+    store: Path,
+    name: str,
+    activation: type[nn.Module],
+    nan_at: int | None = None,
+    grow_at: int | None = None,
+) -> str:
     with auditlog.record(store, name=name, snapshot_every=4) as run:
         run.annotate("dataset", name="blobs", licence="CC-BY-4.0", source="generated in the script")
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(4, 16), activation(), nn.Linear(16, 3))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         blobs = TensorDataset(torch.randn(384, 4), torch.randint(0, 3, (384,)))
-        loader = DataLoader(blobs, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(1))
+        loader = DataLoader(
+            blobs, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(1)
+        )
         for step, (x, y) in enumerate(loader):  # 12 batches: the data section's coverage is 100%
             if step == grow_at:
                 model.add_module("head", nn.Identity())
@@ -65,15 +72,21 @@ def main() -> None:
         record(store, "tanh-lr0.1", nn.Tanh)
         nan_id = record(store, "nan-at-step-3", nn.ReLU, nan_at=3)
         env = {k: v for k, v in os.environ.items() if k != "AUDITLOG_STORE"}
-        server = subprocess.Popen([sys.executable, "-m", "auditlog.cli.main", "ui", "--store", str(store),
-                                   "--port", "0"], stdout=subprocess.PIPE, text=True, env=env)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "auditlog.cli.main", "ui", "--store", str(store), "--port", "0"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         assert server.stdout is not None
         found = re.search(r"at (http://\S+/) ", server.stdout.readline())
         assert found
         url = found.group(1)
         try:
             with sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+                browser = playwright.chromium.launch(
+                    executable_path=chromium, args=["--no-sandbox", "--disable-gpu"]
+                )
                 page = browser.new_page(viewport={"width": 1100, "height": 760})
                 page.goto(url)
                 page.locator("#runs tbody tr").nth(2).wait_for()
@@ -84,7 +97,9 @@ def main() -> None:
                 page.locator('.chart[data-title="Loss"] .nonfinite-mark').wait_for()
                 page.locator("#verdict").wait_for()
                 page.set_viewport_size({"width": 1100, "height": 1000})
-                page.evaluate("document.getElementById('integrity').scrollIntoView()")  # CDP, not eval in the page
+                page.evaluate(
+                    "document.getElementById('integrity').scrollIntoView()"
+                )  # CDP, not eval in the page
                 page.wait_for_timeout(200)
                 page.screenshot(path=str(args.out / "run.png"))
                 page.evaluate("document.getElementById('data').scrollIntoView()")
@@ -95,8 +110,11 @@ def main() -> None:
                 page.wait_for_timeout(200)
                 page.screenshot(path=str(args.out / "compare.png"), full_page=True)
                 page.goto(url + "#/query")
-                page.fill("#sql", "select r.name, max(s.grad_norm) as max_grad_norm, count(*) as rows\n"
-                                  "from steps s join runs r using (run_id) group by r.name order by r.name")
+                page.fill(
+                    "#sql",
+                    "select r.name, max(s.grad_norm) as max_grad_norm, count(*) as rows\n"
+                    "from steps s join runs r using (run_id) group by r.name order by r.name",
+                )
                 page.click("#run-query")
                 page.locator("#result table").wait_for()
                 page.screenshot(path=str(args.out / "query.png"))
@@ -105,7 +123,9 @@ def main() -> None:
             server.terminate()
             server.wait(timeout=30)
     for name in ("runs", "run", "run-data", "compare", "query"):
-        print(f"wrote {args.out / (name + '.png')} ({(args.out / (name + '.png')).stat().st_size // 1024} KiB)")
+        print(
+            f"wrote {args.out / (name + '.png')} ({(args.out / (name + '.png')).stat().st_size // 1024} KiB)"
+        )
 
 
 if __name__ == "__main__":

@@ -51,14 +51,32 @@ TARGET_RATE = 300_000  # issue 16: verify of a 1M-event run at >= 300k events/s
 
 
 def _rows(n: int) -> list[dict[str, object]]:
-    step_payload = canonical_payload({
-        "optimizer_id": 1, "optimizer_class": "torch.optim.adamw.AdamW", "optimizer_step": 1,
-        "param_groups": [{"lr": 0.001, "betas": [0.9, 0.999], "weight_decay": 0.01, "params": list(range(1, 9))}],
-        "tensor_ids": list(range(1, 9)), "grad_norm": [0.125] * 8, "update_norm": [0.001] * 8,
-        "param_norm": [3.5] * 8, "nonfinite_grads": 0,
-    })
-    note = canonical_payload({"key": "dataset", "fields": {"name": "clean-data", "sha256": "0" * 64}})
-    started = canonical_payload({"name": "bench", "world_size": 1, "rank": 0, "host": "bench", "pid": 1})
+    step_payload = canonical_payload(
+        {
+            "optimizer_id": 1,
+            "optimizer_class": "torch.optim.adamw.AdamW",
+            "optimizer_step": 1,
+            "param_groups": [
+                {
+                    "lr": 0.001,
+                    "betas": [0.9, 0.999],
+                    "weight_decay": 0.01,
+                    "params": list(range(1, 9)),
+                }
+            ],
+            "tensor_ids": list(range(1, 9)),
+            "grad_norm": [0.125] * 8,
+            "update_norm": [0.001] * 8,
+            "param_norm": [3.5] * 8,
+            "nonfinite_grads": 0,
+        }
+    )
+    note = canonical_payload(
+        {"key": "dataset", "fields": {"name": "clean-data", "sha256": "0" * 64}}
+    )
+    started = canonical_payload(
+        {"name": "bench", "world_size": 1, "rank": 0, "host": "bench", "pid": 1}
+    )
     rows: list[dict[str, object]] = []
     start = time.time_ns()  # just after the runs index row was written
     for seq in range(1, n + 1):
@@ -67,9 +85,20 @@ def _rows(n: int) -> list[dict[str, object]]:
             kind, payload = "run_started", started
         elif seq == n:
             kind, payload = "run_ended", canonical_payload({"status": "completed", "exit_code": 0})
-        rows.append({"run_id": RUN_ID, "stream": 0, "seq": seq, "ts_ns": start + seq,
-                     "kind": kind, "step": seq // 2, "module_id": None, "tensor_id": None, "snapshot": None,
-                     "payload": payload})
+        rows.append(
+            {
+                "run_id": RUN_ID,
+                "stream": 0,
+                "seq": seq,
+                "ts_ns": start + seq,
+                "kind": kind,
+                "step": seq // 2,
+                "module_id": None,
+                "tensor_id": None,
+                "snapshot": None,
+                "payload": payload,
+            }
+        )
     return rows
 
 
@@ -117,9 +146,13 @@ def main() -> None:
         half_tree = Frontier()
         for row in rows[:half]:
             half_tree.append(leaf_hash(canonical_row(row)))
-        mid = sign_heads(key, store_id(store), RUN_ID,
-                         [StreamHead(0, half, str(rows[half - 1]["hash"]), half_tree.root().hex(), False)],
-                         world_size=1)
+        mid = sign_heads(
+            key,
+            store_id(store),
+            RUN_ID,
+            [StreamHead(0, half, str(rows[half - 1]["hash"]), half_tree.root().hex(), False)],
+            world_size=1,
+        )
         del rows
         final = verify_run(store, RUN_ID, keys=ring, require_signed=False)
         checkpoint_head(store, key, RUN_ID, 0, final.tips[0], 1)
@@ -150,19 +183,29 @@ def main() -> None:
 
     rate = n / verify_s
     print(f"verify (chain + tree + signed heads + consistency), {n:,} events: {_rate(n, verify_s)}")
-    print(f"  target >= {TARGET_RATE:,} events/s: {rate / TARGET_RATE:.2f}x of target, "
-          f"{'met' if rate >= TARGET_RATE else 'MISSED'}")
-    print(f"  (split into two processes: {'yes' if split_auto else 'no, no core free or too short'})")
+    print(
+        f"  target >= {TARGET_RATE:,} events/s: {rate / TARGET_RATE:.2f}x of target, "
+        f"{'met' if rate >= TARGET_RATE else 'MISSED'}"
+    )
+    print(
+        f"  (split into two processes: {'yes' if split_auto else 'no, no core free or too short'})"
+    )
     print(f"  one process:   {_rate(n, forced[False])}")
-    print(f"  two processes: {_rate(n, forced[True])}  ({forced[False] / forced[True]:.2f}x one process; "
-          "a busy machine gives the child no core of its own)")
+    print(
+        f"  two processes: {_rate(n, forced[True])}  ({forced[False] / forced[True]:.2f}x one process; "
+        "a busy machine gives the child no core of its own)"
+    )
     print(f"  chain alone (canonical row + link hash):            {_rate(n, chain_s)}")
     print(f"  tree alone (canonical row + leaf hash + frontier):  {_rate(n, tree_s)}")
     print(f"  ratio verify / chain alone: {verify_s / chain_s:.2f}x")
-    print(f"inclusion proof of event {half:,}: {len(inclusion['audit_path'])} hashes, "
-          f"{len(json.dumps(inclusion))} bytes of JSON; made in {prove_s:.2f} s, checked in {check_s * 1000:.1f} ms")
-    print(f"consistency proof {half:,} -> {n:,}: {len(consistency['proof'])} hashes, "
-          f"{len(json.dumps(consistency))} bytes of JSON")
+    print(
+        f"inclusion proof of event {half:,}: {len(inclusion['audit_path'])} hashes, "
+        f"{len(json.dumps(inclusion))} bytes of JSON; made in {prove_s:.2f} s, checked in {check_s * 1000:.1f} ms"
+    )
+    print(
+        f"consistency proof {half:,} -> {n:,}: {len(consistency['proof'])} hashes, "
+        f"{len(json.dumps(consistency))} bytes of JSON"
+    )
     print("(figures from a loaded machine need a quiet rerun)")
 
 

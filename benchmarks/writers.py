@@ -49,7 +49,9 @@ def _payload(step: int) -> Any:
         optimizer_id=1,
         optimizer_class="torch.optim.adamw.AdamW",
         optimizer_step=step,
-        param_groups=[{"lr": 1e-3, "weight_decay": 0.01, "betas": [0.9, 0.999], "params": list(range(16))}],
+        param_groups=[
+            {"lr": 1e-3, "weight_decay": 0.01, "betas": [0.9, 0.999], "params": list(range(16))}
+        ],
         tensor_ids=list(range(16)),
         grad_norm=norms,
         update_norm=norms,
@@ -79,7 +81,9 @@ def _writer(
 
     name = "writers benchmark"
     opened = EventStore.open(resolve_store(store, snapshots or None), create=True)
-    static = static_metadata(name, None, {}, argv=["writers.py"], launch=Launch(rank=stream, world_size=world))
+    static = static_metadata(
+        name, None, {}, argv=["writers.py"], launch=Launch(rank=stream, world_size=world)
+    )
     static.update(segment=0, run_id_source="benchmark")
     opened.create_run(run_id, name, static["host"], os.getpid(), process_start_ticks(os.getpid()))
     buffer = RecordBuffer()
@@ -87,16 +91,32 @@ def _writer(
     buffer.put(("run_started", time.time_ns(), 0, None, None, static))
     writer.start()
     writer.flush()
-    records = [("optimizer_step", time.time_ns(), i, None, None, _payload(i)) for i in range(1, 257)]
+    records = [
+        ("optimizer_step", time.time_ns(), i, None, None, _payload(i)) for i in range(1, 257)
+    ]
     go.wait()
     start = time.perf_counter()
     for i in range(events):
         buffer.put(records[i % len(records)])
     writer.flush()
     end = time.perf_counter()
-    buffer.put(("run_ended", time.time_ns(), events, None, None, {
-        "status": "completed", "exit_code": 0, "exception": None, "signal": None, "steps": events, "dropped": 0,
-    }))
+    buffer.put(
+        (
+            "run_ended",
+            time.time_ns(),
+            events,
+            None,
+            None,
+            {
+                "status": "completed",
+                "exit_code": 0,
+                "exception": None,
+                "signal": None,
+                "steps": events,
+                "dropped": 0,
+            },
+        )
+    )
     writer.close()
     opened.close()
     out.put((stream, start, end, writer.written - 2, writer.dropped))  # the timed events only
@@ -107,7 +127,9 @@ def _round(target: str, stores: list[str], snapshots: str, events: int) -> dict[
     go, out = ctx.Event(), ctx.Queue()
     run_id = uuid.uuid4().hex
     procs = [
-        ctx.Process(target=_writer, args=(store, snapshots, run_id, rank, len(stores), events, go, out))
+        ctx.Process(
+            target=_writer, args=(store, snapshots, run_id, rank, len(stores), events, go, out)
+        )
         for rank, store in enumerate(stores)
     ]
     for proc in procs:
@@ -121,8 +143,14 @@ def _round(target: str, stores: list[str], snapshots: str, events: int) -> dict[
     end = max(r[2] for r in results)
     written = sum(r[3] for r in results)
     dropped = sum(r[4] for r in results)
-    return {"target": target, "writers": len(stores), "events": written, "dropped": dropped,
-            "seconds": end - start, "rate": written / (end - start)}
+    return {
+        "target": target,
+        "writers": len(stores),
+        "events": written,
+        "dropped": dropped,
+        "seconds": end - start,
+        "rate": written / (end - start),
+    }
 
 
 def _pg_database(admin: str) -> tuple[str, Any] | None:
@@ -147,7 +175,9 @@ def _pg_database(admin: str) -> tuple[str, Any] | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--events", type=int, default=20_000, help="events per writer")
     parser.add_argument("--writers", default="2,4,8", help="writer counts, comma-separated")
     parser.add_argument("--pg", default=PG_ADMIN, help="PostgreSQL admin URL (libpq form)")
@@ -163,7 +193,9 @@ def main() -> None:
             if pg is not None:
                 url, drop = pg
                 try:
-                    rows.append(_round("postgresql", [url] * n, str(work / "pg-snapshots"), args.events))
+                    rows.append(
+                        _round("postgresql", [url] * n, str(work / "pg-snapshots"), args.events)
+                    )
                 finally:
                     drop()
             shards = [str(work / "store" / "shards" / f"rank{r}") for r in range(n)]
@@ -178,16 +210,27 @@ def main() -> None:
             assert report.ok and report.events_added == expected, ("combine lost events", report)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"{'target':<15} {'writers':>7} {'events':>9} {'dropped':>7} {'seconds':>8} {'events/s':>10} {'combine s':>9}")
+    print(
+        f"{'target':<15} {'writers':>7} {'events':>9} {'dropped':>7} {'seconds':>8} {'events/s':>10} {'combine s':>9}"
+    )
     for row in rows:
         combine_s = f"{row['combine_s']:.2f}" if "combine_s" in row else ""
-        print(f"{row['target']:<15} {row['writers']:>7} {row['events']:>9} {row['dropped']:>7} "
-              f"{row['seconds']:>8.2f} {row['rate']:>10.0f} {combine_s:>9}")
+        print(
+            f"{row['target']:<15} {row['writers']:>7} {row['events']:>9} {row['dropped']:>7} "
+            f"{row['seconds']:>8.2f} {row['rate']:>10.0f} {combine_s:>9}"
+        )
     print("\nratio postgresql / sqlite-shards (events/s, same writers, same run of this script):")
     for n in counts:
-        pg_rate = next((r["rate"] for r in rows if r["target"] == "postgresql" and r["writers"] == n), None)
-        shard_rate = next(r["rate"] for r in rows if r["target"] == "sqlite-shards" and r["writers"] == n)
-        print(f"  {n} writers: " + (f"{pg_rate / shard_rate:.2f}" if pg_rate else "n/a (no PostgreSQL)"))
+        pg_rate = next(
+            (r["rate"] for r in rows if r["target"] == "postgresql" and r["writers"] == n), None
+        )
+        shard_rate = next(
+            r["rate"] for r in rows if r["target"] == "sqlite-shards" and r["writers"] == n
+        )
+        print(
+            f"  {n} writers: "
+            + (f"{pg_rate / shard_rate:.2f}" if pg_rate else "n/a (no PostgreSQL)")
+        )
 
 
 if __name__ == "__main__":

@@ -21,12 +21,30 @@ KEY_HELP = "Private key [default: $AUDITLOG_KEY or ~/.config/auditlog/signing_ke
 @click.command()
 @store_option
 @run_argument
-@click.option("--step", type=int, default=None, help="The step the model is from (default: the end of the run).")
-@click.option("--model", "model", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="The model file (.safetensors or a torch state_dict file) to attest.")
+@click.option(
+    "--step",
+    type=int,
+    default=None,
+    help="The step the model is from (default: the end of the run).",
+)
+@click.option(
+    "--model",
+    "model",
+    required=True,
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="The model file (.safetensors or a torch state_dict file) to attest.",
+)
 @click.option("--key", "key_path", default=None, metavar="PRIVATE", help=KEY_HELP)
-@click.option("-o", "--output", required=True, metavar="FILE", help="Write the envelope here, e.g. model.intoto.json.")
-def attest(store: str | None, run: str, step: int | None, model: Path, key_path: str | None, output: str) -> None:
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    metavar="FILE",
+    help="Write the envelope here, e.g. model.intoto.json.",
+)
+def attest(
+    store: str | None, run: str, step: int | None, model: Path, key_path: str | None, output: str
+) -> None:
     """Sign that MODEL came out of RUN at --step N: an in-toto/SLSA provenance statement in DSSE.
 
     Refused (exit 4) when the record does not verify, was recorded for signing
@@ -47,7 +65,9 @@ def attest(store: str | None, run: str, step: int | None, model: Path, key_path:
         envelope = make_attestation(opened.event_store, run_id, step, model, key, told=_tell)
     write_new(output, envelope)
     if output != "-":
-        click.echo(f"wrote an attestation of {model.name} from run {run_id[:12]} to {output}", err=True)
+        click.echo(
+            f"wrote an attestation of {model.name} from run {run_id[:12]} to {output}", err=True
+        )
 
 
 def _tell(line: str) -> None:
@@ -55,19 +75,54 @@ def _tell(line: str) -> None:
 
 
 @click.command("verify-attestation")
-@click.option("--key", "key_paths", multiple=True, required=True, metavar="PUBLIC",
-              help="Trust signatures by this public key (repeatable).")
-@click.option("--model", "model", default=None, type=click.Path(dir_okay=False, path_type=Path),
-              help="Also check this is the attested model file.")
-@click.option("--store", "store", default=None, metavar="DIR|URL",
-              help="Also check the record in this store still holds what was attested.")
-@click.option("--model-signature", "model_signature", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="Also check this OpenSSF model signature (from `restore --sign`) of --model, and that the attestation names it.")
-@click.option("--model-signing-key", "model_signing_key", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="The ECDSA public key (PEM) the model signature must verify with (`keygen --model-signing` wrote PATH.pub).")
+@click.option(
+    "--key",
+    "key_paths",
+    multiple=True,
+    required=True,
+    metavar="PUBLIC",
+    help="Trust signatures by this public key (repeatable).",
+)
+@click.option(
+    "--model",
+    "model",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also check this is the attested model file.",
+)
+@click.option(
+    "--store",
+    "store",
+    default=None,
+    metavar="DIR|URL",
+    help="Also check the record in this store still holds what was attested.",
+)
+@click.option(
+    "--model-signature",
+    "model_signature",
+    default=None,
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help=(
+        "Also check this OpenSSF model signature (from `restore --sign`) of --model, and "
+        "that the attestation names it."
+    ),
+)
+@click.option(
+    "--model-signing-key",
+    "model_signing_key",
+    default=None,
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="The ECDSA public key (PEM) the model signature must verify with (`keygen --model-signing` wrote PATH.pub).",
+)
 @click.argument("attestation", metavar="FILE")
-def verify_attestation(key_paths: tuple[str, ...], model: Path | None, store: str | None,
-                       model_signature: Path | None, model_signing_key: Path | None, attestation: str) -> None:
+def verify_attestation(
+    key_paths: tuple[str, ...],
+    model: Path | None,
+    store: str | None,
+    model_signature: Path | None,
+    model_signing_key: Path | None,
+    attestation: str,
+) -> None:
     """Check an attestation from `auditlog attest`: its signature, and with --model / --store the
     model file and the record (exit 4 when anything does not hold); with --model-signature and
     --model-signing-key, the file's OpenSSF model signature too, tied to the attestation."""

@@ -14,10 +14,32 @@ from auditlog.core.errors import UsageError
 
 @click.command()
 @store_option
-@click.option("--step", type=int, default=None, metavar="N", help="The weights at optimizer step N (default: the end of the run).")
-@click.option("--format", "fmt", type=click.Choice(["cyclonedx", "spdx", "json"]), default="cyclonedx", show_default=True,
-              help="cyclonedx: CycloneDX 1.6 ML-BOM; spdx: SPDX 3.0.1 JSON-LD (AI and Dataset profiles); json: the documentation facts with their evidence.")
-@click.option("-o", "--output", default="-", show_default=True, metavar="FILE", help="Write the document here ('-': stdout).")
+@click.option(
+    "--step",
+    type=int,
+    default=None,
+    metavar="N",
+    help="The weights at optimizer step N (default: the end of the run).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["cyclonedx", "spdx", "json"]),
+    default="cyclonedx",
+    show_default=True,
+    help=(
+        "cyclonedx: CycloneDX 1.6 ML-BOM; spdx: SPDX 3.0.1 JSON-LD (AI and Dataset "
+        "profiles); json: the documentation facts with their evidence."
+    ),
+)
+@click.option(
+    "-o",
+    "--output",
+    default="-",
+    show_default=True,
+    metavar="FILE",
+    help="Write the document here ('-': stdout).",
+)
 @run_argument
 def bom(store: str | None, step: int | None, fmt: str, output: str, run: str) -> None:
     """Write RUN's bill of materials: the model, its weights' hashes, datasets, code and compute.

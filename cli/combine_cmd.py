@@ -24,10 +24,17 @@ COLUMNS = ("shard", "runs", "added", "present", "snapshots", "result")
     metavar="DIR|URL|FILE.toml",
     help="The store to combine into (created when missing) [env AUDITLOG_STORE].",
 )
-@click.option("--snapshots", default=None, metavar="PATH", help="Snapshot directory of a database target store.")
+@click.option(
+    "--snapshots",
+    default=None,
+    metavar="PATH",
+    help="Snapshot directory of a database target store.",
+)
 @click.option("--delete", is_flag=True, help="Delete each shard once all of it is in the target.")
 @format_option
-def combine(shards: tuple[str, ...], into: str, snapshots: str | None, delete: bool, fmt: str) -> None:
+def combine(
+    shards: tuple[str, ...], into: str, snapshots: str | None, delete: bool, fmt: str
+) -> None:
     """Merge shard stores (default: every shard under STORE/shards/) into the --into store.
 
     Streams keep their hash chains; events the target already holds are skipped, so
@@ -42,7 +49,9 @@ def combine(shards: tuple[str, ...], into: str, snapshots: str | None, delete: b
     if not chosen and target.directory is not None:
         chosen = sorted(str(p) for p in (target.directory / SHARDS_DIR).glob("*") if p.is_dir())
     if not chosen:
-        raise AuditlogError(f"no shards to combine (none given, none under {str(Path(into) / SHARDS_DIR)!r})")
+        raise AuditlogError(
+            f"no shards to combine (none given, none under {str(Path(into) / SHARDS_DIR)!r})"
+        )
     report = combine_shards(target, chosen, delete=delete)
     rows: list[dict[str, Any]] = []
     for result in report.shards:
@@ -70,4 +79,6 @@ def combine(shards: tuple[str, ...], into: str, snapshots: str | None, delete: b
         first = failed[0]
         why = first.refused or "; ".join(first.conflicts)
         more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-        raise AuditlogError(f"shard {first.shard!r} was not combined and is left in place: {why}{more}")
+        raise AuditlogError(
+            f"shard {first.shard!r} was not combined and is left in place: {why}{more}"
+        )

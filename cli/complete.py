@@ -13,28 +13,44 @@ import click
 from click.shell_completion import CompletionItem
 
 
-def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+def complete_runs(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
     """``latest``, ``latest~N``, run ids and run names that start with what was typed."""
     return _runs(ctx, incomplete, extra=())
 
 
-def complete_runs_or_all(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+def complete_runs_or_all(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
     """As ``complete_runs``, plus ``all``."""
     return _runs(ctx, incomplete, extra=("all",))
 
 
-def complete_kinds(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+def complete_kinds(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
     """Event kinds (``auditlog.core.kinds``)."""
     from auditlog.core.kinds import KINDS
 
-    return [CompletionItem(name, help=kind.doc.split(".")[0]) for name, kind in KINDS.items() if name.startswith(incomplete)]
+    return [
+        CompletionItem(name, help=kind.doc.split(".")[0])
+        for name, kind in KINDS.items()
+        if name.startswith(incomplete)
+    ]
 
 
-def complete_views(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+def complete_views(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
     """The views ``auditlog query`` answers from."""
     from auditlog.read.api import views
 
-    return [CompletionItem(v.name, help=v.doc.split(".")[0]) for v in views() if v.name.startswith(incomplete)]
+    return [
+        CompletionItem(v.name, help=v.doc.split(".")[0])
+        for v in views()
+        if v.name.startswith(incomplete)
+    ]
 
 
 def _runs(ctx: click.Context, incomplete: str, extra: tuple[str, ...]) -> list[CompletionItem]:

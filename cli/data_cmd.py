@@ -13,16 +13,38 @@ BATCH_COLUMNS = ("rank", "dataset", "epoch", "batch", "step", "no_grad", "hash")
 @click.command()
 @store_option
 @format_option(formats=("table", "json"))
-@click.option("--sample", "sample", type=int, default=None, metavar="I",
-              help="Which steps (and ranks) trained on sample I: every batch that held it.")
-@click.option("--dataset", "dataset", default=None, metavar="D",
-              help="With --sample: only dataset D (its id, or its class name); default every map-style dataset.")
-@click.option("--batch-hash", "batch_hash", default=None, metavar="H",
-              help="Which steps (and ranks) trained on the batch of an iterable dataset whose content hash "
-                   "(auditlog.batch_hash) is H, or starts with H (8 hex digits at least).")
+@click.option(
+    "--sample",
+    "sample",
+    type=int,
+    default=None,
+    metavar="I",
+    help="Which steps (and ranks) trained on sample I: every batch that held it.",
+)
+@click.option(
+    "--dataset",
+    "dataset",
+    default=None,
+    metavar="D",
+    help="With --sample: only dataset D (its id, or its class name); default every map-style dataset.",
+)
+@click.option(
+    "--batch-hash",
+    "batch_hash",
+    default=None,
+    metavar="H",
+    help="Which steps (and ranks) trained on the batch of an iterable dataset whose content hash "
+    "(auditlog.batch_hash) is H, or starts with H (8 hex digits at least).",
+)
 @run_argument
-def data(store: str | None, fmt: str, sample: int | None, dataset: str | None, batch_hash: str | None,
-         run: str) -> None:
+def data(
+    store: str | None,
+    fmt: str,
+    sample: int | None,
+    dataset: str | None,
+    batch_hash: str | None,
+    run: str,
+) -> None:
     """The data RUN trained on: every dataset a DataLoader iterated, with its identity.
 
     One row per dataset (and rank): class, length, how it is identified
@@ -54,10 +76,20 @@ def data(store: str | None, fmt: str, sample: int | None, dataset: str | None, b
                 return
             if found.batches:
                 emit_rows(
-                    ({"rank": b["rank"], "dataset": b["dataset_id"], "epoch": b["epoch"], "batch": b["batch"],
-                      "step": b["step"], "no_grad": b["no_grad"] or None, "hash": b["hash"][:16]}
-                     for b in found.batches),
-                    BATCH_COLUMNS, fmt,
+                    (
+                        {
+                            "rank": b["rank"],
+                            "dataset": b["dataset_id"],
+                            "epoch": b["epoch"],
+                            "batch": b["batch"],
+                            "step": b["step"],
+                            "no_grad": b["no_grad"] or None,
+                            "hash": b["hash"][:16],
+                        }
+                        for b in found.batches
+                    ),
+                    BATCH_COLUMNS,
+                    fmt,
                 )
             echo_line(found.answer)
             return
@@ -68,10 +100,20 @@ def data(store: str | None, fmt: str, sample: int | None, dataset: str | None, b
                 return
             if history.batches:
                 emit_rows(
-                    ({"rank": b["rank"], "dataset": b["dataset_id"], "epoch": b["epoch"], "batch": b["batch"],
-                      "step": b["step"], "times": b["times"], "no_grad": b["no_grad"] or None}
-                     for b in history.batches),
-                    SAMPLE_COLUMNS, fmt,
+                    (
+                        {
+                            "rank": b["rank"],
+                            "dataset": b["dataset_id"],
+                            "epoch": b["epoch"],
+                            "batch": b["batch"],
+                            "step": b["step"],
+                            "times": b["times"],
+                            "no_grad": b["no_grad"] or None,
+                        }
+                        for b in history.batches
+                    ),
+                    SAMPLE_COLUMNS,
+                    fmt,
                 )
             echo_line(history.answer)
             return

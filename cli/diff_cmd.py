@@ -17,6 +17,7 @@ from auditlog.core.errors import UsageError
 if TYPE_CHECKING:
     from auditlog.read.diff_values import ValuesDiff
 
+
 @click.command()
 @store_option
 @format_option(formats=("table", "json"))
@@ -32,8 +33,12 @@ if TYPE_CHECKING:
     is_flag=True,
     help="Also find the first step and tensor whose snapshotted values differ.",
 )
-@click.option("--atol", type=float, default=None, help="With --values: absolute tolerance (torch.allclose).")
-@click.option("--rtol", type=float, default=None, help="With --values: relative tolerance (torch.allclose).")
+@click.option(
+    "--atol", type=float, default=None, help="With --values: absolute tolerance (torch.allclose)."
+)
+@click.option(
+    "--rtol", type=float, default=None, help="With --values: relative tolerance (torch.allclose)."
+)
 @click.argument("run_a", default="latest~1", metavar="[RUN_A]", shell_complete=complete_runs)
 @click.argument("run_b", default="latest", metavar="[RUN_B]", shell_complete=complete_runs)
 def diff(

@@ -32,7 +32,9 @@ def parse_step_range(text: str | None) -> tuple[int | None, int | None] | None:
         return None
     match = _RANGE.match(text)
     if not match or (match.group(2) is None and not match.group(1)):
-        raise UsageError(f"bad step range {text!r}: use N, A:B, A: or :B with non-negative integers")
+        raise UsageError(
+            f"bad step range {text!r}: use N, A:B, A: or :B with non-negative integers"
+        )
     low = int(match.group(1)) if match.group(1) else None
     if match.group(2) is None and ":" not in text:
         return low, low
@@ -47,7 +49,12 @@ def parse_step_range(text: str | None) -> tuple[int | None, int | None] | None:
 @format_option
 @run_argument
 @click.option(
-    "--kind", "kinds", multiple=True, metavar="KIND", shell_complete=complete_kinds, help="Only these kinds (repeatable)."
+    "--kind",
+    "kinds",
+    multiple=True,
+    metavar="KIND",
+    shell_complete=complete_kinds,
+    help="Only these kinds (repeatable).",
 )
 @click.option(
     "--module",
@@ -57,7 +64,13 @@ def parse_step_range(text: str | None) -> tuple[int | None, int | None] | None:
     help="Only events about modules whose qualified name matches (for module_registered: "
     "the parent or the child registered).",
 )
-@click.option("--step", "step_text", default=None, metavar="N|A:B", help="Only events at these optimizer steps.")
+@click.option(
+    "--step",
+    "step_text",
+    default=None,
+    metavar="N|A:B",
+    help="Only events at these optimizer steps.",
+)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most N events.")
 @rank_option
 def events(
@@ -93,10 +106,14 @@ def events(
         streams = view.rank_streams()
         # Names for every stream shown (ids are per process: each rank numbered its own).
         labels = {stream: view.labels(stream) for stream in streams}
-        found = view.events(kinds=list(kinds) or None, step_range=step_range, module=module_glob, check_chain=True)
+        found = view.events(
+            kinds=list(kinds) or None, step_range=step_range, module=module_glob, check_chain=True
+        )
         first = next(found, None)  # a bad filter is an error before any output
         if first is None:
-            click.echo(f"auditlog: no event of run {view.run_id[:12]} matches these filters", err=True)
+            click.echo(
+                f"auditlog: no event of run {view.run_id[:12]} matches these filters", err=True
+            )
 
         broken: list[dict[str, Any]] = []
 
@@ -116,7 +133,11 @@ def events(
             finally:
                 found.close()  # type: ignore[attr-defined]  # release the cursor (and SQLite's -wal/-shm)
 
-        columns = (("stream", *COLUMNS) if len(streams) > 1 else COLUMNS) if fmt == "table" else JSON_COLUMNS
+        columns = (
+            (("stream", *COLUMNS) if len(streams) > 1 else COLUMNS)
+            if fmt == "table"
+            else JSON_COLUMNS
+        )
         emit_rows(
             rows(),
             columns,
@@ -131,10 +152,14 @@ def events(
 def _broken_line(broken: list[dict[str, Any]]) -> str:
     """The one stderr line about events shown that do not match the chain."""
     first = broken[0]
-    count = f"{len(broken)} event shown does" if len(broken) == 1 else f"{len(broken)} events shown do"
-    return (f"{count} not match the hash chain (first: run {first['run_id'][:12]} stream {first['stream']} "
-            f"seq {first['seq']}, {first['kind']}): changed after it was recorded, or the event before it "
-            "deleted; marked CHAIN BROKEN (chain_ok false); run `auditlog verify`")
+    count = (
+        f"{len(broken)} event shown does" if len(broken) == 1 else f"{len(broken)} events shown do"
+    )
+    return (
+        f"{count} not match the hash chain (first: run {first['run_id'][:12]} stream {first['stream']} "
+        f"seq {first['seq']}, {first['kind']}): changed after it was recorded, or the event before it "
+        "deleted; marked CHAIN BROKEN (chain_ok false); run `auditlog verify`"
+    )
 
 
 JSON_COLUMNS = output_columns()  # the stored row, as core.eventrow defines it, with names
@@ -153,7 +178,8 @@ def _row(event: dict[str, Any], fmt: str, labels: Labels) -> dict[str, Any]:
             "kind": event["kind"],
             "module": module,
             "tensor": tensor,
-            "summary": ("" if event["chain_ok"] else BROKEN) + summarize(event["kind"], event["payload"]),
+            "summary": ("" if event["chain_ok"] else BROKEN)
+            + summarize(event["kind"], event["payload"]),
         }
     shown = {"time": iso(event["ts_ns"]), "module": module, "tensor": tensor}
     return {name: shown[name] if name in shown else event[name] for name in JSON_COLUMNS}

@@ -13,11 +13,18 @@ from auditlog.cli.progress import progress_bar
 @store_option
 @run_argument
 @click.option(
-    "--to", "to", required=True, type=click.Path(path_type=Path), metavar="DIR",
+    "--to",
+    "to",
+    required=True,
+    type=click.Path(path_type=Path),
+    metavar="DIR",
     help="A new (or empty) directory for the archive.",
 )
 @click.option(
-    "--key", "key_path", default=None, metavar="PRIVATE",
+    "--key",
+    "key_path",
+    default=None,
+    metavar="PRIVATE",
     help="Sign the heads and the manifest [default: $AUDITLOG_KEY or ~/.config/auditlog/signing_key if it exists].",
 )
 def export(store: str | None, run: str, to: Path, key_path: str | None) -> None:
@@ -45,7 +52,9 @@ def export(store: str | None, run: str, to: Path, key_path: str | None) -> None:
 
             manifest = export_run(opened.event_store, run_id, to, key, tick)
     events = sum(s["events"] for s in manifest["streams"])
-    signed = "signed" if key is not None else "not signed (no key: pass --key or run `auditlog keygen`)"
+    signed = (
+        "signed" if key is not None else "not signed (no key: pass --key or run `auditlog keygen`)"
+    )
     click.echo(
         f"exported run {run_id[:12]}: {events} events in {len(manifest['streams'])} stream(s), "
         f"{len(manifest['files'])} files to {to} ({signed})"

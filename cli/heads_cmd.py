@@ -50,8 +50,14 @@ def checkpoint(store: str | None, key_path: str | None, run: str) -> None:
                 signed = opened.run(run_id).checkpoint(key, told=tell)
             except IntegrityError as exc:
                 refused.append(exc)
-                click.echo(f"run {run_id[:12]}: not signed, " + (
-                    "record altered" if "record altered" in str(exc) else "its signatures were lost"))
+                click.echo(
+                    f"run {run_id[:12]}: not signed, "
+                    + (
+                        "record altered"
+                        if "record altered" in str(exc)
+                        else "its signatures were lost"
+                    )
+                )
                 continue
             for head in signed:
                 where = f"run {run_id[:12]} stream {head.stream}"
@@ -70,7 +76,11 @@ def checkpoint(store: str | None, key_path: str | None, run: str) -> None:
 @store_option
 @click.option("--key", "key_path", default=None, metavar="PRIVATE", help=KEY_HELP)
 @click.option(
-    "-o", "--output", default=None, metavar="FILE", help="Write to FILE (never overwritten) instead of stdout."
+    "-o",
+    "--output",
+    default=None,
+    metavar="FILE",
+    help="Write to FILE (never overwritten) instead of stdout.",
 )
 @run_argument
 def export_head(store: str | None, key_path: str | None, output: str | None, run: str) -> None:

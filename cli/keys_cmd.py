@@ -16,9 +16,12 @@ import click
     help="Private key file [default: $AUDITLOG_KEY or ~/.config/auditlog/signing_key]; "
     "the public key goes to PATH.pub.",
 )
-@click.option("--model-signing", is_flag=True,
-              help="An ECDSA P-256 pair for OpenSSF Model Signing (`restore --sign`) instead "
-              "[default path: $AUDITLOG_MODEL_SIGNING_KEY or ~/.config/auditlog/model_signing_key].")
+@click.option(
+    "--model-signing",
+    is_flag=True,
+    help="An ECDSA P-256 pair for OpenSSF Model Signing (`restore --sign`) instead "
+    "[default path: $AUDITLOG_MODEL_SIGNING_KEY or ~/.config/auditlog/model_signing_key].",
+)
 def keygen(output: str | None, model_signing: bool) -> None:
     """Create an Ed25519 key pair for signing checkpoints and exported heads.
 
@@ -42,7 +45,10 @@ def keygen(output: str | None, model_signing: bool) -> None:
     click.echo(f"private key: {pair.private_path} (mode 0600; keep it secret and backed up)")
     click.echo(f"public key:  {pair.public_path} (give it to whoever verifies)")
     click.echo(f"fingerprint: {pair.fingerprint}")
-    default, env = (default_model_signing_key_path(), MODEL_KEY_ENV) if model_signing else (
-        default_private_key_path(), KEY_ENV)
+    default, env = (
+        (default_model_signing_key_path(), MODEL_KEY_ENV)
+        if model_signing
+        else (default_private_key_path(), KEY_ENV)
+    )
     if path is not None and path.expanduser().absolute() != default.absolute():
         click.echo(f"to sign with it by default: export {env}={pair.private_path}")

@@ -103,7 +103,8 @@ class AuditlogGroup(click.Group):
             if ctx.meta.get("auditlog.debug"):
                 traceback.print_exc()
             raise CliError(
-                f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", 1
+                f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
+                1,
             ) from exc
 
 
@@ -125,8 +126,6 @@ def cli(ctx: click.Context, debug: bool) -> None:
     | source, in ~/.config/fish/completions/auditlog.fish.
     """
     ctx.meta["auditlog.debug"] = debug
-
-
 
 
 def main() -> None:

@@ -52,7 +52,11 @@ def metrics(store: str | None, fmt: str, run: str) -> None:
 @click.command()
 @store_option
 @click.option(
-    "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
     help="Output format.",
 )
 @run_argument
@@ -78,6 +82,8 @@ def nonfinite(store: str | None, fmt: str, run: str) -> None:
         echo_line(f"producer: {p['module']} ({p.get('class') or '?'}) {built_at(p.get('source'))}")
     for label, calls in (("propagated by", finding.propagators), ("enclosing", finding.enclosing)):
         for c in calls:
-            echo_line(f"{label}: {c['module']} ({c.get('class') or '?'}) {built_at(c.get('source'))}")
+            echo_line(
+                f"{label}: {c['module']} ({c.get('class') or '?'}) {built_at(c.get('source'))}"
+            )
     for param in finding.parameters:
         echo_line(f"non-finite gradient: {param['parameter']}")

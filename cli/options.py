@@ -77,7 +77,9 @@ def run_argument(func: F) -> F:
     """``RUN``: a run id, a unique id prefix, a run name, ``latest`` or ``latest~N``."""
     from auditlog.cli.complete import complete_runs
 
-    return click.argument("run", default="latest", metavar="[RUN]", shell_complete=complete_runs)(func)
+    return click.argument("run", default="latest", metavar="[RUN]", shell_complete=complete_runs)(
+        func
+    )
 
 
 def rank_option(func: F) -> F:

@@ -52,7 +52,9 @@ def emit_rows(
         out = sys.stdout
         out.write("[")
         for row in rows:
-            out.write(("," if count else "") + "\n  " + json.dumps(row, ensure_ascii=False, default=str))
+            out.write(
+                ("," if count else "") + "\n  " + json.dumps(row, ensure_ascii=False, default=str)
+            )
             count += 1
         out.write("\n]\n" if count else "]\n")
         return count
@@ -80,14 +82,18 @@ def emit_rows(
         from rich.table import Table
         from rich.text import Text
 
-        table = Table(title=None if shown is None else Text(shown), show_lines=False, header_style="bold")
+        table = Table(
+            title=None if shown is None else Text(shown), show_lines=False, header_style="bold"
+        )
         for column in heads:
             table.add_column(Text(column), overflow="fold")
         for values in cells:
             table.add_row(*(Text(v) for v in values))
         console().print(table)
     if more:
-        sys.stderr.write(f"auditlog: showing the first {count} rows; more were left out{more_hint}\n")
+        sys.stderr.write(
+            f"auditlog: showing the first {count} rows; more were left out{more_hint}\n"
+        )
     return count
 
 
@@ -112,7 +118,13 @@ def _plain_lines(title: str | None, columns: list[str], cells: list[list[str]]) 
     drawn = console()
     if drawn.legacy_windows or drawn.options.ascii_only:
         return None
-    return plain_table(title, columns, cells, drawn.width, bold=drawn.is_terminal and drawn.color_system is not None)
+    return plain_table(
+        title,
+        columns,
+        cells,
+        drawn.width,
+        bold=drawn.is_terminal and drawn.color_system is not None,
+    )
 
 
 def emit_json(value: Any) -> None:
@@ -144,8 +156,14 @@ def console() -> Console:
 
     out = raw(sys.stdout)
     return inert_console(
-        Console(file=out, soft_wrap=False, width=None if out.isatty() else PIPE_WIDTH, markup=False, emoji=False,
-                highlight=False)
+        Console(
+            file=out,
+            soft_wrap=False,
+            width=None if out.isatty() else PIPE_WIDTH,
+            markup=False,
+            emoji=False,
+            highlight=False,
+        )
     )
 
 

@@ -30,7 +30,11 @@ def _simple(text: str) -> bool:
 
 
 def plain_table(
-    title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]], width: int, bold: bool = False
+    title: str | None,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    width: int,
+    bold: bool = False,
 ) -> list[str] | None:
     """The lines of a rich ``Table`` (default box, a bold header, ``overflow="fold"``
     cells) printed by a ``Console`` of ``width`` columns; None when this function
@@ -63,9 +67,16 @@ def plain_table(
     def line(cells: Sequence[str], parts: tuple[str, str, str], styled: bool = False) -> str:
         left, between, right = parts
         if styled:  # rich styles the padding and the text as three segments
-            pieces = [_BOLD.format(" ") + _BOLD.format(c.ljust(w)) + _BOLD.format(" ") for c, w in zip(cells, widths, strict=True)]
+            pieces = [
+                _BOLD.format(" ") + _BOLD.format(c.ljust(w)) + _BOLD.format(" ")
+                for c, w in zip(cells, widths, strict=True)
+            ]
             return left + between.join(pieces) + right
-        return left + between.join(f" {c.ljust(w)} " for c, w in zip(cells, widths, strict=True)) + right
+        return (
+            left
+            + between.join(f" {c.ljust(w)} " for c, w in zip(cells, widths, strict=True))
+            + right
+        )
 
     out = []
     if title is not None:

@@ -16,17 +16,28 @@ from auditlog.read.series import MAX_ROWS, PLOTS
 @click.command(epilog="Pictures: " + "; ".join(f"{k}: {v}" for k, v in PLOTS.items()) + ".")
 @store_option
 @click.option(
-    "--format", "fmt", type=click.Choice(["png", "csv"]), default="png", show_default=True,
+    "--format",
+    "fmt",
+    type=click.Choice(["png", "csv"]),
+    default="png",
+    show_default=True,
     help="png: the picture (needs auditlog[plot]); csv: its data (panel, series, step, value).",
 )
-@click.option("-o", "--output", default=None, metavar="FILE", help="Write here [png: required; csv: stdout].")
 @click.option(
-    "--max-rows", type=click.IntRange(min=2), default=MAX_ROWS, show_default=True,
+    "-o", "--output", default=None, metavar="FILE", help="Write here [png: required; csv: stdout]."
+)
+@click.option(
+    "--max-rows",
+    type=click.IntRange(min=2),
+    default=MAX_ROWS,
+    show_default=True,
     help="Heatmap rows before modules are grouped by name prefix.",
 )
 @click.argument("run", metavar="RUN")
 @click.argument("what", type=click.Choice(list(PLOTS)), metavar="WHAT")
-def plot(store: str | None, fmt: str, output: str | None, max_rows: int, run: str, what: str) -> None:
+def plot(
+    store: str | None, fmt: str, output: str | None, max_rows: int, run: str, what: str
+) -> None:
     """Draw WHAT for RUN: loss, metrics, lr, grad-norm, param-norm, update-ratio,
     activations, dead-units.
 

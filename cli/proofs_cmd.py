@@ -58,12 +58,29 @@ def write_new(path: str, document: dict[str, Any]) -> None:
 @click.command()
 @store_option
 @run_argument
-@click.option("--seq", type=int, default=None, help="The event to prove (its sequence number in the stream).")
-@click.option("--stream", type=int, default=0, show_default=True, help="The stream (rank) of the event.")
-@click.option("--consistency-from", "old", default=None, metavar="HEAD",
-              help="Instead: prove the record extends this older signed head (from `auditlog export-head`).")
-@click.option("-o", "--output", required=True, metavar="FILE", help="Write the proof here (never overwritten; '-': stdout).")
-def prove(store: str | None, run: str, seq: int | None, stream: int, old: str | None, output: str) -> None:
+@click.option(
+    "--seq", type=int, default=None, help="The event to prove (its sequence number in the stream)."
+)
+@click.option(
+    "--stream", type=int, default=0, show_default=True, help="The stream (rank) of the event."
+)
+@click.option(
+    "--consistency-from",
+    "old",
+    default=None,
+    metavar="HEAD",
+    help="Instead: prove the record extends this older signed head (from `auditlog export-head`).",
+)
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    metavar="FILE",
+    help="Write the proof here (never overwritten; '-': stdout).",
+)
+def prove(
+    store: str | None, run: str, seq: int | None, stream: int, old: str | None, output: str
+) -> None:
     """Write a proof about RUN that `auditlog verify-proof` checks without the store.
 
     With --seq N: an inclusion proof of that one event (its content, its leaf
@@ -86,14 +103,23 @@ def prove(store: str | None, run: str, seq: int | None, stream: int, old: str | 
             document = view.prove(seq, stream)
     write_new(output, document)
     if output != "-":
-        what = (f"event seq {seq} of stream {stream}" if seq is not None
-                else f"stream {stream} from tree size {document['old_size']} to {document['new_size']}")
+        what = (
+            f"event seq {seq} of stream {stream}"
+            if seq is not None
+            else f"stream {stream} from tree size {document['old_size']} to {document['new_size']}"
+        )
         click.echo(f"wrote a proof of run {view.run_id[:12]} {what} to {output}", err=True)
 
 
 @click.command("verify-proof")
-@click.option("--key", "key_paths", multiple=True, required=True, metavar="PUBLIC",
-              help="Trust signatures by this public key (repeatable).")
+@click.option(
+    "--key",
+    "key_paths",
+    multiple=True,
+    required=True,
+    metavar="PUBLIC",
+    help="Trust signatures by this public key (repeatable).",
+)
 @click.argument("proof", metavar="PROOF")
 def verify_proof(key_paths: tuple[str, ...], proof: str) -> None:
     """Check a proof from `auditlog prove` without the store (exit 4 if it does not hold).
@@ -111,13 +137,19 @@ def verify_proof(key_paths: tuple[str, ...], proof: str) -> None:
         raise IntegrityError(f"proof {proof!r} does not hold: {check.problems[0]}")
     if check.kind == "inclusion":
         event, head = check.event or {}, check.heads[0]
-        echo_line(f"proof holds: run {head.run_id[:12]} stream {head.stream} event seq {event.get('seq')} "
-                   f"is leaf {int(event.get('seq') or 0) - 1} of the tree of {head.size} events signed by key "
-                   f"{head.key_fingerprint[:16]} at {iso(head.created_ns)}")
-        echo_line(f"{event.get('kind')} at step {event.get('step')} ({iso(int(event.get('ts_ns') or 0))}): "
-                   f"{event.get('payload')}")
+        echo_line(
+            f"proof holds: run {head.run_id[:12]} stream {head.stream} event seq {event.get('seq')} "
+            f"is leaf {int(event.get('seq') or 0) - 1} of the tree of {head.size} events signed by key "
+            f"{head.key_fingerprint[:16]} at {iso(head.created_ns)}"
+        )
+        echo_line(
+            f"{event.get('kind')} at step {event.get('step')} ({iso(int(event.get('ts_ns') or 0))}): "
+            f"{event.get('payload')}"
+        )
     else:
         old, new = check.heads
-        click.echo(f"proof holds: run {new.run_id[:12]} stream {new.stream}: the tree of {new.size} events "
-                   f"(signed at {iso(new.created_ns)}) extends the tree of {old.size} events "
-                   f"(signed at {iso(old.created_ns)})")
+        click.echo(
+            f"proof holds: run {new.run_id[:12]} stream {new.stream}: the tree of {new.size} events "
+            f"(signed at {iso(new.created_ns)}) extends the tree of {old.size} events "
+            f"(signed at {iso(old.created_ns)})"
+        )

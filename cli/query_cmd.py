@@ -33,7 +33,9 @@ TABLE_ROWS = 1000
     help="Restrict every view to one run (id, prefix, name, latest, latest~N).",
 )
 @rank_option
-@click.option("--rebuild", is_flag=True, help="Rebuild the read model from the store before answering.")
+@click.option(
+    "--rebuild", is_flag=True, help="Rebuild the read model from the store before answering."
+)
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
@@ -81,8 +83,11 @@ def query(
         with session:
             if session.left_out and "tensor_values" in sql.lower():
                 for sha, why in sorted(session.left_out.items()):
-                    click.echo(f"warning: snapshot {shown_hash(sha)} left out of tensor_values: {why} "
-                               "(run `auditlog verify`)", err=True)
+                    click.echo(
+                        f"warning: snapshot {shown_hash(sha)} left out of tensor_values: {why} "
+                        "(run `auditlog verify`)",
+                        err=True,
+                    )
             result = session.execute(sql, timeout=timeout)
             columns = _unique(result.columns)
             json_columns = {c for c, t in zip(columns, result.types, strict=True) if t == "JSON"}
@@ -124,7 +129,11 @@ def schema(fmt: str, view: str | None) -> None:
         sys.stdout.write(json.dumps(document, ensure_ascii=False, indent=2) + "\n")
         return
     if fmt == "csv":
-        rows = ({"view": v.name, "column": c.name, "type": c.type, "meaning": c.doc} for v in chosen for c in v.columns)
+        rows = (
+            {"view": v.name, "column": c.name, "type": c.type, "meaning": c.doc}
+            for v in chosen
+            for c in v.columns
+        )
         emit_rows(rows, ("view", "column", "type", "meaning"), "csv")
         return
     for v in chosen:

@@ -67,7 +67,10 @@ def _option_row(param: click.Option) -> str:
 
 def cli_markdown(group: click.Group) -> str:
     """Every command of ``group`` as Markdown: usage, help text, arguments and options."""
-    out = ["# CLI reference\n", "Every `auditlog` command, generated from the commands themselves.\n"]
+    out = [
+        "# CLI reference\n",
+        "Every `auditlog` command, generated from the commands themselves.\n",
+    ]
     root = click.Context(group, info_name="auditlog", **(group.context_settings or {}))
     for name, ctx in [("auditlog", root), *_commands(root)]:
         command = ctx.command
@@ -75,7 +78,9 @@ def cli_markdown(group: click.Group) -> str:
         out.append(f"## {name}\n\n```\n{name} {usage}\n```\n")
         if command.help:
             out.append(inspect.cleandoc(command.help.replace("\b\n", "")) + "\n")
-        rows = [_option_row(p) for p in command.params if isinstance(p, click.Option) and not p.hidden]
+        rows = [
+            _option_row(p) for p in command.params if isinstance(p, click.Option) and not p.hidden
+        ]
         help_option = command.get_help_option(ctx)
         if help_option is not None:
             rows.append(_option_row(help_option))
@@ -109,7 +114,10 @@ def kinds_markdown() -> str:
         out.append("| field | type | meaning |\n|---|---|---|")
         for name, field in kind.fields.items():
             typ = field.type.text() + (" (optional)" if field.optional else "")
-            cells = (typ.replace("|", "\\|"), field.doc.replace("|", "\\|"))  # a literal | would end the cell
+            cells = (
+                typ.replace("|", "\\|"),
+                field.doc.replace("|", "\\|"),
+            )  # a literal | would end the cell
             out.append(f"| `{name}` | {cells[0]} | {cells[1]} |")
         out.append("")
     return "\n".join(out)
@@ -158,9 +166,7 @@ def pages() -> dict[str, str]:
         "events.md": HEADER
         + "# Event kinds\n\nWhat every event kind records, the payload fields of each with their types, "
         "and the columns of the event row: generated from the one definition, `auditlog/core/kinds.py` "
-        "(and `core/eventrow.py` for the row).\n\n"
-        + limits_markdown()
-        + kinds_markdown(),
+        "(and `core/eventrow.py` for the row).\n\n" + limits_markdown() + kinds_markdown(),
     }
 
 

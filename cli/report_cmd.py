@@ -13,8 +13,16 @@ from auditlog.core.errors import UsageError
 
 @click.command()
 @store_option
-@click.option("-o", "--output", required=True, metavar="FILE.html", help="Write the page here ('-': stdout).")
-@click.option("--compare", "other", default=None, metavar="RUN_B", help="Compare RUN with RUN_B (auditlog diff as a page).")
+@click.option(
+    "-o", "--output", required=True, metavar="FILE.html", help="Write the page here ('-': stdout)."
+)
+@click.option(
+    "--compare",
+    "other",
+    default=None,
+    metavar="RUN_B",
+    help="Compare RUN with RUN_B (auditlog diff as a page).",
+)
 @run_argument
 def report(store: str | None, output: str, other: str | None, run: str) -> None:
     """Write one HTML page about RUN: what it was and how it went.

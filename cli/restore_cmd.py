@@ -20,14 +20,61 @@ FORMATS = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch"}
 @store_option
 @run_argument
 @step_options
-@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="File to write (.safetensors, .pt, .pth; another extension needs --format). Its directory must exist.")
-@click.option("--format", "fmt", type=click.Choice(["safetensors", "torch"]), default=None, help="Output format (default: from the file extension).")
-@click.option("--root", default=None, metavar="CLASS", help="Root module by class name (default: the one with the most parameters).")
-@click.option("--allow-partial", is_flag=True, help="Write what was snapshotted even if some tensors were not.")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="File to write (.safetensors, .pt, .pth; another extension needs --format). Its directory must exist.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["safetensors", "torch"]),
+    default=None,
+    help="Output format (default: from the file extension).",
+)
+@click.option(
+    "--root",
+    default=None,
+    metavar="CLASS",
+    help="Root module by class name (default: the one with the most parameters).",
+)
+@click.option(
+    "--allow-partial",
+    is_flag=True,
+    help="Write what was snapshotted even if some tensors were not.",
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
-@click.option("--sign", is_flag=True, help="Also sign the file in the OpenSSF Model Signing format (FILE.sig) and attest it to the record (FILE.intoto.json); needs auditlog[compliance].")
-@click.option("--key", "key_path", default=None, metavar="PRIVATE", help="With --sign: the record's Ed25519 key for the attestation [default: $AUDITLOG_KEY or ~/.config/auditlog/signing_key].")
-@click.option("--model-signing-key", "model_key_path", default=None, metavar="PRIVATE", help="With --sign: the ECDSA key for the OpenSSF signature [default: $AUDITLOG_MODEL_SIGNING_KEY or ~/.config/auditlog/model_signing_key].")
+@click.option(
+    "--sign",
+    is_flag=True,
+    help=(
+        "Also sign the file in the OpenSSF Model Signing format (FILE.sig) and attest it "
+        "to the record (FILE.intoto.json); needs auditlog[compliance]."
+    ),
+)
+@click.option(
+    "--key",
+    "key_path",
+    default=None,
+    metavar="PRIVATE",
+    help=(
+        "With --sign: the record's Ed25519 key for the attestation [default: "
+        "$AUDITLOG_KEY or ~/.config/auditlog/signing_key]."
+    ),
+)
+@click.option(
+    "--model-signing-key",
+    "model_key_path",
+    default=None,
+    metavar="PRIVATE",
+    help=(
+        "With --sign: the ECDSA key for the OpenSSF signature [default: "
+        "$AUDITLOG_MODEL_SIGNING_KEY or ~/.config/auditlog/model_signing_key]."
+    ),
+)
 def restore(
     store: str | None,
     run: str,
@@ -86,12 +133,16 @@ def restore(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    when = f"step {step}" if step is not None else (f"seq {seq}" if seq is not None else "end of run")
+    when = (
+        f"step {step}" if step is not None else (f"seq {seq}" if seq is not None else "end of run")
+    )
     click.echo(f"wrote {count} tensors of run {view.run_id[:12]} at {when} to {output}")
     if sign:
         _sign(store, view.run_id, step, output, signed_files, key_path, model_key_path)
     if wrapped:
-        keys = ", ".join(sorted(wrapped)[:5]) + (f" and {len(wrapped) - 5} more" if len(wrapped) > 5 else "")
+        keys = ", ".join(sorted(wrapped)[:5]) + (
+            f" and {len(wrapped) - 5} more" if len(wrapped) > 5 else ""
+        )
         click.echo(
             f"note: {keys} held a tensor subclass ({next(iter(wrapped.values())).get('type')}); the file has its "
             "first inner tensor: Run.state_dict() in Python, with that class imported, rebuilds it whole",
@@ -105,8 +156,15 @@ def _umask() -> int:
     return mask
 
 
-def _sign(store: str | None, run_id: str, step: int | None, output: Path, files: tuple[Path, ...],
-          key_path: str | None, model_key_path: str | None) -> None:
+def _sign(
+    store: str | None,
+    run_id: str,
+    step: int | None,
+    output: Path,
+    files: tuple[Path, ...],
+    key_path: str | None,
+    model_key_path: str | None,
+) -> None:
     """The OpenSSF signature of ``output``, then the record's attestation naming it."""
     from auditlog.integrity.keys import default_model_signing_key_path, load_private_key
     from auditlog.read.api import open_store
@@ -115,13 +173,25 @@ def _sign(store: str | None, run_id: str, step: int | None, output: Path, files:
 
     signature, attestation = files
     key = load_private_key(Path(key_path) if key_path else None)
-    model_key = Path(model_key_path).expanduser() if model_key_path else default_model_signing_key_path()
+    model_key = (
+        Path(model_key_path).expanduser() if model_key_path else default_model_signing_key_path()
+    )
     if not model_key.is_file():
-        raise AuditlogError(f"no model signing key at {str(model_key)!r}: make one with `auditlog keygen --model-signing`")
+        raise AuditlogError(
+            f"no model signing key at {str(model_key)!r}: make one with `auditlog keygen --model-signing`"
+        )
     sign_file(output, signature, model_key)
     with open_store(store) as opened:
-        envelope = attest(opened.event_store, run_id, step, output, key,
-                          told=lambda line: click.echo(f"auditlog: {line}", err=True),
-                          also=[signature_subject(signature)])
+        envelope = attest(
+            opened.event_store,
+            run_id,
+            step,
+            output,
+            key,
+            told=lambda line: click.echo(f"auditlog: {line}", err=True),
+            also=[signature_subject(signature)],
+        )
     attestation.write_text(json.dumps(envelope, indent=2) + "\n")
-    click.echo(f"signed {output.name}: {signature} (OpenSSF model signature), {attestation} (attestation to the record)")
+    click.echo(
+        f"signed {output.name}: {signature} (OpenSSF model signature), {attestation} (attestation to the record)"
+    )

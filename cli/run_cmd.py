@@ -127,7 +127,13 @@ def run(
         code_path = script_path(target, as_module)
         held.check()  # Ctrl-C so far: no run is recorded
         recording = Recording(
-            store, name, policy=chosen, code_path=code_path, argv=[target, *args], joinable=True, shard=shard
+            store,
+            name,
+            policy=chosen,
+            code_path=code_path,
+            argv=[target, *args],
+            joinable=True,
+            shard=shard,
         )
         recording.start()
     except BaseException:
@@ -136,12 +142,18 @@ def run(
     if held.pending:
         recording.stop(KeyboardInterrupt())
         held.release(reraise=False)
-        shown_id = f" (run {recording.run_id[:12]} recorded as interrupted)" if recording.run_id else ""
+        shown_id = (
+            f" (run {recording.run_id[:12]} recorded as interrupted)" if recording.run_id else ""
+        )
         raise CommandInterrupted(f"interrupted before {target} started{shown_id}")
     if recording.disabled is None:
         shown = recording.store.location.display() if recording.store else store
         launch = recording.launch
-        rank = f" rank {launch.rank}/{launch.world_size}, stream {recording.stream}," if launch and launch.distributed else ""
+        rank = (
+            f" rank {launch.rank}/{launch.world_size}, stream {recording.stream},"
+            if launch and launch.distributed
+            else ""
+        )
         if not quiet:
             click.echo(f"auditlog: recording run {recording.run_id}{rank} into {shown}", err=True)
             if recording.signing_key is None:
@@ -199,7 +211,9 @@ class _HeldInterrupts:
         self._previous: Any = None
         try:
             previous = signal.getsignal(signal.SIGINT)
-            if previous is signal.SIG_IGN:  # started with Ctrl-C ignored (nohup, background job): keep it so
+            if (
+                previous is signal.SIG_IGN
+            ):  # started with Ctrl-C ignored (nohup, background job): keep it so
                 return
             self._previous = signal.signal(signal.SIGINT, self._note)
             self._held = True
@@ -216,7 +230,10 @@ class _HeldInterrupts:
     def release(self, reraise: bool = True) -> None:
         """Give Ctrl-C back; one that came in between is raised now (``reraise``)."""
         if self._held:
-            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.default_int_handler)
+            signal.signal(
+                signal.SIGINT,
+                self._previous if self._previous is not None else signal.default_int_handler,
+            )
             self._held = False
         if reraise:
             self.check()

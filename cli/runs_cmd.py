@@ -10,13 +10,26 @@ from auditlog.cli.output import emit_rows, fmt_duration
 
 from auditlog.core.values import iso
 
-COLUMNS = ("run", "name", "started", "duration", "status", "ranks", "script", "commit", "steps", "events")
+COLUMNS = (
+    "run",
+    "name",
+    "started",
+    "duration",
+    "status",
+    "ranks",
+    "script",
+    "commit",
+    "steps",
+    "events",
+)
 
 
 @click.command()
 @store_option
 @format_option
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Show only the newest N runs.")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=None, help="Show only the newest N runs."
+)
 def runs(store: str | None, fmt: str, limit: int | None) -> None:
     """List recorded runs: id, start, duration, status, script, git commit, steps, events.
 
@@ -30,7 +43,9 @@ def runs(store: str | None, fmt: str, limit: int | None) -> None:
     if limit is not None:
         infos = infos[-limit:]
     if fmt != "table":
-        emit_rows((i.as_dict() for i in infos), list(infos[0].as_dict()) if infos else ["run_id"], fmt)
+        emit_rows(
+            (i.as_dict() for i in infos), list(infos[0].as_dict()) if infos else ["run_id"], fmt
+        )
         return
     rows = []
     for info in infos:

@@ -9,7 +9,18 @@ import click
 from auditlog.cli.options import format_option, run_argument, store_option
 from auditlog.cli.output import emit_rows
 
-COLUMNS = ("seq", "step", "trigger", "tag", "module", "tensors", "logical_bytes", "new_bytes", "write_s", "behind")
+COLUMNS = (
+    "seq",
+    "step",
+    "trigger",
+    "tag",
+    "module",
+    "tensors",
+    "logical_bytes",
+    "new_bytes",
+    "write_s",
+    "behind",
+)
 
 
 def _human(n: int) -> str:
@@ -45,7 +56,9 @@ def snapshots(store: str | None, fmt: str, run: str) -> None:
         for row in rows:
             write_s = row["write_s"]
             yield {
-                **row, "logical_bytes": _human(row["logical_bytes"]), "new_bytes": _human(row["new_bytes"]),
+                **row,
+                "logical_bytes": _human(row["logical_bytes"]),
+                "new_bytes": _human(row["new_bytes"]),
                 "write_s": "" if write_s is None else f"{write_s:.2f}",
             }
 

@@ -32,18 +32,29 @@ _ABSENT: tuple[Any, ...] = (None, "", [], {})
 
 
 def _number(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+    return (
+        f"{value:.4g}"
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+        else str(value)
+    )
 
 
 def _l2(values: Any) -> str:
     """The L2 norm of a vector's numeric entries (a packed vector is decoded by then)."""
-    norms = [n for n in values or [] if isinstance(n, (int, float))] if isinstance(values, list) else []
+    norms = (
+        [n for n in values or [] if isinstance(n, (int, float))] if isinstance(values, list) else []
+    )
     return _number(sum(n * n for n in norms) ** 0.5)
 
 
 def _stats_nonfinite(payload: Any) -> int | None:
     """Tensors with NaN/Inf among an activity payload's calls (None when there are none)."""
-    calls = [c for side in ("forward", "backward") for c in _list(_at(payload, (side,))) if isinstance(c, dict)]
+    calls = [
+        c
+        for side in ("forward", "backward")
+        for c in _list(_at(payload, (side,)))
+        if isinstance(c, dict)
+    ]
     count = sum(
         1
         for call in calls

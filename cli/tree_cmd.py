@@ -17,9 +17,14 @@ if TYPE_CHECKING:
 
 def step_options(func: Any) -> Any:
     """``--step N`` / ``--seq N``: the state right after the N-th optimizer step, or at an event."""
-    func = click.option("--seq", type=int, default=None, metavar="N", help="State as of event seq N.")(func)
+    func = click.option(
+        "--seq", type=int, default=None, metavar="N", help="State as of event seq N."
+    )(func)
     return click.option(
-        "--step", type=int, default=None, metavar="N",
+        "--step",
+        type=int,
+        default=None,
+        metavar="N",
         help="State right after the N-th optimizer.step() returned (0: sealed initial state).",
     )(func)
 
@@ -36,12 +41,20 @@ def check_step_or_seq(step: int | None, seq: int | None) -> None:
 @run_argument
 @step_options
 @click.option(
-    "--root", default=None, metavar="CLASS|all",
+    "--root",
+    default=None,
+    metavar="CLASS|all",
     help="Root module by class name, or 'all' (default: the root holding the most parameters).",
 )
 @rank_option
 def tree(
-    store: str | None, fmt: str, run: str, step: int | None, seq: int | None, root: str | None, rank: int | None
+    store: str | None,
+    fmt: str,
+    run: str,
+    step: int | None,
+    seq: int | None,
+    root: str | None,
+    rank: int | None,
 ) -> None:
     """Show RUN's module tree: names, classes, shapes, dtypes, where each was built.
 
@@ -76,6 +89,8 @@ def tree(
     for item in data:
         lines = plain_lines(item, out.width) if plain else None
         if lines is not None:
-            sys.stdout.write("\n".join(lines) + "\n")  # printable by plain_lines; the InertStream anyway
+            sys.stdout.write(
+                "\n".join(lines) + "\n"
+            )  # printable by plain_lines; the InertStream anyway
             continue
         out.print(renderable(item), highlight=False)

@@ -10,13 +10,19 @@ from auditlog.cli.options import store_option
 
 @click.command()
 @store_option
-@click.option("--port", type=int, default=8765, show_default=True, help="Port to listen on (0: a free one).")
 @click.option(
-    "--host", default="127.0.0.1", show_default=True,
+    "--port", type=int, default=8765, show_default=True, help="Port to listen on (0: a free one)."
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
     help="Address to listen on. Another than this machine's loopback only when asked, with a warning: "
     "the UI has no login.",
 )
-@click.option("--open", "open_browser", is_flag=True, help="Open the UI in the default web browser.")
+@click.option(
+    "--open", "open_browser", is_flag=True, help="Open the UI in the default web browser."
+)
 def ui(store: str | None, port: int, host: str, open_browser: bool) -> None:
     """Serve a read-only web UI of the store: runs, a run (module tree at any step,
     curves with NaN/Inf marked, the non-finite finding, snapshots, annotations, the
@@ -43,7 +49,9 @@ def ui(store: str | None, port: int, host: str, open_browser: bool) -> None:
         sock = bind(host, port)
 
         def started(url: str) -> None:
-            click.echo(f"auditlog ui: store {opened.location.display()} at {url} (read-only; Ctrl-C stops it)")
+            click.echo(
+                f"auditlog ui: store {opened.location.display()} at {url} (read-only; Ctrl-C stops it)"
+            )
             sys.stdout.flush()
             if open_browser:
                 import webbrowser

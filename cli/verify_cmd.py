@@ -47,7 +47,9 @@ if TYPE_CHECKING:
     metavar="DIR",
     help="Verify an archive written by `auditlog export` instead of a store (no store needed).",
 )
-@click.argument("run", required=False, default=None, metavar="[RUN|all]", shell_complete=complete_runs_or_all)
+@click.argument(
+    "run", required=False, default=None, metavar="[RUN|all]", shell_complete=complete_runs_or_all
+)
 def verify(
     store: str | None,
     fmt: str,
@@ -120,7 +122,17 @@ def verify(
                 }
                 for r in reports
             ),
-            ["run_id", "ok", "verdict", "events", "checkpoints", "exported_heads", "problems", "consistency", "notes"],
+            [
+                "run_id",
+                "ok",
+                "verdict",
+                "events",
+                "checkpoints",
+                "exported_heads",
+                "problems",
+                "consistency",
+                "notes",
+            ],
             fmt,
         )
     failed = [r for r in reports if not r.ok]
@@ -148,9 +160,13 @@ def _read_statement(source: str) -> SourcedStatement:
     except FileNotFoundError:
         raise StatementError(f"no head statement at {source!r}") from None
     except UnicodeDecodeError:
-        raise StatementError(f"{source!r} is not an auditlog head statement (not UTF-8 text)") from None
+        raise StatementError(
+            f"{source!r} is not an auditlog head statement (not UTF-8 text)"
+        ) from None
     except OSError as exc:
-        raise StatementError(f"cannot read head statement {source!r}: {exc.strerror or exc}") from exc
+        raise StatementError(
+            f"cannot read head statement {source!r}: {exc.strerror or exc}"
+        ) from exc
     return source, HeadStatement.parse(text, source)
 
 
@@ -169,7 +185,12 @@ def _progress() -> Iterator[Callable[[str], Callable[[int], None]] | None]:
     )
 
     # A run id is data (a tampered store can hold anything there): never markup.
-    columns = (TextColumn("{task.description}", markup=False), BarColumn(), TaskProgressColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}", markup=False),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, transient=True) as bar:
 
         def for_run(run_id: str) -> Callable[[int], None]:
@@ -195,13 +216,22 @@ def _verify_archive(directory: Path, keys: KeyRing | None, fmt: str) -> None:
             f"{report.events} events in {len(report.streams)} stream(s), {report.files} files, "
             f"{report.tensors} tensor(s), {report.signatures} signature(s)"
         )
-        echo_line(f"archive {directory} (run {(report.run_id or '?')[:12]}): {counted}: {'intact' if report.ok else 'FAILED'}")
+        echo_line(
+            f"archive {directory} (run {(report.run_id or '?')[:12]}): {counted}: {'intact' if report.ok else 'FAILED'}"
+        )
         for problem in report.problems[:20]:
             echo_line(f"  {problem}")
     else:
-        row = {"archive": str(directory), "run_id": report.run_id, "ok": report.ok, "events": report.events,
-               "files": report.files, "tensors": report.tensors, "signatures": report.signatures,
-               "problems": report.problems}
+        row = {
+            "archive": str(directory),
+            "run_id": report.run_id,
+            "ok": report.ok,
+            "events": report.events,
+            "files": report.files,
+            "tensors": report.tensors,
+            "signatures": report.signatures,
+            "problems": report.problems,
+        }
         emit_rows([row], list(row), fmt)
     if not report.ok:
         first = report.problems[0] if report.problems else "the archive holds no events"

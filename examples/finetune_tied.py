@@ -21,12 +21,16 @@ class TinyLM(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.pos = nn.Parameter(torch.zeros(1, 16, dim))
-        layer = nn.TransformerEncoderLayer(dim, heads, dim_feedforward=64, dropout=0.0, batch_first=True)
+        layer = nn.TransformerEncoderLayer(
+            dim, heads, dim_feedforward=64, dropout=0.0, batch_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(dim)
         self.lm_head = nn.Linear(dim, vocab, bias=False)
         self.lm_head.weight = self.embed.weight  # tied weights
-        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(16), persistent=False)
+        self.register_buffer(
+            "causal", nn.Transformer.generate_square_subsequent_mask(16), persistent=False
+        )
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         n = tokens.shape[1]
@@ -44,7 +48,9 @@ def pretrain(model: TinyLM, steps: int) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for tokens in batches(steps):
         logits = model(tokens[:, :-1])
-        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        loss = nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()

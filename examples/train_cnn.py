@@ -1,6 +1,6 @@
 """Train a small CNN with BatchNorm and in-place ReLU on synthetic 16x16 images.
 
-    auditlog run examples/train_cnn.py --epochs 2
+auditlog run examples/train_cnn.py --epochs 2
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ def build_model() -> nn.Module:
 
 def train(model: nn.Module, epochs: int = 2, lr: float = 0.05, quiet: bool = False) -> list[float]:
     x, y = make_data()
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32, shuffle=True)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, y), batch_size=32, shuffle=True
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     losses = []
     for epoch in range(epochs):

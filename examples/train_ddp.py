@@ -37,7 +37,9 @@ def init_process_group(restart: int) -> None:
         dist.init_process_group("gloo")
         return
     store = dist.TCPStore(  # type: ignore[attr-defined]
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
         timeout=datetime.timedelta(seconds=60),
     )
     dist.init_process_group(
@@ -51,10 +53,16 @@ def init_process_group(restart: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--kill-rank", type=int, default=None, help="this rank kills itself (SIGKILL)")
+    parser.add_argument(
+        "--kill-rank", type=int, default=None, help="this rank kills itself (SIGKILL)"
+    )
     parser.add_argument("--fail-rank", type=int, default=None, help="this rank raises an exception")
-    parser.add_argument("--at-step", type=int, default=3, help="when --kill-rank/--fail-rank strike")
-    parser.add_argument("--fail-restart", type=int, default=None, help="fail only in this torchrun restart")
+    parser.add_argument(
+        "--at-step", type=int, default=3, help="when --kill-rank/--fail-rank strike"
+    )
+    parser.add_argument(
+        "--fail-restart", type=int, default=None, help="fail only in this torchrun restart"
+    )
     args = parser.parse_args()
 
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))

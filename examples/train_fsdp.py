@@ -26,7 +26,9 @@ def save_full(model: nn.Module, directory: Path | None, step: int) -> None:
     """The full state dict gathered by torch (a collective: every rank calls it), saved by rank 0."""
     if directory is None:
         return
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    full = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
     if dist.get_rank() == 0:
         directory.mkdir(parents=True, exist_ok=True)
         torch.save(full, directory / f"full_step{step}.pt")

@@ -1,7 +1,7 @@
 """Train an MLP classifier on a synthetic, seeded data set (no downloads).
 
-    python examples/train_mlp.py --epochs 2
-    auditlog run examples/train_mlp.py --epochs 2
+python examples/train_mlp.py --epochs 2
+auditlog run examples/train_mlp.py --epochs 2
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from torch import nn
 class MLP(nn.Module):
     """A small residual-free MLP: Linear -> LayerNorm -> GELU blocks, then a head."""
 
-    def __init__(self, features: int = 20, hidden: int = 64, depth: int = 3, classes: int = 4) -> None:
+    def __init__(
+        self, features: int = 20, hidden: int = 64, depth: int = 3, classes: int = 4
+    ) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         width = features
@@ -30,7 +32,9 @@ class MLP(nn.Module):
         return self.head(self.dropout(self.body(x)))
 
 
-def make_data(n: int = 512, features: int = 20, classes: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def make_data(
+    n: int = 512, features: int = 20, classes: int = 4, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Gaussian blobs, one per class, from a private generator (the global RNG is untouched)."""
     gen = torch.Generator().manual_seed(seed)
     centers = torch.randn(classes, features, generator=gen) * 2
@@ -43,7 +47,9 @@ def build_model() -> nn.Module:
     return MLP()
 
 
-def train(model: nn.Module, epochs: int = 2, batch_size: int = 64, lr: float = 1e-3, quiet: bool = False) -> list[float]:
+def train(
+    model: nn.Module, epochs: int = 2, batch_size: int = 64, lr: float = 1e-3, quiet: bool = False
+) -> list[float]:
     x, y = make_data()
     dataset = torch.utils.data.TensorDataset(x, y)
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True)

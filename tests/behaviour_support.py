@@ -47,18 +47,26 @@ def table_sizes() -> dict[str, int]:
 def assert_same(plain: Any, recorded: Any, where: str = "outcome") -> None:
     """Equal values; tensors equal bitwise, with the same dtype, shape and class."""
     if isinstance(plain, torch.Tensor):
-        assert isinstance(recorded, torch.Tensor), f"{where}: {type(recorded).__name__} instead of a tensor"
-        assert type(plain) is type(recorded), f"{where}: {type(recorded).__name__} != {type(plain).__name__}"
+        assert isinstance(recorded, torch.Tensor), (
+            f"{where}: {type(recorded).__name__} instead of a tensor"
+        )
+        assert type(plain) is type(recorded), (
+            f"{where}: {type(recorded).__name__} != {type(plain).__name__}"
+        )
         assert plain.dtype == recorded.dtype and plain.shape == recorded.shape, where
         assert torch.equal(plain.detach(), recorded.detach()), f"{where}: values differ"
         return
     if isinstance(plain, dict):
-        assert isinstance(recorded, dict) and plain.keys() == recorded.keys(), f"{where}: keys differ"
+        assert isinstance(recorded, dict) and plain.keys() == recorded.keys(), (
+            f"{where}: keys differ"
+        )
         for key in plain:
             assert_same(plain[key], recorded[key], f"{where}[{key!r}]")
         return
     if isinstance(plain, (list, tuple)):
-        assert type(plain) is type(recorded) and len(plain) == len(recorded), f"{where}: {plain!r} != {recorded!r}"
+        assert type(plain) is type(recorded) and len(plain) == len(recorded), (
+            f"{where}: {plain!r} != {recorded!r}"
+        )
         for i, (a, b) in enumerate(zip(plain, recorded, strict=True)):
             assert_same(a, b, f"{where}[{i}]")
         return
@@ -75,7 +83,11 @@ def loader_methods() -> tuple[Any, ...]:
 def run_twice(behaviour: Callable[[], Any], store: Path, policy: str) -> Any:
     """The behaviour's outcome, after checking it is the same with a recording open."""
     flag = nn_module._global_is_full_backward_hook
-    backward, scale, scaler_step = torch.autograd.backward, torch.amp.GradScaler.scale, torch.amp.GradScaler.step
+    backward, scale, scaler_step = (
+        torch.autograd.backward,
+        torch.amp.GradScaler.scale,
+        torch.amp.GradScaler.step,
+    )
     loading = loader_methods()
     before = table_sizes()
     plain = outcome_of(behaviour)
@@ -89,7 +101,9 @@ def run_twice(behaviour: Callable[[], Any], store: Path, policy: str) -> Any:
     assert table_sizes() == before, "global hook tables differ after the recording"
     assert nn_module._global_is_full_backward_hook is flag
     assert torch.autograd.backward is backward, "torch.autograd.backward was not put back"
-    assert torch.nn.Module.__dict__["__init__"] is module_init, "nn.Module.__init__ was not put back"
+    assert torch.nn.Module.__dict__["__init__"] is module_init, (
+        "nn.Module.__init__ was not put back"
+    )
     assert (torch.amp.GradScaler.scale, torch.amp.GradScaler.step) == (scale, scaler_step)
     assert loader_methods() == loading, "the DataLoader methods were not put back"
     assert optim_module._global_optimizer_pre_hooks is GLOBAL_HOOK_TABLES["optimizer_step_pre"]()

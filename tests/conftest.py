@@ -27,7 +27,9 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AUDITLOG_SHARD", raising=False)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / ".config"))  # no user's signing key leaks in
+    monkeypatch.setenv(
+        "XDG_CONFIG_HOME", str(tmp_path / ".config")
+    )  # no user's signing key leaks in
     monkeypatch.chdir(tmp_path)
 
 
@@ -46,6 +48,8 @@ def twice(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 
     policy = request.param
     return lambda behaviour: run_twice(behaviour, tmp_path / f"store-{policy}", policy)
+
+
 # --------------------------------------------------------------------------- PostgreSQL
 # The server CI starts (.ci/run): trust auth on 127.0.0.1:5432. Each test gets a
 # database of its own, created here and dropped afterwards.

@@ -25,21 +25,40 @@ from typing import Any
 from auditlog.core.chain import chain_hash, genesis_hash
 from auditlog.core.payloadlimits import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH
 
-CHAINED = ("run_id", "stream", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id", "snapshot", "payload")
+CHAINED = (
+    "run_id",
+    "stream",
+    "seq",
+    "ts_ns",
+    "kind",
+    "step",
+    "module_id",
+    "tensor_id",
+    "snapshot",
+    "payload",
+)
 DEEP = 200_000  # levels: what stopped every reader with RecursionError before the limits
 
 
-def edit_payload(store_dir: Path, run_id: str, kind: str, edit: Callable[[str], str], *, rehash: bool) -> None:
+def edit_payload(
+    store_dir: Path, run_id: str, kind: str, edit: Callable[[str], str], *, rehash: bool
+) -> None:
     """Replace the payload text of ``run_id``'s first ``kind`` event with ``edit(text)``;
     with ``rehash``, recompute its stream's chain and delete the run's checkpoints."""
     conn = sqlite3.connect(store_dir / "events.db")
     conn.row_factory = sqlite3.Row
     try:
-        rows = [dict(r) for r in conn.execute(
-            "select * from events where run_id = ? and stream = 0 order by seq", (run_id,))]
+        rows = [
+            dict(r)
+            for r in conn.execute(
+                "select * from events where run_id = ? and stream = 0 order by seq", (run_id,)
+            )
+        ]
         target = next(r for r in rows if r["kind"] == kind)
         target["payload"] = edit(target["payload"])
-        conn.execute("update events set payload = ? where id = ?", (target["payload"], target["id"]))
+        conn.execute(
+            "update events set payload = ? where id = ?", (target["payload"], target["id"])
+        )
         if rehash:
             prev = genesis_hash(run_id, 0)
             for row in rows:
@@ -54,10 +73,12 @@ def edit_payload(store_dir: Path, run_id: str, kind: str, edit: Callable[[str], 
 
 def with_field(value: Any) -> Callable[[str], str]:
     """A payload edit adding ``"zz": value`` (compact JSON, keys sorted as the recorder writes)."""
+
     def edit(text: str) -> str:
         payload = json.loads(text)
         payload["zz"] = value
         return json.dumps(payload, sort_keys=True, separators=(",", ":"))
+
     return edit
 
 
@@ -74,7 +95,10 @@ def nested(levels: int) -> str:
 def _case(kind: str, edit: Callable[[str], str], rehash: bool) -> Callable[[Path, str], None]:
     def damage(store_dir: Path, run_id: str) -> None:
         edit_payload(store_dir, run_id, kind, edit, rehash=rehash)
-    damage.__doc__ = f"The first {kind} event of the run edited{' (chain recomputed)' if rehash else ''}."
+
+    damage.__doc__ = (
+        f"The first {kind} event of the run edited{' (chain recomputed)' if rehash else ''}."
+    )
     return damage
 
 
@@ -116,25 +140,60 @@ _TOO_BIG = f"over the limit of {MAX_PAYLOAD_BYTES:,} bytes"
 _BOUNDARY = _refused_by("verify", "events", "runs", "query", "restore", "diff")
 
 PAYLOAD_CASES: list[PayloadCase] = [
-    PayloadCase("deep_run_started", _case("run_started", with_raw_field(nested(DEEP)), rehash=True),
-                _TOO_DEEP, _BOUNDARY),
-    PayloadCase("deep_run_started_plain_edit", _case("run_started", with_raw_field(nested(DEEP)), rehash=False),
-                _TOO_DEEP, _BOUNDARY),
-    PayloadCase("deep_run_ended", _case("run_ended", with_raw_field(nested(DEEP)), rehash=True), _TOO_DEEP, _BOUNDARY),
-    PayloadCase("just_too_deep_run_ended",  # the object, and a list 64 deep in it: 65 levels
-                _case("run_ended", with_raw_field(nested(MAX_PAYLOAD_DEPTH)), rehash=True), _TOO_DEEP, _BOUNDARY),
-    PayloadCase("deep_construction_sealed",
-                _case("construction_sealed", with_raw_field(nested(DEEP)), rehash=True), _TOO_DEEP,
-                _refused_by("verify", "events", "tree", "query", "restore", "diff")),
+    PayloadCase(
+        "deep_run_started",
+        _case("run_started", with_raw_field(nested(DEEP)), rehash=True),
+        _TOO_DEEP,
+        _BOUNDARY,
+    ),
+    PayloadCase(
+        "deep_run_started_plain_edit",
+        _case("run_started", with_raw_field(nested(DEEP)), rehash=False),
+        _TOO_DEEP,
+        _BOUNDARY,
+    ),
+    PayloadCase(
+        "deep_run_ended",
+        _case("run_ended", with_raw_field(nested(DEEP)), rehash=True),
+        _TOO_DEEP,
+        _BOUNDARY,
+    ),
+    PayloadCase(
+        "just_too_deep_run_ended",  # the object, and a list 64 deep in it: 65 levels
+        _case("run_ended", with_raw_field(nested(MAX_PAYLOAD_DEPTH)), rehash=True),
+        _TOO_DEEP,
+        _BOUNDARY,
+    ),
+    PayloadCase(
+        "deep_construction_sealed",
+        _case("construction_sealed", with_raw_field(nested(DEEP)), rehash=True),
+        _TOO_DEEP,
+        _refused_by("verify", "events", "tree", "query", "restore", "diff"),
+    ),
     # an ordinary event: verify hashes its text (intact once rehashed); every reader of it refuses it
-    PayloadCase("deep_metrics", _case("metrics", with_raw_field(nested(DEEP)), rehash=True), "",
-                _refused_by("events", "query")),
-    PayloadCase("unclosed_brackets_in_run_started", _case("run_started", with_raw_field("[" * DEEP), rehash=True),
-                "payload is not a JSON object",
-                {**_refused_by("events", "query", "diff", code=3), **_refused_by("verify", "restore")}),
-    PayloadCase("oversized_annotation", _case("annotation", _oversized, rehash=True), _TOO_BIG,
-                _refused_by("verify", "events", "query", "restore")),
+    PayloadCase(
+        "deep_metrics",
+        _case("metrics", with_raw_field(nested(DEEP)), rehash=True),
+        "",
+        _refused_by("events", "query"),
+    ),
+    PayloadCase(
+        "unclosed_brackets_in_run_started",
+        _case("run_started", with_raw_field("[" * DEEP), rehash=True),
+        "payload is not a JSON object",
+        {**_refused_by("events", "query", "diff", code=3), **_refused_by("verify", "restore")},
+    ),
+    PayloadCase(
+        "oversized_annotation",
+        _case("annotation", _oversized, rehash=True),
+        _TOO_BIG,
+        _refused_by("verify", "events", "query", "restore"),
+    ),
     # within the limits: answered as usual (brackets and escaped quotes inside a string are text)
-    PayloadCase("brackets_inside_a_string", _case("annotation", with_field('\\"[' * DEEP), rehash=True), ""),
-    PayloadCase("four_mib_annotation", _case("annotation", with_field("b" * (4 << 20)), rehash=True), ""),
+    PayloadCase(
+        "brackets_inside_a_string", _case("annotation", with_field('\\"[' * DEEP), rehash=True), ""
+    ),
+    PayloadCase(
+        "four_mib_annotation", _case("annotation", with_field("b" * (4 << 20)), rehash=True), ""
+    ),
 ]

@@ -47,7 +47,18 @@ from typing import Any
 import pyarrow.parquet as pq
 
 TESTS = Path(__file__).resolve().parent
-CHAINED = ("run_id", "stream", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id", "snapshot", "payload")
+CHAINED = (
+    "run_id",
+    "stream",
+    "seq",
+    "ts_ns",
+    "kind",
+    "step",
+    "module_id",
+    "tensor_id",
+    "snapshot",
+    "payload",
+)
 COMMAND_SECONDS = 30  # a command still running after this long has hung (a real answer takes 1-5 s)
 
 
@@ -130,7 +141,9 @@ def copy_store(pristine: Pristine, root: Path) -> Layout:
     layout.store.parent.mkdir(parents=True)
     layout.outside.mkdir()
     layout.out.mkdir()
-    shutil.copytree(pristine.store, layout.store, ignore=shutil.ignore_patterns("readmodel.duckdb*"))
+    shutil.copytree(
+        pristine.store, layout.store, ignore=shutil.ignore_patterns("readmodel.duckdb*")
+    )
     return layout
 
 
@@ -177,9 +190,13 @@ def rewrite_events(store: Path, edit: Callable[[dict[str, Any]], None]) -> None:
             row["hash"] = prev = chain_hash(prev, {c: row[c] for c in CHAINED})
             if row["hash"] != before:
                 changed.add(row["run_id"])
-                conn.execute("update events set payload = ?, hash = ? where id = ?",
-                             (row["payload"], row["hash"], row["id"]))
-        conn.executemany("delete from checkpoints where run_id = ?", [(run_id,) for run_id in changed])
+                conn.execute(
+                    "update events set payload = ?, hash = ? where id = ?",
+                    (row["payload"], row["hash"], row["id"]),
+                )
+        conn.executemany(
+            "delete from checkpoints where run_id = ?", [(run_id,) for run_id in changed]
+        )
         conn.commit()
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
@@ -299,18 +316,51 @@ def _newline(layout: Layout, pristine: Pristine) -> None:
 CASES: list[Case] = [
     Case("pristine", "pristine", lambda layout, pristine: None),
     Case("fifo_for_a_file", "file", _fifo, hangs=True, finding="not a regular file (a FIFO)"),
-    Case("symlink_to_a_copy_outside", "file", _link_to_copy, finding="not a regular file (a symbolic link)"),
-    Case("symlink_to_a_fifo_outside", "file", _link_to_fifo, hangs=True, finding="not a regular file (a symbolic link)"),
+    Case(
+        "symlink_to_a_copy_outside",
+        "file",
+        _link_to_copy,
+        finding="not a regular file (a symbolic link)",
+    ),
+    Case(
+        "symlink_to_a_fifo_outside",
+        "file",
+        _link_to_fifo,
+        hangs=True,
+        finding="not a regular file (a symbolic link)",
+    ),
     Case("directory_for_a_file", "file", _directory, finding="not a regular file (a directory)"),
     Case("zero_length_file", "file", _zero_length, finding="unreadable"),
     Case("truncated_file", "file", _truncated, finding="unreadable"),
-    Case("shape_of_2_to_the_96", "file", _shape([2**32] * 3), finding="more than any tensor can hold"),
-    Case("shape_of_a_terabyte", "file", _shape([2**20, 2**20]), finding="holds 128 of 4398046511104 bytes"),
-    Case("negative_dimension", "file", _shape([-8, -4]), finding="not a list of non-negative 64-bit integers"),
-    Case("shape_of_floats_and_text", "file", _shape([8.5, "4"]), finding="not a list of non-negative 64-bit integers"),
+    Case(
+        "shape_of_2_to_the_96", "file", _shape([2**32] * 3), finding="more than any tensor can hold"
+    ),
+    Case(
+        "shape_of_a_terabyte",
+        "file",
+        _shape([2**20, 2**20]),
+        finding="holds 128 of 4398046511104 bytes",
+    ),
+    Case(
+        "negative_dimension",
+        "file",
+        _shape([-8, -4]),
+        finding="not a list of non-negative 64-bit integers",
+    ),
+    Case(
+        "shape_of_floats_and_text",
+        "file",
+        _shape([8.5, "4"]),
+        finding="not a list of non-negative 64-bit integers",
+    ),
     Case("hash_with_a_nul", "hash", _hash("ab\x00" + "c" * 61), finding="'ab\\x00ccc"),
-    Case("hash_as_an_object", "hash", _hash({"path": "/etc/passwd"}), finding="'<dict {\"path\":\"/etc/passwd\"}>'"),
-    Case("hash_as_a_list", "hash", _hash(["a", "b"]), finding="'<list [\"a\",\"b\"]>'"),
+    Case(
+        "hash_as_an_object",
+        "hash",
+        _hash({"path": "/etc/passwd"}),
+        finding='\'<dict {"path":"/etc/passwd"}>\'',
+    ),
+    Case("hash_as_a_list", "hash", _hash(["a", "b"]), finding='\'<list ["a","b"]>\''),
     Case("hash_as_a_number", "hash", _hash(2**70), finding="'<int 1180591620717411303424>'"),
     Case("hash_climbing_out", "hash", _dotdot, hangs=True, finding="'../../outside/x'"),
     Case("hash_as_an_absolute_path", "hash", _absolute, hangs=True, finding="/outside/y'"),
@@ -336,7 +386,9 @@ class Command:
     argv: tuple[str, ...] = ()
     codes: dict[str, int] = field(default_factory=dict)
     api: Callable[[Pristine, Layout], str] | None = None
-    then: tuple[str, ...] = ()  # a second command run when the first exits 0 (verify-proof of prove's proof)
+    then: tuple[
+        str, ...
+    ] = ()  # a second command run when the first exits 0 (verify-proof of prove's proof)
 
 
 def _api_state_dict(pristine: Pristine, layout: Layout) -> str:
@@ -357,21 +409,47 @@ def _api_snapshots_and_verify(pristine: Pristine, layout: Layout) -> str:
     return f"{len(rows)} snapshots, {stored} bytes, intact={report.ok}"
 
 
-_SNAPSHOT_READER = {"pristine": 0, "file": 4, "hash": 4}  # reads the damaged content: a damaged record
-_RECORD_READER = {"pristine": 0, "file": 0, "hash": 0}  # reads events or the read model: answers, warns
+_SNAPSHOT_READER = {
+    "pristine": 0,
+    "file": 4,
+    "hash": 4,
+}  # reads the damaged content: a damaged record
+_RECORD_READER = {
+    "pristine": 0,
+    "file": 0,
+    "hash": 0,
+}  # reads events or the read model: answers, warns
 
 COMMANDS: list[Command] = [
     Command("verify", ("verify", "{r1}", "--key", "{pub}"), _SNAPSHOT_READER),
     Command("verify_all", ("verify", "all", "--key", "{pub}"), _SNAPSHOT_READER),
-    Command("restore_torch", ("restore", "{r1}", "--step", "0", "-o", "{out}/state.pt"), _SNAPSHOT_READER),
-    Command("restore_safetensors", ("restore", "{r1}", "--step", "0", "-o", "{out}/state.safetensors"),
-            _SNAPSHOT_READER),
-    Command("query_values", ("query", "--format", "json", "select count(*) as n, sum(value) as s from tensor_values"),
-            _RECORD_READER),
-    Command("query_rebuilt", ("query", "--rebuild", "--run", "{r1}", "select count(*) from snapshots"), _RECORD_READER),
+    Command(
+        "restore_torch",
+        ("restore", "{r1}", "--step", "0", "-o", "{out}/state.pt"),
+        _SNAPSHOT_READER,
+    ),
+    Command(
+        "restore_safetensors",
+        ("restore", "{r1}", "--step", "0", "-o", "{out}/state.safetensors"),
+        _SNAPSHOT_READER,
+    ),
+    Command(
+        "query_values",
+        ("query", "--format", "json", "select count(*) as n, sum(value) as s from tensor_values"),
+        _RECORD_READER,
+    ),
+    Command(
+        "query_rebuilt",
+        ("query", "--rebuild", "--run", "{r1}", "select count(*) from snapshots"),
+        _RECORD_READER,
+    ),
     Command("metrics", ("metrics", "{r1}"), _RECORD_READER),
     Command("report", ("report", "{r1}", "-o", "{out}/report.html"), _RECORD_READER),
-    Command("events", ("events", "{r1}", "--kind", "construction_sealed", "--format", "json"), _RECORD_READER),
+    Command(
+        "events",
+        ("events", "{r1}", "--kind", "construction_sealed", "--format", "json"),
+        _RECORD_READER,
+    ),
     Command("tree", ("tree", "{r1}"), _RECORD_READER),
     Command("runs", ("runs",), _RECORD_READER),
     Command("snapshots", ("snapshots", "{r1}"), _RECORD_READER),
@@ -381,11 +459,21 @@ COMMANDS: list[Command] = [
     Command("data", ("data", "{r1}"), _RECORD_READER),
     Command("plot", ("plot", "{r1}", "param-norm", "--format", "csv"), _RECORD_READER),
     Command("export", ("export", "{r1}", "--to", "{out}/archive"), _SNAPSHOT_READER),
-    Command("bom_json", ("bom", "{r1}", "--step", "0", "--format", "json", "-o", "{out}/bom.json"), _RECORD_READER),
-    Command("bom_cyclonedx", ("bom", "{r1}", "--step", "0", "-o", "{out}/bom.cdx.json"), _RECORD_READER),
+    Command(
+        "bom_json",
+        ("bom", "{r1}", "--step", "0", "--format", "json", "-o", "{out}/bom.json"),
+        _RECORD_READER,
+    ),
+    Command(
+        "bom_cyclonedx", ("bom", "{r1}", "--step", "0", "-o", "{out}/bom.cdx.json"), _RECORD_READER
+    ),
     # a hash case rewrote the chain and lost the checkpoint: no signed head to prove from (exit 1)
-    Command("prove", ("prove", "{r1}", "--seq", "3", "-o", "{out}/proof.json"), {"pristine": 0, "file": 0, "hash": 1},
-            then=("verify-proof", "{out}/proof.json", "--key", "{pub}")),
+    Command(
+        "prove",
+        ("prove", "{r1}", "--seq", "3", "-o", "{out}/proof.json"),
+        {"pristine": 0, "file": 0, "hash": 1},
+        then=("verify-proof", "{out}/proof.json", "--key", "{pub}"),
+    ),
     Command("api_state_dict", codes=_SNAPSHOT_READER, api=_api_state_dict),
     Command("api_snapshots_and_verify", codes=_RECORD_READER, api=_api_snapshots_and_verify),
 ]
@@ -411,6 +499,7 @@ class Hung(BaseException):
 @contextmanager
 def deadline(seconds: float) -> Iterator[None]:
     """Interrupt the main thread with ``Hung`` after ``seconds`` (where Python code runs again)."""
+
     def fire(signum: int, frame: Any) -> None:
         raise Hung(f"still running after {seconds} s")
 
@@ -424,15 +513,22 @@ def deadline(seconds: float) -> Iterator[None]:
 
 
 def _filled(argv: tuple[str, ...], pristine: Pristine, layout: Layout) -> list[str]:
-    names = {"store": str(layout.store), "out": str(layout.out), "r1": pristine.r1, "r2": pristine.r2,
-             "pub": str(pristine.public_key)}
+    names = {
+        "store": str(layout.store),
+        "out": str(layout.out),
+        "r1": pristine.r1,
+        "r2": pristine.r2,
+        "pub": str(pristine.public_key),
+    }
     return [a.format(**names) for a in argv]
 
 
 def _cli(argv: list[str], layout: Layout) -> tuple[int, str, str]:
     from helpers import invoke
 
-    result = invoke(*argv, "--store", str(layout.store)) if argv[0] != "verify-proof" else invoke(*argv)
+    result = (
+        invoke(*argv, "--store", str(layout.store)) if argv[0] != "verify-proof" else invoke(*argv)
+    )
     return result.exit_code, result.stdout, result.stderr
 
 
@@ -447,7 +543,9 @@ def answer(command: Command, pristine: Pristine, layout: Layout) -> Answer:
                 code, stdout, stderr = 0, command.api(pristine, layout), ""
             except AuditlogError as exc:
                 code, stdout, stderr = exc.exit_code, "", f"Error: {exc}\n"
-            except Exception as exc:  # what the test reports: an API call must raise only AuditlogError
+            except (
+                Exception
+            ) as exc:  # what the test reports: an API call must raise only AuditlogError
                 code, stdout, stderr = -1, "", f"Traceback: {type(exc).__name__}: {exc}\n"
         else:
             code, stdout, stderr = _cli(_filled(command.argv, pristine, layout), layout)
@@ -457,7 +555,9 @@ def answer(command: Command, pristine: Pristine, layout: Layout) -> Answer:
     return Answer(command.name, code, stdout, stderr, time.monotonic() - started)
 
 
-def answers(cases: dict[str, Layout], pristine: Pristine, timeout: float = 240) -> dict[str, dict[str, Answer]]:
+def answers(
+    cases: dict[str, Layout], pristine: Pristine, timeout: float = 240
+) -> dict[str, dict[str, Answer]]:
     """Every command of ``COMMANDS`` on each case's store (``case name -> layout``), all
     in one subprocess (``main``: one start, one import of torch), for the cases that
     would hang a reader. A command that never answers is killed with the process; it
@@ -466,13 +566,26 @@ def answers(cases: dict[str, Layout], pristine: Pristine, timeout: float = 240) 
     first = next(iter(cases.values()))
     spec = first.root.parent / f"{first.root.name}.answers.json"
     results = spec.with_suffix(".jsonl")
-    spec.write_text(json.dumps({"pristine": {k: str(v) for k, v in vars(pristine).items()},
-                                "cases": {name: str(layout.root) for name, layout in cases.items()}}))
+    spec.write_text(
+        json.dumps(
+            {
+                "pristine": {k: str(v) for k, v in vars(pristine).items()},
+                "cases": {name: str(layout.root) for name, layout in cases.items()},
+            }
+        )
+    )
     env = {k: v for k, v in os.environ.items() if k != "AUDITLOG_STORE"}
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
     try:
-        subprocess.run([sys.executable, str(Path(__file__)), str(spec), str(results)], env=env, cwd=first.root,
-                       timeout=timeout, capture_output=True, text=True, check=False)
+        subprocess.run(
+            [sys.executable, str(Path(__file__)), str(spec), str(results)],
+            env=env,
+            cwd=first.root,
+            timeout=timeout,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         pass
     found: dict[str, dict[str, Answer]] = {name: {} for name in cases}
@@ -483,7 +596,9 @@ def answers(cases: dict[str, Layout], pristine: Pristine, timeout: float = 240) 
     for name in cases:
         for command in COMMANDS:
             if command.name not in found[name]:
-                found[name][command.name] = Answer(command.name, -2, "", f"hung: no answer within {timeout} s\n", timeout)
+                found[name][command.name] = Answer(
+                    command.name, -2, "", f"hung: no answer within {timeout} s\n", timeout
+                )
     return found
 
 
@@ -493,7 +608,9 @@ def main() -> None:
     spec, results = Path(sys.argv[1]), Path(sys.argv[2])
     data = json.loads(spec.read_text())
     raw = data["pristine"]
-    pristine = Pristine(Path(raw["store"]), raw["r1"], raw["r2"], Path(raw["public_key"]), Path(raw["private_key"]))
+    pristine = Pristine(
+        Path(raw["store"]), raw["r1"], raw["r2"], Path(raw["public_key"]), Path(raw["private_key"])
+    )
     with results.open("a") as sink:
         for name, root in data["cases"].items():
             layout = Layout(Path(root))

@@ -29,7 +29,18 @@ import auditlog
 from auditlog.core.chain import canonical_payload, chain_hash, genesis_hash
 from auditlog.integrity.keys import generate_key_pair
 
-CHAINED = ("run_id", "stream", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id", "snapshot", "payload")
+CHAINED = (
+    "run_id",
+    "stream",
+    "seq",
+    "ts_ns",
+    "kind",
+    "step",
+    "module_id",
+    "tensor_id",
+    "snapshot",
+    "payload",
+)
 
 
 @dataclass(frozen=True)
@@ -50,7 +61,9 @@ class Trial:
         return self.cli("verify", "--key", str(self.public_key), "--against", str(self.head), *args)
 
 
-def train(store: Path, name: str, seed: int, steps: int = 4, annotate: bool = True, **options: Any) -> str:
+def train(
+    store: Path, name: str, seed: int, steps: int = 4, annotate: bool = True, **options: Any
+) -> str:
     """A small real training run, recorded (with a dataset annotation unless not ``annotate``)."""
     with auditlog.record(store=store, name=name, snapshot_every=2, **options) as run:
         torch.manual_seed(seed)
@@ -79,7 +92,16 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Trial:
         r1 = train(store, "r1", seed=0)
         r2 = train(store, "r2", seed=1)
         head = root / "head.json"
-        done = invoke("export-head", r1, "--key", str(key.private_path), "-o", str(head), "--store", str(store))
+        done = invoke(
+            "export-head",
+            r1,
+            "--key",
+            str(key.private_path),
+            "-o",
+            str(head),
+            "--store",
+            str(store),
+        )
         assert done.exit_code == 0, done.stderr
     with tamper(store):  # fold the WAL back so copies are self-contained
         pass
@@ -97,19 +119,34 @@ def trial(pristine: Trial, tmp_path: Path) -> Trial:
 # --------------------------------------------------------------------------- forging events
 def rows(conn: sqlite3.Connection, run_id: str, stream: int = 0) -> list[dict[str, Any]]:
     conn.row_factory = sqlite3.Row
-    found = conn.execute("select * from events where run_id=? and stream=? order by seq", (run_id, stream))
+    found = conn.execute(
+        "select * from events where run_id=? and stream=? order by seq", (run_id, stream)
+    )
     return [dict(r) for r in found]
 
 
-def append_event(conn: sqlite3.Connection, run_id: str, stream: int, kind: str, payload: Any,
-                 ts_ns: int = 1_700_000_000_000_000_000) -> dict[str, Any]:
+def append_event(
+    conn: sqlite3.Connection,
+    run_id: str,
+    stream: int,
+    kind: str,
+    payload: Any,
+    ts_ns: int = 1_700_000_000_000_000_000,
+) -> dict[str, Any]:
     """Append one event to a stream, chained correctly from the stream's last hash."""
     existing = rows(conn, run_id, stream)
     prev = existing[-1]["hash"] if existing else genesis_hash(run_id, stream)
     row = {
-        "run_id": run_id, "stream": stream, "seq": len(existing) + 1, "ts_ns": ts_ns, "kind": kind,
-        "step": existing[-1]["step"] if existing else 0, "module_id": None, "tensor_id": None,
-        "snapshot": None, "payload": canonical_payload(payload),
+        "run_id": run_id,
+        "stream": stream,
+        "seq": len(existing) + 1,
+        "ts_ns": ts_ns,
+        "kind": kind,
+        "step": existing[-1]["step"] if existing else 0,
+        "module_id": None,
+        "tensor_id": None,
+        "snapshot": None,
+        "payload": canonical_payload(payload),
     }
     row["hash"] = chain_hash(prev, row)
     conn.execute(
@@ -139,15 +176,30 @@ def snapshot_path(store: Path, sha: str) -> Path:
 
 def values_shown(store: Path, sha: str, *extra: str) -> tuple[CliResult, list[float]]:
     """What ``query`` answers from ``tensor_values`` for one content hash."""
-    result = invoke("query", "--store", str(store), "--format", "json", *extra,
-                    f"select value from tensor_values where sha256 = '{sha}' order by \"index\"")
+    result = invoke(
+        "query",
+        "--store",
+        str(store),
+        "--format",
+        "json",
+        *extra,
+        f"select value from tensor_values where sha256 = '{sha}' order by \"index\"",
+    )
     assert result.exit_code == 0, result.stderr
     return result, [r["value"] for r in json.loads(result.stdout)]
 
 
 def grad_norm_shown(store: Path, run_id: str) -> Iterator[float]:
-    result = invoke("query", "--store", str(store), "--run", run_id, "--format", "json",
-                    "select grad_norm from steps where step = 1 order by parameter limit 1")
+    result = invoke(
+        "query",
+        "--store",
+        str(store),
+        "--run",
+        run_id,
+        "--format",
+        "json",
+        "select grad_norm from steps where step = 1 order by parameter limit 1",
+    )
     assert result.exit_code == 0, result.stderr
     for row in json.loads(result.stdout):
         yield float(row["grad_norm"])

@@ -72,10 +72,14 @@ def file_digest(path: Path) -> str:
 
 def tree_digest(root: Path) -> dict[str, str]:
     """Digest of every file under ``root`` (relative path -> sha256)."""
-    return {str(p.relative_to(root)): file_digest(p) for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): file_digest(p) for p in sorted(root.rglob("*")) if p.is_file()
+    }
 
 
-def record_run(store_path: Path | str | None, steps: int = 2, name: str | None = None, **options: Any) -> str:
+def record_run(
+    store_path: Path | str | None, steps: int = 2, name: str | None = None, **options: Any
+) -> str:
     """Record a tiny model training for ``steps`` optimizer steps; return the run id.
 
     ``options`` go to ``auditlog.record`` (``run_id=``, policy keys).

@@ -62,7 +62,10 @@ class AllowListContract(Contract):
             for importer in sorted({source} | graph.find_descendants(source)):
                 for imported in sorted(graph.find_modules_directly_imported_by(importer)):
                     if not self._allowed(imported, source):
-                        lines = [d["line_number"] for d in graph.get_import_details(importer=importer, imported=imported)]
+                        lines = [
+                            d["line_number"]
+                            for d in graph.get_import_details(importer=importer, imported=imported)
+                        ]
                         found.append({"importer": importer, "imported": imported, "lines": lines})
         return ContractCheck(kept=not found, metadata={"found": found})
 
@@ -72,7 +75,11 @@ class AllowListContract(Contract):
             where = ", ".join(f"l.{n}" for n in item["lines"])
             output.print_error(f"{item['importer']} -> {item['imported']} ({where})", bold=False)
         output.new_line()
-        output.print_error(f"Allowed: the package itself, {allowed}" + (", the standard library" if self.allow_stdlib else ""), bold=False)
+        output.print_error(
+            f"Allowed: the package itself, {allowed}"
+            + (", the standard library" if self.allow_stdlib else ""),
+            bold=False,
+        )
 
 
 def staged_contracts(pyproject: str) -> str:
@@ -80,7 +87,9 @@ def staged_contracts(pyproject: str) -> str:
     section = pyproject[pyproject.index("[tool.importlinter]") :]
     end = re.search(r"^\[tool\.(?!importlinter)", section, re.MULTILINE)
     section = section[: end.start()] if end else section
-    section = re.sub(r"^root_packages = .*$", 'root_packages = ["auditlog"]', section, flags=re.MULTILINE)
+    section = re.sub(
+        r"^root_packages = .*$", 'root_packages = ["auditlog"]', section, flags=re.MULTILINE
+    )
     return re.sub(r'"cli(?=[". ])', '"auditlog.cli', section)
 
 
@@ -99,7 +108,9 @@ def lint(root: Path) -> subprocess.CompletedProcess[str]:
     """``lint-imports`` on a staged copy (its own directory first on the path)."""
     command = Path(sys.executable).with_name("lint-imports")
     env = {**os.environ, "PYTHONPATH": str(root)}
-    return subprocess.run([str(command), "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [str(command), "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def main() -> int:

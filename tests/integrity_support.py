@@ -16,7 +16,18 @@ from helpers import record_run, tamper  # noqa: F401  (re-exported for the integ
 
 from auditlog.core.chain import chain_hash, genesis_hash
 
-CHAINED = ("run_id", "stream", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id", "snapshot", "payload")
+CHAINED = (
+    "run_id",
+    "stream",
+    "seq",
+    "ts_ns",
+    "kind",
+    "step",
+    "module_id",
+    "tensor_id",
+    "snapshot",
+    "payload",
+)
 
 
 def isolate_keys(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
@@ -25,8 +36,6 @@ def isolate_keys(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
     monkeypatch.delenv("AUDITLOG_KEY", raising=False)
     return config
-
-
 
 
 def last_seq(store: Path, run_id: str, stream: int = 0) -> int:
@@ -65,6 +74,7 @@ def rewrite_chain(store: Path, run_id: str, seq: int, stream: int = 0) -> None:
                 row["payload"] = row["payload"][:-1] + ',"forged":true}'
             new_hash = chain_hash(prev, {c: row[c] for c in CHAINED})
             conn.execute(
-                "update events set payload=?, hash=? where id=?", (row["payload"], new_hash, row["id"])
+                "update events set payload=?, hash=? where id=?",
+                (row["payload"], new_hash, row["id"]),
             )
             prev = new_hash

@@ -24,7 +24,11 @@ def free_port() -> int:
 
 
 def torchrun(
-    tmp_path: Path, *auditlog_args: str, module: bool = False, torchrun_args: tuple[str, ...] = (), check: bool = True
+    tmp_path: Path,
+    *auditlog_args: str,
+    module: bool = False,
+    torchrun_args: tuple[str, ...] = (),
+    check: bool = True,
 ) -> subprocess.CompletedProcess[str]:
     """``torchrun --nproc_per_node=2 [--no-python auditlog | -m auditlog] ARGS``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUDITLOG_")}
@@ -33,10 +37,22 @@ def torchrun(
     launcher = ["-m", "auditlog"] if module else ["--no-python", str(AUDITLOG)]
     # A port of its own: torchrun's default (29500) is shared by every job on the machine,
     # so two test processes (or a user's job) would meet in one rendezvous.
-    port = () if any(a.startswith("--master") for a in torchrun_args) else (f"--master-port={free_port()}",)
+    port = (
+        ()
+        if any(a.startswith("--master") for a in torchrun_args)
+        else (f"--master-port={free_port()}",)
+    )
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", *port, *torchrun_args, *launcher,
-         *auditlog_args],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            *port,
+            *torchrun_args,
+            *launcher,
+            *auditlog_args,
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -96,7 +112,11 @@ def start_workers(store: Path, key: Path, tmp_path: Path) -> list[tuple[str, int
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     go = tmp_path / "go"
-    env = {k: v for k, v in os.environ.items() if k not in ("AUDITLOG_STORE", "AUDITLOG_RUN_ID", "RANK")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("AUDITLOG_STORE", "AUDITLOG_RUN_ID", "RANK")
+    }
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     procs = [
         subprocess.Popen(

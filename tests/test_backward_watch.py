@@ -17,7 +17,9 @@ import auditlog
 
 def _losses(store: Path) -> list[dict[str, Any]]:
     with auditlog.open(store) as s:
-        return s.query("select step, name, value, origin from metrics order by seq, position", run="latest")
+        return s.query(
+            "select step, name, value, origin from metrics order by seq, position", run="latest"
+        )
 
 
 def _steps(store: Path) -> list[dict[str, Any]]:
@@ -42,11 +44,16 @@ def test_reentrant_checkpointing_counts_one_backward(store: Path) -> None:
         return [p.detach().clone() for p in [*block.parameters(), *head.parameters()]]
 
     run_twice(behaviour, store, "audit")
-    assert [(r["step"], r["name"], r["origin"]) for r in _losses(store)] == [(0, "loss", "backward"), (1, "loss", "backward")]
+    assert [(r["step"], r["name"], r["origin"]) for r in _losses(store)] == [
+        (0, "loss", "backward"),
+        (1, "loss", "backward"),
+    ]
     assert [p["grads_modified"] for p in _steps(store)] == [False, False]
 
 
-def test_a_backward_that_is_not_a_loss_records_none_and_a_replaced_gradient_is_seen(store: Path) -> None:
+def test_a_backward_that_is_not_a_loss_records_none_and_a_replaced_gradient_is_seen(
+    store: Path,
+) -> None:
     with auditlog.record(store):
         torch.manual_seed(0)
         model = nn.Linear(3, 2)
@@ -56,12 +63,17 @@ def test_a_backward_that_is_not_a_loss_records_none_and_a_replaced_gradient_is_s
         raw = [float(p.grad.norm()) for p in model.parameters()]
         model.weight.grad = model.weight.grad * 0.5  # replaced, not changed in place
         opt.step()
-        (model(torch.randn(4, 3)).sum() * 1.0).backward(create_graph=True)  # double-backward capable
+        (model(torch.randn(4, 3)).sum() * 1.0).backward(
+            create_graph=True
+        )  # double-backward capable
         opt.step()
     assert [r["name"] for r in _losses(store)] == ["loss"]  # the second backward's scalar only
     first, second = _steps(store)
     assert first["grads_modified"] is True
-    assert first["raw_grad_norm"] == [pytest.approx(raw[0], rel=1e-6), pytest.approx(raw[1], rel=1e-6)]
+    assert first["raw_grad_norm"] == [
+        pytest.approx(raw[0], rel=1e-6),
+        pytest.approx(raw[1], rel=1e-6),
+    ]
     assert first["grad_norm"][0] == pytest.approx(raw[0] * 0.5, rel=1e-6)
     assert second["grads_modified"] is False
 
@@ -92,4 +104,3 @@ def test_wrappers_are_put_back_and_a_wrapper_on_top_is_left_alone(store: Path) -
     except RuntimeError:
         pass
     assert torch.autograd.backward is original
-

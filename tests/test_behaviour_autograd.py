@@ -70,7 +70,13 @@ def test_retain_grad_on_views_after_an_in_place_change(twice: Twice) -> None:
 
 def test_in_place_ops_on_views_of_module_outputs(twice: Twice) -> None:
     def behaviour() -> Any:
-        model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True), nn.Linear(4, 4), nn.ReLU(inplace=True), nn.Linear(4, 4))
+        model = nn.Sequential(
+            nn.Linear(4, 4),
+            nn.ReLU(inplace=True),
+            nn.Linear(4, 4),
+            nn.ReLU(inplace=True),
+            nn.Linear(4, 4),
+        )
         x = torch.randn(3, 4, requires_grad=True)
         out = model(x)
         out[0].mul_(3)
@@ -145,8 +151,12 @@ def test_multi_grad_hooks_on_module_outputs(twice: Twice) -> None:
         seen: list[Any] = []
         x = torch.randn(3, requires_grad=True)
         a, b = Pair()(x)
-        torch.autograd.graph.register_multi_grad_hook((a, b), lambda grads: seen.append(["all", len(grads)]))
-        torch.autograd.graph.register_multi_grad_hook((a, b), lambda grad: seen.append(["any", grad.shape]), mode="any")
+        torch.autograd.graph.register_multi_grad_hook(
+            (a, b), lambda grads: seen.append(["all", len(grads)])
+        )
+        torch.autograd.graph.register_multi_grad_hook(
+            (a, b), lambda grad: seen.append(["any", grad.shape]), mode="any"
+        )
         (a.sum() + b.sum()).backward()
         return seen, x.grad
 
@@ -207,7 +217,9 @@ def test_functional_call_with_tied_weights(twice: Twice) -> None:
     def behaviour() -> Any:
         model = Tied()
         x = torch.randn(2, 3)
-        out = torch.func.functional_call(model, {"encode.weight": torch.eye(3) * 2}, (x,), tie_weights=True)
+        out = torch.func.functional_call(
+            model, {"encode.weight": torch.eye(3) * 2}, (x,), tie_weights=True
+        )
         return out, x
 
     out, x = twice(behaviour)
@@ -224,7 +236,9 @@ def test_torch_func_grad_and_vmap_over_a_module(twice: Twice) -> None:
             return torch.func.functional_call(model, p, (inputs,)).pow(2).sum()
 
         grads = torch.func.grad(loss)(params, x)
-        per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x.unsqueeze(1))
+        per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(
+            params, x.unsqueeze(1)
+        )
         model(x).pow(2).sum().backward()
         return grads, per_sample, {k: v.grad for k, v in model.named_parameters()}
 
@@ -240,8 +254,12 @@ def test_optimizer_hooks_order_and_replaced_arguments(twice: Twice) -> None:
         lin = nn.Linear(2, 2)
         opt = torch.optim.SGD(lin.parameters(), lr=0.1)
         handles = [
-            optim_module.register_optimizer_step_pre_hook(lambda o, a, k: order.append("global pre")),
-            optim_module.register_optimizer_step_post_hook(lambda o, a, k: order.append("global post")),
+            optim_module.register_optimizer_step_pre_hook(
+                lambda o, a, k: order.append("global pre")
+            ),
+            optim_module.register_optimizer_step_post_hook(
+                lambda o, a, k: order.append("global post")
+            ),
             opt.register_step_pre_hook(lambda o, a, k: order.append("own pre")),
             opt.register_step_post_hook(lambda o, a, k: order.append("own post")),
         ]
@@ -264,7 +282,11 @@ def test_optimizer_hooks_order_and_replaced_arguments(twice: Twice) -> None:
         return order, len(closure_calls), loss, lin.weight
 
     order, closures, loss, _ = twice(behaviour)
-    assert order == ["global pre", "own pre", "own post", "global post"] and closures == 1 and loss is not None
+    assert (
+        order == ["global pre", "own pre", "own post", "global post"]
+        and closures == 1
+        and loss is not None
+    )
 
 
 def test_dropout_and_random_init_draw_the_same_numbers(twice: Twice) -> None:

@@ -85,7 +85,9 @@ def train_compiled(compile_root: bool, steps: int = 4) -> dict[str, Any]:
         "params": [p.detach().clone() for p in model.parameters()],
         "losses": losses,
         "dynamo": facts,
-        "auditlog_warnings": [str(w.message) for w in seen if "auditlog" in f"{w.filename} {w.message}"],
+        "auditlog_warnings": [
+            str(w.message) for w in seen if "auditlog" in f"{w.filename} {w.message}"
+        ],
     }
 
 
@@ -95,7 +97,10 @@ def test_a_compiled_child_under_an_eager_parent_compiles_and_trains_as_without_r
 ) -> None:
     store = tmp_path / "store"
     outcome = run_twice(lambda: train_compiled(compile_root=False), store, policy)
-    assert outcome["dynamo"]["frames"] == {"total": 1, "ok": 1}  # the child, compiled once (run_twice: same recorded)
+    assert outcome["dynamo"]["frames"] == {
+        "total": 1,
+        "ok": 1,
+    }  # the child, compiled once (run_twice: same recorded)
     assert outcome["dynamo"]["graph_breaks"] == 0
     with auditlog.open(store) as s:
         run = s.run()
@@ -150,11 +155,16 @@ def test_a_module_built_inside_compiled_code_compiles_as_without_recording(tmp_p
         return {
             "params": [p.detach().clone() for p in model.parameters()],
             "dynamo": facts,
-            "auditlog_warnings": [str(w.message) for w in seen if "auditlog" in f"{w.filename} {w.message}"],
+            "auditlog_warnings": [
+                str(w.message) for w in seen if "auditlog" in f"{w.filename} {w.message}"
+            ],
         }
 
     outcome = run_twice(train, tmp_path / "store", "minimal")
-    assert outcome["dynamo"]["frames"] == {"total": 1, "ok": 1} and outcome["dynamo"]["graph_breaks"] == 0
+    assert (
+        outcome["dynamo"]["frames"] == {"total": 1, "ok": 1}
+        and outcome["dynamo"]["graph_breaks"] == 0
+    )
     assert outcome["auditlog_warnings"] == []
 
 
@@ -168,7 +178,9 @@ def test_torch_func_transforms_over_a_functional_call(tmp_path: Path) -> None:
             return torch.func.functional_call(model, p, (xs,)).pow(2).mean()
 
         grads = torch.func.grad(loss)(params, x)
-        per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x.unsqueeze(1))
+        per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(
+            params, x.unsqueeze(1)
+        )
         tangents = {k: torch.ones_like(v) for k, v in params.items()}
         value, jvp_out = torch.func.jvp(lambda p: loss(p, x), (params,), (tangents,))
         with torch.autograd.forward_ad.dual_level():
@@ -179,7 +191,14 @@ def test_torch_func_transforms_over_a_functional_call(tmp_path: Path) -> None:
             opt.zero_grad()
             model(x).pow(2).mean().backward()
             opt.step()
-        return grads, per_sample, value, jvp_out, forward_tangent, [p.detach() for p in model.parameters()]
+        return (
+            grads,
+            per_sample,
+            value,
+            jvp_out,
+            forward_tangent,
+            [p.detach() for p in model.parameters()],
+        )
 
     run_twice(behaviour, tmp_path / "store", "debug")
 
@@ -190,7 +209,9 @@ def test_gradcheck_with_batched_gradients(tmp_path: Path) -> None:
         x = torch.randn(4, 3, dtype=torch.double, requires_grad=True)
         checked = torch.autograd.gradcheck(model, (x,), check_batched_grad=True)
         twice = torch.autograd.gradgradcheck(model, (x,))
-        two_outputs = torch.autograd.gradcheck(lambda t: (model(t), model(t).sum()), (x,), check_batched_grad=True)
+        two_outputs = torch.autograd.gradcheck(
+            lambda t: (model(t), model(t).sum()), (x,), check_batched_grad=True
+        )
         return checked, twice, two_outputs
 
     store = tmp_path / "store"
@@ -209,7 +230,9 @@ class Double(nn.Module):
         return x / 2
 
 
-def test_a_wrapper_subclass_parametrization_trains_and_its_snapshot_restores_bitwise(tmp_path: Path) -> None:
+def test_a_wrapper_subclass_parametrization_trains_and_its_snapshot_restores_bitwise(
+    tmp_path: Path,
+) -> None:
     def behaviour() -> Any:
         model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
         w = model[0].weight.detach()
@@ -232,7 +255,11 @@ def test_a_wrapper_subclass_parametrization_trains_and_its_snapshot_restores_bit
     with auditlog.open(store) as s:
         run = s.run()
         assert list(run.events(kinds=["recorder_error"])) == []
-        (snapshot,) = [e["payload"] for e in run.events(kinds=["snapshot_taken"]) if e["payload"].get("tag") == "end"]
+        (snapshot,) = [
+            e["payload"]
+            for e in run.events(kinds=["snapshot_taken"])
+            if e["payload"].get("tag") == "end"
+        ]
         shapes = [e["payload"] for e in run.events(kinds=["activity"])]
     assert shapes  # statistics were taken (of the inner tensors), none failed
     wrapped = [t for t in snapshot["snapshot"]["tensors"] if "subclass" in t]
@@ -241,12 +268,18 @@ def test_a_wrapper_subclass_parametrization_trains_and_its_snapshot_restores_bit
     assert entry["subclass"]["type"] == "torch.testing._internal.two_tensor.TwoTensor"
     assert list(entry["subclass"]["inner"]) == ["a", "b"] and entry["subclass"]["ctx"] is None
     files = SnapshotStore(store / "snapshots")
-    inner = {name: files.read_verified(sha, name) for name, sha in entry["subclass"]["inner"].items()}
+    inner = {
+        name: files.read_verified(sha, name) for name, sha in entry["subclass"]["inner"].items()
+    }
     restored = TwoTensor.__tensor_unflatten__(inner, None, a.shape, a.stride())
     assert torch.equal(restored.a, a) and torch.equal(restored.b, b)
     assert restored.a.dtype == a.dtype and restored.b.dtype == b.dtype
-    assert entry["sha256"] == entry["subclass"]["inner"]["a"]  # the first inner tensor stands for the whole
-    assert entry["subclass"]["shape"] == list(a.shape) and entry["subclass"]["stride"] == list(a.stride())
+    assert (
+        entry["sha256"] == entry["subclass"]["inner"]["a"]
+    )  # the first inner tensor stands for the whole
+    assert entry["subclass"]["shape"] == list(a.shape) and entry["subclass"]["stride"] == list(
+        a.stride()
+    )
 
     # The Python API rebuilds the wrapper (its class is imported here); "first" gives the plain first inner.
     key = "0.parametrizations.weight.original"
@@ -279,7 +312,10 @@ def test_restore_writes_a_wrappers_first_inner_tensor_and_says_so(tmp_path: Path
     for name in ("w.pt", "w.safetensors"):
         result = invoke("restore", "--store", str(store), "-o", str(tmp_path / name))
         assert result.exit_code == 0, result.stderr
-        assert "note: weight held a tensor subclass (torch.testing._internal.two_tensor.TwoTensor)" in result.stderr
+        assert (
+            "note: weight held a tensor subclass (torch.testing._internal.two_tensor.TwoTensor)"
+            in result.stderr
+        )
         assert "Run.state_dict()" in result.stderr
     from safetensors.torch import load_file
 
@@ -288,9 +324,13 @@ def test_restore_writes_a_wrappers_first_inner_tensor_and_says_so(tmp_path: Path
     with auditlog.open(store) as s:
         run = s.run()
         whole = run.state_dict()["weight"]
-        initial = run.state_dict(step=0)["weight"]  # the sealed initial value stores every inner tensor too
+        initial = run.state_dict(step=0)[
+            "weight"
+        ]  # the sealed initial value stores every inner tensor too
     assert torch.equal(whole.a, a) and torch.equal(whole.b, b)
-    assert type(initial) is TwoTensor and torch.equal(initial.a, w) and torch.equal(initial.b, w * 3)
+    assert (
+        type(initial) is TwoTensor and torch.equal(initial.a, w) and torch.equal(initial.b, w * 3)
+    )
 
 
 def test_a_wrapper_is_rebuilt_only_from_a_class_already_imported() -> None:
@@ -299,7 +339,11 @@ def test_a_wrapper_is_rebuilt_only_from_a_class_already_imported() -> None:
     from auditlog.core.errors import AuditlogError
     from auditlog.read.wrappers import wrapper_class
 
-    facts = {"type": "torch.testing._internal.two_tensor.TwoTensor", "inner": {"a": "0" * 64, "b": "1" * 64}, "ctx": None}
+    facts = {
+        "type": "torch.testing._internal.two_tensor.TwoTensor",
+        "inner": {"a": "0" * 64, "b": "1" * 64},
+        "ctx": None,
+    }
     assert wrapper_class("w", facts) is TwoTensor
     with pytest.raises(AuditlogError, match="no tensor subclass imported in this process"):
         wrapper_class("w", {**facts, "type": "antigravity.Fly"})

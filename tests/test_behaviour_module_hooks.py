@@ -55,7 +55,9 @@ def swap_flag(on: bool) -> Iterator[None]:
         torch.__future__.set_swap_module_params_on_conversion(before)
 
 
-def _order(register: str, where: Callable[[Stack], nn.Module], pattern: list[bool], backward: bool) -> Any:
+def _order(
+    register: str, where: Callable[[Stack], nn.Module], pattern: list[bool], backward: bool
+) -> Any:
     fired: list[int] = []
     model = Stack()
     target = where(model)
@@ -67,26 +69,53 @@ def _order(register: str, where: Callable[[Stack], nn.Module], pattern: list[boo
     out.sum().backward()
     after_backward = list(fired)
     model(x).sum().backward()
-    return {"after_forward": after_forward, "after_backward": after_backward, "all": fired, "grad": x.grad}
+    return {
+        "after_forward": after_forward,
+        "after_backward": after_backward,
+        "all": fired,
+        "grad": x.grad,
+    }
 
 
 def test_forward_hooks_fire_in_prepend_order(twice: Twice) -> None:
-    out = twice(lambda: _order("register_forward_hook", lambda m: m.a.second, [False, True, False, False, True], False))
+    out = twice(
+        lambda: _order(
+            "register_forward_hook", lambda m: m.a.second, [False, True, False, False, True], False
+        )
+    )
     assert out["after_forward"] == [4, 1, 0, 2, 3] and out["all"] == [4, 1, 0, 2, 3] * 2
 
 
 def test_forward_pre_hooks_fire_in_prepend_order(twice: Twice) -> None:
-    out = twice(lambda: _order("register_forward_pre_hook", lambda m: m.b.first, [True, False, False, False, True], False))
+    out = twice(
+        lambda: _order(
+            "register_forward_pre_hook",
+            lambda m: m.b.first,
+            [True, False, False, False, True],
+            False,
+        )
+    )
     assert out["after_forward"] == [4, 0, 1, 2, 3]
 
 
 def test_full_backward_hooks_fire_in_prepend_order(twice: Twice) -> None:
-    out = twice(lambda: _order("register_full_backward_hook", lambda m: m.a, [False, False, False, True, True], True))
+    out = twice(
+        lambda: _order(
+            "register_full_backward_hook", lambda m: m.a, [False, False, False, True, True], True
+        )
+    )
     assert out["after_forward"] == [] and out["after_backward"] == [4, 3, 0, 1, 2]
 
 
 def test_full_backward_pre_hooks_fire_in_prepend_order(twice: Twice) -> None:
-    out = twice(lambda: _order("register_full_backward_pre_hook", lambda m: m.a, [True, True, False, False, False], True))
+    out = twice(
+        lambda: _order(
+            "register_full_backward_pre_hook",
+            lambda m: m.a,
+            [True, True, False, False, False],
+            True,
+        )
+    )
     assert out["after_backward"] == [1, 0, 2, 3, 4]
 
 
@@ -128,7 +157,9 @@ def test_kwargs_hooks_change_arguments_and_output(twice: Twice) -> None:
         def pre(module: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
             return args, {"bias": kwargs["bias"] * 2}
 
-        def post(module: nn.Module, args: Any, kwargs: dict[str, Any], out: torch.Tensor) -> torch.Tensor:
+        def post(
+            module: nn.Module, args: Any, kwargs: dict[str, Any], out: torch.Tensor
+        ) -> torch.Tensor:
             return out + kwargs["bias"]
 
         x, bias = torch.ones(2, 2), torch.ones(2, 2)
@@ -139,11 +170,16 @@ def test_kwargs_hooks_change_arguments_and_output(twice: Twice) -> None:
         only_pre = model(x, bias=bias)
         pre_handle.remove()
         none = model(x, bias=bias)
-        left = (post_handle.id in model._forward_hooks_with_kwargs, pre_handle.id in model._forward_pre_hooks_with_kwargs)
+        left = (
+            post_handle.id in model._forward_hooks_with_kwargs,
+            pre_handle.id in model._forward_pre_hooks_with_kwargs,
+        )
         return both, only_pre, none, left
 
     both, only_pre, none, left = twice(behaviour)
-    assert torch.equal(both, torch.full((2, 2), 5.0)) and torch.equal(only_pre, torch.full((2, 2), 3.0))
+    assert torch.equal(both, torch.full((2, 2), 5.0)) and torch.equal(
+        only_pre, torch.full((2, 2), 3.0)
+    )
     assert torch.equal(none, torch.full((2, 2), 2.0)) and left == (False, False)
 
 
@@ -203,7 +239,9 @@ def test_always_called_forward_hooks(twice: Twice) -> None:
         local_left = len(model._forward_hooks_always_called)
         table = nn_module._global_forward_hooks_always_called
         before = len(table)
-        handle = nn_module.register_module_forward_hook(lambda m, a, o: log.append("global exit"), always_call=True)
+        handle = nn_module.register_module_forward_hook(
+            lambda m, a, o: log.append("global exit"), always_call=True
+        )
         added = len(table) - before
         attempt(fail=False)
         handle.remove()
@@ -228,8 +266,12 @@ def test_backward_hooks_warn_for_a_dict_output(twice: Twice) -> None:
     def behaviour() -> Any:
         counts = {"forward": 0, "backward": 0}
         model = DictOut()
-        model.register_forward_pre_hook(lambda m, a: counts.__setitem__("forward", counts["forward"] + 1))
-        model.register_full_backward_hook(lambda m, gi, go: counts.__setitem__("backward", counts["backward"] + 1))
+        model.register_forward_pre_hook(
+            lambda m, a: counts.__setitem__("forward", counts["forward"] + 1)
+        )
+        model.register_full_backward_hook(
+            lambda m, gi, go: counts.__setitem__("backward", counts["backward"] + 1)
+        )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             model({"x": torch.ones(2, requires_grad=True)})["y"].sum().backward()
@@ -251,11 +293,15 @@ def test_load_state_dict_pre_hooks(twice: Twice, swap: bool) -> None:
             target, state = _two_linears()
             weight = target.weight
             calls: list[str] = []
-            target._register_load_state_dict_pre_hook(lambda sd, prefix, *rest: calls.append(f"plain:{sorted(sd)}"))
+            target._register_load_state_dict_pre_hook(
+                lambda sd, prefix, *rest: calls.append(f"plain:{sorted(sd)}")
+            )
             target._register_load_state_dict_pre_hook(
                 lambda module, sd, prefix, *rest: calls.append(f"module:{module is target}"), True
             )
-            target.register_load_state_dict_pre_hook(lambda module, sd, *rest: calls.append("public"))
+            target.register_load_state_dict_pre_hook(
+                lambda module, sd, *rest: calls.append("public")
+            )
             target.load_state_dict(state)
             return calls, target.weight is weight, target.weight, target.weight.dtype
 
@@ -296,7 +342,11 @@ def test_load_state_dict_post_hook_edits_incompatible_keys(twice: Twice, swap: b
             extra = wrapped.state_dict()
             extra["extra"] = torch.ones(1)
             cleared = wrapped.load_state_dict(extra, strict=True)
-            return (loose.missing_keys, loose.unexpected_keys), strict_error, (cleared.missing_keys, cleared.unexpected_keys)
+            return (
+                (loose.missing_keys, loose.unexpected_keys),
+                strict_error,
+                (cleared.missing_keys, cleared.unexpected_keys),
+            )
 
     loose, strict_error, cleared = twice(behaviour)
     assert loose == (["foo"], ["bar"]) and "foo" in strict_error and "bar" in strict_error
@@ -307,9 +357,13 @@ def test_state_dict_pre_and_post_hooks(twice: Twice) -> None:
     def behaviour() -> Any:
         model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
         seen: list[str] = []
-        model[1].register_state_dict_pre_hook(lambda module, prefix, keep_vars: seen.append(f"pre:{prefix}"))
+        model[1].register_state_dict_pre_hook(
+            lambda module, prefix, keep_vars: seen.append(f"pre:{prefix}")
+        )
 
-        def post(module: nn.Module, state: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+        def post(
+            module: nn.Module, state: dict[str, Any], prefix: str, local_metadata: Any
+        ) -> None:
             state[prefix + "note"] = torch.tensor(7)
 
         model[1].register_state_dict_post_hook(post)
@@ -386,11 +440,17 @@ def test_global_hooks_count_calls_beside_the_recorder(twice: Twice) -> None:
         history.append(dict(counter))
         first_forward.remove()
         first_backward.remove()
-        nn_module._global_is_full_backward_hook = None  # torch never resets it (tests leave it as found)
+        nn_module._global_is_full_backward_hook = (
+            None  # torch never resets it (tests leave it as found)
+        )
         return history, x.grad
 
     history, _ = twice(behaviour)
-    assert history == [{"forward": 6, "backward": 3}, {"forward": 9, "backward": 6}, {"forward": 10, "backward": 7}]
+    assert history == [
+        {"forward": 6, "backward": 3},
+        {"forward": 9, "backward": 6},
+        {"forward": 10, "backward": 7},
+    ]
 
 
 def test_global_backward_hook_invalid_outputs_raise(twice: Twice) -> None:
@@ -408,7 +468,11 @@ def test_global_backward_hook_invalid_outputs_raise(twice: Twice) -> None:
         return errors
 
     errors = twice(behaviour)
-    assert len(errors) == 2 and "got 0, but expected 1" in errors[0] and "got 2, but expected 1" in errors[1]
+    assert (
+        len(errors) == 2
+        and "got 0, but expected 1" in errors[0]
+        and "got 2, but expected 1" in errors[1]
+    )
 
 
 def test_global_hooks_replace_values(twice: Twice) -> None:

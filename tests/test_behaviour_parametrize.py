@@ -57,7 +57,9 @@ class ZeroFirst(nn.Module):
         return torch.cat([x.new_zeros(1), x[1:]])
 
 
-def _sgd_step(model: nn.Module, opt: torch.optim.Optimizer, loss: Callable[[], torch.Tensor]) -> None:
+def _sgd_step(
+    model: nn.Module, opt: torch.optim.Optimizer, loss: Callable[[], torch.Tensor]
+) -> None:
     opt.zero_grad()
     loss().backward()
     opt.step()
@@ -78,23 +80,43 @@ def test_register_and_remove_parametrizations(twice: Twice, swap: bool) -> None:
             parametrize.register_parametrization(model, "weight", FirstRow(), unsafe=True)
             facts.append(tuple(model.weight.shape))
             parametrize.remove_parametrizations(model, "weight", leave_parametrized=False)
-            facts.append((id(model.weight) == weight_id, torch.equal(model.weight, initial), type(model).__name__))
+            facts.append(
+                (
+                    id(model.weight) == weight_id,
+                    torch.equal(model.weight, initial),
+                    type(model).__name__,
+                )
+            )
             parametrize.register_parametrization(model, "weight", Skew())
             parametrize.register_parametrization(model, "weight", Cayley())
             parametrize.register_parametrization(model, "bias", ZeroFirst())
-            facts.append((parametrize.is_parametrized(model), "weight" in model._parameters, len(list(model.parameters()))))
+            facts.append(
+                (
+                    parametrize.is_parametrized(model),
+                    "weight" in model._parameters,
+                    len(list(model.parameters())),
+                )
+            )
             opt = torch.optim.SGD(model.parameters(), lr=0.01)
             for _ in range(2):
-                _sgd_step(model, opt, lambda: (model.weight.T @ model.bias).sum() + model(torch.randn(3, 5)).sum())
+                _sgd_step(
+                    model,
+                    opt,
+                    lambda: (model.weight.T @ model.bias).sum() + model(torch.randn(3, 5)).sum(),
+                )
             orthogonal = model.weight.detach()
             parametrize.remove_parametrizations(model, "weight", leave_parametrized=True)
             parametrize.remove_parametrizations(model, "bias", leave_parametrized=False)
-            facts.append((id(model.weight) == weight_id, id(model.bias) == bias_id, type(model).__name__))
+            facts.append(
+                (id(model.weight) == weight_id, id(model.bias) == bias_id, type(model).__name__)
+            )
             _sgd_step(model, opt, lambda: model(torch.randn(3, 5)).sum())
             return facts, orthogonal, model.weight, model.bias
 
     facts, orthogonal, _, _ = twice(behaviour)
-    assert facts[0].startswith("Registering a parametrization may not change the shape of the tensor")
+    assert facts[0].startswith(
+        "Registering a parametrization may not change the shape of the tensor"
+    )
     assert facts[1] == (1, 5) and facts[2] == (True, True, "Linear")
     assert facts[3] == (True, False, 2) and facts[4] == (True, True, "Linear")
     assert torch.allclose(orthogonal.T @ orthogonal, torch.eye(5), atol=1e-5)
@@ -115,7 +137,11 @@ def test_nested_parametrization(twice: Twice, swap: bool) -> None:
             return nested, out, type(inner).__name__, type(model).__name__
 
     nested, _, inner_class, outer_class = twice(behaviour)
-    assert torch.equal(nested, -nested.T) and inner_class == "ParametrizationList" and outer_class == "Linear"
+    assert (
+        torch.equal(nested, -nested.T)
+        and inner_class == "ParametrizationList"
+        and outer_class == "Linear"
+    )
 
 
 @SWAP
@@ -183,7 +209,12 @@ def test_weight_norm_trains_and_round_trips(twice: Twice, swap: bool) -> None:
             g = fresh[0].parametrizations.weight.original0
             fresh.load_state_dict(state)
             x = torch.randn(2, 4)
-            return sorted(state), fresh[0].parametrizations.weight.original0 is g, model(x), fresh(x)
+            return (
+                sorted(state),
+                fresh[0].parametrizations.weight.original0 is g,
+                model(x),
+                fresh(x),
+            )
 
     keys, same_object, a, b = twice(behaviour)
     assert "0.parametrizations.weight.original0" in keys and same_object and torch.equal(a, b)
@@ -223,7 +254,12 @@ def test_spectral_norm_updates_its_vectors_only_in_training(twice: Twice) -> Non
         model(torch.randn(2, 5))
         u_eval = plist[0]._u.clone()
         sigma = torch.linalg.matrix_norm(model.weight.detach(), ord=2)
-        return torch.equal(u0, u_train), torch.equal(u_train, u_eval), sigma, sorted(model.state_dict())
+        return (
+            torch.equal(u0, u_train),
+            torch.equal(u_train, u_eval),
+            sigma,
+            sorted(model.state_dict()),
+        )
 
     trained_same, eval_same, sigma, keys = twice(behaviour)
     assert not trained_same and eval_same and abs(float(sigma) - 1.0) < 0.1
@@ -239,7 +275,13 @@ def test_module_to_keeps_parameter_objects_and_gradients(twice: Twice, swap: boo
             model(torch.randn(4, 3)).sum().backward()
             grad = weight.grad.clone()
             model.to(torch.float64)
-            return model[0].weight is weight, weight.dtype, weight.grad, grad, model[1].running_mean.dtype
+            return (
+                model[0].weight is weight,
+                weight.dtype,
+                weight.grad,
+                grad,
+                model[1].running_mean.dtype,
+            )
 
     same, dtype, moved_grad, grad, buffer_dtype = twice(behaviour)
     assert same and dtype == buffer_dtype == torch.float64
@@ -254,7 +296,12 @@ def test_load_state_dict_with_assign(twice: Twice, swap: bool) -> None:
             source = nn.Linear(3, 3).double()
             weight = target.weight
             target.load_state_dict(source.state_dict(), assign=True)
-            return target.weight is weight, target.weight.dtype, isinstance(target.weight, nn.Parameter), target.weight
+            return (
+                target.weight is weight,
+                target.weight.dtype,
+                isinstance(target.weight, nn.Parameter),
+                target.weight,
+            )
 
     same, dtype, is_parameter, _ = twice(behaviour)
     assert dtype == torch.float64 and is_parameter and same == swap
@@ -275,6 +322,10 @@ def test_a_traceable_subclass_is_swapped_in_without_the_flag(twice: Twice) -> No
             model(torch.randn(3, 2))
             weight = model[0].weight
             model._apply(wrap)
-            return model[0].weight is weight, type(weight).__name__, isinstance(weight, nn.Parameter)
+            return (
+                model[0].weight is weight,
+                type(weight).__name__,
+                isinstance(weight, nn.Parameter),
+            )
 
     assert twice(behaviour) == (True, "TwoTensor", True)

@@ -68,7 +68,10 @@ def test_pool_files_are_framed_and_their_digest_leaves_out_exactly_the_values(
     assert verify_file(tmp_path, sha).file_sha256 == digest
     assert files.check(sha, {**files.describe(sha).as_row(), "file_sha256": digest}) == []
     # the values between the spans are the tensor's bytes, as they are
-    assert b"".join(data[o : o + n] for o, n in spans) == files.read_verified(sha, "w").numpy().tobytes()
+    assert (
+        b"".join(data[o : o + n] for o, n in spans)
+        == files.read_verified(sha, "w").numpy().tobytes()
+    )
     # small files (written in one piece) keep the digest of every byte
     with BlobWriter(files) as writer:
         ((small, info),) = writer.store([("b", torch.randn(8))], lambda _: False)
@@ -114,10 +117,12 @@ def test_the_framing_digest_is_defined_for_any_bytes() -> None:
     # a byte inside a span is left to the content hash; the spans themselves are covered
     inside = bytearray(data)
     inside[105] ^= 1
-    assert framing_digest(lambda o, n: bytes(inside[o : o + n]), len(data), [(100, 10)]) == framing_digest(
-        read, len(data), [(100, 10)]
+    assert framing_digest(
+        lambda o, n: bytes(inside[o : o + n]), len(data), [(100, 10)]
+    ) == framing_digest(read, len(data), [(100, 10)])
+    assert framing_digest(read, len(data), [(100, 10)]) != framing_digest(
+        read, len(data), [(100, 11)]
     )
-    assert framing_digest(read, len(data), [(100, 10)]) != framing_digest(read, len(data), [(100, 11)])
 
 
 def test_files_without_the_marking_keep_the_digest_of_every_byte(tmp_path: Path) -> None:

@@ -43,13 +43,18 @@ def test_torch_free_verification_recomputes_tensor_hash(tmp_path: Path, dtype: t
     full = sample(dtype)
     for tensor in (full, full.t(), full[2, 3], full[:0]):
         info = store.put(tensor)
-        assert verify_file(tmp_path, info.sha256) == info  # the writer's catalog row, by the file alone
+        assert (
+            verify_file(tmp_path, info.sha256) == info
+        )  # the writer's catalog row, by the file alone
         assert info.sha256 == tensor_hash(tensor)
 
 
 def test_verification_imports_no_torch(tmp_path: Path) -> None:
     store = SnapshotStore(tmp_path)
-    rows = [store.put(sample(d)).as_row() for d in (torch.float32, torch.bfloat16, torch.bool, torch.complex64)]
+    rows = [
+        store.put(sample(d)).as_row()
+        for d in (torch.float32, torch.bfloat16, torch.bool, torch.complex64)
+    ]
     probe = (
         "import sys, json; from pathlib import Path\n"
         "from auditlog.store.blobs import SnapshotStore\n"
@@ -57,36 +62,55 @@ def test_verification_imports_no_torch(tmp_path: Path) -> None:
         "problems = [files.check(row['sha256'], row) for row in json.loads(sys.argv[2])]\n"
         "print(json.dumps({'problems': problems, 'torch': 'torch' in sys.modules}))\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path), json.dumps(rows)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path), json.dumps(rows)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     report = json.loads(done.stdout)
     assert report == {"problems": [[], [], [], []], "torch": False}, done.stderr
 
 
 def test_new_files_floats_uncompressed_integers_zstd_no_statistics(tmp_path: Path) -> None:
     store = SnapshotStore(tmp_path)
-    for tensor, codec in ((torch.randn(100), "UNCOMPRESSED"), (torch.randn(100).bfloat16(), "UNCOMPRESSED"),
-                          (torch.arange(100), "ZSTD"), (torch.ones(100, dtype=torch.bool), "ZSTD")):
+    for tensor, codec in (
+        (torch.randn(100), "UNCOMPRESSED"),
+        (torch.randn(100).bfloat16(), "UNCOMPRESSED"),
+        (torch.arange(100), "ZSTD"),
+        (torch.ones(100, dtype=torch.bool), "ZSTD"),
+    ):
         path = store.path(store.put(tensor).sha256)
         meta = pq.ParquetFile(path).metadata
         column = meta.row_group(0).column(0)
         assert column.compression == codec, tensor.dtype
         assert not column.is_stats_set
         assert pq.ParquetFile(path).schema_arrow.field(0).nullable is False
-        assert meta.metadata[b"auditlog.sha256"].decode() == path.stem  # added once the hash is known
+        assert (
+            meta.metadata[b"auditlog.sha256"].decode() == path.stem
+        )  # added once the hash is known
 
 
 def test_files_written_before_issue_18_still_read_and_verify(tmp_path: Path) -> None:
     store = SnapshotStore(tmp_path)
-    big = torch.randn(2_500_000)  # one chunk (up to 4Mi rows), which pyarrow split into 3 row groups
+    big = torch.randn(
+        2_500_000
+    )  # one chunk (up to 4Mi rows), which pyarrow split into 3 row groups
     for tensor in (big, torch.arange(1000), torch.randn(300).bfloat16()):
         sha = write_legacy(tmp_path, tensor)
         assert same_bits(store.read_verified(sha, "old"), tensor)
         # the catalog row that writer made counted chunks, not the file's row groups
-        row = {**store.describe(sha).as_row(), "file_sha256": file_digest(store.path(sha)),
-               "row_groups": blobformat.legacy_chunks(dtype_name(tensor.dtype), tensor.numel())}
+        row = {
+            **store.describe(sha).as_row(),
+            "file_sha256": file_digest(store.path(sha)),
+            "row_groups": blobformat.legacy_chunks(dtype_name(tensor.dtype), tensor.numel()),
+        }
         assert store.check(sha, row) == []
-    assert legacy_row_groups("float32", big.numel()) == pq.ParquetFile(store.path(tensor_hash(big, tree=False))).num_row_groups == 3
+    assert (
+        legacy_row_groups("float32", big.numel())
+        == pq.ParquetFile(store.path(tensor_hash(big, tree=False))).num_row_groups
+        == 3
+    )
 
 
 def test_a_null_value_in_an_old_nullable_column_is_refused(tmp_path: Path) -> None:
@@ -94,7 +118,9 @@ def test_a_null_value_in_an_old_nullable_column_is_refused(tmp_path: Path) -> No
     sha = write_legacy(tmp_path, tensor)
     path = tmp_path / sha[:2] / f"{sha}.parquet"
     table = pq.read_table(path)
-    pq.write_table(table.set_column(0, "value", pa.array([0.0, None, 2.0, 3.0], pa.float32())), path)
+    pq.write_table(
+        table.set_column(0, "value", pa.array([0.0, None, 2.0, 3.0], pa.float32())), path
+    )
     with pytest.raises(SnapshotError, match="null values"):
         verify_file(tmp_path, sha)
     with pytest.raises(IntegrityError, match="null values"):
@@ -117,11 +143,15 @@ def test_a_file_is_checked_under_the_hash_version_its_footer_names(
     assert info.sha256 == tensor_hash(tensor) != tensor_hash(tensor, tree=False)
     path = store.path(info.sha256)
     assert pq.ParquetFile(path).metadata.metadata[hashing.TREE_KEY] == hashing.TREE
-    assert verify_file(tmp_path, info.sha256) == info and store.check(info.sha256, info.as_row()) == []
+    assert (
+        verify_file(tmp_path, info.sha256) == info and store.check(info.sha256, info.as_row()) == []
+    )
     assert same_bits(store.read_verified(info.sha256, "t"), tensor)
     v2_bytes = path.read_bytes()
 
-    rewrite_footer(path, {b"auditlog.sha256": info.sha256.encode()})  # the version dropped: checked as v1
+    rewrite_footer(
+        path, {b"auditlog.sha256": info.sha256.encode()}
+    )  # the version dropped: checked as v1
     with pytest.raises(SnapshotError, match="does not match its name"):
         verify_file(tmp_path, info.sha256)
     with pytest.raises(IntegrityError, match="does not hold the recorded content"):
@@ -129,7 +159,10 @@ def test_a_file_is_checked_under_the_hash_version_its_footer_names(
     # a v1 file (an older record) claiming v2 fails the same way
     old = write_legacy(tmp_path / "old", tensor)
     assert verify_file(tmp_path / "old", old).sha256 == old
-    rewrite_footer(SnapshotStore(tmp_path / "old").path(old), {b"auditlog.sha256": old.encode(), hashing.TREE_KEY: hashing.TREE})
+    rewrite_footer(
+        SnapshotStore(tmp_path / "old").path(old),
+        {b"auditlog.sha256": old.encode(), hashing.TREE_KEY: hashing.TREE},
+    )
     with pytest.raises(SnapshotError, match="does not match its name"):
         verify_file(tmp_path / "old", old)
     # the v2 file back as written: good again; then one value byte changed
@@ -179,7 +212,9 @@ def test_a_file_of_the_wrong_size_is_refused(tmp_path: Path) -> None:
     assert store.check(info.sha256, info.as_row()) == ["holds 44 of 40 bytes (file modified)"]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64, torch.float16], ids=str)
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.complex64, torch.float16], ids=str
+)
 def test_large_float_files_are_read_straight_into_the_tensor(
     tmp_path: Path, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -203,7 +238,9 @@ def test_large_float_files_are_read_straight_into_the_tensor(
     assert bytes(decoded) == tensor.view(torch.uint8).numpy().tobytes()
 
 
-def test_a_changed_byte_in_a_directly_read_file_is_refused_and_old_layouts_are_decoded(tmp_path: Path) -> None:
+def test_a_changed_byte_in_a_directly_read_file_is_refused_and_old_layouts_are_decoded(
+    tmp_path: Path,
+) -> None:
     store = SnapshotStore(tmp_path)
     tensor = torch.randn(1_500_000)
     info = store.put(tensor)

@@ -39,7 +39,9 @@ def test_overlapped_writes_round_trip_every_dtype_bitwise(
     big = sample(dtype).repeat(100, 20)  # 60,000 elements: several 4 KiB row groups
     tensors = [big, big.t(), big[::3, 1:], big[5, 7], big[:0], sample(dtype)]
     with BlobWriter(files, hashers=hashers) as writer:
-        stored = writer.store([(i, t.contiguous()) for i, t in enumerate(tensors)], lambda sha: False)
+        stored = writer.store(
+            [(i, t.contiguous()) for i, t in enumerate(tensors)], lambda sha: False
+        )
     for tensor, (sha, info) in zip(tensors, stored, strict=True):
         assert sha == tensor_hash(tensor)
         assert info is not None and verify_file(tmp_path, sha) == info
@@ -56,7 +58,11 @@ def test_each_content_is_written_once_and_abandoned_writes_leave_nothing(
     a, b = torch.randn(50_000), torch.randn(50_000)
     with BlobWriter(files, hashers=hashers) as writer:
         first = writer.store([(1, a), (2, a.clone()), (3, b)], lambda sha: False)
-        assert [info is not None for _, info in first] == [True, False, True]  # a twice: stored once
+        assert [info is not None for _, info in first] == [
+            True,
+            False,
+            True,
+        ]  # a twice: stored once
         on_disk = sorted(p.name for p in tmp_path.rglob("*.parquet"))
         assert len(on_disk) == 2 and leftovers(tmp_path) == []
         # the next snapshot: b unchanged (already stored: its overlapped write is dropped), a changed
@@ -108,12 +114,22 @@ def test_large_tensors_are_hashed_on_several_threads_with_several_hashers(
         if hashers == 1:  # in turn, on the caller's thread
             assert threads == set() and overlapped[0] == 0
         else:
-            assert threads and all(name.startswith("auditlog-leaf") for name in threads) and overlapped[0] > 1
+            assert (
+                threads
+                and all(name.startswith("auditlog-leaf") for name in threads)
+                and overlapped[0] > 1
+            )
         for sha, info in outcomes[hashers]:
             assert info is not None and verify_file(tmp_path / str(hashers), sha) == info
-    assert [sha for sha, _ in outcomes[1]] == [sha for sha, _ in outcomes[3]] == [tensor_hash(t) for t in tensors]
+    assert (
+        [sha for sha, _ in outcomes[1]]
+        == [sha for sha, _ in outcomes[3]]
+        == [tensor_hash(t) for t in tensors]
+    )
     # the names are v2 and the files say so; a v1 name would differ
-    assert all(sha != tensor_hash(t, tree=False) for (sha, _), t in zip(outcomes[1], tensors, strict=True))
+    assert all(
+        sha != tensor_hash(t, tree=False) for (sha, _), t in zip(outcomes[1], tensors, strict=True)
+    )
     for sha, _ in outcomes[3]:
         footer = pq.ParquetFile(SnapshotStore(tmp_path / "3").path(sha)).metadata.metadata
         assert footer[hashing.TREE_KEY] == hashing.TREE
@@ -122,13 +138,18 @@ def test_large_tensors_are_hashed_on_several_threads_with_several_hashers(
 def test_a_failed_write_is_an_error_and_leaves_no_file(tmp_path: Path) -> None:
     root = tmp_path / "snapshots"
     root.write_text("not a directory")  # every write fails
-    with BlobWriter(SnapshotStore(root)) as writer, pytest.raises(SnapshotError, match="cannot write a snapshot file"):
+    with (
+        BlobWriter(SnapshotStore(root)) as writer,
+        pytest.raises(SnapshotError, match="cannot write a snapshot file"),
+    ):
         writer.store([(1, torch.randn(10)), (2, torch.randn(1 << 20))], lambda sha: False)
     assert root.read_text() == "not a directory"
     assert leftovers(tmp_path) == []
 
 
-def test_a_write_failing_after_its_file_was_made_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_write_failing_after_its_file_was_made_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The temporary file exists and is complete when the framing digest is read back:
     an error there (an I/O error, a full disk) is the snapshot's error, and the
     temporary file goes."""
@@ -176,18 +197,24 @@ def test_durable_writes_fsync_every_new_file_and_the_directories_before_returnin
     big = torch.randn(800_000)  # 3.2 MB: written while it is hashed
     small = [torch.randn(16) * i for i in range(3)]  # encoded in memory, written once
     with BlobWriter(files, durable=durable) as writer:
-        stored = writer.store([("big", big)] + [(i, t) for i, t in enumerate(small)], lambda sha: False)
+        stored = writer.store(
+            [("big", big)] + [(i, t) for i, t in enumerate(small)], lambda sha: False
+        )
     if not durable:
         assert synced == []
         return
     assert synced.count("file") == 4
     directories = {files.path(sha).parent for sha, _ in stored} | {files.root}
-    assert synced.count("dir") == len(directories) and synced[-len(directories) :] == ["dir"] * len(directories)
+    assert synced.count("dir") == len(directories) and synced[-len(directories) :] == ["dir"] * len(
+        directories
+    )
     for sha, _ in stored:
         assert verify_file(files.root, sha) is not None
 
 
-def test_many_tensors_are_read_side_by_side_and_the_first_bad_one_is_the_error(tmp_path: Path) -> None:
+def test_many_tensors_are_read_side_by_side_and_the_first_bad_one_is_the_error(
+    tmp_path: Path,
+) -> None:
     from auditlog.core.errors import IntegrityError
 
     files = SnapshotStore(tmp_path)
@@ -196,7 +223,9 @@ def test_many_tensors_are_read_side_by_side_and_the_first_bad_one_is_the_error(t
         shas = [sha for sha, _ in writer.store(list(enumerate(tensors)), lambda sha: False)]
     wanted = [(sha, f"t{i}") for i, sha in enumerate(shas)] + [(shas[0], "again")]
     loaded = files.read_many(wanted)
-    assert list(loaded) == shas and all(same_bits(loaded[s], t) for s, t in zip(shas, tensors, strict=True))
+    assert list(loaded) == shas and all(
+        same_bits(loaded[s], t) for s, t in zip(shas, tensors, strict=True)
+    )
     for index in (3, 1):  # two damaged files: the error names the first in order
         path = files.path(shas[index])
         data = bytearray(path.read_bytes())

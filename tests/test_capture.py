@@ -44,7 +44,11 @@ def train_steps(model: nn.Module, steps: int, seed: int = 0, lr: float = 0.05) -
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     for _ in range(steps):
-        x = torch.randn(8, 1, 16, 16, generator=gen) if _is_cnn(model) else torch.randn(16, 20, generator=gen)
+        x = (
+            torch.randn(8, 1, 16, 16, generator=gen)
+            if _is_cnn(model)
+            else torch.randn(16, 20, generator=gen)
+        )
         out = model(x)
         loss = out.float().pow(2).mean()
         opt.zero_grad()
@@ -102,7 +106,11 @@ def test_every_installed_hook_returns_none(store: Path) -> None:
         x = torch.randn(1, 2)
         calls: list[Any] = []
         for hid in new["param_reg"]:
-            calls.append(nn_module._global_parameter_registration_hooks[hid](lin, "w2", nn.Parameter(torch.ones(1))))
+            calls.append(
+                nn_module._global_parameter_registration_hooks[hid](
+                    lin, "w2", nn.Parameter(torch.ones(1))
+                )
+            )
         for hid in new["buffer_reg"]:
             calls.append(nn_module._global_buffer_registration_hooks[hid](lin, "b2", torch.ones(1)))
         for hid in new["module_reg"]:
@@ -249,7 +257,9 @@ def test_training_events_per_step(store: Path) -> None:
         bwd = [c for c in calls if c["kind"] == "backward" and c["step"] == step]
         assert len(fwd) == 4
         assert len(bwd) == 4
-    out = [c for c in calls if c["kind"] == "forward" and c["module_id"] == root][0]["payload"]["outputs"][0]
+    out = [c for c in calls if c["kind"] == "forward" and c["module_id"] == root][0]["payload"][
+        "outputs"
+    ][0]
     assert out["shape"] == [16, 2] and out["dtype"] == "float32"
     assert set(out) >= {"norm", "mean", "std", "min", "max", "nan", "inf"}
 
@@ -267,7 +277,9 @@ def test_update_norm_matches_parameter_change(store: Path) -> None:
     with auditlog.open(store) as s:
         payload = next(s.run().events(kinds=["optimizer_step"]))["payload"]
     for i in range(2):
-        assert payload["update_norm"][i] == pytest.approx(float((after[i] - before[i]).norm()), rel=1e-5)
+        assert payload["update_norm"][i] == pytest.approx(
+            float((after[i] - before[i]).norm()), rel=1e-5
+        )
         assert payload["grad_norm"][i] == pytest.approx(float(grads[i].norm()), rel=1e-5)
         assert payload["param_norm"][i] == pytest.approx(float(after[i].norm()), rel=1e-5)
     assert payload["param_groups"][0]["betas"] == [0.9, 0.999]
@@ -360,7 +372,9 @@ def test_activity_statistics_on_cpu_equal_torch(store: Path) -> None:
     for stats, value, rel in zip(recorded, values, (1e-5, 1e-5, 1e-5, 1e-3), strict=True):
         assert_stat(stats["std"], float(value.double().std(correction=0)), rel=rel)
     assert [(st["nan"], st["inf"]) for st in recorded] == [(0, 0), (2, 3), (0, 3), (0, 0)]
-    assert recorded[0]["std"] != pytest.approx(float(finite.double().std()), rel=1e-5)  # not Bessel's
+    assert recorded[0]["std"] != pytest.approx(
+        float(finite.double().std()), rel=1e-5
+    )  # not Bessel's
 
 
 def test_multiple_outputs_and_no_grad_forward(store: Path) -> None:
@@ -386,7 +400,9 @@ def test_multiple_outputs_and_no_grad_forward(store: Path) -> None:
     back = [e for e in events if e["kind"] == "backward"]
     # Two's outputs (3 tensors, one unused) and its child's output: one backward each
     assert len(back) == 2
-    multi = [e for e in back if len(e["payload"]["grad_outputs"]) == 3][0]["payload"]["grad_outputs"]
+    multi = [e for e in back if len(e["payload"]["grad_outputs"]) == 3][0]["payload"][
+        "grad_outputs"
+    ]
     assert multi[1] is None or multi[1]["numel"] == 6
 
 
@@ -431,7 +447,9 @@ def test_recorder_fault_becomes_event_and_warning_once(store: Path) -> None:
             return Grumpy(inner["elem"])
 
         @classmethod
-        def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def __torch_dispatch__(
+            cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
             unwrap = lambda t: t.elem if isinstance(t, Grumpy) else t  # noqa: E731
             return func(*[unwrap(a) for a in args], **(kwargs or {}))
 
@@ -487,7 +505,9 @@ def test_annotation_enters_the_chain_and_bad_fields_are_refused(store: Path) -> 
         r = s.run("exp-7")
         notes = [e["payload"] for e in r.events(kinds=["annotation"])]
         assert r.verify().ok
-    assert notes == [{"key": "dataset", "fields": {"name": "cifar10-train", "sha256": "ab" * 32, "size": 50000}}]
+    assert notes == [
+        {"key": "dataset", "fields": {"name": "cifar10-train", "sha256": "ab" * 32, "size": 50000}}
+    ]
 
 
 def test_exception_in_block_records_failed_and_propagates(store: Path) -> None:
@@ -532,7 +552,9 @@ def test_buffers_replaced_by_to_before_the_first_forward_are_sealed(store: Path)
             model[1].running_mean.uniform_(-1, 1)  # not the default values
         initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        model(torch.randn(4, 3, dtype=torch.float64)).pow(2).sum().backward()  # updates running stats
+        model(torch.randn(4, 3, dtype=torch.float64)).pow(
+            2
+        ).sum().backward()  # updates running stats
         opt.step()
     with auditlog.open(store) as s:
         restored = s.run().state_dict(step=0)
@@ -541,10 +563,13 @@ def test_buffers_replaced_by_to_before_the_first_forward_are_sealed(store: Path)
         got = restored[key]
         assert got.dtype == value.dtype and got.shape == value.shape, key
         assert torch.equal(
-            got.contiguous().reshape(-1).view(torch.uint8), value.contiguous().reshape(-1).view(torch.uint8)
+            got.contiguous().reshape(-1).view(torch.uint8),
+            value.contiguous().reshape(-1).view(torch.uint8),
         ), key
     assert initial["1.running_mean"].dtype == torch.float64
-    assert not torch.equal(model[1].running_mean, initial["1.running_mean"])  # the forward changed it
+    assert not torch.equal(
+        model[1].running_mean, initial["1.running_mean"]
+    )  # the forward changed it
 
 
 def test_deepcopied_modules_are_recorded(store: Path) -> None:
@@ -574,7 +599,9 @@ def test_torch_compile_is_recorded_once_and_trains_identically(store: Path) -> N
     plain, plain_losses = run()
     torch._dynamo.reset()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # torch's own note about global hooks + compile
+        warnings.simplefilter(
+            "ignore", UserWarning
+        )  # torch's own note about global hooks + compile
         with auditlog.record(store, activity_every=1):
             recorded, losses = run()
     torch._dynamo.reset()
@@ -587,7 +614,9 @@ def test_torch_compile_is_recorded_once_and_trains_identically(store: Path) -> N
         forwards = list(run_view.module_calls("forward"))
     root = state.root_by_class("Sequential")
     assert state.roots() == [root]  # the OptimizedModule wrapper is not part of the structure
-    assert [n for n, _ in state.named_parameters(root)] == [n for n, _ in recorded.named_parameters()]
+    assert [n for n, _ in state.named_parameters(root)] == [
+        n for n, _ in recorded.named_parameters()
+    ]
     assert len(forwards) == 3 and all(e["module_id"] == root for e in forwards)
     assert not [e for e in events if e["kind"] == "recorder_error"]
 
@@ -614,7 +643,9 @@ def test_a_container_returning_its_childs_output_shares_its_statistics(store: Pa
     first, second, sequential, added = (c["payload"]["outputs"][0] for c in forward)
     assert first != second
     assert sequential == second  # the same tensor, unchanged: the same statistics
-    assert added != second and abs(added["mean"] - (second["mean"] + 1.0)) < 1e-5  # changed in place: measured again
+    assert (
+        added != second and abs(added["mean"] - (second["mean"] + 1.0)) < 1e-5
+    )  # changed in place: measured again
     # the second Linear and the Sequential returned one tensor at one version: one hook, an
     # entry for each; the tail's output was changed in place since: hooked on its own
     assert len(backward) == 4

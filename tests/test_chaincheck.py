@@ -27,9 +27,23 @@ def _stream(payloads: list[Any], **overrides: Any) -> list[tuple[Any, ...]]:
     prev = genesis_hash(RUN, 0)
     rows = []
     for index, payload in enumerate(payloads, start=1):
-        kind = "run_started" if index == 1 else ("run_ended" if index == len(payloads) else "annotation")
-        row, _ = chained_row(prev, RUN, 0, index, 1000 + index, kind, index // 2 or None,
-                             index if index % 3 else None, 7 if index % 4 == 0 else None, canonical_payload(payload))
+        kind = (
+            "run_started"
+            if index == 1
+            else ("run_ended" if index == len(payloads) else "annotation")
+        )
+        row, _ = chained_row(
+            prev,
+            RUN,
+            0,
+            index,
+            1000 + index,
+            kind,
+            index // 2 or None,
+            index if index % 3 else None,
+            7 if index % 4 == 0 else None,
+            canonical_payload(payload),
+        )
         if index % 5 == 0:
             row["snapshot"] = "ab" * 32  # not chained with it: reported as a mismatch by both paths
         prev = row["hash"]
@@ -39,14 +53,26 @@ def _stream(payloads: list[Any], **overrides: Any) -> list[tuple[Any, ...]]:
 
 
 PAYLOADS = [
-    {"world_size": 1}, {"text": 'quote " backslash \\ newline \n tab \t'}, {"ctl": "\x00\x01\x1f"},
-    {"unicode": "héllo 名前 \u2028"}, {"del": "a\x7fb"}, {"n": [1.5, -2, None, True]}, {"x": "plain"},
-    {"y": "plain"}, {"z": "plain"}, {"status": "completed"},
+    {"world_size": 1},
+    {"text": 'quote " backslash \\ newline \n tab \t'},
+    {"ctl": "\x00\x01\x1f"},
+    {"unicode": "héllo 名前 \u2028"},
+    {"del": "a\x7fb"},
+    {"n": [1.5, -2, None, True]},
+    {"x": "plain"},
+    {"y": "plain"},
+    {"z": "plain"},
+    {"status": "completed"},
 ]
 
 
-def _both(rows: list[tuple[Any, ...]], sizes: frozenset[int] = frozenset()) -> tuple[StreamCheck, StreamCheck]:
-    fast, slow = StreamCheck(RUN, 0, VerifyReport(RUN), sizes), StreamCheck(RUN, 0, VerifyReport(RUN), sizes)
+def _both(
+    rows: list[tuple[Any, ...]], sizes: frozenset[int] = frozenset()
+) -> tuple[StreamCheck, StreamCheck]:
+    fast, slow = (
+        StreamCheck(RUN, 0, VerifyReport(RUN), sizes),
+        StreamCheck(RUN, 0, VerifyReport(RUN), sizes),
+    )
     fast.feed(rows[:4])
     fast.feed(rows[4:])
     for row in rows:
@@ -59,7 +85,12 @@ def _same(fast: StreamCheck, slow: StreamCheck) -> None:
     assert [r["seq"] for r in fast.mismatched] == [r["seq"] for r in slow.mismatched]
     assert fast.tree.root() == slow.tree.root() and fast.tree.size == slow.tree.size
     assert fast.tip == slow.tip
-    assert (fast.count, fast.expected, fast.prev, fast.last_id) == (slow.count, slow.expected, slow.prev, slow.last_id)
+    assert (fast.count, fast.expected, fast.prev, fast.last_id) == (
+        slow.count,
+        slow.expected,
+        slow.prev,
+        slow.last_id,
+    )
 
 
 class _Counting(StreamCheck):
@@ -86,7 +117,9 @@ def test_intact_and_awkward_rows_agree() -> None:
     assert [r["seq"] for r in fast.mismatched] == [5, 10]
 
 
-UNCHAINED = frozenset({5, 10, 15, 20, 25, 30})  # seqs whose snapshot column ``_stream`` set unchained
+UNCHAINED = frozenset(
+    {5, 10, 15, 20, 25, 30}
+)  # seqs whose snapshot column ``_stream`` set unchained
 
 # What each damage must be reported as: problems (seq, what), hash mismatches beyond
 # the unchained snapshot columns, and events found after run_ended.
@@ -94,7 +127,14 @@ FOUND: dict[str, tuple[list[tuple[int, str]], list[int], list[int]]] = {
     "edit": ([], [17], []),
     "delete": ([(14, "seqs 14..16 missing (events deleted)")], [], []),
     "duplicate": ([(14, "duplicate sequence number (event inserted)")], [], []),
-    "swap": ([(12, "seq 12 missing (events deleted)"), (12, "duplicate sequence number (event inserted)")], [], []),
+    "swap": (
+        [
+            (12, "seq 12 missing (events deleted)"),
+            (12, "duplicate sequence number (event inserted)"),
+        ],
+        [],
+        [],
+    ),
     "garble": ([(18, "event is garbled: column ts_ns holds str 'soon'")], [], []),
     "reorder_ids": ([(21, "stored out of order (events reordered)")], [], []),
     "after_end": ([], [], list(range(11, 31))),
@@ -139,24 +179,40 @@ def test_each_damage_is_found_and_both_paths_agree(damage: str) -> None:
     assert _found(fast) == FOUND[damage]
 
 
-@pytest.mark.parametrize("text", ['plain', 'q"uote', "back\\slash", "nl\n tab\t cr\r", "\x00\x01\x1f\x1b", "/slash", ""])
+@pytest.mark.parametrize(
+    "text", ["plain", 'q"uote', "back\\slash", "nl\n tab\t cr\r", "\x00\x01\x1f\x1b", "/slash", ""]
+)
 def test_inline_encoding_is_the_canonical_row(text: str) -> None:
     from auditlog.core.chain import canonical_row, canonical_row_reference
 
     for snapshot in (None, text):
-        row = {"run_id": RUN, "stream": 3, "seq": 7, "ts_ns": -5, "kind": text or "k", "step": None,
-               "module_id": 2**63 - 1, "tensor_id": 0, "snapshot": snapshot, "payload": text}
+        row = {
+            "run_id": RUN,
+            "stream": 3,
+            "seq": 7,
+            "ts_ns": -5,
+            "kind": text or "k",
+            "step": None,
+            "module_id": 2**63 - 1,
+            "tensor_id": 0,
+            "snapshot": snapshot,
+            "payload": text,
+        }
         fast, slow = _Counting(RUN, 3, VerifyReport(RUN)), StreamCheck(RUN, 3, VerifyReport(RUN))
         prev = genesis_hash(RUN, 3)
         first, _ = chained_row(prev, RUN, 3, 1, 1, "run_started", None, None, None, "{}")
-        stored, _ = chained_row(first["hash"], RUN, 3, 2, row["ts_ns"], row["kind"], None, row["module_id"], 0,
-                                text)
+        stored, _ = chained_row(
+            first["hash"], RUN, 3, 2, row["ts_ns"], row["kind"], None, row["module_id"], 0, text
+        )
         stored["snapshot"] = snapshot
         stored["hash"] = _relinked(first["hash"], stored)
         for encoded in (row, stored):  # the fast encoder writes the bytes its definition gives
             assert canonical_row(encoded) == canonical_row_reference(encoded)
             assert json.loads(canonical_row(encoded)) == [encoded[c] for c in HASHED_COLUMNS]
-        rows = [tuple({**first, "id": 1}[c] for c in TUPLE_COLUMNS), tuple({**stored, "id": 2}[c] for c in TUPLE_COLUMNS)]
+        rows = [
+            tuple({**first, "id": 1}[c] for c in TUPLE_COLUMNS),
+            tuple({**stored, "id": 2}[c] for c in TUPLE_COLUMNS),
+        ]
         fast.feed(rows)
         for r in rows:
             slow.one(slow._row(r))

@@ -55,7 +55,9 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Two key pairs: ours (the team's) and someone else's."""
     root = tmp_path_factory.mktemp("keys")
-    return generate_key_pair(root / "ours").private_path, generate_key_pair(root / "theirs").private_path
+    return generate_key_pair(root / "ours").private_path, generate_key_pair(
+        root / "theirs"
+    ).private_path
 
 
 @pytest.fixture
@@ -103,7 +105,9 @@ def export(store: Path, key: Path, out: Path, run: str = "latest") -> Path:
 
 
 # --------------------------------------------------------------------------- the library API
-def test_checkpoint_head_signs_and_stores_the_current_head(store: Path, run_id: str, ours: Path) -> None:
+def test_checkpoint_head_signs_and_stores_the_current_head(
+    store: Path, run_id: str, ours: Path
+) -> None:
     key = load_private_key(ours)
     event_store = EventStore.open(str(store))
     try:
@@ -120,12 +124,20 @@ def test_checkpoint_head_signs_and_stores_the_current_head(store: Path, run_id: 
         assert event_store.checkpointed_run_ids() == [run_id]
         store_id = event_store.meta()["store_id"]
         ring = KeyRing([load_public_key(Path(pub(ours)))])
-        assert ring.check(made.key_fingerprint, made.statement(store_id), made.signature) is Verdict.VALID
+        assert (
+            ring.check(made.key_fingerprint, made.statement(store_id), made.signature)
+            is Verdict.VALID
+        )
 
         # an earlier head (what the writer passes: the batch it just committed), with its tree head
         earlier_root = merkle_root_at(event_store, run_id, 3)
         earlier = checkpoint_head(
-            event_store, key, run_id, 0, StreamTip(0, 3, _hash_at(store, run_id, 3), earlier_root), 1
+            event_store,
+            key,
+            run_id,
+            0,
+            StreamTip(0, 3, _hash_at(store, run_id, 3), earlier_root),
+            1,
         )
         assert earlier.seq == 3 and not earlier.ended
 
@@ -134,7 +146,9 @@ def test_checkpoint_head_signs_and_stores_the_current_head(store: Path, run_id: 
         assert report.checkpoints == 2 and report.covered == {0: head[0]}
 
         # a tree head that is not the stream's is caught even with the right chain head
-        checkpoint_head(event_store, key, run_id, 0, StreamTip(0, 3, _hash_at(store, run_id, 3), "0" * 64), 1)
+        checkpoint_head(
+            event_store, key, run_id, 0, StreamTip(0, 3, _hash_at(store, run_id, 3), "0" * 64), 1
+        )
         report = verify_run(event_store, run_id, keys=ring)
         assert [p.what for p in report.problems] == [
             "signed head's Merkle tree head at size 3 does not match the stream's tree (events up to it were changed)"
@@ -162,12 +176,31 @@ def _hash_at(store: Path, run_id: str, seq: int) -> str:
 def test_checkpoint_rows_are_plain_columns(store: Path, run_id: str, ours: Path) -> None:
     event_store = EventStore.open(str(store))
     try:
-        checkpoint_head(event_store, load_private_key(ours), run_id, 0, verify_run(event_store, run_id).tips[0], 1)
+        checkpoint_head(
+            event_store,
+            load_private_key(ours),
+            run_id,
+            0,
+            verify_run(event_store, run_id).tips[0],
+            1,
+        )
         (row,) = event_store.checkpoint_rows(run_id)
     finally:
         event_store.close()
-    assert set(row) == {"id", "run_id", "stream", "seq", "head_hash", "created_ns", "key_fingerprint", "signature",
-                        "format", "tree_root", "ended", "world_size"}
+    assert set(row) == {
+        "id",
+        "run_id",
+        "stream",
+        "seq",
+        "head_hash",
+        "created_ns",
+        "key_fingerprint",
+        "signature",
+        "format",
+        "tree_root",
+        "ended",
+        "world_size",
+    }
     assert row["seq"] == last_seq(store, run_id)
     assert (row["format"], row["ended"], row["world_size"]) == ("auditlog-checkpoint-v2", 1, 1)
 
@@ -186,7 +219,10 @@ def test_checkpoint_command_signs_each_head_once(store: Path, run_id: str, ours:
 
     result = cli("verify", "--key", pub(ours), store=store)
     assert result.exit_code == 0, result.stderr
-    assert f"run {run_id[:12]}: {n} events in 1 stream(s), 1 signed checkpoint(s): intact" in result.stdout
+    assert (
+        f"run {run_id[:12]}: {n} events in 1 stream(s), 1 signed checkpoint(s): intact"
+        in result.stdout
+    )
 
 
 def test_default_key_location_is_used_for_signing_and_verifying(store: Path, run_id: str) -> None:
@@ -208,14 +244,18 @@ def test_checkpoint_all_signs_every_run(store: Path, run_id: str, ours: Path) ->
     assert result.stdout.count("1 signed checkpoint(s): intact") == 2
 
 
-def test_signing_an_altered_record_is_refused(store: Path, run_id: str, ours: Path, tmp_path: Path) -> None:
+def test_signing_an_altered_record_is_refused(
+    store: Path, run_id: str, ours: Path, tmp_path: Path
+) -> None:
     with tamper(store) as conn:
         conn.execute("update events set payload=payload || ' ' where run_id=? and seq=4", (run_id,))
     before = file_digest(store / "events.db")
     for command in (("checkpoint",), ("export-head", "-o", str(tmp_path / "h.json"))):
         result = cli(*command, "--key", str(ours), store=store)
         assert result.exit_code == 4, result.stderr
-        assert result.stderr.startswith(f"Error: refusing to sign run {run_id[:12]}: record altered:")
+        assert result.stderr.startswith(
+            f"Error: refusing to sign run {run_id[:12]}: record altered:"
+        )
         assert "seq 4" in result.stderr
     assert not (tmp_path / "h.json").exists()
     with tamper(store) as conn:
@@ -243,11 +283,16 @@ def test_stored_checkpoint_catches_a_rewritten_chain(store: Path, run_id: str, o
     assert cli("checkpoint", "--key", str(ours), store=store).exit_code == 0
     rewrite_chain(store, run_id, 5)
     assert_verify_fails(
-        cli("verify", "--key", pub(ours), store=store), "record altered", "(checkpoint 1)", "rewritten"
+        cli("verify", "--key", pub(ours), store=store),
+        "record altered",
+        "(checkpoint 1)",
+        "rewritten",
     )
 
 
-def test_checkpoint_signed_by_an_unknown_key_is_reported(store: Path, run_id: str, ours: Path, theirs: Path) -> None:
+def test_checkpoint_signed_by_an_unknown_key_is_reported(
+    store: Path, run_id: str, ours: Path, theirs: Path
+) -> None:
     assert cli("checkpoint", "--key", str(theirs), store=store).exit_code == 0
     # verifying with only our key: their checkpoint is not silently accepted
     line = assert_verify_fails(
@@ -278,7 +323,9 @@ def test_checkpoint_signed_by_an_unknown_key_is_reported(store: Path, run_id: st
     ],
     ids=["seq", "head_hash", "created_ns", "signature", "store_id"],
 )
-def test_edited_checkpoint_fails_its_signature(store: Path, run_id: str, ours: Path, edit: str) -> None:
+def test_edited_checkpoint_fails_its_signature(
+    store: Path, run_id: str, ours: Path, edit: str
+) -> None:
     assert cli("checkpoint", "--key", str(ours), store=store).exit_code == 0
     state = (
         "select c.signature, c.seq, c.head_hash, c.created_ns, m.value from checkpoints c, auditlog_meta m"
@@ -288,17 +335,26 @@ def test_edited_checkpoint_fails_its_signature(store: Path, run_id: str, ours: P
         before = conn.execute(state).fetchone()
         conn.execute(edit)
         after = conn.execute(state).fetchone()
-    assert before is not None and after is not None and after != before  # the edit changed something
+    assert (
+        before is not None and after is not None and after != before
+    )  # the edit changed something
     assert_verify_fails(
-        cli("verify", "--key", pub(ours), store=store), "record altered", "(checkpoint 1)", "does not verify"
+        cli("verify", "--key", pub(ours), store=store),
+        "record altered",
+        "(checkpoint 1)",
+        "does not verify",
     )
 
 
-def test_garbled_checkpoint_row_is_reported_not_crashed_on(store: Path, run_id: str, ours: Path) -> None:
+def test_garbled_checkpoint_row_is_reported_not_crashed_on(
+    store: Path, run_id: str, ours: Path
+) -> None:
     assert cli("checkpoint", "--key", str(ours), store=store).exit_code == 0
     with tamper(store) as conn:
         conn.execute("update checkpoints set seq = 'abc', signature = x'00ff'")
-    assert_verify_fails(cli("verify", "--key", pub(ours), store=store), "record altered", "garbled", "seq")
+    assert_verify_fails(
+        cli("verify", "--key", pub(ours), store=store), "record altered", "garbled", "seq"
+    )
 
 
 def test_deleting_the_checkpoints_hides_a_rewrite_from_the_store_alone(
@@ -312,15 +368,24 @@ def test_deleting_the_checkpoints_hides_a_rewrite_from_the_store_alone(
         conn.execute("delete from checkpoints")
     # without a signature nothing proves the rewrite; with --key, nothing proves the record either
     bare = cli("verify", store=store)
-    assert bare.exit_code == 0 and "note: stream 0: no signature by a trusted key covers" in bare.stdout
-    assert_verify_fails(cli("verify", "--key", pub(ours), store=store), "record not verified", "no signature")
+    assert (
+        bare.exit_code == 0
+        and "note: stream 0: no signature by a trusted key covers" in bare.stdout
+    )
     assert_verify_fails(
-        cli("verify", "--key", pub(ours), "--against", str(head), store=store), "record altered", "rewritten"
+        cli("verify", "--key", pub(ours), store=store), "record not verified", "no signature"
+    )
+    assert_verify_fails(
+        cli("verify", "--key", pub(ours), "--against", str(head), store=store),
+        "record altered",
+        "rewritten",
     )
 
 
 # --------------------------------------------------------------------------- export-head / verify --against
-def test_export_head_writes_a_signed_statement(store: Path, run_id: str, ours: Path, tmp_path: Path) -> None:
+def test_export_head_writes_a_signed_statement(
+    store: Path, run_id: str, ours: Path, tmp_path: Path
+) -> None:
     result = cli("export-head", "--key", str(ours), store=store)
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
@@ -329,11 +394,17 @@ def test_export_head_writes_a_signed_statement(store: Path, run_id: str, ours: P
     assert data["run_id"] == run_id and data["world_size"] == 1
     (head,) = data["heads"]
     assert {k: head[k] for k in ("stream", "seq", "head_hash", "ended")} == {
-        "stream": 0, "seq": n, "head_hash": _hash_at(store, run_id, n), "ended": True}
+        "stream": 0,
+        "seq": n,
+        "head_hash": _hash_at(store, run_id, n),
+        "ended": True,
+    }
     assert len(head["tree_root"]) == 64
     assert data["key_fingerprint"] == fingerprint(load_private_key(ours))
     with tamper(store) as conn:
-        (store_id,) = conn.execute("select value from auditlog_meta where key='store_id'").fetchone()
+        (store_id,) = conn.execute(
+            "select value from auditlog_meta where key='store_id'"
+        ).fetchone()
         assert conn.execute("select count(*) from checkpoints").fetchone() == (0,)  # nothing stored
     assert data["store_id"] == store_id
 
@@ -346,20 +417,29 @@ def test_export_head_writes_a_signed_statement(store: Path, run_id: str, ours: P
     assert file_digest(out) == before
 
 
-def test_intact_record_verifies_against_its_exported_head(store: Path, run_id: str, ours: Path, tmp_path: Path) -> None:
+def test_intact_record_verifies_against_its_exported_head(
+    store: Path, run_id: str, ours: Path, tmp_path: Path
+) -> None:
     head = export(store, ours, tmp_path / "head.json")
     result = cli("verify", "--against", str(head), "--key", pub(ours), store=store)
     assert result.exit_code == 0, result.stderr
     assert f"run {run_id[:12]}: " in result.stdout and "1 exported head(s): intact" in result.stdout
     # explicitly naming the run works too; and the statement can come from stdin
-    assert cli("verify", run_id[:8], "--against", str(head), "--key", pub(ours), store=store).exit_code == 0
+    assert (
+        cli("verify", run_id[:8], "--against", str(head), "--key", pub(ours), store=store).exit_code
+        == 0
+    )
     piped = CliRunner().invoke(
-        app, ["verify", "--store", str(store), "--against", "-", "--key", pub(ours)], input=head.read_text()
+        app,
+        ["verify", "--store", str(store), "--against", "-", "--key", pub(ours)],
+        input=head.read_text(),
     )
     assert piped.exit_code == 0, piped.stderr
 
 
-def test_an_event_appended_after_the_exported_end_is_caught(store: Path, run_id: str, ours: Path, tmp_path: Path) -> None:
+def test_an_event_appended_after_the_exported_end_is_caught(
+    store: Path, run_id: str, ours: Path, tmp_path: Path
+) -> None:
     """The statement was made after the run ended: the record may not grow past it (a stream
     ends at its run_ended). Growing records are proven with a head exported mid-run
     (tests/test_forgery.py)."""
@@ -369,8 +449,15 @@ def test_an_event_appended_after_the_exported_end_is_caught(store: Path, run_id:
     with tamper(store) as conn:
         prev = _hash_at(store, run_id, n)
         row = {
-            "run_id": run_id, "stream": 0, "seq": n + 1, "ts_ns": 1, "kind": "annotation", "step": 0,
-            "module_id": None, "tensor_id": None, "snapshot": None,
+            "run_id": run_id,
+            "stream": 0,
+            "seq": n + 1,
+            "ts_ns": 1,
+            "kind": "annotation",
+            "step": 0,
+            "module_id": None,
+            "tensor_id": None,
+            "snapshot": None,
             "payload": canonical_payload({"key": "late", "fields": {}}),
         }
         row["hash"] = chain_hash(prev, row)
@@ -381,10 +468,15 @@ def test_an_event_appended_after_the_exported_end_is_caught(store: Path, run_id:
         )
     assert_verify_fails(
         cli("verify", "--against", str(head), "--key", pub(ours), store=store),
-        "record altered", f"signs the stream's end at seq {n}", "appended after the run ended",
+        "record altered",
+        f"signs the stream's end at seq {n}",
+        "appended after the run ended",
     )
-    problems = json.loads(cli("verify", "--against", str(head), "--format", "json", "--key", pub(ours),
-                              store=store).stdout)[0]["problems"]
+    problems = json.loads(
+        cli(
+            "verify", "--against", str(head), "--format", "json", "--key", pub(ours), store=store
+        ).stdout
+    )[0]["problems"]
     assert any(f"after the stream's run_ended at seq {n}" in p["what"] for p in problems)
 
 
@@ -398,9 +490,14 @@ def test_truncation_is_detected_only_against_an_exported_head(
     # the bare chain is a valid prefix: it cannot see that its end is gone, and says so
     bare = cli("verify", store=store)
     assert bare.exit_code == 0, bare.stderr
-    assert f"{n - k} events" in bare.stdout and "cannot show that newer events were not cut off" in bare.stdout
+    assert (
+        f"{n - k} events" in bare.stdout
+        and "cannot show that newer events were not cut off" in bare.stdout
+    )
     # with --key every event must be signed: nothing is, so nothing is proven
-    assert_verify_fails(cli("verify", "--key", pub(ours), store=store), "record not verified", "no signature")
+    assert_verify_fails(
+        cli("verify", "--key", pub(ours), store=store), "record not verified", "no signature"
+    )
     assert_verify_fails(
         cli("verify", "--against", str(head), "--key", pub(ours), store=store),
         "record altered",
@@ -418,7 +515,9 @@ def test_full_chain_rewrite_verifies_alone_but_not_against_an_exported_head(
     original = _hash_at(store, run_id, last_seq(store, run_id))
     rewrite_chain(store, run_id, 5)
     with tamper(store) as conn:
-        (payload,) = conn.execute("select payload from events where run_id=? and seq=5", (run_id,)).fetchone()
+        (payload,) = conn.execute(
+            "select payload from events where run_id=? and seq=5", (run_id,)
+        ).fetchone()
     assert '"forged":true' in payload
     assert _hash_at(store, run_id, last_seq(store, run_id)) != original
     # the rewritten chain is internally consistent: that is the point of exporting heads
@@ -448,7 +547,9 @@ def test_deleting_the_whole_run_is_detected_against_an_exported_head(
     )
 
 
-def test_statement_signed_by_another_key_fails(store: Path, run_id: str, ours: Path, theirs: Path, tmp_path: Path) -> None:
+def test_statement_signed_by_another_key_fails(
+    store: Path, run_id: str, ours: Path, theirs: Path, tmp_path: Path
+) -> None:
     head = export(store, theirs, tmp_path / "head.json")
     assert_verify_fails(
         cli("verify", "--against", str(head), "--key", pub(ours), store=store),
@@ -459,7 +560,9 @@ def test_statement_signed_by_another_key_fails(store: Path, run_id: str, ours: P
     )
 
 
-def test_forged_statement_fails(store: Path, run_id: str, ours: Path, theirs: Path, tmp_path: Path) -> None:
+def test_forged_statement_fails(
+    store: Path, run_id: str, ours: Path, theirs: Path, tmp_path: Path
+) -> None:
     """After a truncation, an attacker edits the statement to match, or re-signs it with their key."""
     head = export(store, ours, tmp_path / "head.json")
     truncate(store, run_id, 2)
@@ -514,7 +617,9 @@ def test_against_a_statement_about_another_run_is_a_usage_error(
     ],
     ids=["empty", "binary", "foreign-json", "list"],
 )
-def test_unreadable_statement_is_one_line(store: Path, run_id: str, tmp_path: Path, content: bytes, words: str) -> None:
+def test_unreadable_statement_is_one_line(
+    store: Path, run_id: str, tmp_path: Path, content: bytes, words: str
+) -> None:
     path = tmp_path / "head.json"
     path.write_bytes(content)
     result = cli("verify", "--against", str(path), store=store)
@@ -530,7 +635,9 @@ def test_unreadable_statement_is_one_line(store: Path, run_id: str, tmp_path: Pa
 def test_verify_all_finds_runs_missing_from_the_index(store: Path, run_id: str) -> None:
     with tamper(store) as conn:
         conn.execute("delete from runs where run_id=?", (run_id,))
-    assert_verify_fails(cli("verify", "all", store=store), "record altered", "runs index was deleted")
+    assert_verify_fails(
+        cli("verify", "all", store=store), "record altered", "runs index was deleted"
+    )
 
 
 def test_json_output_names_the_checkpoint(store: Path, run_id: str, ours: Path) -> None:

@@ -1,7 +1,8 @@
 """Issue 15, "every command behaves as a careful user expects": the read commands.
 
 One test per behaviour the issue asks for (its items 7-18, 20-23; the section
-comments give the item), through the CLI, with the exit code and the exact line a user reads. The items about ``auditlog run`` and
+comments give the item), through the CLI, with the exit code and the exact line a user reads. The
+items about ``auditlog run`` and
 Ctrl-C (1-6, 17's crash, 19, 21) need real processes: ``test_cli_interrupts.py``.
 """
 
@@ -82,8 +83,12 @@ def test_names_arguments_and_classes_are_printed_literally(store: Path) -> None:
     events = invoke("events", *s, first)
     assert events.exit_code == 0, events.stderr
     event_lines = flat(events.stdout)
-    assert any("│ [/x] │ [/x].weight │ weight [2, 2] float32 │" in line for line in event_lines), events.stdout
-    assert any("│ b\\ │ b\\.[foo]hidden │ [foo]hidden [2] float32 │" in line for line in event_lines)
+    assert any("│ [/x] │ [/x].weight │ weight [2, 2] float32 │" in line for line in event_lines), (
+        events.stdout
+    )
+    assert any(
+        "│ b\\ │ b\\.[foo]hidden │ [foo]hidden [2] float32 │" in line for line in event_lines
+    )
     assert any("│ b\\ = [red]Weird\\ │" in line for line in event_lines), events.stdout
     tree = invoke("tree", *s, first)
     assert tree.exit_code == 0, tree.stderr
@@ -103,11 +108,16 @@ def test_names_arguments_and_classes_are_printed_literally(store: Path) -> None:
 
 # --------------------------------------------------------------------------- 8
 @pytest.mark.parametrize("command", ["tree", "diff"])
-def test_tree_and_diff_offer_only_the_formats_they_have(plain: tuple[Path, str], command: str) -> None:
+def test_tree_and_diff_offer_only_the_formats_they_have(
+    plain: tuple[Path, str], command: str
+) -> None:
     help_text = invoke(command, "-h").stdout
     assert "[table|json]" in help_text and "csv" not in help_text
     refused = invoke(command, "--store", str(plain[0]), "--format", "csv")
-    assert one_error(refused, 2) == "Error: Invalid value for '--format': 'csv' is not one of 'table', 'json'."
+    assert (
+        one_error(refused, 2)
+        == "Error: Invalid value for '--format': 'csv' is not one of 'table', 'json'."
+    )
 
 
 # --------------------------------------------------------------------------- 9
@@ -135,9 +145,14 @@ def test_usage_lines_show_optional_arguments_in_brackets(command: str, usage: st
 
 # --------------------------------------------------------------------------- 10
 @pytest.mark.parametrize("command", [("tree",), ("restore", "-o", "out.pt")])
-def test_step_and_seq_together_are_refused(plain: tuple[Path, str], command: tuple[str, ...]) -> None:
+def test_step_and_seq_together_are_refused(
+    plain: tuple[Path, str], command: tuple[str, ...]
+) -> None:
     result = invoke(*command, "--store", str(plain[0]), "--step", "1", "--seq", "4")
-    assert one_error(result, 2) == "Error: --step and --seq both name a point in the run; give one of them"
+    assert (
+        one_error(result, 2)
+        == "Error: --step and --seq both name a point in the run; give one of them"
+    )
     assert not Path("out.pt").exists()
 
 
@@ -184,7 +199,9 @@ def test_a_name_several_runs_have_is_refused_with_the_candidates(store: Path) ->
 def test_events_and_query_name_tensors_and_modules_by_one_rule(store: Path) -> None:
     with auditlog.record(store, name="template"):
         layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
-        model = nn.Sequential(nn.Embedding(10, 8), nn.TransformerEncoder(layer, 1, enable_nested_tensor=False))
+        model = nn.Sequential(
+            nn.Embedding(10, 8), nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        )
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         model(torch.randint(0, 10, (2, 4))).sum().backward()
         opt.step()
@@ -192,10 +209,18 @@ def test_events_and_query_name_tensors_and_modules_by_one_rule(store: Path) -> N
     events = json.loads(invoke("events", *s, "--format", "json").stdout)
     tensors = {e["tensor_id"]: e["tensor"] for e in events if e["tensor_id"] is not None}
     modules = {e["module_id"]: e["module"] for e in events if e["module_id"] is not None}
-    viewed = json.loads(invoke("query", *s, "--format", "json", "select tensor_id, parameter as name from parameters").stdout)
-    viewed_modules = json.loads(invoke("query", *s, "--format", "json", "select module_id, module from modules").stdout)
+    viewed = json.loads(
+        invoke(
+            "query", *s, "--format", "json", "select tensor_id, parameter as name from parameters"
+        ).stdout
+    )
+    viewed_modules = json.loads(
+        invoke("query", *s, "--format", "json", "select module_id, module from modules").stdout
+    )
     assert tensors == {r["tensor_id"]: r["name"] for r in viewed if r["tensor_id"] in tensors}
-    assert modules == {r["module_id"]: r["module"] for r in viewed_modules if r["module_id"] in modules}
+    assert modules == {
+        r["module_id"]: r["module"] for r in viewed_modules if r["module_id"] in modules
+    }
     names = set(tensors.values())
     assert {n for n, _ in model.named_parameters()} <= names  # the model's own names, plain
     assert "(TransformerEncoderLayer).linear1.weight" in names  # the template layer, prefixed
@@ -207,9 +232,15 @@ def test_restore_checks_before_it_writes(plain: tuple[Path, str], tmp_path: Path
     store, run_id = plain
     s = ("--store", str(store))
     empty = invoke("restore", *s, "--step", "1", "--allow-partial", "-o", "r.pt")
-    assert one_error(empty, 1) == f"Error: no tensor of run {run_id[:12]} was snapshotted at step 1; nothing to restore"
+    assert (
+        one_error(empty, 1)
+        == f"Error: no tensor of run {run_id[:12]} was snapshotted at step 1; nothing to restore"
+    )
     missing = invoke("restore", *s, "-o", "/nonexistent/dir/r.pt")
-    assert one_error(missing, 1) == "Error: directory '/nonexistent/dir' does not exist; create it first"
+    assert (
+        one_error(missing, 1)
+        == "Error: directory '/nonexistent/dir' does not exist; create it first"
+    )
     assert not Path("/nonexistent").exists()
     unknown = invoke("restore", *s, "-o", "x.bin")
     assert one_error(unknown, 2) == (
@@ -223,7 +254,9 @@ def test_restore_checks_before_it_writes(plain: tuple[Path, str], tmp_path: Path
     finally:
         os.umask(old)
     assert written.exit_code == 0, written.stderr
-    assert written.stdout == f"wrote 4 tensors of run {run_id[:12]} at end of run to r.safetensors\n"
+    assert (
+        written.stdout == f"wrote 4 tensors of run {run_id[:12]} at end of run to r.safetensors\n"
+    )
     assert stat.S_IMODE(Path("r.safetensors").stat().st_mode) == 0o644
     with auditlog.open(store) as opened:
         expected = list(opened.run(run_id).state_dict())
@@ -233,7 +266,9 @@ def test_restore_checks_before_it_writes(plain: tuple[Path, str], tmp_path: Path
 
 
 # --------------------------------------------------------------------------- 16
-def _diff_run(store: Path, argv: str, snapshot_every: int, redraw: bool, at_second_line: bool) -> str:
+def _diff_run(
+    store: Path, argv: str, snapshot_every: int, redraw: bool, at_second_line: bool
+) -> str:
     with auditlog.record(store, argv=[argv], snapshot_every=snapshot_every) as run:
         torch.manual_seed(0)
         if redraw:
@@ -258,7 +293,9 @@ def test_diff_names_changed_keys_moves_and_can_exit_1(store: Path) -> None:
     assert "~ policy snapshot_every 0 → 4" in lines, result.stdout
     assert "~ argv [a.py] → [b.py]" in lines, result.stdout
     moved = [line for line in lines if line.startswith("↕ ")]
-    assert len(moved) == 2 and moved[0].startswith("↕ (Linear) source ") and " → " in moved[0], result.stdout
+    assert len(moved) == 2 and moved[0].startswith("↕ (Linear) source ") and " → " in moved[0], (
+        result.stdout
+    )
     assert "Modules (1 moved)" in lines and "Parameters (1 moved)" in lines
     assert (
         "Initial values 1 tensor was drawn again from the same distribution "
@@ -278,7 +315,9 @@ def test_verify_all_on_an_empty_store_says_no_runs(store: Path) -> None:
 
 
 # --------------------------------------------------------------------------- 18
-def test_a_missing_public_key_is_named_and_refusals_name_the_statement(plain: tuple[Path, str]) -> None:
+def test_a_missing_public_key_is_named_and_refusals_name_the_statement(
+    plain: tuple[Path, str],
+) -> None:
     store, _ = plain
     missing = invoke("verify", "--store", str(store), "--key", "missing.pub")
     assert one_error(missing, 1) == "Error: no public key at 'missing.pub': no such file"
@@ -290,7 +329,9 @@ def test_a_missing_public_key_is_named_and_refusals_name_the_statement(plain: tu
 
 
 # --------------------------------------------------------------------------- 20
-def test_help_lists_every_exit_code_and_library_errors_name_no_flags(plain: tuple[Path, str]) -> None:
+def test_help_lists_every_exit_code_and_library_errors_name_no_flags(
+    plain: tuple[Path, str],
+) -> None:
     help_text = " ".join(invoke("-h").stdout.split())
     assert (
         "Exit codes: 0 ok, 1 error, 2 usage, 3 store refused, 4 verify failed, "
@@ -310,15 +351,21 @@ def test_help_lists_every_exit_code_and_library_errors_name_no_flags(plain: tupl
 # --------------------------------------------------------------------------- 22
 def _read_only_bind(source: Path, target: Path) -> bool:
     target.mkdir()
-    if subprocess.run(["mount", "--bind", str(source), str(target)], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "--bind", str(source), str(target)], capture_output=True
+    ).returncode:
         return False
-    if subprocess.run(["mount", "-o", "remount,bind,ro", str(target)], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-o", "remount,bind,ro", str(target)], capture_output=True
+    ).returncode:
         subprocess.run(["umount", str(target)], check=False)
         return False
     return True
 
 
-def test_a_read_only_store_directory_is_read_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_read_only_store_directory_is_read_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     source = tmp_path / "archive"
     run_id = record_run(source, steps=2)
     mounted = tmp_path / "readonly"
@@ -333,17 +380,23 @@ def test_a_read_only_store_directory_is_read_in_place(tmp_path: Path, monkeypatc
         verified = invoke("verify", "--store", str(mounted), "all")
         assert verified.exit_code == 0, verified.stderr
         assert verified.stdout.splitlines()[0].endswith(": " + VERDICTS["unsigned"])
-        counted = invoke("query", "--store", str(mounted), "--format", "csv", "select count(*) as n from runs")
+        counted = invoke(
+            "query", "--store", str(mounted), "--format", "csv", "select count(*) as n from runs"
+        )
         assert counted.exit_code == 0, counted.stderr
         assert counted.stdout == "n\n1\n"
-        assert sorted(p.name for p in source.iterdir()) == before  # nothing written beside the store
+        assert (
+            sorted(p.name for p in source.iterdir()) == before
+        )  # nothing written beside the store
     finally:
         subprocess.run(["umount", str(mounted)], check=False)
     # newest events in a -wal without its -shm: cannot be read in place, and says why
     writer = sqlite3.connect(source / "events.db")
     try:
         writer.execute("PRAGMA wal_autocheckpoint=0")
-        writer.execute("UPDATE runs SET last_seen_ns = last_seen_ns + 1")  # the heartbeat: not chained
+        writer.execute(
+            "UPDATE runs SET last_seen_ns = last_seen_ns + 1"
+        )  # the heartbeat: not chained
         writer.commit()
         copy = tmp_path / "copy"
         copy.mkdir()
@@ -366,7 +419,11 @@ def test_a_read_only_store_directory_is_read_in_place(tmp_path: Path, monkeypatc
 # --------------------------------------------------------------------------- 23
 def _complete(words: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """What bash completion offers after ``words`` (Click's bash_complete protocol)."""
-    env = {"_AUDITLOG_COMPLETE": "bash_complete", "COMP_WORDS": words, "COMP_CWORD": str(len(words.split(" ")) - 1)}
+    env = {
+        "_AUDITLOG_COMPLETE": "bash_complete",
+        "COMP_WORDS": words,
+        "COMP_CWORD": str(len(words.split(" ")) - 1),
+    }
     from auditlog.cli.main import cli
     from click.testing import CliRunner
 
@@ -381,7 +438,9 @@ def test_shell_completion_offers_runs_names_and_kinds(
     store, run_id = plain
     offered = _complete(f"auditlog events --store {store} ", monkeypatch)
     assert offered == ["latest", run_id, "plain"]
-    assert _complete(f"auditlog verify --store {store} al", monkeypatch) == ["all"]  # "l": no run id starts so
+    assert _complete(f"auditlog verify --store {store} al", monkeypatch) == [
+        "all"
+    ]  # "l": no run id starts so
     assert _complete(f"auditlog events --store {store} {run_id[:6]}", monkeypatch) == [run_id]
     assert _complete("auditlog events --kind run_", monkeypatch) == ["run_started", "run_ended"]
     assert _complete("auditlog schema st", monkeypatch) == ["steps"]
@@ -396,11 +455,15 @@ def test_make_test_installs_only_when_pyproject_changed(tmp_path: Path) -> None:
     (venv / "bin" / "python").write_text("")
     (venv / ".installed").write_text("")
     os.utime(venv / ".installed", (2**31, 2**31))  # newer than pyproject.toml
-    dry = subprocess.run(["make", "-n", "-C", str(REPO), "test", f"VENV={venv}"], capture_output=True, text=True)
+    dry = subprocess.run(
+        ["make", "-n", "-C", str(REPO), "test", f"VENV={venv}"], capture_output=True, text=True
+    )
     assert dry.returncode == 0, dry.stderr
     assert [line for line in dry.stdout.splitlines() if not line.startswith("make")] == [
         f"{venv}/bin/python -m pytest -q -n 2 --dist loadfile"
     ]
     os.utime(venv / ".installed", (0, 0))  # older: pyproject.toml changed since
-    stale = subprocess.run(["make", "-n", "-C", str(REPO), "test", f"VENV={venv}"], capture_output=True, text=True)
+    stale = subprocess.run(
+        ["make", "-n", "-C", str(REPO), "test", f"VENV={venv}"], capture_output=True, text=True
+    )
     assert "pip install" in stale.stdout

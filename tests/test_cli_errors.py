@@ -22,9 +22,6 @@ FIRST_ID = "abc1" + "0" * 28
 SECOND_ID = "abc2" + "f" * 28
 
 
-
-
-
 def event_run_ids(result: CliResult) -> set[str]:
     assert result.exit_code == 0, result.stderr
     rows = json.loads(result.stdout)

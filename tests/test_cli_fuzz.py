@@ -94,7 +94,10 @@ def assert_clean(result: CliResult, args: tuple[str, ...]) -> None:
     assert "internal error" not in result.stderr, (args, result.stderr)
     assert result.exit_code in EXIT_CODES, (args, result.exit_code, output)
     if result.exit_code != 0:
-        assert any(line.startswith("Error: ") for line in result.stderr.split("\n")), (args, result.stderr)
+        assert any(line.startswith("Error: ") for line in result.stderr.split("\n")), (
+            args,
+            result.stderr,
+        )
 
 
 def run(store: Path, *args: str) -> CliResult:
@@ -132,9 +135,8 @@ def read_everything(
 @given(selector=st.text(max_size=40).filter(lambda s: not s.startswith("-")))
 def test_random_run_selectors(pristine: tuple[Path, str], selector: str) -> None:
     store, run_id = pristine
-    known = (
-        selector in ("latest", "latest~0", "fuzzed")
-        or (selector != "" and run_id.startswith(selector.lower()))
+    known = selector in ("latest", "latest~0", "fuzzed") or (
+        selector != "" and run_id.startswith(selector.lower())
     )
     before = tree_digest(store)
     for command in ("events", "verify"):
@@ -156,7 +158,9 @@ _VALID_STEPS = st.one_of(
 _INVALID_STEPS = st.one_of(
     st.just(""),
     st.integers(min_value=1, max_value=10**6).map(lambda n: f"-{n}"),
-    st.tuples(st.integers(1, 50), st.integers(0, 49)).filter(lambda t: t[0] > t[1]).map(lambda t: f"{t[0]}:{t[1]}"),
+    st.tuples(st.integers(1, 50), st.integers(0, 49))
+    .filter(lambda t: t[0] > t[1])
+    .map(lambda t: f"{t[0]}:{t[1]}"),
     st.tuples(_DIGITS, _DIGITS, _DIGITS).map(":".join),
     st.text(alphabet="abcxyz.,;/_+e", min_size=1, max_size=8).map(lambda t: "1" + t),
 )
@@ -171,7 +175,10 @@ def test_valid_step_ranges_are_accepted(pristine: tuple[Path, str], step: str) -
     low = step.split(":")[0]
     if low and int(low) > 2:
         assert result.exit_code == 2, (step, result.stderr)
-        assert result.stderr == f"Error: run {pristine[1][:12]} has no step {int(low)} (it recorded steps 0..2)\n"
+        assert (
+            result.stderr
+            == f"Error: run {pristine[1][:12]} has no step {int(low)} (it recorded steps 0..2)\n"
+        )
     else:
         assert result.exit_code == 0, (step, result.stderr)
 
@@ -192,7 +199,10 @@ def test_arbitrary_step_text_never_crashes(pristine: tuple[Path, str], step: str
 
 
 @FUZZ
-@given(kind=st.one_of(st.sampled_from(sorted(KINDS)), st.text(max_size=30)), fmt=st.one_of(st.sampled_from(FORMATS), st.text(max_size=8)))
+@given(
+    kind=st.one_of(st.sampled_from(sorted(KINDS)), st.text(max_size=30)),
+    fmt=st.one_of(st.sampled_from(FORMATS), st.text(max_size=8)),
+)
 def test_kinds_and_formats(pristine: tuple[Path, str], kind: str, fmt: str) -> None:
     assume(not kind.startswith("-") and not fmt.startswith("-"))
     result = run(pristine[0], "events", "--kind", kind, "--format", fmt, "--limit", "3")
@@ -205,9 +215,35 @@ def test_kinds_and_formats(pristine: tuple[Path, str], kind: str, fmt: str) -> N
 
 
 VOCABULARY = [
-    "--kind", "--step", "--limit", "--format", "--module", "--key", "--against", "-o",
-    "--bogus", "--", "all", "latest", "latest~1", "latest~x", "json", "csv", "table", "yaml",
-    "0", "-1", "1:0", "::", "forward", "run_started", "*", "body.*", "[", "nope", "",
+    "--kind",
+    "--step",
+    "--limit",
+    "--format",
+    "--module",
+    "--key",
+    "--against",
+    "-o",
+    "--bogus",
+    "--",
+    "all",
+    "latest",
+    "latest~1",
+    "latest~x",
+    "json",
+    "csv",
+    "table",
+    "yaml",
+    "0",
+    "-1",
+    "1:0",
+    "::",
+    "forward",
+    "run_started",
+    "*",
+    "body.*",
+    "[",
+    "nope",
+    "",
 ]
 
 
@@ -265,7 +301,11 @@ def settings_for(commands: tuple[tuple[str, ...], ...]) -> settings:
 
 
 @FUZZ
-@given(data=st.one_of(st.binary(max_size=3000), st.binary(max_size=3000).map(lambda b: b"SQLite format 3\x00" + b)))
+@given(
+    data=st.one_of(
+        st.binary(max_size=3000), st.binary(max_size=3000).map(lambda b: b"SQLite format 3\x00" + b)
+    )
+)
 def test_random_bytes_as_events_db(tmp_path: Path, data: bytes) -> None:
     """Not a database at all (or only its header): every reading command refuses it (exit 3)."""
     root = Path(tempfile.mkdtemp(dir=tmp_path))
@@ -280,7 +320,9 @@ def test_random_bytes_as_events_db(tmp_path: Path, data: bytes) -> None:
 
 
 @groups
-def test_truncated_events_db(pristine: tuple[Path, str], commands: tuple[tuple[str, ...], ...]) -> None:
+def test_truncated_events_db(
+    pristine: tuple[Path, str], commands: tuple[tuple[str, ...], ...]
+) -> None:
     @settings_for(commands)
     @given(fraction=st.floats(min_value=0.0, max_value=0.999))
     def check(fraction: float) -> None:
@@ -297,7 +339,9 @@ def test_truncated_events_db(pristine: tuple[Path, str], commands: tuple[tuple[s
 
 
 @groups
-def test_garbled_bytes_in_events_db(pristine: tuple[Path, str], commands: tuple[tuple[str, ...], ...]) -> None:
+def test_garbled_bytes_in_events_db(
+    pristine: tuple[Path, str], commands: tuple[tuple[str, ...], ...]
+) -> None:
     """Overwrite random bytes of a real store. ``verify`` may pass only if every event is as recorded."""
     original = events_dump(pristine[0] / "events.db")
     assert original
@@ -305,7 +349,9 @@ def test_garbled_bytes_in_events_db(pristine: tuple[Path, str], commands: tuple[
     @settings_for(commands)
     @given(
         edits=st.lists(
-            st.tuples(st.floats(min_value=0.0, max_value=0.9999), st.integers(min_value=0, max_value=255)),
+            st.tuples(
+                st.floats(min_value=0.0, max_value=0.9999), st.integers(min_value=0, max_value=255)
+            ),
             min_size=1,
             max_size=8,
         )
@@ -323,12 +369,16 @@ def test_garbled_bytes_in_events_db(pristine: tuple[Path, str], commands: tuple[
             results = read_everything(store, commands)
             for command in (("verify",), ("verify", "all")):
                 if command in results and results[command].exit_code == 0:
-                    assert events_dump(db) == original, f"`{' '.join(command)}` passed a changed record"
+                    assert events_dump(db) == original, (
+                        f"`{' '.join(command)}` passed a changed record"
+                    )
 
     check()
 
 
-def test_verify_never_passes_a_store_whose_table_and_index_disagree(pristine: tuple[Path, str]) -> None:
+def test_verify_never_passes_a_store_whose_table_and_index_disagree(
+    pristine: tuple[Path, str],
+) -> None:
     """Garble the run id inside stored rows and index entries, one copy of the id at a time.
 
     Found by the property above: a byte changed in a table row (not in the index)
@@ -350,7 +400,9 @@ def test_verify_never_passes_a_store_whose_table_and_index_disagree(pristine: tu
             db.write_bytes(bytes(garbled))
             result = run(store, "verify")
             if result.exit_code == 0:
-                assert events_dump(db) == original, f"verify passed a changed record (byte {at + 3})"
+                assert events_dump(db) == original, (
+                    f"verify passed a changed record (byte {at + 3})"
+                )
             refused += result.exit_code == 3
     assert refused > 0  # some of these really are table/index disagreements
 
@@ -362,11 +414,28 @@ _VALUES = st.one_of(
     st.text(max_size=20),
     st.binary(max_size=20),
 )
-_COLUMNS = ["run_id", "stream", "seq", "ts_ns", "kind", "step", "module_id", "tensor_id", "snapshot", "payload", "hash"]
+_COLUMNS = [
+    "run_id",
+    "stream",
+    "seq",
+    "ts_ns",
+    "kind",
+    "step",
+    "module_id",
+    "tensor_id",
+    "snapshot",
+    "payload",
+    "hash",
+]
 _OPERATIONS = st.lists(
     st.one_of(
         st.tuples(st.just("delete"), st.integers(min_value=1, max_value=40)),
-        st.tuples(st.just("garble"), st.integers(min_value=1, max_value=40), st.sampled_from(_COLUMNS), _VALUES),
+        st.tuples(
+            st.just("garble"),
+            st.integers(min_value=1, max_value=40),
+            st.sampled_from(_COLUMNS),
+            _VALUES,
+        ),
     ),
     min_size=1,
     max_size=4,
@@ -374,7 +443,9 @@ _OPERATIONS = st.lists(
 
 
 @contextmanager
-def edited_copy(pristine: tuple[Path, str], operations: list[tuple[Any, ...]]) -> Iterator[tuple[Path, bool]]:
+def edited_copy(
+    pristine: tuple[Path, str], operations: list[tuple[Any, ...]]
+) -> Iterator[tuple[Path, bool]]:
     """A copy of the store with ``operations`` applied; yields it and whether any event changed."""
     store_path, run_id = pristine
     original = events_dump(store_path / "events.db")
@@ -387,7 +458,10 @@ def edited_copy(pristine: tuple[Path, str], operations: list[tuple[Any, ...]]) -
                     conn.execute("delete from events where run_id=? and seq=?", (run_id, op[1]))
                 else:
                     _, seq, column, value = op
-                    conn.execute(f"update events set {column}=? where run_id=? and seq=?", (value, run_id, seq))
+                    conn.execute(
+                        f"update events set {column}=? where run_id=? and seq=?",
+                        (value, run_id, seq),
+                    )
             except sqlite3.IntegrityError:
                 pass  # NOT NULL / UNIQUE refused the edit: nothing changed
         conn.commit()
@@ -397,7 +471,9 @@ def edited_copy(pristine: tuple[Path, str], operations: list[tuple[Any, ...]]) -
 
 
 @groups
-def test_deleted_and_garbled_rows(pristine: tuple[Path, str], commands: tuple[tuple[str, ...], ...]) -> None:
+def test_deleted_and_garbled_rows(
+    pristine: tuple[Path, str], commands: tuple[tuple[str, ...], ...]
+) -> None:
     """Rows deleted or columns set to any SQLite value: verify fails (4) exactly when events changed."""
 
     @settings_for(commands)
@@ -418,7 +494,9 @@ def test_deleted_and_garbled_rows(pristine: tuple[Path, str], commands: tuple[tu
 
 
 @pytest.mark.parametrize("command", READING, ids=" ".join)
-def test_garbled_schema_page_is_refused(pristine: tuple[Path, str], command: tuple[str, ...]) -> None:
+def test_garbled_schema_page_is_refused(
+    pristine: tuple[Path, str], command: tuple[str, ...]
+) -> None:
     """A byte of a table name in sqlite_master made invalid UTF-8: refused as corrupt (3), no crash."""
     with copy_of(pristine[0]) as store:
         db = store / "events.db"
@@ -475,5 +553,7 @@ def test_the_fuzzed_store_itself_reads_cleanly(pristine: tuple[Path, str]) -> No
     """Control: the unaltered store passes every reading command (so failures above mean something)."""
     with copy_of(pristine[0]) as store:
         results = read_everything(store)
-    assert all(r.exit_code == 0 for r in results.values()), {c: r.stderr for c, r in results.items()}
+    assert all(r.exit_code == 0 for r in results.values()), {
+        c: r.stderr for c, r in results.items()
+    }
     assert "1 signed checkpoint(s): intact" in results[("verify",)].stdout

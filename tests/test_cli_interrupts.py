@@ -25,7 +25,9 @@ from helpers import EXAMPLES, CliResult, invoke, record_run
 
 import auditlog
 
-SLOW_QUERY = "select count(*) from range(100000000) a, range(100000000) b where a.range + b.range < 0"
+SLOW_QUERY = (
+    "select count(*) from range(100000000) a, range(100000000) b where a.range + b.range < 0"
+)
 
 
 def env() -> dict[str, str]:
@@ -37,7 +39,9 @@ def auditlog_cmd(*args: str) -> list[str]:
 
 
 def start(command: list[str], cwd: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(command, cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        command, cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
 
 
 def wait_for_output(proc: subprocess.Popen[bytes], marker: bytes, timeout: float = 180) -> bytes:
@@ -105,7 +109,9 @@ def test_ctrl_c_prints_and_stores_the_traceback_python_prints(tmp_path: Path) ->
     assert notice.startswith("auditlog: recording run ")
     assert unsigned == UNSIGNED_NOTE + "\n"
     assert "".join(traceback_lines) == python_says
-    assert python_says.startswith(f'Traceback (most recent call last):\n  File "{script}", line 11, in <module>\n')
+    assert python_says.startswith(
+        f'Traceback (most recent call last):\n  File "{script}", line 11, in <module>\n'
+    )
     assert python_says.endswith("KeyboardInterrupt\n")
     with auditlog.open(store) as opened:
         info = opened.run("latest").info()
@@ -174,15 +180,31 @@ def test_query_timeout_cancels_the_query(small_store: Path) -> None:
 def test_query_tables_are_capped_and_csv_streams_every_row(small_store: Path) -> None:
     table = invoke("query", "--store", str(small_store), "select range as n from range(1500)")
     assert table.exit_code == 0, table.stderr
-    cells = [line.split("│")[1].strip() for line in table.stdout.splitlines() if line.startswith("│")]
+    cells = [
+        line.split("│")[1].strip() for line in table.stdout.splitlines() if line.startswith("│")
+    ]
     assert cells == [str(n) for n in range(1000)]
     assert table.stderr == (
         "auditlog: showing the first 1000 rows; more were left out "
         "(--max-rows N, 0 for all; --format csv or json streams every row)\n"
     )
-    every = invoke("query", "--store", str(small_store), "--max-rows", "0", "select range as n from range(1500)")
+    every = invoke(
+        "query",
+        "--store",
+        str(small_store),
+        "--max-rows",
+        "0",
+        "select range as n from range(1500)",
+    )
     assert every.stderr == "" and every.stdout.count("│ 1499 │") == 1
-    csv = invoke("query", "--store", str(small_store), "--format", "csv", "select range as n from range(200000)")
+    csv = invoke(
+        "query",
+        "--store",
+        str(small_store),
+        "--format",
+        "csv",
+        "select range as n from range(200000)",
+    )
     assert csv.exit_code == 0 and csv.stdout.splitlines() == ["n", *(str(n) for n in range(200000))]
 
 
@@ -209,7 +231,11 @@ def test_record_inside_auditlog_run_joins_the_run(tmp_path: Path) -> None:
     )
     store = tmp_path / "store"
     done = subprocess.run(
-        auditlog_cmd("run", "--store", str(store), "inner.py"), cwd=tmp_path, env=env(), capture_output=True, text=True
+        auditlog_cmd("run", "--store", str(store), "inner.py"),
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stderr
     with auditlog.open(store) as opened:
@@ -231,13 +257,25 @@ def test_record_inside_auditlog_run_joins_the_run(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_run_passes_argv0_as_the_path_as_typed(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "show.py").write_text("import sys\nprint(sys.argv[0], __file__, __name__, sys.argv[1:])\n")
-    python = subprocess.run([sys.executable, "sub/show.py", "a"], cwd=tmp_path, capture_output=True, text=True)
+    (tmp_path / "sub" / "show.py").write_text(
+        "import sys\nprint(sys.argv[0], __file__, __name__, sys.argv[1:])\n"
+    )
+    python = subprocess.run(
+        [sys.executable, "sub/show.py", "a"], cwd=tmp_path, capture_output=True, text=True
+    )
     recorded = subprocess.run(
-        auditlog_cmd("run", "--store", "store", "sub/show.py", "a"), cwd=tmp_path, env=env(), capture_output=True, text=True
+        auditlog_cmd("run", "--store", "store", "sub/show.py", "a"),
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
     )
     assert recorded.returncode == 0, recorded.stderr
-    assert recorded.stdout == python.stdout == f"sub/show.py {tmp_path / 'sub' / 'show.py'} __main__ ['a']\n"
+    assert (
+        recorded.stdout
+        == python.stdout
+        == f"sub/show.py {tmp_path / 'sub' / 'show.py'} __main__ ['a']\n"
+    )
 
 
 # --------------------------------------------------------------------------- 17
@@ -276,17 +314,34 @@ def test_a_crashed_run_lasts_until_its_last_event(tmp_path: Path) -> None:
     assert before["status"] == "crashed"
     assert float(str(before["duration_s"])) >= 1.2  # three steps 0.6 s apart: not 0.0
     (tmp_path / "next.py").write_text("pass\n")
-    later = subprocess.run(auditlog_cmd("run", "--store", str(store), "next.py"), cwd=tmp_path, env=env(), capture_output=True)
+    later = subprocess.run(
+        auditlog_cmd("run", "--store", str(store), "next.py"),
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+    )
     assert later.returncode == 0
     after = the_crashed()  # closed by the next recording: still the time of its last event
     assert after["status"] == "crashed" and after["duration_s"] == before["duration_s"]
     ended = json.loads(
-        invoke("events", "--store", str(store), str(after["run_id"]), "--kind", "run_ended", "--format", "json").stdout
+        invoke(
+            "events",
+            "--store",
+            str(store),
+            str(after["run_id"]),
+            "--kind",
+            "run_ended",
+            "--format",
+            "json",
+        ).stdout
     )
     from auditlog.cli.events_cmd import summarize
 
     detected_by = ended[0]["payload"]["detected_by"]
-    assert summarize("run_ended", ended[0]["payload"]) == f"crashed (exit code unknown), detected by run {detected_by[:12]}"
+    assert (
+        summarize("run_ended", ended[0]["payload"])
+        == f"crashed (exit code unknown), detected by run {detected_by[:12]}"
+    )
 
 
 # --------------------------------------------------------------------------- 19
@@ -294,7 +349,16 @@ def test_a_crashed_run_lasts_until_its_last_event(tmp_path: Path) -> None:
 def test_backward_full_falls_back_to_grad_for_in_place_modules(tmp_path: Path) -> None:
     store = tmp_path / "store"
     done = subprocess.run(
-        auditlog_cmd("run", "--store", str(store), "--backward", "full", str(EXAMPLES / "train_cnn.py"), "--epochs", "1"),
+        auditlog_cmd(
+            "run",
+            "--store",
+            str(store),
+            "--backward",
+            "full",
+            str(EXAMPLES / "train_cnn.py"),
+            "--epochs",
+            "1",
+        ),
         cwd=tmp_path,
         env=env(),
         capture_output=True,
@@ -343,12 +407,21 @@ def test_live_models_snapshot_at_run_end_dropped_ones_when_released(tmp_path: Pa
         )
     )
     store = tmp_path / "store"
-    done = subprocess.run(auditlog_cmd("run", "--store", str(store), "two.py"), cwd=tmp_path, env=env(), capture_output=True, text=True)
+    done = subprocess.run(
+        auditlog_cmd("run", "--store", str(store), "two.py"),
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     rows = json.loads(invoke("snapshots", "--store", str(store), "--format", "json").stdout)
     assert [(r["trigger"], r["module"]) for r in rows] == [
         ("sealed", "(Sequential)"),
-        ("sealed", "(Sequential)#2"),  # sealed at its optimizer step: named by the root of its tensors
+        (
+            "sealed",
+            "(Sequential)#2",
+        ),  # sealed at its optimizer step: named by the root of its tensors
         ("released", "(Sequential)#2"),
         ("run_end", "(Sequential)"),
     ]

@@ -169,7 +169,9 @@ def test_events_module_glob(rec: Recorded) -> None:
 
     for r in rows:
         if r["kind"] == "activity":
-            assert r["module"] is None and calls_in(r["payload"]) & ids, r  # it holds a call of body.*
+            assert r["module"] is None and calls_in(r["payload"]) & ids, (
+                r
+            )  # it holds a call of body.*
         elif r["kind"] == "module_registered" and not fnmatch.fnmatchcase(r["module"], "body.*"):
             child = r["payload"]["child_id"]
             assert any(fnmatch.fnmatchcase(n, "body.*") for n in names[child]), r
@@ -182,7 +184,9 @@ def test_events_module_glob(rec: Recorded) -> None:
     assert "head" not in modules and "dropout" not in modules
     assert {r["kind"] for r in rows} == {"parameter_registered", "module_registered", "activity"}
     activity = [e for e in rec.api_events() if e["kind"] == "activity"]
-    assert activity and [r["seq"] for r in rows if r["kind"] == "activity"] == [e["seq"] for e in activity]
+    assert activity and [r["seq"] for r in rows if r["kind"] == "activity"] == [
+        e["seq"] for e in activity
+    ]
     # body's own forward is not about body.*; only its registrations of body.N are
     assert all(r["kind"] == "module_registered" for r in rows if r["module"] == "body")
     assert sorted(r["payload"]["name"] for r in rows if r["module"] == "body") == [

@@ -25,7 +25,9 @@ BIG = 3 << 30  # a sparse file: no disk, but 3 GiB to anyone who reads it
 
 
 def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", *args], cwd=repo, check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def _repo(path: Path) -> Path:
@@ -52,7 +54,9 @@ def _record(store: Path, repo: Path) -> str:
 
 
 def _started_git(store: Path) -> list[dict[str, object]]:
-    out = invoke("events", "--store", str(store), "latest", "--kind", "run_started", "--format", "json")
+    out = invoke(
+        "events", "--store", str(store), "latest", "--kind", "run_started", "--format", "json"
+    )
     assert out.exit_code == 0, out.stderr
     return [e["payload"]["git"] for e in json.loads(out.stdout)]
 
@@ -74,7 +78,11 @@ def test_a_run_start_beside_a_huge_untracked_file_reads_none_of_it(tmp_path: Pat
     (repo / "model.py").write_text("LAYERS = 3\n")
     store = tmp_path / "store"
     done = subprocess.run(
-        [sys.executable, "-c", _START, str(store)], cwd=repo, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", _START, str(store)],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={k: v for k, v in os.environ.items() if k != "AUDITLOG_STORE"},
     )
     assert done.returncode == 0, done.stderr
@@ -84,16 +92,32 @@ def test_a_run_start_beside_a_huge_untracked_file_reads_none_of_it(tmp_path: Pat
     assert int(peak) < BIG * 2 // 3, int(peak)
     assert float(seconds) < 60
     git = _started_git(store)[0]
-    assert git["dirty"] is True and git["modified"] == 1 and git["untracked"] == 1 and git["files_total"] == 2
+    assert (
+        git["dirty"] is True
+        and git["modified"] == 1
+        and git["untracked"] == 1
+        and git["files_total"] == 2
+    )
     assert git["files"] == [
-        {"path": "model.py", "state": "modified", "method": "sha256", "identity": git["files"][0]["identity"]},
-        {"path": "checkpoint.bin", "state": "untracked", "method": "size_mtime",
-         "identity": f"{BIG}:{os.stat(repo / 'checkpoint.bin').st_mtime_ns}"},
+        {
+            "path": "model.py",
+            "state": "modified",
+            "method": "sha256",
+            "identity": git["files"][0]["identity"],
+        },
+        {
+            "path": "checkpoint.bin",
+            "state": "untracked",
+            "method": "size_mtime",
+            "identity": f"{BIG}:{os.stat(repo / 'checkpoint.bin').st_mtime_ns}",
+        },
     ]
     assert git["hashing"]["methods"] == {"sha256": 1, "size_mtime": 1}
 
 
-def test_code_state_time_and_reads_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_code_state_time_and_reads_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     repo = _repo(tmp_path / "repo")
     with open(repo / "huge.bin", "wb") as handle:
         handle.truncate(BIG)
@@ -106,15 +130,23 @@ def test_code_state_time_and_reads_are_bounded(tmp_path: Path, monkeypatch: pyte
     assert time.monotonic() - begun < 5
     assert git is not None
     methods = {f["path"]: f["method"] for f in git["files"]}
-    assert methods == {"huge.bin": "size_mtime", "part0.bin": "sha256", "part1.bin": "sha256",
-                       "part2.bin": "size_mtime", "part3.bin": "size_mtime", "part4.bin": "size_mtime"}
+    assert methods == {
+        "huge.bin": "size_mtime",
+        "part0.bin": "sha256",
+        "part1.bin": "sha256",
+        "part2.bin": "size_mtime",
+        "part3.bin": "size_mtime",
+        "part4.bin": "size_mtime",
+    }
     # The same tree hashes the same; any change of a hashed file's content changes the hash.
     assert git_state(repo)["diff_sha256"] == git["diff_sha256"]  # type: ignore[index]
     (repo / "part0.bin").write_bytes(b"\1" * (1 << 20))
     assert git_state(repo)["diff_sha256"] != git["diff_sha256"]  # type: ignore[index]
 
 
-def test_the_listed_files_are_capped_and_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_listed_files_are_capped_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     repo = _repo(tmp_path / "repo")
     for i in range(7):
         (repo / f"out{i}.png").write_text(str(i))
@@ -131,7 +163,9 @@ def test_a_fifo_in_the_tree_does_not_block_the_start(tmp_path: Path) -> None:
     os.mkfifo(repo / "model.py")  # git lists no untracked FIFO, but a tracked path can become one
     git = git_state(repo)
     assert git is not None
-    assert git["files"] == [{"path": "model.py", "state": "modified", "method": "special", "identity": "0o10000"}]
+    assert git["files"] == [
+        {"path": "model.py", "state": "modified", "method": "special", "identity": "0o10000"}
+    ]
 
 
 def test_diff_and_report_name_the_files_that_made_a_run_dirty(tmp_path: Path) -> None:
@@ -145,22 +179,33 @@ def test_diff_and_report_name_the_files_that_made_a_run_dirty(tmp_path: Path) ->
     out = invoke("diff", "--store", str(store), "latest~1", "latest")
     assert out.exit_code == 0, out.stderr
     assert "dirty" in out.stdout
-    assert "none → model.py (modified), report.html (untracked), train.py (deleted)" in " ".join(out.stdout.split())
+    assert "none → model.py (modified), report.html (untracked), train.py (deleted)" in " ".join(
+        out.stdout.split()
+    )
     as_json = invoke("diff", "--store", str(store), "latest~1", "latest", "--format", "json")
     files = json.loads(as_json.stdout)["code"][0]["fields"]["files"]
-    assert files == {"a": None, "b": "model.py (modified), report.html (untracked), train.py (deleted)"}
+    assert files == {
+        "a": None,
+        "b": "model.py (modified), report.html (untracked), train.py (deleted)",
+    }
 
     # Two dirty runs: only the file whose content changed is named.
     (repo / "model.py").write_text("LAYERS = 4\n")
     _record(store, repo)
     as_json = invoke("diff", "--store", str(store), "latest~1", "latest", "--format", "json")
     files = json.loads(as_json.stdout)["code"][0]["fields"]["files"]
-    assert files == {"a": "model.py (modified, other content)", "b": "model.py (modified, other content)"}
+    assert files == {
+        "a": "model.py (modified, other content)",
+        "b": "model.py (modified, other content)",
+    }
 
     page = tmp_path / "page.html"
     assert invoke("report", "--store", str(store), "latest", "-o", str(page)).exit_code == 0
     # modified (and deleted) first, then untracked, as the record lists them
-    assert "2 modified, 1 untracked: model.py (modified); train.py (deleted); report.html (untracked)" in page.read_text()
+    assert (
+        "2 modified, 1 untracked: model.py (modified); train.py (deleted); report.html (untracked)"
+        in page.read_text()
+    )
 
 
 def test_git_answers_while_another_thread_forks_children_that_live_on(tmp_path: Path) -> None:
@@ -200,4 +245,6 @@ def test_git_answers_while_another_thread_forks_children_that_live_on(tmp_path: 
         for pid in children:
             os.waitpid(pid, 0)
     assert all(out == b".git\n" for out, _ in answers)
-    assert max(seconds for _, seconds in answers) < 2.0  # a child holding a pipe would make it >= 3 s
+    assert (
+        max(seconds for _, seconds in answers) < 2.0
+    )  # a child holding a pipe would make it >= 3 s

@@ -13,7 +13,9 @@ from auditlog.recording.combine import combine
 from auditlog.store.eventstore import EventStore
 
 
-def _rank_shards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, steps: int = 2) -> tuple[Path, str]:
+def _rank_shards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, steps: int = 2
+) -> tuple[Path, str]:
     """Two processes' shards of one run (as two torchrun ranks would write them)."""
     base = tmp_path / "store"
     monkeypatch.setenv("AUDITLOG_RUN_ID", "job")
@@ -36,7 +38,9 @@ def _counts(store: Path) -> tuple[int, int]:
         opened.close()
 
 
-def test_shards_combine_into_one_verifiable_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shards_combine_into_one_verifiable_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     base, run_id = _rank_shards(tmp_path, monkeypatch)
     shards = sorted((base / "shards").iterdir())
     assert [s.name.split(".")[:2] for s in shards] == [["job", "0"], ["job", "1"]]
@@ -49,7 +53,12 @@ def test_shards_combine_into_one_verifiable_run(tmp_path: Path, monkeypatch: pyt
     assert all(r["added"] > 0 and r["present"] == 0 for r in rows)
 
     [run] = json.loads(invoke("runs", "--store", str(base), "--format", "json").stdout)
-    assert (run["run_id"], run["status"], run["streams"], run["world_size"]) == (run_id, "completed", 2, 2)
+    assert (run["run_id"], run["status"], run["streams"], run["world_size"]) == (
+        run_id,
+        "completed",
+        2,
+        2,
+    )
     verified = invoke("verify", "--store", str(base))
     assert verified.exit_code == 0 and "2 stream(s): intact" in verified.stdout
     restored = invoke("restore", "--store", str(base), "--step", "2", "-o", str(tmp_path / "w.pt"))
@@ -82,10 +91,27 @@ def test_a_longer_shard_adds_only_its_new_events(tmp_path: Path) -> None:
         seq, head = opened.chain_head(run_id, 0) or (0, "")
         from auditlog.core.chain import canonical_payload, chain_hash
 
-        extra = {"run_id": run_id, "stream": 0, "seq": seq + 1, "ts_ns": 1, "kind": "run_ended", "step": 2,
-                 "module_id": None, "tensor_id": None, "snapshot": None,
-                 "payload": canonical_payload({"status": "crashed", "exit_code": None, "exception": None,
-                                               "signal": None, "steps": 2, "detected_by": "later"})}
+        extra = {
+            "run_id": run_id,
+            "stream": 0,
+            "seq": seq + 1,
+            "ts_ns": 1,
+            "kind": "run_ended",
+            "step": 2,
+            "module_id": None,
+            "tensor_id": None,
+            "snapshot": None,
+            "payload": canonical_payload(
+                {
+                    "status": "crashed",
+                    "exit_code": None,
+                    "exception": None,
+                    "signal": None,
+                    "steps": 2,
+                    "detected_by": "later",
+                }
+            ),
+        }
         extra["hash"] = chain_hash(head, extra)
         opened.add_events([extra])
     finally:
@@ -94,7 +120,9 @@ def test_a_longer_shard_adds_only_its_new_events(tmp_path: Path) -> None:
     assert again.ok and again.events_added == 1 and again.shards[0].events_present == held
 
 
-def test_a_corrupt_shard_is_reported_and_left_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_corrupt_shard_is_reported_and_left_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     base, _ = _rank_shards(tmp_path, monkeypatch)
     good, bad = sorted((base / "shards").iterdir())
     (bad / "events.db").write_bytes(b"this is not a database" * 100)
@@ -105,7 +133,9 @@ def test_a_corrupt_shard_is_reported_and_left_in_place(tmp_path: Path, monkeypat
     assert "not an auditlog store" in line
     assert "combined" in result.stdout and "left in place" in result.stdout
     assert tree_digest(bad) == before  # untouched
-    [run] = json.loads(invoke("runs", "--store", str(tmp_path / "target"), "--format", "json").stdout)
+    [run] = json.loads(
+        invoke("runs", "--store", str(tmp_path / "target"), "--format", "json").stdout
+    )
     assert run["streams"] == 1  # the good shard is in
 
 
@@ -113,7 +143,9 @@ def test_an_altered_shard_is_not_combined(tmp_path: Path) -> None:
     shard = tmp_path / "shard"
     record_run(shard, steps=2)
     with tamper(shard) as conn:
-        conn.execute("update events set payload = replace(payload, '0.1', '0.2') where kind = 'optimizer_step'")
+        conn.execute(
+            "update events set payload = replace(payload, '0.1', '0.2') where kind = 'optimizer_step'"
+        )
     before = tree_digest(shard)
     report = combine(str(tmp_path / "target"), [shard], delete=True)
     assert not report.ok and report.events_added == 0
@@ -134,7 +166,9 @@ def test_conflicting_streams_are_reported(tmp_path: Path, monkeypatch: pytest.Mo
     assert invoke("verify", "--store", str(target)).exit_code == 0
 
 
-def test_delete_removes_only_combined_shards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_delete_removes_only_combined_shards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     base, _ = _rank_shards(tmp_path, monkeypatch)
     shards = sorted((base / "shards").iterdir())
     missing = tmp_path / "nowhere"
@@ -145,10 +179,18 @@ def test_delete_removes_only_combined_shards(tmp_path: Path, monkeypatch: pytest
     assert invoke("verify", "--store", str(base)).exit_code == 0
 
 
-def test_combine_into_postgres(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
+def test_combine_into_postgres(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str
+) -> None:
     base, run_id = _rank_shards(tmp_path, monkeypatch)
-    result = invoke("combine", "--into", pg_url, "--snapshots", str(tmp_path / "pg-snaps"),
-                    *[str(s) for s in sorted((base / "shards").iterdir())])
+    result = invoke(
+        "combine",
+        "--into",
+        pg_url,
+        "--snapshots",
+        str(tmp_path / "pg-snaps"),
+        *[str(s) for s in sorted((base / "shards").iterdir())],
+    )
     assert result.exit_code == 0, result.stdout + result.stderr
     verified = invoke("verify", "--store", pg_url)
     assert verified.exit_code == 0 and "2 stream(s): intact" in verified.stdout
@@ -157,4 +199,6 @@ def test_combine_into_postgres(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_combine_needs_shards(tmp_path: Path) -> None:
-    assert_one_line_error(invoke("combine", "--into", str(tmp_path / "empty")), 1, "no shards to combine")
+    assert_one_line_error(
+        invoke("combine", "--into", str(tmp_path / "empty")), 1, "no shards to combine"
+    )

@@ -22,7 +22,9 @@ import auditlog
 
 BATCH, IN, HIDDEN, OUT, STEPS = 8, 4, 8, 2, 4
 PARAMETERS = IN * HIDDEN + HIDDEN + HIDDEN * OUT + OUT
-FORWARD_FLOPS = 2 * BATCH * IN * HIDDEN + 2 * BATCH * HIDDEN * OUT  # two matmuls, a multiply-add counts 2
+FORWARD_FLOPS = (
+    2 * BATCH * IN * HIDDEN + 2 * BATCH * HIDDEN * OUT
+)  # two matmuls, a multiply-add counts 2
 
 
 def _powercap(root: Path, energy_uj: int) -> None:
@@ -45,7 +47,9 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             torch.manual_seed(0)
             model = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT))
             opt = torch.optim.SGD(model.parameters(), lr=0.05)
-            run.annotate("dataset", name="toy-regression", sha256="ab" * 32, url="https://example.org/toy")
+            run.annotate(
+                "dataset", name="toy-regression", sha256="ab" * 32, url="https://example.org/toy"
+            )
             run.annotate("intended_purpose", text="a demonstration regressor")
             run.annotate("license", text="MIT")
             at_step_2: dict[str, str] = {}
@@ -65,12 +69,16 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def _bom(recorded: dict[str, Any], fmt: str, *extra: str) -> dict[str, Any]:
     out = recorded["root"] / f"bom-{fmt}-{'-'.join(extra) or 'end'}.json"
-    result = invoke("bom", "--store", str(recorded["store"]), "--format", fmt, "-o", str(out), *extra)
+    result = invoke(
+        "bom", "--store", str(recorded["store"]), "--format", fmt, "-o", str(out), *extra
+    )
     assert result.exit_code == 0, result.stderr
     return dict(json.loads(out.read_text()))
 
 
-def test_the_facts_are_the_numbers_the_test_computes_and_name_their_events(recorded: dict[str, Any]) -> None:
+def test_the_facts_are_the_numbers_the_test_computes_and_name_their_events(
+    recorded: dict[str, Any],
+) -> None:
     facts = _bom(recorded, "json", "--step", "2")["facts"]
     assert facts["parameters"]["value"]["total"] == PARAMETERS == 58
     assert facts["parameters"]["value"]["total_2sf"] == "58"
@@ -85,7 +93,11 @@ def test_the_facts_are_the_numbers_the_test_computes_and_name_their_events(recor
     (stream,) = facts["training_time"]["value"]["per_stream"]
     assert stream["rank"] == 0 and stream["status"] == "completed"
     assert 0 < stream["wall_s"] <= facts["training_time"]["value"]["wall_s"] + 1
-    assert facts["architecture"]["value"]["layer_types"] == {"Linear": 2, "ReLU": 1, "Sequential": 1}
+    assert facts["architecture"]["value"]["layer_types"] == {
+        "Linear": 2,
+        "ReLU": 1,
+        "Sequential": 1,
+    }
     recorded_data, annotated = facts["datasets"]["value"]
     assert recorded_data["source"] == "recorded" and recorded_data["method"] == "tensors"
     assert recorded_data["length"] == BATCH * STEPS and len(recorded_data["fingerprint"]) == 64
@@ -110,7 +122,9 @@ def test_the_cyclonedx_ml_bom_validates_and_carries_the_record(recorded: dict[st
     assert model["type"] == "machine-learning-model"
     props = {p["name"]: p["value"] for p in model["properties"]}
     assert json.loads(props["auditlog:parameters"])["total"] == PARAMETERS
-    assert json.loads(props["auditlog:training_compute"])["total_flops"] == FORWARD_FLOPS * 3 * STEPS
+    assert (
+        json.loads(props["auditlog:training_compute"])["total_flops"] == FORWARD_FLOPS * 3 * STEPS
+    )
     tensors = {c["name"]: c["hashes"][0]["content"] for c in model["components"]}
     assert tensors == recorded["hashes"]
     card = model["modelCard"]
@@ -119,7 +133,10 @@ def test_the_cyclonedx_ml_bom_validates_and_carries_the_record(recorded: dict[st
     assert [m["type"] for m in card["quantitativeAnalysis"]["performanceMetrics"]] == ["loss"]
     recorded_data, dataset = [c for c in document["components"] if c["type"] == "data"]
     assert recorded_data["name"] == "torch.utils.data.dataset.TensorDataset"
-    assert recorded_data["hashes"][0]["content"] == _bom(recorded, "json")["facts"]["datasets"]["value"][0]["fingerprint"]
+    assert (
+        recorded_data["hashes"][0]["content"]
+        == _bom(recorded, "json")["facts"]["datasets"]["value"][0]["fingerprint"]
+    )
     assert dataset["name"] == "toy-regression" and dataset["hashes"][0]["content"] == "ab" * 32
     assert {c["name"] for c in document["components"]} >= {"torch", "python"}
 
@@ -128,16 +145,26 @@ def test_the_spdx_document_reads_back_with_the_spdx_bindings(recorded: dict[str,
     from spdx_python_model import v3_0_1 as spdx
 
     out = recorded["root"] / "bom.spdx.json"
-    result = invoke("bom", "--store", str(recorded["store"]), "--format", "spdx", "--step", "2", "-o", str(out))
+    result = invoke(
+        "bom", "--store", str(recorded["store"]), "--format", "spdx", "--step", "2", "-o", str(out)
+    )
     assert result.exit_code == 0, result.stderr
     objects = spdx.SHACLObjectSet()
     with out.open("rb") as f:
         spdx.JSONLDDeserializer().read(f, objects)
     assert not objects.link()  # every reference resolves inside the document
     (package,) = list(objects.foreach_type(spdx.ai_AIPackage))
-    recorded_data, dataset = sorted(objects.foreach_type(spdx.dataset_DatasetPackage), key=lambda d: d.spdxId)
-    assert recorded_data.name == "torch.utils.data.dataset.TensorDataset" and recorded_data.verifiedUsing
-    assert dataset.name == "toy-regression" and dataset.software_downloadLocation == "https://example.org/toy"
+    recorded_data, dataset = sorted(
+        objects.foreach_type(spdx.dataset_DatasetPackage), key=lambda d: d.spdxId
+    )
+    assert (
+        recorded_data.name == "torch.utils.data.dataset.TensorDataset"
+        and recorded_data.verifiedUsing
+    )
+    assert (
+        dataset.name == "toy-regression"
+        and dataset.software_downloadLocation == "https://example.org/toy"
+    )
     hyper = {e.key: e.value for e in package.ai_hyperparameter}
     assert json.loads(hyper["lr"]) == 0.05
     assert package.ai_informationAboutApplication == "a demonstration regressor"
@@ -147,30 +174,41 @@ def test_the_spdx_document_reads_back_with_the_spdx_bindings(recorded: dict[str,
     kwh = package.ai_energyConsumption.ai_trainingEnergyConsumption[0].ai_energyQuantity
     assert kwh == pytest.approx(3.5 / 3.6e6)
     assert {h.hashValue for h in package.verifiedUsing} == set(recorded["hashes"].values())
-    relations = {r.relationshipType.rsplit("/", 1)[-1]: r for r in objects.foreach_type(spdx.Relationship)}
+    relations = {
+        r.relationshipType.rsplit("/", 1)[-1]: r for r in objects.foreach_type(spdx.Relationship)
+    }
     assert relations["trainedOn"].to == [recorded_data, dataset]
     assert {"hasConcludedLicense", "hasDeclaredLicense"} <= set(relations)
     (licence,) = list(objects.foreach_type(spdx.simplelicensing_LicenseExpression))
     assert licence.simplelicensing_licenseExpression == "MIT"
 
 
-def test_the_report_lays_the_facts_out_by_annex_and_marks_what_is_missing(recorded: dict[str, Any]) -> None:
+def test_the_report_lays_the_facts_out_by_annex_and_marks_what_is_missing(
+    recorded: dict[str, Any],
+) -> None:
     out = recorded["root"] / "report.html"
     result = invoke("report", "--store", str(recorded["store"]), "-o", str(out))
     assert result.exit_code == 0, result.stderr
     page = out.read_text()
-    techdoc = page[page.index('id="techdoc"'):]
+    techdoc = page[page.index('id="techdoc"') :]
     assert "Annex IV, point 2" in techdoc and "Annex XI, section 1" in techdoc
-    assert f"{PARAMETERS:,} parameters" in techdoc and f"{FORWARD_FLOPS * 3 * STEPS:,} FLOPs" in techdoc
+    assert (
+        f"{PARAMETERS:,} parameters" in techdoc
+        and f"{FORWARD_FLOPS * 3 * STEPS:,} FLOPs" in techdoc
+    )
     assert "a demonstration regressor" in techdoc and "3.5 J" in techdoc
     assert "1 missing" in techdoc  # the evaluation: nobody annotated it
     assert 'href="#compute"' in techdoc and "flops seq" in techdoc
-    data = page[page.index('id="data"'):page.index('id="training"')]
-    assert "TensorDataset" in data and "tensors" in data  # the recorded dataset, identified by its tensors
+    data = page[page.index('id="data"') : page.index('id="training"')]
+    assert (
+        "TensorDataset" in data and "tensors" in data
+    )  # the recorded dataset, identified by its tensors
     assert ">32<" in data and "toy-regression" in data  # its length; the annotation below it
 
 
-def test_energy_is_not_measured_where_no_counter_can_be_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_energy_is_not_measured_where_no_counter_can_be_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AUDITLOG_POWERCAP", str(tmp_path / "absent"))
     with auditlog.record(store=tmp_path / "store") as run:
         model = nn.Linear(2, 1)
@@ -180,17 +218,29 @@ def test_energy_is_not_measured_where_no_counter_can_be_read(tmp_path: Path, mon
 
         facts = documentation_facts(s.run(run.run_id))
     assert facts.value("energy") is None and "not measured" in str(facts.facts["energy"].note)
-    assert facts.value("datasets") == [] and "annotate('dataset'" in str(facts.facts["datasets"].note)
+    assert facts.value("datasets") == [] and "annotate('dataset'" in str(
+        facts.facts["datasets"].note
+    )
 
 
 def test_a_counter_that_wrapped_during_the_run_is_counted_once(tmp_path: Path) -> None:
     from auditlog.read.docfacts import _energy
 
-    start = {"source": "rapl", "zones": {"intel-rapl:0": {"name": "package-0", "energy_uj": 900,
-                                                          "max_energy_range_uj": 1000}}}
-    end = {"source": "rapl", "zones": {"intel-rapl:0": {"name": "package-0", "energy_uj": 100,
-                                                        "max_energy_range_uj": 1000}}}
-    fact = _energy({"energy": start}, [{"payload": json.dumps({"energy": end}), "seq": 9, "step": 1}], [])
+    start = {
+        "source": "rapl",
+        "zones": {
+            "intel-rapl:0": {"name": "package-0", "energy_uj": 900, "max_energy_range_uj": 1000}
+        },
+    }
+    end = {
+        "source": "rapl",
+        "zones": {
+            "intel-rapl:0": {"name": "package-0", "energy_uj": 100, "max_energy_range_uj": 1000}
+        },
+    }
+    fact = _energy(
+        {"energy": start}, [{"payload": json.dumps({"energy": end}), "seq": 9, "step": 1}], []
+    )
     assert fact.value["zones"][0]["joules"] == pytest.approx(200 / 1e6)
 
 
@@ -231,15 +281,38 @@ def test_a_restored_model_signed_in_the_openssf_format_verifies_upstream_and_aga
 
     def upstream(path: Path) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "model_signing", "verify", "key", str(path), "--signature", str(signature),
-             "--public_key", str(keys / "model_signing_key.pub")],
-            capture_output=True, text=True, timeout=120,
+            [
+                sys.executable,
+                "-m",
+                "model_signing",
+                "verify",
+                "key",
+                str(path),
+                "--signature",
+                str(signature),
+                "--public_key",
+                str(keys / "model_signing_key.pub"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
 
     def ours(path: Path) -> Any:
-        return invoke("verify-attestation", "--key", str(keys / "signing_key.pub"), "--model", str(path),
-                      "--model-signature", str(signature), "--model-signing-key", str(keys / "model_signing_key.pub"),
-                      "--store", str(store), str(attestation))
+        return invoke(
+            "verify-attestation",
+            "--key",
+            str(keys / "signing_key.pub"),
+            "--model",
+            str(path),
+            "--model-signature",
+            str(signature),
+            "--model-signing-key",
+            str(keys / "model_signing_key.pub"),
+            "--store",
+            str(store),
+            str(attestation),
+        )
 
     assert upstream(target).returncode == 0
     checked = ours(target)
@@ -247,7 +320,9 @@ def test_a_restored_model_signed_in_the_openssf_format_verifies_upstream_and_aga
     assert "OpenSSF model signature model.safetensors.sig verifies" in checked.stdout
     assert "the attestation names the OpenSSF signature" in checked.stdout
     assert "tensors match the attested content hashes" in checked.stdout
-    document = json.loads(__import__("base64").b64decode(json.loads(attestation.read_text())["payload"]))
+    document = json.loads(
+        __import__("base64").b64decode(json.loads(attestation.read_text())["payload"])
+    )
     assert document["predicate"]["buildDefinition"]["externalParameters"]["step"] == 2
     assert document["predicate"]["runDetails"]["metadata"]["invocationId"] == run.run_id
 
@@ -271,7 +346,16 @@ def test_a_restored_model_signed_in_the_openssf_format_verifies_upstream_and_aga
     from auditlog.read.modelsign import sign_file
 
     sign_file(target, signature, other)
-    foreign = invoke("verify-attestation", "--key", str(keys / "signing_key.pub"), "--model", str(target),
-                     "--model-signature", str(signature), "--model-signing-key", str(tmp_path / "other_key.pub"),
-                     str(attestation))
+    foreign = invoke(
+        "verify-attestation",
+        "--key",
+        str(keys / "signing_key.pub"),
+        "--model",
+        str(target),
+        "--model-signature",
+        str(signature),
+        "--model-signing-key",
+        str(tmp_path / "other_key.pub"),
+        str(attestation),
+    )
     assert foreign.exit_code == 4 and "does not name the OpenSSF signature" in foreign.stderr

@@ -59,23 +59,35 @@ def test_four_processes_record_into_one_store(
                 "select distinct stream from events where run_id=?", (run_id,)
             ).fetchall()
             assert streams == [(0,)]
-            seqs = [s for (s,) in conn.execute(
-                "select seq from events where run_id=? and stream=0 order by seq", (run_id,)
-            )]
+            seqs = [
+                s
+                for (s,) in conn.execute(
+                    "select seq from events where run_id=? and stream=0 order by seq", (run_id,)
+                )
+            ]
             assert seqs == list(range(1, len(seqs) + 1)), f"gap in run {run_id}"
             assert signed_seq == seqs[-1]
-            kinds = [k for (k,) in conn.execute(
-                "select kind from events where run_id=? and stream=0 order by seq", (run_id,)
-            )]
+            kinds = [
+                k
+                for (k,) in conn.execute(
+                    "select kind from events where run_id=? and stream=0 order by seq", (run_id,)
+                )
+            ]
             assert kinds[0] == "run_started" and kinds[-1] == "run_ended"
         (checkpoints,) = conn.execute("select count(*) from checkpoints").fetchone()
         assert checkpoints == WORKERS
         # The writers really ran at once: every two runs' commit intervals (first to
         # last event time) overlap, which serial recording could never produce.
-        spans = dict(conn.execute("select run_id, min(ts_ns) from events group by run_id").fetchall())
-        ends = dict(conn.execute("select run_id, max(ts_ns) from events group by run_id").fetchall())
+        spans = dict(
+            conn.execute("select run_id, min(ts_ns) from events group by run_id").fetchall()
+        )
+        ends = dict(
+            conn.execute("select run_id, max(ts_ns) from events group by run_id").fetchall()
+        )
         for a, b in itertools.combinations(sorted(spans), 2):
-            assert max(spans[a], spans[b]) < min(ends[a], ends[b]), f"runs {a[:8]} and {b[:8]} did not overlap"
+            assert max(spans[a], spans[b]) < min(ends[a], ends[b]), (
+                f"runs {a[:8]} and {b[:8]} did not overlap"
+            )
     finally:
         conn.close()
 
@@ -109,14 +121,18 @@ def test_threads_of_one_process_create_stores_at_once(tmp_path: Path, same: bool
     )
     done = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path), "same" if same else "distinct"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert done.stdout.startswith("0 "), done.stdout
     stores = sorted(p.parent for p in tmp_path.glob("r*/s*/events.db"))
     assert len(stores) == (5 if same else 20)
     for store in stores:
-        assert [p.name for p in store.iterdir() if p.name.startswith(".")] == []  # no build copies left
+        assert [
+            p.name for p in store.iterdir() if p.name.startswith(".")
+        ] == []  # no build copies left
         opened = EventStore.open(str(store))
         try:
             assert opened.revision

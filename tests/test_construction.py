@@ -26,7 +26,9 @@ def assert_replay_matches(state: ModelState, model: nn.Module, requires_grad: bo
     hook (detected by the structural check of the snapshots issue, not here).
     """
     root = state.root_by_class(type(model).__qualname__)
-    live_modules = [(n, f"{type(m).__module__}.{type(m).__qualname__}") for n, m in model.named_modules()]
+    live_modules = [
+        (n, f"{type(m).__module__}.{type(m).__qualname__}") for n, m in model.named_modules()
+    ]
     rep_modules = [(n, state.modules[m].cls) for n, m in state.named_modules(root)]
     assert rep_modules == live_modules
     live_params = [
@@ -34,12 +36,19 @@ def assert_replay_matches(state: ModelState, model: nn.Module, requires_grad: bo
         for n, p in model.named_parameters()
     ]
     rep_params = [
-        (n, state.tensors[t].shape, state.tensors[t].dtype, state.tensors[t].requires_grad if requires_grad else None)
+        (
+            n,
+            state.tensors[t].shape,
+            state.tensors[t].dtype,
+            state.tensors[t].requires_grad if requires_grad else None,
+        )
         for n, t in state.named_parameters(root)
     ]
     assert rep_params == live_params
     live_buffers = [(n, list(b.shape), str(b.dtype)[6:]) for n, b in model.named_buffers()]
-    rep_buffers = [(n, state.tensors[t].shape, state.tensors[t].dtype) for n, t in state.named_buffers(root)]
+    rep_buffers = [
+        (n, state.tensors[t].shape, state.tensors[t].dtype) for n, t in state.named_buffers(root)
+    ]
     assert rep_buffers == live_buffers
     persistent = set(model.state_dict())
     for name, tensor_id in state.named_buffers(root):
@@ -72,11 +81,18 @@ def test_tied_weights_and_replaced_head(store: Path) -> None:
     embed_id = dict(state.named_parameters(root))["embed.weight"]
     names = state.tensor_names()[embed_id]
     assert "embed.weight" in names
-    old_head_node = [m for m in state.modules.values() if m.parameters.get("weight") == embed_id and m.cls and m.cls.endswith("Linear")]
+    old_head_node = [
+        m
+        for m in state.modules.values()
+        if m.parameters.get("weight") == embed_id and m.cls and m.cls.endswith("Linear")
+    ]
     assert len(old_head_node) == 1  # the detached, pre-finetune head still shows the tie
     assert old_head.weight is model.embed.weight
     # the new head was sealed when first used, with its own initial values
-    assert state.tensors[dict(state.named_parameters(root))["lm_head.weight"]].initial_sha256 is not None
+    assert (
+        state.tensors[dict(state.named_parameters(root))["lm_head.weight"]].initial_sha256
+        is not None
+    )
     # the non-persistent causal mask buffer
     causal = dict(state.named_buffers(root))["causal"]
     assert state.tensors[causal].persistent is False
@@ -134,16 +150,38 @@ def test_source_locations_point_at_user_code(store: Path) -> None:
     del net
     with auditlog.open(store) as s:
         events = list(s.run().events(kinds=["module_registered", "parameter_registered"]))
-    fc_reg = next(e["payload"] for e in events if e["kind"] == "module_registered" and e["payload"]["name"] == "fc")
+    fc_reg = next(
+        e["payload"]
+        for e in events
+        if e["kind"] == "module_registered" and e["payload"]["name"] == "fc"
+    )
     fc_line = inspect.getsource(Net).splitlines()
-    init_line = inspect.getsourcelines(Net)[1] + next(i for i, t in enumerate(fc_line) if "nn.Linear(2, 3)" in t)
-    assert fc_reg["source"] == {"file": here, "line": init_line, "function": "__init__", "kind": "constructed"}
-    assert fc_reg["parent_source"] == {
-        "file": here, "line": line, "function": "test_source_locations_point_at_user_code", "kind": "constructed"
+    init_line = inspect.getsourcelines(Net)[1] + next(
+        i for i, t in enumerate(fc_line) if "nn.Linear(2, 3)" in t
+    )
+    assert fc_reg["source"] == {
+        "file": here,
+        "line": init_line,
+        "function": "__init__",
+        "kind": "constructed",
     }
-    weight = next(e["payload"] for e in events if e["kind"] == "parameter_registered" and e["payload"]["name"] == "weight")
+    assert fc_reg["parent_source"] == {
+        "file": here,
+        "line": line,
+        "function": "test_source_locations_point_at_user_code",
+        "kind": "constructed",
+    }
+    weight = next(
+        e["payload"]
+        for e in events
+        if e["kind"] == "parameter_registered" and e["payload"]["name"] == "weight"
+    )
     assert weight["source"]["file"] == here and weight["source"]["line"] == init_line
-    act = next(e["payload"] for e in events if e["kind"] == "module_registered" and e["payload"]["name"] == "act")
+    act = next(
+        e["payload"]
+        for e in events
+        if e["kind"] == "module_registered" and e["payload"]["name"] == "act"
+    )
     assert act["source"]["line"] == init_line + 1
 
 
@@ -194,14 +232,18 @@ def test_shared_module_named_once_like_torch(store: Path) -> None:
     assert state.module_names()[shared_id] == ["0"]  # named_modules-style dedup
 
 
-def test_deferred_registrations_reach_the_store_on_flush_and_match_the_live_state(tmp_path: Path) -> None:
+def test_deferred_registrations_reach_the_store_on_flush_and_match_the_live_state(
+    tmp_path: Path,
+) -> None:
     """Registration hooks only queue facts (capture/registrations.py): ``run.flush()``
     alone makes them visible, in hook order, and the recorder's own replayed
     state (its structural checks read it) equals the store's."""
     store = tmp_path / "s"
     built_before = nn.Sequential(nn.Linear(2, 2))
     with auditlog.record(store) as run:
-        model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Sequential(nn.Tanh(), nn.Linear(4, 2)))
+        model = nn.Sequential(
+            nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Sequential(nn.Tanh(), nn.Linear(4, 2))
+        )
         extra = nn.Module()
         extra.register_parameter("nothing", None)
         extra.register_buffer("scratch", torch.zeros(2), persistent=False)
@@ -214,10 +256,17 @@ def test_deferred_registrations_reach_the_store_on_flush_and_match_the_live_stat
         recorder = run.recorder
         assert recorder is not None
         live = recorder.state
-        assert {m: (n.cls, n.children, n.parameters, n.buffers, n.source) for m, n in live.modules.items()} == {
-            m: (n.cls, n.children, n.parameters, n.buffers, n.source) for m, n in state.modules.items()
+        assert {
+            m: (n.cls, n.children, n.parameters, n.buffers, n.source)
+            for m, n in live.modules.items()
+        } == {
+            m: (n.cls, n.children, n.parameters, n.buffers, n.source)
+            for m, n in state.modules.items()
         }
-        assert {t: (i.shape, i.dtype, i.device, i.requires_grad, i.persistent, i.source)
-                for t, i in live.tensors.items()} == {
-            t: (i.shape, i.dtype, i.device, i.requires_grad, i.persistent, i.source) for t, i in state.tensors.items()
+        assert {
+            t: (i.shape, i.dtype, i.device, i.requires_grad, i.persistent, i.source)
+            for t, i in live.tensors.items()
+        } == {
+            t: (i.shape, i.dtype, i.device, i.requires_grad, i.persistent, i.source)
+            for t, i in state.tensors.items()
         }

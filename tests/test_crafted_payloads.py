@@ -115,17 +115,33 @@ def test_every_reader_answers_a_crafted_payload(
         words = (case.finding,) if reader == "verify" and case.finding else ()
         result = answered(command(reader, store, r1, r2, tmp_path), code, *words)
         if code == 4 and reader != "verify":  # refused by name: the event, its run, stream and seq
-            assert f"run '{r1[:12]}' stream 0 seq " in result.stderr or f"run {r1[:12]} stream 0 seq " in result.stderr
+            assert (
+                f"run '{r1[:12]}' stream 0 seq " in result.stderr
+                or f"run {r1[:12]} stream 0 seq " in result.stderr
+            )
 
 
-def test_every_command_answers_a_payload_nested_200000_deep(pristine: tuple[Path, str, str], tmp_path: Path) -> None:
+def test_every_command_answers_a_payload_nested_200000_deep(
+    pristine: tuple[Path, str, str], tmp_path: Path
+) -> None:
     """The issue's case: every command refused it with RecursionError. Now each one that
     reads run_started names the event (exit 4); tree and snapshots never read it."""
     store = copy_of(pristine, tmp_path)
     _, r1, r2 = pristine
     next(c for c in PAYLOAD_CASES if c.name == "deep_run_started").damage(store, r1)
-    for reader in ("verify", "events_table", "runs", "metrics", "query", "report", "diff", "restore", "export",
-                   "nonfinite", "plot"):
+    for reader in (
+        "verify",
+        "events_table",
+        "runs",
+        "metrics",
+        "query",
+        "report",
+        "diff",
+        "restore",
+        "export",
+        "nonfinite",
+        "plot",
+    ):
         answered(command(reader, store, r1, r2, tmp_path), 4, "seq 1", "run_started", "64 levels")
     for reader in ("tree", "snapshots"):
         answered(command(reader, store, r1, r2, tmp_path), 0)
@@ -133,12 +149,16 @@ def test_every_command_answers_a_payload_nested_200000_deep(pristine: tuple[Path
         list(opened.run(r1).events())
 
 
-def test_events_shows_a_4_mib_payload_in_a_fraction_of_a_second(pristine: tuple[Path, str, str], tmp_path: Path) -> None:
+def test_events_shows_a_4_mib_payload_in_a_fraction_of_a_second(
+    pristine: tuple[Path, str, str], tmp_path: Path
+) -> None:
     """10.8 s before (rich folding a 4 MiB table cell); a table cell is now cut, JSON is whole."""
     store = copy_of(pristine, tmp_path)
     _, r1, r2 = pristine
 
-    def shown_field(*path: str) -> Callable[[str], str]:  # a 4 MiB string where the table summary shows it
+    def shown_field(
+        *path: str,
+    ) -> Callable[[str], str]:  # a 4 MiB string where the table summary shows it
         def edit(text: str) -> str:
             payload = json.loads(text)
             holder = payload
@@ -146,6 +166,7 @@ def test_events_shows_a_4_mib_payload_in_a_fraction_of_a_second(pristine: tuple[
                 holder = holder[part]
             holder[path[-1]] = path[-1][0] * (4 << 20)
             return json.dumps(payload, sort_keys=True, separators=(",", ":"))
+
         return edit
 
     edit_payload(store, r1, "module_registered", shown_field("name"), rehash=True)
@@ -163,7 +184,9 @@ def test_events_shows_a_4_mib_payload_in_a_fraction_of_a_second(pristine: tuple[
 
 
 # --------------------------------------------------------------------------- events checks the chain
-def test_events_marks_an_edited_event_and_says_so_in_one_line(pristine: tuple[Path, str, str], tmp_path: Path) -> None:
+def test_events_marks_an_edited_event_and_says_so_in_one_line(
+    pristine: tuple[Path, str, str], tmp_path: Path
+) -> None:
     """A plain edit of lr (hash column untouched): shown, marked, one stderr line, exit 4."""
     store = copy_of(pristine, tmp_path)
     _, r1, r2 = pristine
@@ -179,10 +202,15 @@ def test_events_marks_an_edited_event_and_says_so_in_one_line(pristine: tuple[Pa
     edited = steps[0]["seq"]
     assert [e["chain_ok"] for e in steps] == [False, True, True]
     table = invoke(*command("events_table", store, r1, r2, tmp_path))
-    line = assert_one_line_error(table, 4, f"stream 0 seq {edited}, optimizer_step", "does not match the hash chain")
+    line = assert_one_line_error(
+        table, 4, f"stream 0 seq {edited}, optimizer_step", "does not match the hash chain"
+    )
     assert line.startswith("Error: 1 event shown does not match")
     assert "CHAIN BROKEN: SGD lr=0.5" in table.stdout and table.stdout.count("CHAIN BROKEN") == 1
-    for args in (("--format", "json"), ("--kind", "optimizer_step", "--format", "json")):  # filtered: still checked
+    for args in (
+        ("--format", "json"),
+        ("--kind", "optimizer_step", "--format", "json"),
+    ):  # filtered: still checked
         shown = invoke("events", r1, *args, "--store", str(store))
         assert_one_line_error(shown, 4, f"seq {edited}")
         rows = json.loads(shown.stdout)
@@ -191,7 +219,9 @@ def test_events_marks_an_edited_event_and_says_so_in_one_line(pristine: tuple[Pa
     answered(("events", r2, "--store", str(store)), 0)  # the other run is intact
 
 
-def test_events_marks_the_event_after_a_deleted_one(pristine: tuple[Path, str, str], tmp_path: Path) -> None:
+def test_events_marks_the_event_after_a_deleted_one(
+    pristine: tuple[Path, str, str], tmp_path: Path
+) -> None:
     store = copy_of(pristine, tmp_path)
     r1 = pristine[1]
     conn = sqlite3.connect(store / "events.db")
@@ -207,7 +237,9 @@ def test_events_of_an_intact_run_are_all_chained(pristine: tuple[Path, str, str]
     store, r1, _ = pristine
     shown = answered(("events", r1, "--format", "csv", "--store", str(store)), 0)
     lines = shown.stdout.splitlines()
-    assert lines[0].split(",")[12] == "chain_ok" and all(line.split(",")[12] == "True" for line in lines[1:])
+    assert lines[0].split(",")[12] == "chain_ok" and all(
+        line.split(",")[12] == "True" for line in lines[1:]
+    )
     assert shown.stderr == ""
 
 
@@ -215,7 +247,9 @@ def test_events_of_an_intact_run_are_all_chained(pristine: tuple[Path, str, str]
 def test_recording_refuses_a_payload_past_the_limits_as_a_recorder_fault(store: Path) -> None:
     """The annotation is not written; a recorder_error says why; training goes on."""
     deep: Any = "leaf"
-    for _ in range(MAX_PAYLOAD_DEPTH):  # {"fields": {"deep": ...}} puts it two levels down: 66 levels
+    for _ in range(
+        MAX_PAYLOAD_DEPTH
+    ):  # {"fields": {"deep": ...}} puts it two levels down: 66 levels
         deep = [deep]
     fits: Any = "leaf"
     for _ in range(MAX_PAYLOAD_DEPTH - 2):  # exactly 64 levels: recorded
@@ -269,18 +303,33 @@ def test_the_depth_scan_agrees_with_the_parsed_value(value: Any, limit: int) -> 
 def test_the_limits_are_exact() -> None:
     inside = '{"a":' + nested(MAX_PAYLOAD_DEPTH - 1) + "}"
     assert limit_problem(inside) is None
-    assert limit_problem('{"a":' + nested(MAX_PAYLOAD_DEPTH) + "}") == "is nested more than 64 levels deep"
-    wide = '{"a":[' + ",".join([nested(MAX_PAYLOAD_DEPTH - 2)] * 2000) + "]}"  # many at the limit, none past
+    assert (
+        limit_problem('{"a":' + nested(MAX_PAYLOAD_DEPTH) + "}")
+        == "is nested more than 64 levels deep"
+    )
+    wide = (
+        '{"a":[' + ",".join([nested(MAX_PAYLOAD_DEPTH - 2)] * 2000) + "]}"
+    )  # many at the limit, none past
     assert limit_problem(wide) is None
     full = '{"a":"' + "x" * (MAX_PAYLOAD_BYTES - 8) + '"}'
     assert len(full) == MAX_PAYLOAD_BYTES and limit_problem(full) is None
-    assert limit_problem(full[:-2] + 'x"}') == "is 67,108,865 characters long, over the limit of 67,108,864 bytes"
+    assert (
+        limit_problem(full[:-2] + 'x"}')
+        == "is 67,108,865 characters long, over the limit of 67,108,864 bytes"
+    )
     accents = '{"a":"' + "\u00e9" * (MAX_PAYLOAD_BYTES // 2) + '"}'  # counted in UTF-8 bytes
     assert limit_problem(accents) == "is 67,108,872 bytes long, over the limit of 67,108,864 bytes"
 
 
-@pytest.mark.parametrize("text", ['{"a":' + "[" * 70 + "}", '{"a":' + "]" * 70 + "[" * 70 + "}",
-                                  '{"a":"' + "[" * 70, '{"a":' + "[" * 200_000 + "}"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a":' + "[" * 70 + "}",
+        '{"a":' + "]" * 70 + "[" * 70 + "}",
+        '{"a":"' + "[" * 70,
+        '{"a":' + "[" * 200_000 + "}",
+    ],
+)
 def test_unpaired_brackets_are_no_json_and_never_parsed(text: str) -> None:
     with pytest.raises(NotJSONError):
         limit_problem(text)
@@ -290,7 +339,9 @@ def test_unpaired_brackets_are_no_json_and_never_parsed(text: str) -> None:
 
 def test_parse_payload_names_the_event_and_documents_stay_bounded() -> None:
     row = {"id": 7, "run_id": "a" * 32, "stream": 0, "seq": 3, "kind": "metrics"}
-    with pytest.raises(PayloadLimitError, match=r"event id 7 .*run 'aaaaaaaaaaaa' stream 0 seq 3, kind 'metrics'") as caught:
+    with pytest.raises(
+        PayloadLimitError, match=r"event id 7 .*run 'aaaaaaaaaaaa' stream 0 seq 3, kind 'metrics'"
+    ) as caught:
         parse_payload('{"a":' + nested(100_000) + "}", row, "/x")
     assert caught.value.exit_code == 4 and "\n" not in str(caught.value)
     with pytest.raises(ValueError, match="nested more than 64 levels deep"):
@@ -312,7 +363,9 @@ def proof(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Pat
         with auditlog.open(store) as opened:
             (event,) = opened.run(run_id).events(kinds=["annotation"])
         path = root / "proof.json"
-        made = invoke("prove", run_id, "--seq", str(event["seq"]), "-o", str(path), "--store", str(store))
+        made = invoke(
+            "prove", run_id, "--seq", str(event["seq"]), "-o", str(path), "--store", str(store)
+        )
         assert made.exit_code == 0, made.stderr
     return json.loads(path.read_text()), key.public_path
 
@@ -335,18 +388,34 @@ def _check(document: Any, public: Path, tmp_path: Path) -> CliResult:
         (("event", "snapshot"), 0, "event.snapshot must be a string or null"),
         (("event", "payload"), {"key": "dataset"}, "event.payload must be a string"),
         (("event", "payload"), "[1, 2]", "event.payload must be the JSON text of an object"),
-        (("event", "payload"), '{"a":' + nested(1000) + "}", "event.payload is nested more than 64 levels deep"),
+        (
+            ("event", "payload"),
+            '{"a":' + nested(1000) + "}",
+            "event.payload is nested more than 64 levels deep",
+        ),
         (("leaf_index",), True, "leaf_index and tree_size must be integers"),
         (("tree_size",), 30.0, "leaf_index and tree_size must be integers"),
-        (("tree_head", "seq"), True, "tree_head is not a well-formed auditlog-checkpoint-v2 statement (seq"),
+        (
+            ("tree_head", "seq"),
+            True,
+            "tree_head is not a well-formed auditlog-checkpoint-v2 statement (seq",
+        ),
         (("tree_head", "head_hash"), "A" * 64, "(head_hash must be 64 lowercase hex digits)"),
         (("tree_head", "ended"), 1, "(ended must be true or false)"),
-        (("audit_path",), ["0" * 63 + "g"], "audit_path must be a list of 64-digit lowercase hex hashes"),
+        (
+            ("audit_path",),
+            ["0" * 63 + "g"],
+            "audit_path must be a list of 64-digit lowercase hex hashes",
+        ),
     ],
     ids=lambda v: str(v)[:24],
 )
 def test_a_proof_with_a_wrongly_typed_field_fails_in_one_line(
-    proof: tuple[dict[str, Any], Path], tmp_path: Path, where: tuple[str, ...], value: Any, words: str
+    proof: tuple[dict[str, Any], Path],
+    tmp_path: Path,
+    where: tuple[str, ...],
+    value: Any,
+    words: str,
 ) -> None:
     document, public = proof
     assert _check(document, public, tmp_path).exit_code == 0  # as made, it holds
@@ -358,6 +427,10 @@ def test_a_proof_with_a_wrongly_typed_field_fails_in_one_line(
     assert_one_line_error(_check(edited, public, tmp_path), 4, "does not hold", words)
 
 
-def test_a_proof_nested_too_deep_is_not_a_proof(proof: tuple[dict[str, Any], Path], tmp_path: Path) -> None:
+def test_a_proof_nested_too_deep_is_not_a_proof(
+    proof: tuple[dict[str, Any], Path], tmp_path: Path
+) -> None:
     _, public = proof
-    assert_one_line_error(_check(nested(200_000), public, tmp_path), 1, "is not an auditlog proof (not JSON)")
+    assert_one_line_error(
+        _check(nested(200_000), public, tmp_path), 1, "is not an auditlog proof (not JSON)"
+    )

@@ -54,7 +54,9 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Pristine:
 
 
 @pytest.fixture(scope="module")
-def crafted(pristine: Pristine, tmp_path_factory: pytest.TempPathFactory) -> Callable[[Case], Layout]:
+def crafted(
+    pristine: Pristine, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[Case], Layout]:
     """One crafted copy per case, made on first use and shared by its commands."""
     made: dict[str, Layout] = {}
 
@@ -69,7 +71,9 @@ def crafted(pristine: Pristine, tmp_path_factory: pytest.TempPathFactory) -> Cal
 
 
 @pytest.fixture(scope="module")
-def in_subprocess(pristine: Pristine, crafted: Callable[[Case], Layout]) -> Callable[[Case], dict[str, Answer]]:
+def in_subprocess(
+    pristine: Pristine, crafted: Callable[[Case], Layout]
+) -> Callable[[Case], dict[str, Answer]]:
     """Every command's answer on each case that would hang a reader, from one subprocess
     for all of them (asked for on first use)."""
     found: dict[str, dict[str, Answer]] = {}
@@ -109,7 +113,9 @@ def test_a_read_command_answers_a_store_that_would_hang_a_reader(
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.kind != "pristine"], ids=_by_name)
 def test_verify_names_the_event_and_what_is_wrong(
-    case: Case, pristine: Pristine, crafted: Callable[[Case], Layout],
+    case: Case,
+    pristine: Pristine,
+    crafted: Callable[[Case], Layout],
     in_subprocess: Callable[[Case], dict[str, Answer]],
 ) -> None:
     verify = next(c for c in COMMANDS if c.name == "verify")
@@ -118,7 +124,9 @@ def test_verify_names_the_event_and_what_is_wrong(
     check_answer(got, 4)
     event_id, sha = target(Path(pristine.store), pristine.r1)
     line = got.stderr.strip()
-    assert line.startswith("Error: record altered: ") and f"(event id {event_id}, snapshot)" in line, line
+    assert (
+        line.startswith("Error: record altered: ") and f"(event id {event_id}, snapshot)" in line
+    ), line
     assert "snapshot of 0.weight" in line and case.finding in line, line
     if case.kind == "file":
         assert f"snapshots/{sha[:2]}/{sha}.parquet" in line, line
@@ -127,7 +135,9 @@ def test_verify_names_the_event_and_what_is_wrong(
 
 
 def test_the_traps_outside_the_store_were_never_opened(
-    pristine: Pristine, crafted: Callable[[Case], Layout], in_subprocess: Callable[[Case], dict[str, Answer]]
+    pristine: Pristine,
+    crafted: Callable[[Case], Layout],
+    in_subprocess: Callable[[Case], dict[str, Answer]],
 ) -> None:
     """Every command answered on the cases whose damage leads to a FIFO (an open of it
     would have hung the command), and the FIFOs are still there, unreplaced."""
@@ -136,7 +146,10 @@ def test_the_traps_outside_the_store_were_never_opened(
         layout = crafted(case)
         got = in_subprocess(case)
         assert all(a.code != -2 for a in got.values()), case.name
-        for trap in [*layout.outside.iterdir(), *layout.store.joinpath("snapshots").rglob("*.parquet")]:
+        for trap in [
+            *layout.outside.iterdir(),
+            *layout.store.joinpath("snapshots").rglob("*.parquet"),
+        ]:
             traps += stat.S_ISFIFO(trap.lstat().st_mode)
     assert traps == len(HANGING)  # one FIFO per case, none opened and replaced
 
@@ -159,8 +172,12 @@ def test_a_verified_file_swapped_for_a_link_to_its_copy_is_left_out_of_tensor_va
     path.symlink_to(moved)
     after = answer(query, pristine, layout)
     check_answer(after, 0)
-    assert json.loads(after.stdout)[0]["n"] == json.loads(before.stdout)[0]["n"] - 32  # 0.weight: 8 x 4
-    assert f"warning: snapshot {sha[:16]}... left out of tensor_values" in after.stderr, after.stderr
+    assert (
+        json.loads(after.stdout)[0]["n"] == json.loads(before.stdout)[0]["n"] - 32
+    )  # 0.weight: 8 x 4
+    assert f"warning: snapshot {sha[:16]}... left out of tensor_values" in after.stderr, (
+        after.stderr
+    )
     assert "changed since it was verified" in after.stderr, after.stderr
 
 
@@ -187,10 +204,14 @@ def _verify_archive(directory: Path) -> Answer:
         done = run_auditlog("verify", "--archive", str(directory), timeout=COMMAND_SECONDS)
     except subprocess.TimeoutExpired:
         return Answer("verify --archive", -2, "", "hung", COMMAND_SECONDS)
-    return Answer("verify --archive", done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+    return Answer(
+        "verify --archive", done.returncode, done.stdout, done.stderr, time.monotonic() - started
+    )
 
 
-def test_an_archive_with_a_fifo_for_a_tensor_file_is_refused_without_hanging(archive: Path, tmp_path: Path) -> None:
+def test_an_archive_with_a_fifo_for_a_tensor_file_is_refused_without_hanging(
+    archive: Path, tmp_path: Path
+) -> None:
     copy = _archive_copy(archive, tmp_path)
     tensor = next((copy / "tensors").rglob("*.parquet"))
     tensor.unlink()
@@ -200,7 +221,9 @@ def test_an_archive_with_a_fifo_for_a_tensor_file_is_refused_without_hanging(arc
     assert "not a regular file (a FIFO)" in got.stdout + got.stderr
 
 
-def test_an_archive_whose_manifest_lists_a_path_outside_it_is_refused_unread(archive: Path, tmp_path: Path) -> None:
+def test_an_archive_whose_manifest_lists_a_path_outside_it_is_refused_unread(
+    archive: Path, tmp_path: Path
+) -> None:
     """The manifest's own digest is recomputed (the published function), so only the
     path check stands between the reader and ``outside/x.parquet``, a FIFO."""
     from auditlog.archive.write import manifest_digest
@@ -218,20 +241,37 @@ def test_an_archive_whose_manifest_lists_a_path_outside_it_is_refused_unread(arc
 
 
 # --------------------------------------------------------------------------- the two checks, directly
-@pytest.mark.parametrize("value", [
-    "ab\x00" + "c" * 61, {"a": 1}, ["a"], 7, None, "../../x", "/etc/passwd", "A" * 64, "a" * 63, "a" * 64 + "\n",
-    "g" * 64, "a" * 65,
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "ab\x00" + "c" * 61,
+        {"a": 1},
+        ["a"],
+        7,
+        None,
+        "../../x",
+        "/etc/passwd",
+        "A" * 64,
+        "a" * 63,
+        "a" * 64 + "\n",
+        "g" * 64,
+        "a" * 65,
+    ],
+)
 def test_only_64_lowercase_hex_characters_name_a_snapshot_file(value: object) -> None:
     from auditlog.store.blobpaths import SnapshotError, relpath
 
-    with pytest.raises(SnapshotError, match=r"is not a content hash \(64 lowercase hex characters\)"):
+    with pytest.raises(
+        SnapshotError, match=r"is not a content hash \(64 lowercase hex characters\)"
+    ):
         relpath(value)
     assert relpath("0123456789abcdef" * 4) == f"01/{'0123456789abcdef' * 4}.parquet"
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.int8])
-def test_the_densest_files_the_writer_makes_are_within_the_expansion_bound(dtype: torch.dtype, tmp_path: Path) -> None:
+def test_the_densest_files_the_writer_makes_are_within_the_expansion_bound(
+    dtype: torch.dtype, tmp_path: Path
+) -> None:
     """All-zero integer and boolean tensors compress the most (zstd): they must still
     read back, bitwise, under ``blobshape.MAX_EXPANSION`` (measured: ~3,000x)."""
     from auditlog.store.blobs import SnapshotStore
@@ -241,7 +281,9 @@ def test_the_densest_files_the_writer_makes_are_within_the_expansion_bound(dtype
     zeros = torch.zeros(8 * 1024 * 1024, dtype=dtype)
     info = files.put(zeros)
     size = files.path(info.sha256).stat().st_size
-    assert info.nbytes > 100 * size and info.nbytes < size * MAX_EXPANSION / 100  # dense, and far from the bound
+    assert (
+        info.nbytes > 100 * size and info.nbytes < size * MAX_EXPANSION / 100
+    )  # dense, and far from the bound
     assert torch.equal(files.read_verified(info.sha256, "zeros"), zeros)
 
 

@@ -36,8 +36,12 @@ def recorded(store: Path) -> Truth:
     return out
 
 
-def test_plain_loop_records_the_indices_of_every_batch_and_the_step_they_trained(store: Path) -> None:
-    loader = DataLoader(indexed_tensors(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(7))
+def test_plain_loop_records_the_indices_of_every_batch_and_the_step_they_trained(
+    store: Path,
+) -> None:
+    loader = DataLoader(
+        indexed_tensors(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(7)
+    )
     with auditlog.record(store) as run:
         truth = train(loader, run, epochs=2)
     assert recorded(store) == truth and len(truth) == 10
@@ -45,18 +49,29 @@ def test_plain_loop_records_the_indices_of_every_batch_and_the_step_they_trained
     assert [s["epoch"] for s in started] == [0, 1]
     config = started[0]["config"]
     assert config["batch_size"] == 8 and config["shuffle"] is True and config["generator_seed"] == 7
-    assert config["sampler"].endswith("RandomSampler") and config["num_workers"] == 0 and config["batches"] == 5
+    assert (
+        config["sampler"].endswith("RandomSampler")
+        and config["num_workers"] == 0
+        and config["batches"] == 5
+    )
     (seen,) = events(store, "dataset_seen")
-    assert seen["class"].endswith("TensorDataset") and seen["length"] == 40 and seen["kind"] == "map"
+    assert (
+        seen["class"].endswith("TensorDataset") and seen["length"] == 40 and seen["kind"] == "map"
+    )
     identity = seen["identity"]
     assert identity["method"] == "tensors" and len(identity["fingerprint"]) == 64
     assert identity["tensors"][1] == {
-        "shape": [40], "dtype": "int64", "device": "cpu", "sha256": auditlog.tensor_hash(torch.arange(40)),
+        "shape": [40],
+        "dtype": "int64",
+        "device": "cpu",
+        "sha256": auditlog.tensor_hash(torch.arange(40)),
     }
 
 
 def test_accumulated_batches_are_tied_to_the_step_that_consumed_them(store: Path) -> None:
-    loader = DataLoader(indexed_tensors(48), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1))
+    loader = DataLoader(
+        indexed_tensors(48), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1)
+    )
     with auditlog.record(store) as run:
         truth = train(loader, run, accumulate=3)
     assert recorded(store) == truth
@@ -65,7 +80,9 @@ def test_accumulated_batches_are_tied_to_the_step_that_consumed_them(store: Path
 
 def test_batches_of_a_loop_left_early_are_kept(store: Path) -> None:
     # A loop that breaks drops its iterator before the end: its batches are still recorded.
-    loader = DataLoader(indexed_tensors(40), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(9))
+    loader = DataLoader(
+        indexed_tensors(40), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(9)
+    )
     truth: Truth = []
     with auditlog.record(store) as run:
         model = nn.Linear(4, 1)
@@ -80,7 +97,9 @@ def test_batches_of_a_loop_left_early_are_kept(store: Path) -> None:
     assert recorded(store) == truth and len(truth) == 7
 
 
-@pytest.mark.parametrize("values", [[], [0, 1, -1], [32767, -32768], [40000, 1], [2**31, -5], [-(2**63), 2**63 - 1]])
+@pytest.mark.parametrize(
+    "values", [[], [0, 1, -1], [32767, -32768], [40000, 1], [2**31, -5], [-(2**63), 2**63 - 1]]
+)
 def test_the_writers_packing_of_indices_is_pack_ints(values: list[int]) -> None:
     packed = pack_int_array(array("q", values))
     assert packed == pack_ints(values) and unpack_ints(packed) == values
@@ -91,7 +110,11 @@ def test_worker_processes_do_not_change_which_indices_are_recorded(store: Path) 
     # process and pair with the batches in order. persistent_workers: the second
     # epoch resets the same iterator after the first was left early.
     loader = DataLoader(
-        indexed_tensors(64), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True,
+        indexed_tensors(64),
+        batch_size=4,
+        shuffle=True,
+        num_workers=2,
+        persistent_workers=True,
         generator=torch.Generator().manual_seed(5),
     )
     torch.manual_seed(0)
@@ -115,8 +138,12 @@ def test_worker_processes_do_not_change_which_indices_are_recorded(store: Path) 
 def test_recording_changes_no_batch_and_no_random_state(tmp_path: Path) -> None:
     def behaviour() -> Any:
         generator = torch.Generator().manual_seed(11)
-        loader = DataLoader(indexed_tensors(30), batch_size=4, shuffle=True, generator=generator, drop_last=True)
-        unseeded = DataLoader(indexed_tensors(30), batch_size=5, shuffle=True)  # draws from the global RNG
+        loader = DataLoader(
+            indexed_tensors(30), batch_size=4, shuffle=True, generator=generator, drop_last=True
+        )
+        unseeded = DataLoader(
+            indexed_tensors(30), batch_size=5, shuffle=True
+        )  # draws from the global RNG
         seen = [index for _, index in loader] + [index for _, index in unseeded]
         seen += [index for _, index in loader]
         return seen, generator.get_state(), torch.get_rng_state()
@@ -129,10 +156,20 @@ def test_recording_changes_no_batch_and_no_random_state(tmp_path: Path) -> None:
 
 def test_the_originals_are_back_after_the_recording(store: Path) -> None:
     iterator_class = loader_compat.ITERATOR_CLASS
-    before = (DataLoader.__iter__, iterator_class.__next__, iterator_class._next_index, iterator_class._reset)
+    before = (
+        DataLoader.__iter__,
+        iterator_class.__next__,
+        iterator_class._next_index,
+        iterator_class._reset,
+    )
     with auditlog.record(store):
         assert DataLoader.__iter__ is not before[0]
-    assert (DataLoader.__iter__, iterator_class.__next__, iterator_class._next_index, iterator_class._reset) == before
+    assert (
+        DataLoader.__iter__,
+        iterator_class.__next__,
+        iterator_class._next_index,
+        iterator_class._reset,
+    ) == before
 
 
 def _fingerprint(store: Path) -> dict[str, Any]:
@@ -141,7 +178,9 @@ def _fingerprint(store: Path) -> dict[str, Any]:
     return identity
 
 
-def test_a_folder_dataset_is_identified_by_its_files_and_one_changed_byte_changes_it(tmp_path: Path) -> None:
+def test_a_folder_dataset_is_identified_by_its_files_and_one_changed_byte_changes_it(
+    tmp_path: Path,
+) -> None:
     root = write_folder(tmp_path / "data")
     fingerprints = []
     for attempt in range(3):
@@ -151,13 +190,19 @@ def test_a_folder_dataset_is_identified_by_its_files_and_one_changed_byte_change
             data[10] ^= 1
             target.write_bytes(bytes(data))
         store = tmp_path / f"store{attempt}"
-        loader = DataLoader(Folder(root), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(2))
+        loader = DataLoader(
+            Folder(root), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(2)
+        )
         with auditlog.record(store) as run:
             truth = train(loader, run)
         assert recorded(store) == truth
         fingerprints.append(_fingerprint(store))
     first, same, changed = fingerprints
-    assert first["method"] == "files" and first["attribute"] == "samples" and first["root"] == str(root)
+    assert (
+        first["method"] == "files"
+        and first["attribute"] == "samples"
+        and first["root"] == str(root)
+    )
     assert first["files_total"] == 12 and first["bytes_total"] == 12 * 64
     assert first["hashing"]["methods"] == {"sha256": 12}
     assert first["fingerprint"] == same["fingerprint"]

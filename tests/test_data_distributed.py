@@ -23,7 +23,7 @@ from launch_support import torchrun
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = '''
+SCRIPT = """
 import json, sys
 import torch
 import torch.distributed as dist
@@ -56,7 +56,7 @@ for epoch in range(2):
 with open(sys.argv[1] + f".{rank}.json", "w") as f:
     json.dump(truth, f)
 dist.destroy_process_group()
-'''
+"""
 
 
 def _cli(*args: str) -> Any:
@@ -70,29 +70,54 @@ def test_each_rank_records_the_indices_its_distributed_sampler_yielded(tmp_path:
     script.write_text(SCRIPT)
     store = str(tmp_path / "store")
     torchrun(tmp_path, "run", "--store", store, str(script), str(tmp_path / "truth"))
-    truth = [(row[0], row[1], row[2]) for rank in (0, 1)
-             for row in json.loads((tmp_path / f"truth.{rank}.json").read_text())]
+    truth = [
+        (row[0], row[1], row[2])
+        for rank in (0, 1)
+        for row in json.loads((tmp_path / f"truth.{rank}.json").read_text())
+    ]
     assert len(truth) == 2 * 2 * 4  # 2 ranks, 2 epochs, 4 batches of 11 samples each
 
-    rows = _cli("query", "--store", store, "select rank, step, indices from batches order by rank, seq, batch")
+    rows = _cli(
+        "query",
+        "--store",
+        store,
+        "select rank, step, indices from batches order by rank, seq, batch",
+    )
     assert [(r["rank"], r["step"], r["indices"]) for r in rows] == truth
     # The two ranks' shards of one epoch are disjoint and together cover the dataset.
-    first = [set(i for rank, step, indices in truth if rank == r and step <= 4 for i in indices) for r in (0, 1)]
+    first = [
+        set(i for rank, step, indices in truth if rank == r and step <= 4 for i in indices)
+        for r in (0, 1)
+    ]
     assert not first[0] & first[1] and len(first[0] | first[1]) == 22
     started = _cli("events", "--store", store, "--kind", "loader_started")
-    states = sorted((e["payload"]["config"]["sampler_state"]["rank"], e["payload"]["epoch"],
-                     e["payload"]["config"]["sampler_state"]["epoch"]) for e in started)
+    states = sorted(
+        (
+            e["payload"]["config"]["sampler_state"]["rank"],
+            e["payload"]["epoch"],
+            e["payload"]["config"]["sampler_state"]["epoch"],
+        )
+        for e in started
+    )
     assert states == [(0, 0, 0), (0, 1, 1), (1, 0, 0), (1, 1, 1)]
 
     for sample in (0, 5, 21):
-        expected = [{"rank": rank, "step": step} for rank, step, indices in truth if sample in indices]
+        expected = [
+            {"rank": rank, "step": step} for rank, step, indices in truth if sample in indices
+        ]
         answer = _cli("data", "--store", store, "--sample", str(sample))
         assert answer["trained_steps"] == expected and answer["drawn"] == 2  # once per epoch
-        text = invoke("data", "--store", store, "--sample", str(sample)).stdout.strip().splitlines()[-1]
+        text = (
+            invoke("data", "--store", store, "--sample", str(sample))
+            .stdout.strip()
+            .splitlines()[-1]
+        )
         where = ", ".join(f"step {e['step']} (rank {e['rank']})" for e in expected)
         assert text == f"sample {sample} was drawn 2 times; trained at {where}"
     summary = _cli("data", "--store", store)
-    assert [(d["rank"], d["samples_drawn"], d["distinct_samples"]) for d in summary["datasets"]] == [
+    assert [
+        (d["rank"], d["samples_drawn"], d["distinct_samples"]) for d in summary["datasets"]
+    ] == [
         (0, 22, len({i for rank, _, indices in truth if rank == 0 for i in indices})),
         (1, 22, len({i for rank, _, indices in truth if rank == 1 for i in indices})),
     ]
@@ -133,17 +158,28 @@ dist.destroy_process_group()
 '''
 
 
-def test_batch_hash_names_the_ranks_that_trained_on_a_batch_of_an_iterable_dataset(tmp_path: Path) -> None:
+def test_batch_hash_names_the_ranks_that_trained_on_a_batch_of_an_iterable_dataset(
+    tmp_path: Path,
+) -> None:
     script = tmp_path / "train.py"
     script.write_text(ITERABLE_SCRIPT)
     store = str(tmp_path / "store")
     torchrun(tmp_path, "run", "--store", store, str(script), str(tmp_path / "truth"))
-    truth = [tuple(row) for rank in (0, 1) for row in json.loads((tmp_path / f"truth.{rank}.json").read_text())]
-    rows = _cli("query", "--store", store, "select rank, step, hash from batches order by rank, seq, batch")
+    truth = [
+        tuple(row)
+        for rank in (0, 1)
+        for row in json.loads((tmp_path / f"truth.{rank}.json").read_text())
+    ]
+    rows = _cli(
+        "query", "--store", store, "select rank, step, hash from batches order by rank, seq, batch"
+    )
     assert [(r["rank"], r["step"], r["hash"]) for r in rows] == truth
     common, own = truth[0][2], truth[4][2]  # every rank's first batch; rank 1's second
     assert truth[3][2] == common
     text = invoke("data", "--store", store, "--batch-hash", common).stdout.strip().splitlines()[-1]
-    assert text == f"batch {common[:16]} was drawn 2 times; trained at step 1 (rank 0), step 1 (rank 1)"
+    assert (
+        text
+        == f"batch {common[:16]} was drawn 2 times; trained at step 1 (rank 0), step 1 (rank 1)"
+    )
     text = invoke("data", "--store", store, "--batch-hash", own).stdout.strip().splitlines()[-1]
     assert text == f"batch {own[:16]} was drawn 1 time; trained at step 2 (rank 1)"

@@ -26,7 +26,9 @@ from data_support import events
 import auditlog
 
 
-def test_hf_trainer_on_a_datasets_dataset_records_its_fingerprint_and_every_batch(tmp_path: Path) -> None:
+def test_hf_trainer_on_a_datasets_dataset_records_its_fingerprint_and_every_batch(
+    tmp_path: Path,
+) -> None:
     transformers = pytest.importorskip("transformers")
     datasets = pytest.importorskip("datasets")
     pytest.importorskip("accelerate")
@@ -39,7 +41,9 @@ def test_hf_trainer_on_a_datasets_dataset_records_its_fingerprint_and_every_batc
     )
 
     transformers.set_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=16))
+    model = GPT2LMHeadModel(
+        GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=16)
+    )
     ids = torch.randint(20, 64, (12, 8), generator=torch.Generator().manual_seed(1))
     ids[:, 0] = torch.arange(12)
     data = datasets.Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.tolist()})
@@ -59,8 +63,14 @@ def test_hf_trainer_on_a_datasets_dataset_records_its_fingerprint_and_every_batc
 
     model.register_forward_pre_hook(fed_to_model, with_kwargs=True)
     args = TrainingArguments(
-        output_dir=str(tmp_path / "hf"), num_train_epochs=2, per_device_train_batch_size=2,
-        gradient_accumulation_steps=2, report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True,
+        output_dir=str(tmp_path / "hf"),
+        num_train_epochs=2,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
         logging_steps=100,
     )
     logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -74,14 +84,27 @@ def test_hf_trainer_on_a_datasets_dataset_records_its_fingerprint_and_every_batc
         rows = s.query("select step, epoch, indices from batches order by seq, batch")
     assert [(r["step"], r["indices"]) for r in rows] == fed
     assert [r["epoch"] for r in rows] == [0] * 6 + [1] * 6
-    assert sorted(i for _, indices in fed[:6] for i in indices) == list(range(12))  # a permutation per epoch
-    assert fed[:6] != fed[6:] and [i for _, b in fed[:6] for i in b] != list(range(12))  # really shuffled
+    assert sorted(i for _, indices in fed[:6] for i in indices) == list(
+        range(12)
+    )  # a permutation per epoch
+    assert fed[:6] != fed[6:] and [i for _, b in fed[:6] for i in b] != list(
+        range(12)
+    )  # really shuffled
 
     (seen,) = events(store, "dataset_seen")
     identity = seen["identity"]
     assert seen["class"] == "datasets.arrow_dataset.Dataset" and seen["length"] == 12
     assert identity["method"] == "hf_datasets" and identity["hf_fingerprint"] == fingerprints[0]
-    assert identity["rows"] == 12 and identity["columns"] == ["input_ids", "labels"] and identity["fingerprint"]
+    assert (
+        identity["rows"] == 12
+        and identity["columns"] == ["input_ids", "labels"]
+        and identity["fingerprint"]
+    )
     config = events(store, "loader_started")[1]["config"]
-    assert config["sampler"] == "accelerate.data_loader.SeedableRandomSampler" and config["shuffle"] is True
-    assert config["batch_size"] == 2 and config["sampler_seed"] == 42  # the Trainer's seed, read at epoch 1
+    assert (
+        config["sampler"] == "accelerate.data_loader.SeedableRandomSampler"
+        and config["shuffle"] is True
+    )
+    assert (
+        config["batch_size"] == 2 and config["sampler_seed"] == 42
+    )  # the Trainer's seed, read at epoch 1

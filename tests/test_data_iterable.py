@@ -71,7 +71,9 @@ def recorded(store: Path) -> Truth:
     return out
 
 
-def test_the_record_holds_the_hash_the_script_computed_for_every_batch_and_its_step(store: Path) -> None:
+def test_the_record_holds_the_hash_the_script_computed_for_every_batch_and_its_step(
+    store: Path,
+) -> None:
     loader = DataLoader(Stream(), batch_size=4)
     with auditlog.record(store) as run:
         truth, _ = train(loader, run, accumulate=2)
@@ -85,37 +87,61 @@ def test_the_record_holds_the_hash_the_script_computed_for_every_batch_and_its_s
     page = store.parent / "report.html"
     assert invoke("report", "--store", str(store), "-o", str(page)).exit_code == 0
     html = page.read_text()
-    section = html[html.index("batches hashed"):]
-    assert "distinct hashes" in section and section.index("</table>") > section.index('<td class="num">6</td><td class="num">6</td></tr>')
+    section = html[html.index("batches hashed") :]
+    assert "distinct hashes" in section and section.index("</table>") > section.index(
+        '<td class="num">6</td><td class="num">6</td></tr>'
+    )
 
 
 def test_worker_processes_yield_the_same_hashes(store: Path) -> None:
-    loader = DataLoader(Stream(), batch_size=6, num_workers=2)  # each worker yields the whole stream
+    loader = DataLoader(
+        Stream(), batch_size=6, num_workers=2
+    )  # each worker yields the whole stream
     with auditlog.record(store) as run:
         truth, _ = train(loader, run)
     assert len(truth) == 8 and recorded(store) == truth
 
 
-def test_batch_hash_answers_which_steps_trained_on_a_batch_seen_twice_once_and_never(store: Path) -> None:
-    loader = DataLoader(Stream(n=8, repeat=True), batch_size=4)  # batch 0's content again as batch 2
+def test_batch_hash_answers_which_steps_trained_on_a_batch_seen_twice_once_and_never(
+    store: Path,
+) -> None:
+    loader = DataLoader(
+        Stream(n=8, repeat=True), batch_size=4
+    )  # batch 0's content again as batch 2
     with auditlog.record(store) as run:
         truth, _ = train(loader, run)
     assert truth[0][1] == truth[2][1] != truth[1][1]
-    twice = json.loads(invoke("data", "--store", str(store), "--batch-hash", truth[0][1], "--format", "json").stdout)
+    twice = json.loads(
+        invoke(
+            "data", "--store", str(store), "--batch-hash", truth[0][1], "--format", "json"
+        ).stdout
+    )
     assert [s["step"] for s in twice["trained_steps"]] == [1, 3] and twice["drawn"] == 2
-    once = invoke("data", "--store", str(store), "--batch-hash", truth[1][1][:12])  # a prefix will do
-    assert once.exit_code == 0 and once.stdout.rstrip().endswith(f"batch {truth[1][1][:16]} was drawn 1 time; trained at step 2")
+    once = invoke(
+        "data", "--store", str(store), "--batch-hash", truth[1][1][:12]
+    )  # a prefix will do
+    assert once.exit_code == 0 and once.stdout.rstrip().endswith(
+        f"batch {truth[1][1][:16]} was drawn 1 time; trained at step 2"
+    )
     never = batch_hash({"x": torch.zeros(4, 4)})
     text = invoke("data", "--store", str(store), "--batch-hash", never).stdout.strip()
     assert text == f"batch {never[:16]} was never drawn (3 batches hashed in this run)"
-    assert_one_line_error(invoke("data", "--store", str(store), "--batch-hash", "xyz"), 2, "8 to 64 hex digits")
+    assert_one_line_error(
+        invoke("data", "--store", str(store), "--batch-hash", "xyz"), 2, "8 to 64 hex digits"
+    )
 
 
 def test_sample_on_an_iterable_dataset_is_refused(store: Path) -> None:
     with auditlog.record(store) as run:
         train(DataLoader(Stream(n=8), batch_size=4), run)
-    for args in (("--sample", "3"), ("--sample", "3", "--dataset", "Stream"), ("--sample", "0", "--dataset", "1")):
-        assert_one_line_error(invoke("data", "--store", str(store), *args), 2, "is an IterableDataset", "--batch-hash")
+    for args in (
+        ("--sample", "3"),
+        ("--sample", "3", "--dataset", "Stream"),
+        ("--sample", "0", "--dataset", "1"),
+    ):
+        assert_one_line_error(
+            invoke("data", "--store", str(store), *args), 2, "is an IterableDataset", "--batch-hash"
+        )
 
 
 def test_a_recorded_run_trains_bitwise_like_an_unrecorded_one(store: Path) -> None:
@@ -126,7 +152,11 @@ def test_a_recorded_run_trains_bitwise_like_an_unrecorded_one(store: Path) -> No
                 truth, model = train(loader, run)
         else:
             truth, model = train(loader, None)
-        return [p.detach().clone() for p in model.parameters()], [h for _, h in truth], torch.get_rng_state()
+        return (
+            [p.detach().clone() for p in model.parameters()],
+            [h for _, h in truth],
+            torch.get_rng_state(),
+        )
 
     plain, recorded_run = final(False), final(True)
     assert all(torch.equal(a, b) for a, b in zip(plain[0], recorded_run[0], strict=True))
@@ -159,10 +189,17 @@ def test_every_nth_batch_and_a_batch_changed_in_place_before_it_was_hashed(store
                 batch.add_(1)  # changed in place before the writer hashed it
     (payload,) = events(store, "batches")
     assert payload["hashes"] == [seen[0], None, None, None]
-    assert payload["hash_errors"] == [{"position": 2, "reason": "a tensor of the batch was modified in place before it was hashed"}]
+    assert payload["hash_errors"] == [
+        {
+            "position": 2,
+            "reason": "a tensor of the batch was modified in place before it was hashed",
+        }
+    ]
 
 
-def test_a_batch_of_too_many_python_values_is_recorded_unhashed_with_the_reason(store: Path) -> None:
+def test_a_batch_of_too_many_python_values_is_recorded_unhashed_with_the_reason(
+    store: Path,
+) -> None:
     class Tokens(IterableDataset[list[int]]):
         def __iter__(self) -> Any:
             yield list(range(data_watch.ITEMS_WALKED))  # one item more with its list
@@ -172,16 +209,27 @@ def test_a_batch_of_too_many_python_values_is_recorded_unhashed_with_the_reason(
         batches = list(DataLoader(Tokens(), batch_size=None, collate_fn=lambda b: b))
     (payload,) = events(store, "batches")
     assert payload["hashes"] == [None, batch_hash(batches[1])]
-    assert payload["hash_errors"][0]["position"] == 0 and "more items" in payload["hash_errors"][0]["reason"]
+    assert (
+        payload["hash_errors"][0]["position"] == 0
+        and "more items" in payload["hash_errors"][0]["reason"]
+    )
 
 
 def test_diff_says_where_two_runs_batches_first_differ(store: Path) -> None:
-    for name, seed in (("run-a", 1), ("same", 1), ("run-b", 2)):  # no hex: an id prefix wins over a name
+    for name, seed in (
+        ("run-a", 1),
+        ("same", 1),
+        ("run-b", 2),
+    ):  # no hex: an id prefix wins over a name
         with auditlog.record(store, name=name) as run:
             train(DataLoader(Stream(seed=seed), batch_size=4), run)
-    same = json.loads(invoke("diff", "--store", str(store), "run-a", "same", "--format", "json").stdout)["data"]
+    same = json.loads(
+        invoke("diff", "--store", str(store), "run-a", "same", "--format", "json").stdout
+    )["data"]
     assert [c["fields"].keys() for c in same if c["name"] == "loader 1"] == []
-    changes = json.loads(invoke("diff", "--store", str(store), "run-a", "run-b", "--format", "json").stdout)["data"]
+    changes = json.loads(
+        invoke("diff", "--store", str(store), "run-a", "run-b", "--format", "json").stdout
+    )["data"]
     (loader,) = [c for c in changes if c["name"] == "loader 1"]
     assert loader["fields"]["batch_hashes"]["a"].startswith("epoch 0 batch 0: hash ")
 
@@ -189,7 +237,9 @@ def test_diff_says_where_two_runs_batches_first_differ(store: Path) -> None:
 def test_the_hash_definition() -> None:
     x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     # Order of dict keys, strides and device are not part of it; values, dtype, shape and nesting are.
-    assert batch_hash({"a": x, "b": [1, "t"]}) == batch_hash({"b": (1, "t"), "a": x.t().contiguous().t()})
+    assert batch_hash({"a": x, "b": [1, "t"]}) == batch_hash(
+        {"b": (1, "t"), "a": x.t().contiguous().t()}
+    )
     assert batch_hash(x) != batch_hash(x.double()) != batch_hash(x.reshape(3, 2))
     assert batch_hash([x, x]) != batch_hash([x]) and batch_hash({"a": 1}) != batch_hash({"a": True})
     import hashlib
@@ -199,9 +249,16 @@ def test_the_hash_definition() -> None:
         return struct.pack("<Q", len(b)) + b
 
     by_hand = hashlib.sha256(
-        b"auditlog.batch.v1\n" + b"L" + struct.pack("<Q", 2)
-        + b"T" + lp(b"float32") + struct.pack("<QQQ", 2, 2, 3) + struct.pack("<Q", 24) + x.numpy().tobytes()
-        + b"S" + lp(b"t")
+        b"auditlog.batch.v1\n"
+        + b"L"
+        + struct.pack("<Q", 2)
+        + b"T"
+        + lp(b"float32")
+        + struct.pack("<QQQ", 2, 2, 3)
+        + struct.pack("<Q", 24)
+        + x.numpy().tobytes()
+        + b"S"
+        + lp(b"t")
     ).hexdigest()
     assert batch_hash((x, "t")) == by_hand
     y = x.clone()
@@ -210,6 +267,8 @@ def test_the_hash_definition() -> None:
     with pytest.raises(BatchChanged):
         content.hexdigest()
     z = x.clone()
-    copied = BatchContent([z], copy_bytes=1 << 20, version=tensor_version)  # copied when taken: a later change is not seen
+    copied = BatchContent(
+        [z], copy_bytes=1 << 20, version=tensor_version
+    )  # copied when taken: a later change is not seen
     z.add_(1)
     assert copied.copied == copied.nbytes == 24 and copied.hexdigest() == batch_hash([x])

@@ -71,7 +71,10 @@ def recorded(store: Path) -> Truth:
             out += [(s + 1, h) for s, h in zip(p["steps"], p["hashes"], strict=True)]
             continue
         flat = iter(p["indices"])
-        out += [(s + 1, [next(flat) for _ in range(n)]) for s, n in zip(p["steps"], p["sizes"], strict=True)]
+        out += [
+            (s + 1, [next(flat) for _ in range(n)])
+            for s, n in zip(p["steps"], p["sizes"], strict=True)
+        ]
     return out
 
 
@@ -97,9 +100,16 @@ def _lightning(store: Path, tmp_path: Path, loader: DataLoader[Any], key: Any) -
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     module = Module()
     trainer = pl.Trainer(
-        max_epochs=2, accumulate_grad_batches=2, accelerator="cpu", devices=1, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, default_root_dir=str(tmp_path / "pl"),
+        max_epochs=2,
+        accumulate_grad_batches=2,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=str(tmp_path / "pl"),
     )
     with auditlog.record(store), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -111,21 +121,29 @@ def _indices(batch: Any) -> list[int]:
     return [int(i) for i in batch[1]]
 
 
-def test_lightning_prefetching_an_unsized_loader_ties_each_batch_to_its_step(store: Path, tmp_path: Path) -> None:
+def test_lightning_prefetching_an_unsized_loader_ties_each_batch_to_its_step(
+    store: Path, tmp_path: Path
+) -> None:
     sampler = Unsized(24, seed=3)
-    truth = _lightning(store, tmp_path, DataLoader(Indexed(), batch_size=4, sampler=sampler), _indices)
+    truth = _lightning(
+        store, tmp_path, DataLoader(Indexed(), batch_size=4, sampler=sampler), _indices
+    )
     assert len(truth) == 12 and truth[-1][0] == 6  # 2 epochs of 6 batches, 2 batches a step
     assert [i for _, indices in truth for i in indices] == sampler.yielded
     assert recorded(store) == truth
 
 
 def test_lightning_sized_loader_shuffled(store: Path, tmp_path: Path) -> None:
-    loader = DataLoader(Indexed(), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(4))
+    loader = DataLoader(
+        Indexed(), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(4)
+    )
     truth = _lightning(store, tmp_path, loader, _indices)
     assert len(truth) == 12 and recorded(store) == truth
 
 
-def test_lightning_iterable_dataset_batches_hashed_and_tied_to_their_step(store: Path, tmp_path: Path) -> None:
+def test_lightning_iterable_dataset_batches_hashed_and_tied_to_their_step(
+    store: Path, tmp_path: Path
+) -> None:
     truth = _lightning(store, tmp_path, DataLoader(Stream(), batch_size=4), auditlog.batch_hash)
     assert len(truth) == 10 and len({h for _, h in truth}) == 5  # the same five batches each epoch
     assert recorded(store) == truth
@@ -137,8 +155,9 @@ def _accelerate(store: Path, loader: DataLoader[Any], key: Any, expect: str) -> 
     truth: Truth = []
     with auditlog.record(store):
         accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2)
-        model, opt, prepared = accelerator.prepare(nn.Linear(4, 1), torch.optim.SGD(nn.Linear(4, 1).parameters()),
-                                                   loader)
+        model, opt, prepared = accelerator.prepare(
+            nn.Linear(4, 1), torch.optim.SGD(nn.Linear(4, 1).parameters()), loader
+        )
         assert type(prepared).__name__ == expect
         opt = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.05))
         steps = 0  # optimizer steps that updated (accelerate skips the others)
@@ -156,11 +175,17 @@ def _accelerate(store: Path, loader: DataLoader[Any], key: Any, expect: str) -> 
 
 def test_accelerate_prepared_loader_ties_each_batch_to_its_step(store: Path) -> None:
     sampler = Unsized(24, seed=6)
-    truth = _accelerate(store, DataLoader(Indexed(), batch_size=4, sampler=sampler), _indices, "DataLoaderShard")
+    truth = _accelerate(
+        store, DataLoader(Indexed(), batch_size=4, sampler=sampler), _indices, "DataLoaderShard"
+    )
     assert len(truth) == 12 and [i for _, indices in truth for i in indices] == sampler.yielded
     assert recorded(store) == truth
 
 
-def test_accelerate_dispatched_iterable_dataset_batches_hashed_and_tied_to_their_step(store: Path) -> None:
-    truth = _accelerate(store, DataLoader(Stream(), batch_size=4), auditlog.batch_hash, "DataLoaderDispatcher")
+def test_accelerate_dispatched_iterable_dataset_batches_hashed_and_tied_to_their_step(
+    store: Path,
+) -> None:
+    truth = _accelerate(
+        store, DataLoader(Stream(), batch_size=4), auditlog.batch_hash, "DataLoaderDispatcher"
+    )
     assert len(truth) == 10 and recorded(store) == truth

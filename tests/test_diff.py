@@ -178,12 +178,16 @@ def load_model(path: Path, source: str) -> Any:
     return module
 
 
-def record(store: Path, module: Any, steps: int = 3, weight_decay: float = 0.0, decay_lr: bool = False) -> str:
+def record(
+    store: Path, module: Any, steps: int = 3, weight_decay: float = 0.0, decay_lr: bool = False
+) -> str:
     torch.manual_seed(0)
     with auditlog.record(store, argv=["train.py"]) as run:
         model = module.Net()
         opt = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=weight_decay)
-        scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5) if decay_lr else None
+        scheduler = (
+            torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5) if decay_lr else None
+        )
         for _ in range(steps):
             opt.zero_grad()
             model(torch.randn(4, 4)).sum().backward()
@@ -210,8 +214,10 @@ SMALL_V1 = textwrap.dedent(
             return self.head(self.act(self.fc(x)))
     """
 )
-SMALL_V2 = SMALL_V1.replace("self.fc = ", "self.proj = ").replace("self.fc(x)", "self.proj(x)").replace(
-    "nn.ReLU()", "nn.GELU()"
+SMALL_V2 = (
+    SMALL_V1.replace("self.fc = ", "self.proj = ")
+    .replace("self.fc(x)", "self.proj(x)")
+    .replace("nn.ReLU()", "nn.GELU()")
 )
 
 
@@ -231,8 +237,12 @@ def test_identical_seeded_runs_report_no_difference(tmp_path: Path, store: Path)
 
 def test_rename_class_change_and_hyperparameters(tmp_path: Path, store: Path) -> None:
     first = record(store, load_model(tmp_path / "model.py", SMALL_V1))
-    second = record(store, load_model(tmp_path / "model.py", SMALL_V2), weight_decay=0.01, decay_lr=True)
-    result = json.loads(invoke("diff", "--store", str(store), first, second, "--format", "json").stdout)
+    second = record(
+        store, load_model(tmp_path / "model.py", SMALL_V2), weight_decay=0.01, decay_lr=True
+    )
+    result = json.loads(
+        invoke("diff", "--store", str(store), first, second, "--format", "json").stdout
+    )
 
     modules = by_name(result["modules"])
     assert set(modules) == {"fc", "act"}
@@ -256,7 +266,12 @@ def test_rename_class_change_and_hyperparameters(tmp_path: Path, store: Path) ->
     }
     # an LR scheduler adds initial_lr to the param groups it drives
     assert fields["group 0 initial_lr"] == {"a": None, "b": 0.1}
-    assert set(fields) == {"group 0 weight_decay", "group 0 params", "group 0 initial_lr", "lr schedule"}
+    assert set(fields) == {
+        "group 0 weight_decay",
+        "group 0 params",
+        "group 0 initial_lr",
+        "lr schedule",
+    }
     assert result["metadata"] == [] and result["code"] == []
 
     text = invoke("diff", "--store", str(store), first, second).stdout
@@ -271,7 +286,13 @@ def test_rename_class_change_and_hyperparameters(tmp_path: Path, store: Path) ->
 
 def test_distribution_change_is_told_from_a_redraw() -> None:
     def stats(t: torch.Tensor) -> dict[str, Any]:
-        return {"numel": t.numel(), "mean": t.mean().item(), "std": t.std().item(), "nan": 0, "inf": 0}
+        return {
+            "numel": t.numel(),
+            "mean": t.mean().item(),
+            "std": t.std().item(),
+            "nan": 0,
+            "inf": 0,
+        }
 
     gen = torch.Generator().manual_seed(1)
     a = torch.randn(64, 64, generator=gen) * 0.02
@@ -291,4 +312,7 @@ def test_diff_refuses_csv(store: Path, tmp_path: Path) -> None:
     record(store, load_model(tmp_path / "model.py", SMALL_V1), steps=1)
     result = invoke("diff", "--store", str(store), "latest", "latest", "--format", "csv")
     assert result.exit_code == 2
-    assert result.stderr == "Error: Invalid value for '--format': 'csv' is not one of 'table', 'json'.\n"
+    assert (
+        result.stderr
+        == "Error: Invalid value for '--format': 'csv' is not one of 'table', 'json'.\n"
+    )

@@ -57,7 +57,9 @@ class Runs:
             event_store.close()
 
     def cli(self, a: str, b: str, *options: str) -> Any:
-        return invoke("diff", "--store", str(self.store), self.ids[a], self.ids[b], "--values", *options)
+        return invoke(
+            "diff", "--store", str(self.store), self.ids[a], self.ids[b], "--values", *options
+        )
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +144,9 @@ def test_atol_hides_a_tiny_difference_that_bitwise_reports(runs: Runs) -> None:
 
 
 def test_tolerance_options_need_values(runs: Runs) -> None:
-    result = invoke("diff", "--store", str(runs.store), runs.ids["base"], runs.ids["same"], "--atol", "1e-3")
+    result = invoke(
+        "diff", "--store", str(runs.store), runs.ids["base"], runs.ids["same"], "--atol", "1e-3"
+    )
     assert result.exit_code == 2 and "--values" in result.stderr
     negative = runs.cli("base", "same", "--rtol", "-1")
     assert negative.exit_code == 2 and "--rtol" in negative.stderr
@@ -177,16 +181,26 @@ def test_runs_of_two_content_hash_versions_compare_equal_where_their_values_are(
     event_store = EventStore.open(store)
     try:
         hashes = [
-            {e["payload"]["tensors"][0]["sha256"] for e in map(_loaded, event_store.iter_events(run, kinds=["construction_sealed"]))}
+            {
+                e["payload"]["tensors"][0]["sha256"]
+                for e in map(_loaded, event_store.iter_events(run, kinds=["construction_sealed"]))
+            }
             for run in (run_v1, run_v2)
         ]
         assert hashes[0] != hashes[1]  # the weight's names differ
         construction = diff_runs(event_store, run_v1, run_v2)
-        assert construction.init_values_differ == [] and not [c for c in construction.changes if "init" in c.fields]
+        assert construction.init_values_differ == [] and not [
+            c for c in construction.changes if "init" in c.fields
+        ]
         values = first_divergence(event_store, run_v1, run_v2)
-        assert values.first is None and values.compared > values.equal_hashes  # read, and found equal
+        assert (
+            values.first is None and values.compared > values.equal_hashes
+        )  # read, and found equal
         third = big_run()  # one version: equal names, nothing read
-        assert first_divergence(event_store, run_v2, third).compared == first_divergence(event_store, run_v2, third).equal_hashes
+        assert (
+            first_divergence(event_store, run_v2, third).compared
+            == first_divergence(event_store, run_v2, third).equal_hashes
+        )
     finally:
         event_store.close()
 

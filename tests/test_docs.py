@@ -20,9 +20,24 @@ from helpers import REPO
 README = REPO / "README.md"
 DOCS = REPO / "docs"
 PAGES = (
-    "how-it-works.md", "policy.md", "snapshots.md", "query.md", "views.md", "events.md",
-    "integrity.md", "cli.md", "python.md", "performance.md", "development.md", "CHANGELOG.md", "hooks.md",
-    "forensics.md", "distributed.md", "compliance.md", "ui.md", "data.md",
+    "how-it-works.md",
+    "policy.md",
+    "snapshots.md",
+    "query.md",
+    "views.md",
+    "events.md",
+    "integrity.md",
+    "cli.md",
+    "python.md",
+    "performance.md",
+    "development.md",
+    "CHANGELOG.md",
+    "hooks.md",
+    "forensics.md",
+    "distributed.md",
+    "compliance.md",
+    "ui.md",
+    "data.md",
 )
 
 
@@ -82,9 +97,15 @@ def test_readme_make_targets_exist() -> None:
 @pytest.mark.slow
 def test_every_readme_command_runs(tmp_path: Path) -> None:
     shutil.copytree(REPO / "examples", tmp_path / "examples")
-    env = {k: v for k, v in os.environ.items() if k not in ("AUDITLOG_STORE", "AUDITLOG_RUN_ID", "AUDITLOG_KEY")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("AUDITLOG_STORE", "AUDITLOG_RUN_ID", "AUDITLOG_KEY")
+    }
     for command in readme_commands():
         argv = [sys.executable, "-m", "auditlog.cli.main", *shlex.split(command)[1:]]
-        done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
         assert done.returncode == 0, f"$ {command}\n{done.stdout}\n{done.stderr}"
         assert done.stdout.strip() or done.stderr.strip(), command  # every command says something

@@ -21,14 +21,42 @@ text = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
 ints = st.integers(min_value=0, max_value=2**62)
 
 
-@given(run_id=text, stream=st.integers(0, 5), seq=ints, ts=ints, kind=text, step=st.none() | ints,
-       module=st.none() | ints, tensor=st.none() | ints, snapshot=st.none() | text, payload=text)
+@given(
+    run_id=text,
+    stream=st.integers(0, 5),
+    seq=ints,
+    ts=ints,
+    kind=text,
+    step=st.none() | ints,
+    module=st.none() | ints,
+    tensor=st.none() | ints,
+    snapshot=st.none() | text,
+    payload=text,
+)
 def test_canonical_row_is_byte_for_byte_the_json_definition(
-    run_id: str, stream: int, seq: int, ts: int, kind: str, step: int | None,
-    module: int | None, tensor: int | None, snapshot: str | None, payload: str,
+    run_id: str,
+    stream: int,
+    seq: int,
+    ts: int,
+    kind: str,
+    step: int | None,
+    module: int | None,
+    tensor: int | None,
+    snapshot: str | None,
+    payload: str,
 ) -> None:
-    row = {"run_id": run_id, "stream": stream, "seq": seq, "ts_ns": ts, "kind": kind, "step": step,
-           "module_id": module, "tensor_id": tensor, "snapshot": snapshot, "payload": payload}
+    row = {
+        "run_id": run_id,
+        "stream": stream,
+        "seq": seq,
+        "ts_ns": ts,
+        "kind": kind,
+        "step": step,
+        "module_id": module,
+        "tensor_id": tensor,
+        "snapshot": snapshot,
+        "payload": payload,
+    }
     expected = canonical_row_reference(row)
     assert canonical_row(row) == expected
     assert canonical_row(row, row_prefix(run_id, stream)) == expected
@@ -55,9 +83,18 @@ def test_materialized_payloads_encode_to_json_that_keeps_every_value(value: obje
                 return b == ("Infinity" if a > 0 else "-Infinity")
             return isinstance(b, float | int) and float(b) == a
         if isinstance(a, list):
-            return isinstance(b, list) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+            return (
+                isinstance(b, list)
+                and len(a) == len(b)
+                and all(same(x, y) for x, y in zip(a, b, strict=True))
+            )
         if isinstance(a, dict):
-            return isinstance(b, dict) and list(b) == sorted(b) and set(a) == set(b) and all(same(a[k], b[k]) for k in a)
+            return (
+                isinstance(b, dict)
+                and list(b) == sorted(b)
+                and set(a) == set(b)
+                and all(same(a[k], b[k]) for k in a)
+            )
         return a == b
 
     assert same(value, decoded)

@@ -34,9 +34,11 @@ def test_the_seed_is_exact_in_the_views_runs_and_report(tmp_path: Path, seed: in
     run_id = _seeded_run(store, seed)
     torch.manual_seed(0)
     with query_session(store) as session:
-        rows = list(session.execute(
-            "SELECT seed, typeof(seed), metadata ->> '$.seeds.torch_initial_seed' FROM runs"
-        ).rows)
+        rows = list(
+            session.execute(
+                "SELECT seed, typeof(seed), metadata ->> '$.seeds.torch_initial_seed' FROM runs"
+            ).rows
+        )
     assert rows == [(seed, "UBIGINT", str(seed))]
     listed = invoke("runs", "--store", str(store), "--format", "json")
     assert listed.exit_code == 0, listed.stderr
@@ -76,7 +78,9 @@ def test_report_tree_views_and_heatmaps_follow_the_models_order(tmp_path: Path) 
             model(torch.randn(5, 4)).pow(2).mean().backward()
             opt.step()
     with query_session(store) as session:
-        rows = list(session.execute("SELECT module FROM modules WHERE depth > 0 ORDER BY ordinal").rows)
+        rows = list(
+            session.execute("SELECT module FROM modules WHERE depth > 0 ORDER BY ordinal").rows
+        )
     assert [r[0] for r in rows] == MODEL_ORDER
     opened = auditlog.open(store)
     try:
@@ -84,7 +88,9 @@ def test_report_tree_views_and_heatmaps_follow_the_models_order(tmp_path: Path) 
         grad = recorded.plot_panels("grad-norm")[0]
         assert grad.rows == MODEL_ORDER[1:]  # modules with parameters of their own
         grouped = recorded.plot_panels("grad-norm", max_rows=5)[0]
-        assert grouped.rows[0].startswith("layers") and grouped.rows[-1] == "alpha_head", grouped.rows
+        assert grouped.rows[0].startswith("layers") and grouped.rows[-1] == "alpha_head", (
+            grouped.rows
+        )
         for what in ("activations", "dead-units"):
             for panel in recorded.plot_panels(what):
                 names = [r for r in panel.rows if r in MODEL_ORDER]
@@ -94,15 +100,18 @@ def test_report_tree_views_and_heatmaps_follow_the_models_order(tmp_path: Path) 
     page = tmp_path / "report.html"
     assert invoke("report", "--store", str(store), "latest", "-o", str(page)).exit_code == 0
     html = page.read_text()
-    tree = html[html.index('<ul class="tree">'):]
-    positions = [tree.index(f"<code>{attr}</code> ") for attr in ["layers", *map(str, range(12)), "alpha_head"]]
+    tree = html[html.index('<ul class="tree">') :]
+    positions = [
+        tree.index(f"<code>{attr}</code> ")
+        for attr in ["layers", *map(str, range(12)), "alpha_head"]
+    ]
     assert positions == sorted(positions), positions
 
 
 # A script as a user writes it: parameterless modules built on one line and attached
 # on another; a module built before the recording, a deepcopy and a module built in
 # a thread. ``# at: NAME`` marks the lines the test looks for.
-BUILD = '''\
+BUILD = """\
 import copy
 import threading
 
@@ -140,7 +149,7 @@ with auditlog.record(store=STORE) as run:
     model(torch.ones(2, 4)).sum().backward()
     opt.step()
 RUN_ID = run.run_id
-'''
+"""
 # model index -> (marker of its line, kind)
 EXPECTED = {
     "0": ("linear", "constructed"),  # Linear: its own parameters register inside its __init__
@@ -175,12 +184,17 @@ def test_each_module_has_its_constructing_line_or_is_labelled_attached(tmp_path:
 
     with auditlog.open(store) as opened:
         events = [e["payload"] for e in opened.run(run_id).events(kinds=["module_registered"])]
-    attached = {e["name"]: e["source"] for e in events if e.get("parent_class", "").endswith("Sequential")}
+    attached = {
+        e["name"]: e["source"] for e in events if e.get("parent_class", "").endswith("Sequential")
+    }
     assert {name: (s["line"], s["kind"]) for name, s in attached.items()} == expected
     assert {s["file"] for s in attached.values()} == {str(script)}
     assert attached["1"]["function"] == "<module>" and attached["5"]["function"] == "<lambda>"
     (first,) = [e for e in events if "parent_source" in e]
-    assert (first["parent_source"]["line"], first["parent_source"]["kind"]) == (lines["sequential"], "constructed")
+    assert (first["parent_source"]["line"], first["parent_source"]["kind"]) == (
+        lines["sequential"],
+        "constructed",
+    )
 
     tree = invoke("tree", "--store", str(store), run_id, "--format", "json")
     assert tree.exit_code == 0, tree.stderr
@@ -189,12 +203,16 @@ def test_each_module_has_its_constructing_line_or_is_labelled_attached(tmp_path:
     assert {name: (int(where[1]), kind) for name, (where, kind) in shown.items()} == expected
     text = invoke("tree", "--store", str(store), run_id).stdout
     assert f"1 (ReLU) {script.name}:{lines['relu']}\n" in text.replace(str(script), script.name)
-    assert f"3 (GELU) {script.name}:{lines['sequential']} (attached)\n" in text.replace(str(script), script.name)
+    assert f"3 (GELU) {script.name}:{lines['sequential']} (attached)\n" in text.replace(
+        str(script), script.name
+    )
 
     with query_session(store) as session:
-        rows = list(session.execute(
-            "SELECT module, source_file, source_line, source_kind FROM modules WHERE depth = 1 ORDER BY ordinal"
-        ).rows)
+        rows = list(
+            session.execute(
+                "SELECT module, source_file, source_line, source_kind FROM modules WHERE depth = 1 ORDER BY ordinal"
+            ).rows
+        )
     assert {m: (line, kind) for m, _, line, kind in rows} == expected
     assert {f for _, f, _, _ in rows} == {str(script)}
 
@@ -214,8 +232,13 @@ def test_diff_says_a_constructing_line_moved(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     modules = {c["name"]: c for c in json.loads(result.stdout)["modules"]}
     name = script.name  # relative to the run's directory
-    assert modules["1"]["fields"] == {"source": {"a": f"{name}:{lines_a['relu']}", "b": f"{name}:{lines_b['relu']}"}}
-    moved = {"a": f"{name}:{lines_a['sequential']} (attached)", "b": f"{name}:{lines_b['sequential']} (attached)"}
+    assert modules["1"]["fields"] == {
+        "source": {"a": f"{name}:{lines_a['relu']}", "b": f"{name}:{lines_b['relu']}"}
+    }
+    moved = {
+        "a": f"{name}:{lines_a['sequential']} (attached)",
+        "b": f"{name}:{lines_b['sequential']} (attached)",
+    }
     assert modules["3"]["fields"] == {"source": moved}
     assert "0" not in modules  # the Linear did not move
     text = invoke("diff", "--store", str(store), first, second).stdout
@@ -247,7 +270,9 @@ def test_the_constructor_wrapper_changes_nothing_and_is_taken_out(tmp_path: Path
         assert list(opened.run().events(kinds=["recorder_error"])) == []
 
 
-def test_a_wrapper_put_over_ours_is_left_in_place_and_ours_serves_the_next_recording(tmp_path: Path) -> None:
+def test_a_wrapper_put_over_ours_is_left_in_place_and_ours_serves_the_next_recording(
+    tmp_path: Path,
+) -> None:
     """Dynamo wraps nn.Module.__init__ at a process's first torch.compile: taking ours
     out then would take theirs too. Ours stays inside theirs, inert, and is reused."""
     original = nn.Module.__dict__["__init__"]
@@ -270,8 +295,11 @@ def test_a_wrapper_put_over_ours_is_left_in_place_and_ours_serves_the_next_recor
             layers.append(nn.ReLU())
             nn.Sequential(*layers)
         with auditlog.open(tmp_path / "b") as opened:
-            (relu,) = [e["payload"] for e in opened.run().events(kinds=["module_registered"])
-                       if e["payload"]["name"] == "1"]
+            (relu,) = [
+                e["payload"]
+                for e in opened.run().events(kinds=["module_registered"])
+                if e["payload"]["name"] == "1"
+            ]
         assert (relu["source"]["line"], relu["source"]["kind"]) == (line, "constructed")
     finally:
         nn.Module.__init__ = ours  # type: ignore[method-assign]

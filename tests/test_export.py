@@ -46,7 +46,9 @@ def _export(store: Path, target: Path, key: Path | None) -> None:
 
 
 def _verify(archive: Path, key: Path | None) -> tuple[int, str]:
-    result = invoke("verify", "--archive", str(archive), *(["--key", str(key) + ".pub"] if key else []))
+    result = invoke(
+        "verify", "--archive", str(archive), *(["--key", str(key) + ".pub"] if key else [])
+    )
     return result.exit_code, result.stdout + result.stderr
 
 
@@ -57,8 +59,19 @@ def test_plain_duckdb_reads_the_archive(two_rank_store: tuple[Path, str], tmp_pa
     with auditlog.open(store) as opened:
         expected = opened.run(run_id, rank=1).state_dict(step=3)
     weight_hash = None
-    for event in json.loads(invoke("events", "--store", str(store), "--rank", "1", "--kind", "snapshot_taken",
-                                   "--format", "json").stdout):
+    for event in json.loads(
+        invoke(
+            "events",
+            "--store",
+            str(store),
+            "--rank",
+            "1",
+            "--kind",
+            "snapshot_taken",
+            "--format",
+            "json",
+        ).stdout
+    ):
         if event["step"] == 3:
             weight_hash = next(t["sha256"] for t in event["payload"]["snapshot"]["tensors"])
     assert weight_hash is not None
@@ -72,8 +85,13 @@ snaps = con.sql(f"select count(*) from read_parquet('{{root}}/snapshots/*/*/*.pa
 values = con.sql(f"select list(value order by file_row_number) from read_parquet('{{root}}/tensors/{weight_hash[:2]}/{weight_hash}.parquet', file_row_number = true)").fetchall()[0]
 print(json.dumps({{"events": events, "kinds": [k for (k,) in kinds], "snaps": snaps[0], "values": values[0], "auditlog": "auditlog" in sys.modules}}))
 """
-    done = subprocess.run([sys.executable, "-I", "-c", reader], capture_output=True, text=True, timeout=120,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", reader],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     assert seen["auditlog"] is False
@@ -135,7 +153,9 @@ def test_an_altered_record_is_not_exported(tmp_path: Path) -> None:
     store = tmp_path / "store"
     record_run(store, steps=2)
     with tamper(store) as conn:
-        conn.execute("update events set payload = replace(payload, '0.1', '0.3') where kind = 'optimizer_step'")
+        conn.execute(
+            "update events set payload = replace(payload, '0.1', '0.3') where kind = 'optimizer_step'"
+        )
     result = invoke("export", "--store", str(store), "--to", str(tmp_path / "archive"))
     assert_one_line_error(result, 4, "refusing to export", "record altered")
     assert not (tmp_path / "archive").exists()
@@ -146,6 +166,12 @@ def test_export_needs_a_new_directory(tmp_path: Path) -> None:
     record_run(store, steps=1)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("mine")
-    assert_one_line_error(invoke("export", "--store", str(store), "--to", str(tmp_path / "full")), 1, "not an empty directory")
+    assert_one_line_error(
+        invoke("export", "--store", str(store), "--to", str(tmp_path / "full")),
+        1,
+        "not an empty directory",
+    )
     assert (tmp_path / "full" / "x").read_text() == "mine"
-    assert_one_line_error(invoke("verify", "--archive", str(tmp_path / "full")), 4, "no manifest.json")
+    assert_one_line_error(
+        invoke("verify", "--archive", str(tmp_path / "full")), 4, "no manifest.json"
+    )

@@ -34,7 +34,9 @@ print("trained", flush=True)
 
 def script(tmp: Path, steps: int = 30, hook: str = "pass", prelude: str = "") -> Path:
     path = tmp / "train_fault.py"
-    path.write_text(textwrap.dedent(prelude) + TRAIN.replace("STEPS", str(steps)).replace("HOOK", hook))
+    path.write_text(
+        textwrap.dedent(prelude) + TRAIN.replace("STEPS", str(steps)).replace("HOOK", hook)
+    )
     return path
 
 
@@ -44,7 +46,9 @@ def auditlog_cmd(*args: str) -> list[str]:
 
 def run(args: list[str], cwd: Path, **kwargs: object) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "AUDITLOG_STORE"}
-    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=180, **kwargs)  # type: ignore[call-overload,no-any-return]
+    return subprocess.run(
+        args, cwd=cwd, env=env, capture_output=True, text=True, timeout=180, **kwargs
+    )  # type: ignore[call-overload,no-any-return]
 
 
 DISK_FULL = """
@@ -58,7 +62,9 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))
 def test_disk_full_training_continues_and_is_reported_once(tmp_path: Path) -> None:
     store = tmp_path / "store"
     train = script(tmp_path, steps=40, prelude=DISK_FULL)
-    done = run(auditlog_cmd("run", "--store", str(store), "--policy", "debug", str(train)), tmp_path)
+    done = run(
+        auditlog_cmd("run", "--store", str(store), "--policy", "debug", str(train)), tmp_path
+    )
     assert done.returncode == 0, done.stderr
     assert "trained" in done.stdout
     assert done.stderr.count("auditlog: cannot write to store") == 1, done.stderr
@@ -72,7 +78,9 @@ def test_disk_full_with_on_error_fail_stops_training(tmp_path: Path) -> None:
     store = tmp_path / "store"
     train = script(tmp_path, steps=5000, prelude=DISK_FULL)
     done = run(
-        auditlog_cmd("run", "--store", str(store), "--policy", "debug", "--on-error", "fail", str(train)),
+        auditlog_cmd(
+            "run", "--store", str(store), "--policy", "debug", "--on-error", "fail", str(train)
+        ),
         tmp_path,
     )
     assert done.returncode == 5, (done.returncode, done.stderr)
@@ -86,10 +94,14 @@ def test_deleted_store_is_reported_and_training_continues(tmp_path: Path) -> Non
     store = tmp_path / "store"
     # retried: the recorder's writer may create a file (a WAL, a lock) while rmtree
     # empties the directory, and then rmdir fails in the user's script, not in auditlog
-    hook = (f"import shutil; [shutil.rmtree({str(store)!r}, ignore_errors=True) for _ in range(50) "
-            f"if os.path.exists({str(store)!r})] if step == 5 else None")
+    hook = (
+        f"import shutil; [shutil.rmtree({str(store)!r}, ignore_errors=True) for _ in range(50) "
+        f"if os.path.exists({str(store)!r})] if step == 5 else None"
+    )
     train = script(tmp_path, steps=30, hook=hook)
-    done = run(auditlog_cmd("run", "--store", str(store), "--policy", "debug", str(train)), tmp_path)
+    done = run(
+        auditlog_cmd("run", "--store", str(store), "--policy", "debug", str(train)), tmp_path
+    )
     assert done.returncode == 0, done.stderr
     assert "trained" in done.stdout
     assert done.stderr.count("was deleted") == 1, done.stderr
@@ -123,7 +135,9 @@ def test_read_only_store(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         assert "trained" in done.stdout
         assert "cannot record" in done.stderr and "running without recording" in done.stderr
-        failed = run(auditlog_cmd("run", "--store", str(store), "--on-error", "fail", str(train)), tmp_path)
+        failed = run(
+            auditlog_cmd("run", "--store", str(store), "--on-error", "fail", str(train)), tmp_path
+        )
         assert failed.returncode == 3, failed.stderr
         assert failed.stderr.strip().startswith("Error: ") and "trained" not in failed.stdout
         assert (source / "events.db").read_bytes() == before
@@ -143,14 +157,20 @@ def test_buffer_drops_instead_of_blocking_when_the_writer_is_gone() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_kill9_with_step_durability_keeps_every_acknowledged_step(tmp_path: Path, seed: int) -> None:
+def test_kill9_with_step_durability_keeps_every_acknowledged_step(
+    tmp_path: Path, seed: int
+) -> None:
     """With --durability step, every step the program saw complete is in the store."""
     store = tmp_path / "store"
     train = script(tmp_path, steps=10_000)
     env = {k: v for k, v in os.environ.items() if k != "AUDITLOG_STORE"}
     proc = subprocess.Popen(
         auditlog_cmd("run", "--store", str(store), "--durability", "step", str(train)),
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     kill_after = random.Random(seed).randrange(3, 40)
     seen = 0
@@ -171,7 +191,6 @@ def test_kill9_with_step_durability_keeps_every_acknowledged_step(tmp_path: Path
     assert info.status == "crashed"
     assert report.ok, [p.describe() for p in report.problems]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= seen
-
 
 
 def test_failure_found_at_close_still_fails_a_compliance_run(tmp_path: Path) -> None:

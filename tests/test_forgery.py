@@ -54,20 +54,35 @@ def test_keyless_verify_says_what_a_bare_chain_cannot_see(store: Path) -> None:
     assert "cannot show that newer events were not cut off" in result.stdout
     # with a key given, nothing unsigned passes
     key = generate_key_pair(store.parent / "k")
-    fails(invoke("verify", "--store", str(store), "--key", str(key.public_path)),
-          "no signature", verdict="record not verified")
+    fails(
+        invoke("verify", "--store", str(store), "--key", str(key.public_path)),
+        "no signature",
+        verdict="record not verified",
+    )
 
 
 # --------------------------------------------------------------------------- 1. events after run_ended
 def test_event_appended_after_run_ended_is_caught(trial: Trial) -> None:
     with tamper(trial.store) as conn:
-        forged = append_event(conn, trial.r1, 0, "annotation",
-                              {"key": "dataset", "fields": {"name": "FORGED-clean-data"}})
-    text = fails(trial.verify(), f"seq {forged['seq']}", "after the stream's run_ended",
-                 "events were appended to a finished stream")
+        forged = append_event(
+            conn,
+            trial.r1,
+            0,
+            "annotation",
+            {"key": "dataset", "fields": {"name": "FORGED-clean-data"}},
+        )
+    text = fails(
+        trial.verify(),
+        f"seq {forged['seq']}",
+        "after the stream's run_ended",
+        "events were appended to a finished stream",
+    )
     assert "signs the stream's end" in text  # the signed end says so too
     # a bare chain sees it as well: a stream ends at its run_ended
-    fails(trial.cli("verify", trial.r1, "--key", str(trial.public_key)), "after the stream's run_ended")
+    fails(
+        trial.cli("verify", trial.r1, "--key", str(trial.public_key)),
+        "after the stream's run_ended",
+    )
 
 
 def test_run_ended_moved_past_a_forged_event_is_caught(trial: Trial) -> None:
@@ -75,8 +90,12 @@ def test_run_ended_moved_past_a_forged_event_is_caught(trial: Trial) -> None:
     with tamper(trial.store) as conn:
         last = rows(conn, trial.r1)[-1]
         conn.execute("delete from events where id=?", (last["id"],))
-        append_event(conn, trial.r1, 0, "annotation", {"key": "dataset", "fields": {"name": "FORGED"}})
-        append_event(conn, trial.r1, 0, "run_ended", json.loads(last["payload"]), ts_ns=last["ts_ns"])
+        append_event(
+            conn, trial.r1, 0, "annotation", {"key": "dataset", "fields": {"name": "FORGED"}}
+        )
+        append_event(
+            conn, trial.r1, 0, "run_ended", json.loads(last["payload"]), ts_ns=last["ts_ns"]
+        )
     text = fails(trial.verify(), f"seq {last['seq']}", "does not match the chain")
     assert "(checkpoint" in text  # the stored signed end caught it, not only the exported head
 
@@ -87,7 +106,9 @@ def test_a_new_stream_added_to_a_finished_run_is_caught(trial: Trial, declared: 
     with tamper(trial.store) as conn:
         started = {**run_started_payload(conn, trial.r1), "rank": 1, "world_size": declared}
         append_event(conn, trial.r1, 1, "run_started", started)
-        append_event(conn, trial.r1, 1, "annotation", {"key": "dataset", "fields": {"name": "FORGED"}})
+        append_event(
+            conn, trial.r1, 1, "annotation", {"key": "dataset", "fields": {"name": "FORGED"}}
+        )
         append_event(conn, trial.r1, 1, "run_ended", {"status": "completed", "exit_code": 0})
     text = fails(trial.verify(), "stream 1")
     assert "which lists every stream of the ended run" in text
@@ -98,7 +119,10 @@ def test_a_new_stream_added_to_a_finished_run_is_caught(trial: Trial, declared: 
     # the stored signatures alone (no exported head): stream 1 is covered by none of them
     alone = trial.cli("verify", trial.r1, "--key", str(trial.public_key), "--format", "json")
     (report,) = json.loads(alone.stdout)
-    assert any(p["stream"] == 1 and "no signature by a trusted key covers" in p["what"] for p in report["problems"])
+    assert any(
+        p["stream"] == 1 and "no signature by a trusted key covers" in p["what"]
+        for p in report["problems"]
+    )
 
 
 # --------------------------------------------------------------------------- 3. the runs table
@@ -106,10 +130,16 @@ def test_runs_index_edits_are_caught_and_never_shown(trial: Trial) -> None:
     year = 365 * 24 * 3600 * 10**9
     with tamper(trial.store) as conn:
         conn.execute("update runs set name = case name when 'r1' then 'r2' else 'r1' end")
-        conn.execute("update runs set started_ns = started_ns - ?, host = 'elsewhere', pid = 4242 where run_id = ?",
-                     (year, trial.r1))
+        conn.execute(
+            "update runs set started_ns = started_ns - ?, host = 'elsewhere', pid = 4242 where run_id = ?",
+            (year, trial.r1),
+        )
     text = fails(trial.verify())
-    for field, index, chained in [("name", "'r2'", "'r1'"), ("host", "'elsewhere'", None), ("pid", "4242", None)]:
+    for field, index, chained in [
+        ("name", "'r2'", "'r1'"),
+        ("host", "'elsewhere'", None),
+        ("pid", "4242", None),
+    ]:
         assert f"{field} is {index} in the index" in text or field in text
         if chained:
             assert f"{field} is {index} in the index, {chained} in the record" in text
@@ -126,7 +156,9 @@ def test_runs_index_edits_are_caught_and_never_shown(trial: Trial) -> None:
     with auditlog.open(trial.store) as opened:
         assert opened.select("latest") == trial.r2
         assert opened.select("r1") == trial.r1 and opened.select("r2") == trial.r2
-    queried = json.loads(trial.cli("query", "--format", "json", "select run_id, name, host from runs").stdout)
+    queried = json.loads(
+        trial.cli("query", "--format", "json", "select run_id, name, host from runs").stdout
+    )
     assert {r["run_id"]: r["name"] for r in queried} == {trial.r1: "r1", trial.r2: "r2"}
     assert all(r["host"] != "elsewhere" for r in queried)
 
@@ -151,11 +183,19 @@ def test_an_edited_read_model_is_rebuilt_not_believed(trial: Trial) -> None:
     assert list(grad_norm_shown(trial.store, trial.r1)) == [true_norm]
 
 
-def test_a_rewritten_chain_rebuilds_the_read_model_and_query_rebuild_forces_it(trial: Trial) -> None:
+def test_a_rewritten_chain_rebuilds_the_read_model_and_query_rebuild_forces_it(
+    trial: Trial,
+) -> None:
     grad_norm_shown(trial.store, trial.r1).__next__()  # build it
     rewrite_chain(trial.store, trial.r1, 5)
-    result = trial.cli("query", "--run", trial.r1, "--format", "json",
-                       "select count(*) as n from events where payload like '%forged%'")
+    result = trial.cli(
+        "query",
+        "--run",
+        trial.r1,
+        "--format",
+        "json",
+        "select count(*) as n from events where payload like '%forged%'",
+    )
     assert json.loads(result.stdout) == [{"n": 1}]  # the cache follows the store; verify judges it
     fails(trial.verify(), "rewritten")
     forced = trial.cli("query", "--rebuild", "select count(*) from runs")
@@ -163,8 +203,9 @@ def test_a_rewritten_chain_rebuilds_the_read_model_and_query_rebuild_forces_it(t
 
 
 # --------------------------------------------------------------------------- consistency proofs
-def test_a_head_exported_mid_run_is_extended_by_the_final_record(store: Path, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_head_exported_mid_run_is_extended_by_the_final_record(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
     from torch import nn
 
@@ -180,14 +221,22 @@ def test_a_head_exported_mid_run_is_extended_by_the_final_record(store: Path, tm
             if step == 2:
                 run.flush()
                 with auditlog.open(store) as opened:
-                    statement = opened.run(str(run.run_id)).export_head(load_private_key(key.private_path))
+                    statement = opened.run(str(run.run_id)).export_head(
+                        load_private_key(key.private_path)
+                    )
                 mid.write_text(statement.to_json())
     assert json.loads(mid.read_text())["heads"][0]["ended"] is False
-    result = invoke("verify", "--store", str(store), "--key", str(key.public_path), "--against", str(mid))
+    result = invoke(
+        "verify", "--store", str(store), "--key", str(key.public_path), "--against", str(mid)
+    )
     assert result.exit_code == 0, result.stdout + result.stderr
     size = json.loads(mid.read_text())["heads"][0]["seq"]
     assert f"consistency proof from tree size {size} to" in result.stdout
     # one against a rewritten record fails
     rewrite_chain(store, str(run.run_id), 3)
-    fails(invoke("verify", "--store", str(store), "--key", str(key.public_path), "--against", str(mid)),
-          "rewritten")
+    fails(
+        invoke(
+            "verify", "--store", str(store), "--key", str(key.public_path), "--against", str(mid)
+        ),
+        "rewritten",
+    )

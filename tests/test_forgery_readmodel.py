@@ -50,13 +50,22 @@ def answers(trial: Trial) -> tuple[set[float], set[str], set[float]]:
     """The lrs and dataset hashes ``query`` answers for r1, and the lrs ``metrics`` shows."""
     lrs = trial.cli("query", "--run", trial.r1, "--format", "json", "select distinct lr from steps")
     assert lrs.exit_code == 0, lrs.stderr
-    data = trial.cli("query", "--run", trial.r1, "--format", "json",
-                     "select fields ->> 'sha256' as sha from annotations where key = 'dataset'")
+    data = trial.cli(
+        "query",
+        "--run",
+        trial.r1,
+        "--format",
+        "json",
+        "select fields ->> 'sha256' as sha from annotations where key = 'dataset'",
+    )
     assert data.exit_code == 0, data.stderr
     metrics = trial.cli("metrics", trial.r1, "--format", "json")
     assert metrics.exit_code == 0, metrics.stderr
-    return ({r["lr"] for r in json.loads(lrs.stdout)}, {r["sha"] for r in json.loads(data.stdout)},
-            {r["lr"] for r in json.loads(metrics.stdout)})
+    return (
+        {r["lr"] for r in json.loads(lrs.stdout)},
+        {r["sha"] for r in json.loads(data.stdout)},
+        {r["lr"] for r in json.loads(metrics.stdout)},
+    )
 
 
 def test_edit_build_restore_leaves_no_poisoned_cache(trial: Trial) -> None:
@@ -66,7 +75,9 @@ def test_edit_build_restore_leaves_no_poisoned_cache(trial: Trial) -> None:
     first = poison(trial.store, trial.r1)
     for command in (("query", "select distinct lr from steps"), ("metrics", trial.r1)):
         refused = trial.cli(*command)
-        line = assert_one_line_error(refused, 4, f"event id {first} ", "content does not match its recorded hash")
+        line = assert_one_line_error(
+            refused, 4, f"event id {first} ", "content does not match its recorded hash"
+        )
         assert line.startswith("Error: record altered: event id "), line
     db.write_bytes(original)  # put back byte for byte
     assert trial.verify().exit_code == 0
@@ -84,11 +95,16 @@ def test_a_plain_edit_after_the_cache_was_built_is_never_served(trial: Trial) ->
     assert_one_line_error(rebuilt, 4, "content does not match its recorded hash")
 
 
-def test_an_event_appended_with_a_stale_hash_is_refused_by_an_incremental_refresh(trial: Trial) -> None:
+def test_an_event_appended_with_a_stale_hash_is_refused_by_an_incremental_refresh(
+    trial: Trial,
+) -> None:
     assert answers(trial) == ({0.1}, {"0" * 64}, {0.1})
     with tamper(trial.store) as conn:
         row = append_event(conn, trial.r2, 0, "annotation", {"key": "late", "fields": {"x": 1}})
-        conn.execute("update events set payload = replace(payload, '\"x\":1', '\"x\":2') where hash=?", (row["hash"],))
+        conn.execute(
+            "update events set payload = replace(payload, '\"x\":1', '\"x\":2') where hash=?",
+            (row["hash"],),
+        )
         (eid,) = conn.execute("select id from events where hash=?", (row["hash"],)).fetchone()
     refused = trial.cli("query", "select count(*) from annotations")
     assert_one_line_error(refused, 4, f"event id {eid} ", f"seq {row['seq']},", "kind 'annotation'")
@@ -97,7 +113,8 @@ def test_an_event_appended_with_a_stale_hash_is_refused_by_an_incremental_refres
 def test_an_event_deleted_before_the_copy_is_refused(trial: Trial) -> None:
     with tamper(trial.store) as conn:
         (eid, seq) = conn.execute(
-            "select id, seq from events where run_id=? and kind='optimizer_step' order by seq limit 1", (trial.r1,)
+            "select id, seq from events where run_id=? and kind='optimizer_step' order by seq limit 1",
+            (trial.r1,),
         ).fetchone()
         conn.execute("delete from events where id=?", (eid,))
     refused = trial.cli("query", "select count(*) from events")
@@ -108,11 +125,16 @@ def test_the_python_api_refuses_too(trial: Trial) -> None:
     db = trial.store / "events.db"
     original = db.read_bytes()
     first = poison(trial.store, trial.r1)
-    with auditlog.open(trial.store) as opened, pytest.raises(IntegrityError, match=f"event id {first} "):
+    with (
+        auditlog.open(trial.store) as opened,
+        pytest.raises(IntegrityError, match=f"event id {first} "),
+    ):
         opened.query("select distinct lr from steps")
     db.write_bytes(original)
     with auditlog.open(trial.store) as opened:
-        assert {r["lr"] for r in opened.query("select distinct lr from steps", run=trial.r1)} == {0.1}
+        assert {r["lr"] for r in opened.query("select distinct lr from steps", run=trial.r1)} == {
+            0.1
+        }
 
 
 def test_a_cache_sealed_before_rows_were_checked_is_rebuilt_and_says_so(trial: Trial) -> None:

@@ -40,9 +40,13 @@ def test_a_rewritten_unsigned_run_is_called_unsigned_before_and_after(store: Pat
     after = invoke("verify", "--store", str(store))
     assert before.exit_code == after.exit_code == 0, after.stderr
     assert before.stdout == after.stdout  # a bare chain cannot tell: so it must not claim to
-    assert before.stdout.splitlines()[0] == f"run {run_id[:12]}: 24 events in 1 stream(s): {UNSIGNED}"
-    assert UNSIGNED.startswith("intact, unsigned: the chain detects accidental damage and naive edits, "
-                               "not a rewrite by someone with write access")
+    assert (
+        before.stdout.splitlines()[0] == f"run {run_id[:12]}: 24 events in 1 stream(s): {UNSIGNED}"
+    )
+    assert UNSIGNED.startswith(
+        "intact, unsigned: the chain detects accidental damage and naive edits, "
+        "not a rewrite by someone with write access"
+    )
     machine = json.loads(invoke("verify", "--store", str(store), "--format", "json").stdout)
     assert [r["verdict"] for r in machine] == ["unsigned"]
     with auditlog.open(store) as opened:
@@ -54,43 +58,74 @@ def test_a_rewritten_unsigned_run_is_called_unsigned_before_and_after(store: Pat
     assert "anyone with write access to the store can rewrite the whole chain" in page
 
 
-def test_signed_and_checked_against_a_head_are_said_apart(trial: Trial, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_signed_and_checked_against_a_head_are_said_apart(
+    trial: Trial, monkeypatch: pytest.MonkeyPatch
+) -> None:
     signed = trial.cli("verify", trial.r1, "--key", str(trial.public_key))
     assert signed.exit_code == 0, signed.stderr
     assert signed.stdout.splitlines()[0] == (
-        f"run {trial.r1[:12]}: 24 events in 1 stream(s), 1 signed checkpoint(s): {VERDICTS['signed']}")
+        f"run {trial.r1[:12]}: 24 events in 1 stream(s), 1 signed checkpoint(s): {VERDICTS['signed']}"
+    )
     against = trial.verify()
     assert against.exit_code == 0, against.stderr
     assert against.stdout.splitlines()[0].endswith(
         ": intact, signed and checked against an exported head: every event is covered by a signature by a "
-        "trusted key, and the record extends the head kept elsewhere")
+        "trusted key, and the record extends the head kept elsewhere"
+    )
     machine = json.loads(trial.verify("--format", "json").stdout)
     assert [r["verdict"] for r in machine] == ["signed-against-head"]
-    monkeypatch.setenv("AUDITLOG_KEY", str(trial.public_key.with_suffix("")))  # the page trusts the default key
+    monkeypatch.setenv(
+        "AUDITLOG_KEY", str(trial.public_key.with_suffix(""))
+    )  # the page trusts the default key
     with auditlog.open(trial.store) as opened:
         page = run_report(opened.run(trial.r1))
-    assert '<span class="badge ok">record intact, signed</span>' in page and "Not signed" not in page
+    assert (
+        '<span class="badge ok">record intact, signed</span>' in page and "Not signed" not in page
+    )
 
 
 def _auditlog_run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "hello.py"
     script.write_text("print('hello from the script')\n")
-    environment = {k: v for k, v in os.environ.items() if k not in ("AUDITLOG_STORE", "AUDITLOG_QUIET")}
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("AUDITLOG_STORE", "AUDITLOG_QUIET")
+    }
     environment.update(env)
-    return subprocess.run([sys.executable, "-m", "auditlog.cli.main", "run", "--store", str(tmp_path / "s"),
-                           *args, str(script)], cwd=tmp_path, env=environment, capture_output=True, text=True)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "auditlog.cli.main",
+            "run",
+            "--store",
+            str(tmp_path / "s"),
+            *args,
+            str(script),
+        ],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+    )
 
 
 @pytest.mark.slow
 def test_auditlog_run_says_once_that_the_run_is_unsigned_unless_quiet_or_keyed(
-        tmp_path: Path, pristine: Trial) -> None:
+    tmp_path: Path, pristine: Trial
+) -> None:
     plain = _auditlog_run(tmp_path)
     assert plain.returncode == 0, plain.stderr
     assert plain.stdout == "hello from the script\n"
     lines = plain.stderr.splitlines()
-    assert len(lines) == 2 and lines[0].startswith("auditlog: recording run ") and lines[1] == UNSIGNED_NOTE
+    assert (
+        len(lines) == 2
+        and lines[0].startswith("auditlog: recording run ")
+        and lines[1] == UNSIGNED_NOTE
+    )
     for quiet in (_auditlog_run(tmp_path, "--quiet"), _auditlog_run(tmp_path, AUDITLOG_QUIET="1")):
         assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
     keyed = _auditlog_run(tmp_path, AUDITLOG_KEY=str(pristine.public_key.with_suffix("")))
     assert keyed.returncode == 0, keyed.stderr
-    assert keyed.stderr.startswith("auditlog: recording run ") and len(keyed.stderr.splitlines()) == 1
+    assert (
+        keyed.stderr.startswith("auditlog: recording run ") and len(keyed.stderr.splitlines()) == 1
+    )

@@ -24,8 +24,20 @@ SCRIPT = str(EXAMPLES / "train_fsdp.py")
 def fsdp_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One FSDP2 training of 3 steps, each rank recording into its own shard."""
     root = tmp_path_factory.mktemp("fsdp")
-    torchrun(root, "run", "--store", str(root / "store"), "--shard", "--snapshot-every", "1",
-             SCRIPT, "--steps", "3", "--save-full", str(root / "full"))
+    torchrun(
+        root,
+        "run",
+        "--store",
+        str(root / "store"),
+        "--shard",
+        "--snapshot-every",
+        "1",
+        SCRIPT,
+        "--steps",
+        "3",
+        "--save-full",
+        str(root / "full"),
+    )
     return root
 
 
@@ -43,7 +55,9 @@ def test_restore_equals_the_gathered_full_state_dict(fsdp_shards: Path) -> None:
         assert list(restored) == list(gathered)  # keys in order
         for key, value in gathered.items():
             assert restored[key].dtype == value.dtype and restored[key].shape == value.shape, key
-            assert torch.equal(restored[key].view(torch.uint8), value.contiguous().view(torch.uint8)), (step, key)
+            assert torch.equal(
+                restored[key].view(torch.uint8), value.contiguous().view(torch.uint8)
+            ), (step, key)
 
 
 def test_each_rank_records_its_shard_and_where_it_lies(fsdp_shards: Path) -> None:
@@ -51,13 +65,27 @@ def test_each_rank_records_its_shard_and_where_it_lies(fsdp_shards: Path) -> Non
     invoke("combine", "--into", str(store))
     for rank in (0, 1):
         [event] = [
-            e for e in json.loads(invoke("events", "--store", str(store), "--rank", str(rank), "--kind",
-                                         "snapshot_taken", "--format", "json").stdout)
+            e
+            for e in json.loads(
+                invoke(
+                    "events",
+                    "--store",
+                    str(store),
+                    "--rank",
+                    str(rank),
+                    "--kind",
+                    "snapshot_taken",
+                    "--format",
+                    "json",
+                ).stdout
+            )
             if e["step"] == 3 and e["payload"]["trigger"] == "step"
         ]
         shards = {t["tensor_id"]: t["shard"] for t in event["payload"]["snapshot"]["tensors"]}
         facts = [s for s in shards.values() if s["global_shape"] == [3, 16]]  # the uneven weight
-        assert facts and facts[0]["placements"] == ["Shard(dim=0)"] and facts[0]["mesh_shape"] == [2]
+        assert (
+            facts and facts[0]["placements"] == ["Shard(dim=0)"] and facts[0]["mesh_shape"] == [2]
+        )
         assert (facts[0]["coordinate"], facts[0]["offset"], facts[0]["local_shape"]) == (
             ([0], [0, 0], [2, 16]) if rank == 0 else ([1], [2, 0], [1, 16])
         )
@@ -68,8 +96,14 @@ def test_each_rank_records_its_shard_and_where_it_lies(fsdp_shards: Path) -> Non
 def test_restore_says_why_it_cannot(fsdp_shards: Path) -> None:
     """Only rank 0's shard in the store: the missing half is named, nothing is guessed."""
     half = fsdp_shards / "half"
-    [shard0] = [p for p in (fsdp_shards / "store" / "shards").iterdir() if p.name.split(".")[1] == "0"]
+    [shard0] = [
+        p for p in (fsdp_shards / "store" / "shards").iterdir() if p.name.split(".")[1] == "0"
+    ]
     assert invoke("combine", "--into", str(half), str(shard0)).exit_code == 0
-    result = invoke("restore", "--store", str(half), "--step", "3", "-o", str(fsdp_shards / "half.pt"))
-    assert_one_line_error(result, 1, "cannot reassemble 0.weight at step 3", "cover 64 of 128 elements")
+    result = invoke(
+        "restore", "--store", str(half), "--step", "3", "-o", str(fsdp_shards / "half.pt")
+    )
+    assert_one_line_error(
+        result, 1, "cannot reassemble 0.weight at step 3", "cover 64 of 128 elements"
+    )
     assert not (fsdp_shards / "half.pt").exists()

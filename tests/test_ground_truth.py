@@ -228,8 +228,10 @@ def group_added(truth: Truth) -> None:
 
 def foreach_and_fused(truth: Truth) -> None:
     model = _model()
-    opts = [torch.optim.AdamW(model[0].parameters(), lr=0.01, foreach=True),
-            torch.optim.AdamW(model[2].parameters(), lr=0.01, fused=True)]
+    opts = [
+        torch.optim.AdamW(model[0].parameters(), lr=0.01, foreach=True),
+        torch.optim.AdamW(model[2].parameters(), lr=0.01, fused=True),
+    ]
     truth.optimizers.extend(opts)
     for _ in range(3):
         x, y = _batch()
@@ -256,7 +258,9 @@ def zero_redundancy(truth: Truth) -> None:
         dist.init_process_group("gloo", init_method=f"file://{where}/init", rank=0, world_size=1)
         try:
             model = _model()
-            opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
+            opt = ZeroRedundancyOptimizer(
+                model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1
+            )
             truth.optimizers.append(opt)
             for _ in range(3):
                 x, y = _batch()

@@ -31,7 +31,9 @@ def _total(norms: list[float | None]) -> float:
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_lightning_automatic_optimization_with_accumulation_and_clipping(tmp_path: Path, policy: str) -> None:
+def test_lightning_automatic_optimization_with_accumulation_and_clipping(
+    tmp_path: Path, policy: str
+) -> None:
     pl = pytest.importorskip("pytorch_lightning")
 
     class Module(pl.LightningModule):
@@ -43,7 +45,9 @@ def test_lightning_automatic_optimization_with_accumulation_and_clipping(tmp_pat
         def training_step(self, batch: Any, index: int) -> torch.Tensor:
             x, y = batch
             loss = F.cross_entropy(self.net(x), y)
-            self.truth.losses.append(loss.item() / 2)  # Lightning divides by accumulate_grad_batches
+            self.truth.losses.append(
+                loss.item() / 2
+            )  # Lightning divides by accumulate_grad_batches
             return loss
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -51,11 +55,15 @@ def test_lightning_automatic_optimization_with_accumulation_and_clipping(tmp_pat
             self.truth.optimizers.append(opt)
             return opt
 
-        def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: Any = None,
-                                        gradient_clip_algorithm: Any = None) -> None:
+        def configure_gradient_clipping(
+            self, optimizer: Any, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None
+        ) -> None:
             self.truth.after_backward()  # inside the closure, after the last micro-batch's backward
-            self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
-                                gradient_clip_algorithm=gradient_clip_algorithm)
+            self.clip_gradients(
+                optimizer,
+                gradient_clip_val=gradient_clip_val,
+                gradient_clip_algorithm=gradient_clip_algorithm,
+            )
             self.truth.consumed()
 
         def on_train_batch_end(self, outputs: Any, batch: Any, index: int) -> None:
@@ -65,8 +73,15 @@ def test_lightning_automatic_optimization_with_accumulation_and_clipping(tmp_pat
         data = torch.utils.data.TensorDataset(torch.randn(48, 6), torch.randint(0, 3, (48,)))
         loader = torch.utils.data.DataLoader(data, batch_size=6)
         trainer = pl.Trainer(
-            max_steps=4, accumulate_grad_batches=2, gradient_clip_val=0.05, accelerator="cpu", devices=1,
-            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            max_steps=4,
+            accumulate_grad_batches=2,
+            gradient_clip_val=0.05,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
             default_root_dir=str(tmp_path / "pl"),
         )
         with warnings.catch_warnings():
@@ -99,25 +114,39 @@ def test_hf_trainer_with_accumulation_and_clipping(tmp_path: Path, policy: str) 
 
         def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if not self.truth.optimizers:
-                self.truth.optimizers.append(kwargs["optimizer"].optimizer)  # accelerate's wrapper holds it
+                self.truth.optimizers.append(
+                    kwargs["optimizer"].optimizer
+                )  # accelerate's wrapper holds it
             self.truth.consumed()
 
         def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.truth.stepped()
 
-        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any
+        ) -> None:
             if logs and "grad_norm" in logs:
                 logged.append(dict(logs))
 
     def scenario(truth: Truth) -> None:
         transformers.set_seed(0)
-        model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=16))
+        model = GPT2LMHeadModel(
+            GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=16)
+        )
         ids = torch.randint(0, 64, (16, 8))
         data = [{"input_ids": row, "labels": row} for row in ids]
         args = TrainingArguments(
-            output_dir=str(tmp_path / "hf"), max_steps=4, per_device_train_batch_size=2,
-            gradient_accumulation_steps=2, max_grad_norm=0.05, logging_steps=1, report_to=[],
-            use_cpu=True, save_strategy="no", learning_rate=1e-3, disable_tqdm=True,
+            output_dir=str(tmp_path / "hf"),
+            max_steps=4,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=2,
+            max_grad_norm=0.05,
+            logging_steps=1,
+            report_to=[],
+            use_cpu=True,
+            save_strategy="no",
+            learning_rate=1e-3,
+            disable_tqdm=True,
         )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -134,16 +163,21 @@ def test_hf_trainer_with_accumulation_and_clipping(tmp_path: Path, policy: str) 
     with auditlog.open(tmp_path / "store") as s:
         steps = s.query(
             "select step, sqrt(sum(raw_grad_norm * raw_grad_norm)) as raw, bool_and(grads_modified) as clipped "
-            "from steps group by step order by step", run=run_id,
+            "from steps group by step order by step",
+            run=run_id,
         )
-        losses = s.query("select origin, count(*) as n from metrics where name = 'loss' group by origin", run=run_id)
+        losses = s.query(
+            "select origin, count(*) as n from metrics where name = 'loss' group by origin",
+            run=run_id,
+        )
     assert [r["clipped"] for r in steps] == [True] * 4
     assert len(logged) == 4
     for row, log in zip(steps, logged, strict=True):
         assert row["raw"] == pytest.approx(float(log["grad_norm"]), rel=1e-5)
         assert row["raw"] > _total(truth.steps[row["step"] - 1].used) * 2  # really clipped
-    assert losses == [{"origin": "model_output", "n": 8}]  # one per micro-batch, from the model's output
-
+    assert losses == [
+        {"origin": "model_output", "n": 8}
+    ]  # one per micro-batch, from the model's output
 
 
 def test_lightning_manual_optimization(tmp_path: Path) -> None:
@@ -177,8 +211,14 @@ def test_lightning_manual_optimization(tmp_path: Path) -> None:
     def scenario(truth: Truth) -> None:
         data = torch.utils.data.TensorDataset(torch.randn(24, 6), torch.randint(0, 3, (24,)))
         trainer = pl.Trainer(
-            max_steps=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path / "pl"),
+            max_steps=3,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=str(tmp_path / "pl"),
         )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -199,7 +239,9 @@ def test_accelerate_with_accumulation_and_clipping(tmp_path: Path) -> None:
         inner = torch.optim.SGD(model.parameters(), lr=0.1)
         truth.optimizers.append(inner)
         data = torch.utils.data.TensorDataset(torch.randn(32, 6), torch.randint(0, 3, (32,)))
-        model, opt, loader = accelerator.prepare(model, inner, torch.utils.data.DataLoader(data, batch_size=4))
+        model, opt, loader = accelerator.prepare(
+            model, inner, torch.utils.data.DataLoader(data, batch_size=4)
+        )
         for x, y in loader:
             with accelerator.accumulate(model):
                 loss = F.cross_entropy(model(x), y)

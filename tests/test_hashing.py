@@ -27,7 +27,9 @@ def by_hand_v1(dtype: str, shape: list[int], data: bytes) -> str:
 
 def by_hand_v2(dtype: str, shape: list[int], data: bytes, leaf: int = LEAF_BYTES) -> str:
     head = json.dumps([dtype, shape], separators=(",", ":")).encode()
-    leaves = b"".join(hashlib.sha256(data[i : i + leaf]).digest() for i in range(0, len(data), leaf))
+    leaves = b"".join(
+        hashlib.sha256(data[i : i + leaf]).digest() for i in range(0, len(data), leaf)
+    )
     return hashlib.sha256(TREE_PREFIX + head + b"\0" + leaves).hexdigest()
 
 
@@ -41,7 +43,11 @@ def one_shot(data: bytes, dtype: str = "uint8", threads: int = 1) -> str:
 def test_up_to_one_leaf_v2_is_v1(size: int) -> None:
     data = random.Random(size).randbytes(size)
     assert one_shot(data) == by_hand_v1("uint8", [size], data)
-    assert one_shot(data) == tensor_hash(torch.frombuffer(bytearray(data), dtype=torch.uint8) if size else torch.empty(0, dtype=torch.uint8))
+    assert one_shot(data) == tensor_hash(
+        torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if size
+        else torch.empty(0, dtype=torch.uint8)
+    )
 
 
 @pytest.mark.parametrize("size", [LEAF_BYTES + 1, 2 * LEAF_BYTES, 3 * LEAF_BYTES + 12345])
@@ -63,7 +69,9 @@ def test_the_header_is_in_the_root() -> None:
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-def test_pieces_of_any_length_give_the_same_hash(threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pieces_of_any_length_give_the_same_hash(
+    threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(hashing, "LEAF_BYTES", 1000)
     rng = random.Random(threads)
     data = rng.randbytes(25_777)
@@ -78,7 +86,9 @@ def test_pieces_of_any_length_give_the_same_hash(threads: int, monkeypatch: pyte
         assert digest.hexdigest() == expected
 
 
-def test_leaves_are_hashed_side_by_side_with_a_bounded_number_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_leaves_are_hashed_side_by_side_with_a_bounded_number_in_flight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(hashing, "LEAF_BYTES", 4096)
     running, most, started = [0], [0], [0]
     lock = threading.Lock()
@@ -121,21 +131,42 @@ def test_tensor_hash_is_the_same_on_threads_and_for_any_layout() -> None:
 
 def test_a_recorded_hash_matches_under_either_version() -> None:
     big, small = torch.randn(LEAF_BYTES // 2), torch.randn(10)
-    assert matches_recorded(big, tensor_hash(big)) and matches_recorded(big, tensor_hash(big, tree=False))
+    assert matches_recorded(big, tensor_hash(big)) and matches_recorded(
+        big, tensor_hash(big, tree=False)
+    )
     assert matches_recorded(small, tensor_hash(small, tree=False))
     other = big.clone()
     other[-1] += 1
-    assert not matches_recorded(other, tensor_hash(big)) and not matches_recorded(other, tensor_hash(big, tree=False))
+    assert not matches_recorded(other, tensor_hash(big)) and not matches_recorded(
+        other, tensor_hash(big, tree=False)
+    )
 
 
 VECTORS = [  # docs/integrity.md lists the same
-    ("uint8", [3], bytes([1, 2, 3]), "8199d3480b70222568f484f54da71b3b23d3d144243d9ad876cfa9e863808764"),
-    ("uint8", [LEAF_BYTES + 1], bytes(LEAF_BYTES + 1), "ab81fd72311dd8de868e92b1e3225467f3d12654423a9920562e4c68c6d23d0c"),
-    ("float32", [3, 1 << 20], bytes(12 << 20), "19ab8c4f7a475b3a8f72b7bcb128b7de403a32a25903047e0b932462c4fa5d0c"),
+    (
+        "uint8",
+        [3],
+        bytes([1, 2, 3]),
+        "8199d3480b70222568f484f54da71b3b23d3d144243d9ad876cfa9e863808764",
+    ),
+    (
+        "uint8",
+        [LEAF_BYTES + 1],
+        bytes(LEAF_BYTES + 1),
+        "ab81fd72311dd8de868e92b1e3225467f3d12654423a9920562e4c68c6d23d0c",
+    ),
+    (
+        "float32",
+        [3, 1 << 20],
+        bytes(12 << 20),
+        "19ab8c4f7a475b3a8f72b7bcb128b7de403a32a25903047e0b932462c4fa5d0c",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("dtype", "shape", "data", "expected"), VECTORS, ids=["v1", "two-leaves", "three-leaves"])
+@pytest.mark.parametrize(
+    ("dtype", "shape", "data", "expected"), VECTORS, ids=["v1", "two-leaves", "three-leaves"]
+)
 def test_the_documented_vectors(dtype: str, shape: list[int], data: bytes, expected: str) -> None:
     by_hand = by_hand_v1 if len(data) <= LEAF_BYTES else by_hand_v2
     assert by_hand(dtype, shape, data) == expected  # hashlib alone, from the definition

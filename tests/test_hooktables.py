@@ -67,7 +67,9 @@ def step(model: nn.Module, opt: torch.optim.Optimizer) -> None:
     opt.zero_grad()
 
 
-def test_teardown_style_replacement_is_recorded_and_repaired(store: Path, torch_tables: None) -> None:
+def test_teardown_style_replacement_is_recorded_and_repaired(
+    store: Path, torch_tables: None
+) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with auditlog.record(store, policy="debug"):
@@ -89,7 +91,10 @@ def test_teardown_style_replacement_is_recorded_and_repaired(store: Path, torch_
     for event in removed:
         assert sorted(event["payload"]["hooks"]) == ["forward", "forward_pre"]
         assert sorted(event["payload"]["reinstalled"]) == ["forward", "forward_pre"]
-        assert event["payload"]["stopped"] == {} and event["payload"]["detected_at"] == "optimizer_step"
+        assert (
+            event["payload"]["stopped"] == {}
+            and event["payload"]["detected_at"] == "optimizer_step"
+        )
     activity_steps = sorted(e["step"] for e in events if e["kind"] == "activity")
     assert activity_steps == [0, 2, 4]  # steps 1 and 3 (0-based: the 2nd and 4th) had no hooks
     assert any(e["kind"] == "module_registered" and e["payload"]["name"] == "head" for e in events)
@@ -125,7 +130,9 @@ def test_every_table_replaced_is_found_at_run_end(store: Path, torch_tables: Non
     assert ended["kind"] == "run_ended" and ended["payload"]["status"] == "completed"
 
 
-def test_a_table_put_back_is_not_reported_and_hooks_fire_once(store: Path, torch_tables: None) -> None:
+def test_a_table_put_back_is_not_reported_and_hooks_fire_once(
+    store: Path, torch_tables: None
+) -> None:
     with auditlog.record(store, policy="debug"):
         model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -147,7 +154,9 @@ def test_a_table_put_back_is_not_reported_and_hooks_fire_once(store: Path, torch
     assert len(forward) == 3 * 3  # each call recorded once, never twice
 
 
-def test_a_kind_torch_refuses_to_take_back_is_stopped_and_said(store: Path, torch_tables: None) -> None:
+def test_a_kind_torch_refuses_to_take_back_is_stopped_and_said(
+    store: Path, torch_tables: None
+) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # every other step sampled: the per-call hooks leave and come back, and the
@@ -160,7 +169,9 @@ def test_a_kind_torch_refuses_to_take_back_is_stopped_and_said(store: Path, torc
             replace_tables("_global_backward_hooks", "_global_backward_pre_hooks")
             nn_module._global_is_full_backward_hook = None
             legacy_calls: list[str] = []
-            nn_module.register_module_backward_hook(lambda m, gi, go: legacy_calls.append(type(m).__name__))
+            nn_module.register_module_backward_hook(
+                lambda m, gi, go: legacy_calls.append(type(m).__name__)
+            )
             step(model, opt)  # found here: full backward cannot coexist with the legacy hook
             for _ in range(4):
                 step(model, opt)
@@ -170,7 +181,10 @@ def test_a_kind_torch_refuses_to_take_back_is_stopped_and_said(store: Path, torc
     payload = removed[0]["payload"]
     assert payload["reinstalled"] == ["full_backward_pre"]
     assert list(payload["stopped"]) == ["full_backward"]
-    assert "Cannot use both regular backward hooks and full backward hooks" in payload["stopped"]["full_backward"]
+    assert (
+        "Cannot use both regular backward hooks and full backward hooks"
+        in payload["stopped"]["full_backward"]
+    )
     assert legacy_calls  # the user's hook kept working
     assert sum("put back ['full_backward_pre']" in str(w.message) for w in caught) == 1
     assert "recorder_error" not in {e["kind"] for e in events}

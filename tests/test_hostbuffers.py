@@ -47,7 +47,9 @@ def test_give_replaces_what_is_kept_and_close_keeps_nothing() -> None:
     buffers = HostBuffers()
     buffers.give([torch.empty(100), torch.empty(100)])
     assert buffers.held_bytes == 800
-    buffers.give([torch.empty(10)])  # the last snapshot's copies only: never more than one snapshot's worth
+    buffers.give(
+        [torch.empty(10)]
+    )  # the last snapshot's copies only: never more than one snapshot's worth
     assert buffers.held_bytes == 40
     buffers.drop_unused()  # the next snapshot took what fitted: the rest goes
     assert buffers.held_bytes == 0
@@ -95,7 +97,9 @@ def test_periodic_snapshots_reuse_buffers_and_restore_bitwise(tmp_path: Path) ->
             recording.flush()
             held.append(recorder._host_buffers.held_bytes)
     state_bytes = sum(t.numel() * t.element_size() for t in live[1].values())
-    assert held[0] == state_bytes and all(h == state_bytes for h in held)  # one snapshot's copies, kept
+    assert held[0] == state_bytes and all(
+        h == state_bytes for h in held
+    )  # one snapshot's copies, kept
     assert recorder._host_buffers.held_bytes == 0  # let go when the recording ended
     with auditlog.open(store) as opened:
         run = opened.run()
@@ -103,7 +107,10 @@ def test_periodic_snapshots_reuse_buffers_and_restore_bitwise(tmp_path: Path) ->
             restored = run.state_dict(step=step)
             assert restored.keys() == expected.keys()
             for key, value in expected.items():
-                assert restored[key].dtype == value.dtype and torch.equal(restored[key], value), (step, key)
+                assert restored[key].dtype == value.dtype and torch.equal(restored[key], value), (
+                    step,
+                    key,
+                )
         assert run.verify().ok
 
 

@@ -57,7 +57,9 @@ def test_an_address_reused_after_death_gets_a_new_id() -> None:
         gc.collect()
         # Several live candidates, so one of them almost surely lands on the freed
         # address (a single allocation often does not: torch allocates in between).
-        candidates = [torch.zeros(1) for _ in range(10)] + [nn.Parameter(torch.zeros(1)) for _ in range(10)]
+        candidates = [torch.zeros(1) for _ in range(10)] + [
+            nn.Parameter(torch.zeros(1)) for _ in range(10)
+        ]
         reused += any(id(c) == address for c in candidates)
         assert all(ids.lookup(c) is None for c in candidates)
     assert reused, "CPython never reused an address: the test proves nothing"
@@ -134,7 +136,9 @@ def _weakref_counts(model: nn.Module) -> list[int]:
 
 
 @pytest.mark.parametrize("policy", ["debug", "audit"])
-def test_recorded_model_has_no_weak_references_on_parameters_or_buffers(store: Path, policy: str) -> None:
+def test_recorded_model_has_no_weak_references_on_parameters_or_buffers(
+    store: Path, policy: str
+) -> None:
     """Acceptance: weakref.getweakrefcount(p) == 0 for every parameter and buffer,
     during construction, training, snapshots and after the recording."""
     with auditlog.record(store, policy=policy, backward="grad", snapshot_every=1) as run:
@@ -213,6 +217,9 @@ def test_a_tensor_two_modules_return_is_measured_once_without_a_reference(store:
         assert entries[2]["outputs"][0] is entries[1]["outputs"][0]
         assert entries[1]["outputs"][0] is not entries[0]["outputs"][0]
         hooks = list(out._backward_hooks.values())
-        assert len(hooks) == 1 and hooks[0].modules == [entries[1]["module_id"], entries[2]["module_id"]]
+        assert len(hooks) == 1 and hooks[0].modules == [
+            entries[1]["module_id"],
+            entries[2]["module_id"],
+        ]
         assert weakref.getweakrefcount(out) == 0
         out.sum().backward()

@@ -41,7 +41,9 @@ KEY = "key" + HOSTILE
 VALUE = "value" + HOSTILE
 KIND = "kind" + HOSTILE
 
-_RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_RAW = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,10 @@ def _set_kind(store: Path, run_id: str, from_kind: str, to_kind: str, rechain: b
         for event in events:
             event["hash"] = chain_hash(prev, {c: event[c] for c in CHAINED})
             prev = event["hash"]
-            conn.execute("update events set kind=?, hash=? where id=?", (event["kind"], event["hash"], event["id"]))
+            conn.execute(
+                "update events set kind=?, hash=? where id=?",
+                (event["kind"], event["hash"], event["id"]),
+            )
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +95,9 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Hostile:
     root = tmp_path_factory.mktemp("hostile")
     store = root / "store"
     run_id = _record(store)
-    _set_kind(store, run_id, "annotation", KIND, rechain=True)  # a consistent chain with a crafted kind
+    _set_kind(
+        store, run_id, "annotation", KIND, rechain=True
+    )  # a consistent chain with a crafted kind
     edited = root / "edited"
     shutil.copytree(store, edited, ignore=shutil.ignore_patterns("readmodel.duckdb*"))
     _set_kind(edited, run_id, "construction_sealed", "construction_sealed" + HOSTILE, rechain=False)
@@ -124,7 +131,10 @@ def assert_inert(out: Output, *shown: str) -> None:
 
 
 def test_inert_escapes_every_control_character_visibly() -> None:
-    assert inert("a\x1b[2K\rb\x07\x9b\u202e\x7f\n\t") == "a\\x1b[2K\\x0db\\x07\\u009b\\u202e\\u007f\\x0a\\x09"
+    assert (
+        inert("a\x1b[2K\rb\x07\x9b\u202e\x7f\n\t")
+        == "a\\x1b[2K\\x0db\\x07\\u009b\\u202e\\u007f\\x0a\\x09"
+    )
     assert inert_lines("a\x1bb\nc\td\r") == "a\\x1bb\nc\td\\x0d"
     assert inert("[bold red]plain ünïcødé 模型[/]") == "[bold red]plain ünïcødé 模型[/]"
 
@@ -134,12 +144,18 @@ def test_runs_events_and_tree_show_stored_text_escaped(hostile: Hostile, fmt: st
     store = ("--store", str(hostile.store))
     listed = run_cli("runs", *store, "--format", fmt)
     assert listed.code == 0, listed.text
-    assert_inert(listed, "[bold")  # a table folds long cells: short pieces are what is sure to be whole
+    assert_inert(
+        listed, "[bold"
+    )  # a table folds long cells: short pieces are what is sure to be whole
     shown = run_cli("events", hostile.run_id, *store, "--format", fmt, "--limit", "400")
     assert shown.code == 0, shown.text
     wide = fmt == "csv"  # a table folds long cells: there, short pieces only
-    assert_inert(shown, *(("kindx\\x1b[2K\\x0drun 000000000000", "\\u009b31m", "\\u202eright") if wide else ()),
-                 "\\u009b", "[bold")
+    assert_inert(
+        shown,
+        *(("kindx\\x1b[2K\\x0drun 000000000000", "\\u009b31m", "\\u202eright") if wide else ()),
+        "\\u009b",
+        "[bold",
+    )
     if fmt == "table":
         drawn = run_cli("tree", hostile.run_id, *store)
         assert drawn.code == 0, drawn.text
@@ -151,7 +167,9 @@ def test_runs_events_and_tree_show_stored_text_escaped(hostile: Hostile, fmt: st
 def test_the_terminal_path_keeps_only_rich_colours(hostile: Hostile) -> None:
     """On a colour terminal rich writes its own SGR sequences; nothing else escapes raw."""
     for args in (("tree", hostile.run_id), ("runs",), ("events", hostile.run_id, "--limit", "400")):
-        out = run_cli(*args, "--store", str(hostile.store), env={"FORCE_COLOR": "1", "COLUMNS": "400"})
+        out = run_cli(
+            *args, "--store", str(hostile.store), env={"FORCE_COLOR": "1", "COLUMNS": "400"}
+        )
         assert out.code == 0, out.text
         assert b"\x1b[" in out.stdout  # coloured indeed
         stripped = re.sub(rb"\x1b\[[0-9;]*m", b"", out.stdout)
@@ -165,7 +183,16 @@ def test_json_output_stays_exact_json(hostile: Hostile) -> None:
     assert json.loads(out.stdout)[0]["name"] == RUN_NAME  # the exact stored value, escaped as JSON
     tree = run_cli("tree", hostile.run_id, "--store", str(hostile.store), "--format", "json")
     assert MODULE_NAME in [child["name"] for child in json.loads(tree.stdout)[0]["children"]]
-    kinds = run_cli("events", hostile.run_id, "--store", str(hostile.store), "--format", "json", "--limit", "400")
+    kinds = run_cli(
+        "events",
+        hostile.run_id,
+        "--store",
+        str(hostile.store),
+        "--format",
+        "json",
+        "--limit",
+        "400",
+    )
     assert KIND in {e["kind"] for e in json.loads(kinds.stdout)}
 
 
@@ -208,9 +235,14 @@ def test_a_failed_verdict_cannot_be_redrawn(hostile: Hostile, fmt: str) -> None:
     assert_inert(out)
     lines = out.stdout.decode().splitlines()
     if fmt == "table":
-        assert lines[0].startswith(f"run {hostile.run_id[:12]}: ") and lines[0].endswith(": FAILED"), lines
+        assert lines[0].startswith(f"run {hostile.run_id[:12]}: ") and lines[0].endswith(
+            ": FAILED"
+        ), lines
         finding = next(line for line in lines if "construction_sealed" in line)
-        assert "construction_sealedx\\x1b[2K\\x0drun 000000000000: 99 events in 1 stream(s): intact" in finding
+        assert (
+            "construction_sealedx\\x1b[2K\\x0drun 000000000000: 99 events in 1 stream(s): intact"
+            in finding
+        )
         assert not any(line.startswith(("run 000000000000", "next ")) for line in lines), lines
     else:
         assert lines[1].split(",")[1] == "False", lines  # ok column

@@ -28,8 +28,6 @@ def record_run(store_path: Path, steps: int = 3, name: str | None = None) -> str
     return record_tiny_run(store_path, steps, name)
 
 
-
-
 def max_seq(store: Path, run_id: str) -> int:
     with tamper(store) as conn:
         return int(
@@ -135,7 +133,9 @@ def test_verify_all_reports_every_run(store: Path, run_id: str) -> None:
     line = assert_failed_at(result, 3, "deleted")
     assert second[:12] in line
     assert f"run {run_id[:12]}: " in result.stdout
-    first_line = next(ln for ln in result.stdout.splitlines() if ln.startswith(f"run {run_id[:12]}"))
+    first_line = next(
+        ln for ln in result.stdout.splitlines() if ln.startswith(f"run {run_id[:12]}")
+    )
     assert first_line.endswith(": " + VERDICTS["unsigned"])
     assert verify(store, run_id).exit_code == 0
 

@@ -33,8 +33,6 @@ def config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return isolate_keys(monkeypatch, tmp_path)
 
 
-
-
 def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
@@ -119,7 +117,9 @@ def test_keygen_into_an_unwritable_place_is_one_line(tmp_path: Path) -> None:
 def _pem(key: object, private: bool = True) -> bytes:
     if private:
         return key.private_bytes(  # type: ignore[attr-defined,no-any-return]
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
         )
     return key.public_bytes(  # type: ignore[attr-defined,no-any-return]
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
@@ -133,7 +133,10 @@ BAD_PRIVATE = {
     "truncated-pem": (_pem(Ed25519PrivateKey.generate())[:60], "not a valid private key"),
     "rsa": (_pem(rsa.generate_private_key(public_exponent=65537, key_size=1024)), "RSA"),
     "ec": (_pem(ec.generate_private_key(ec.SECP256R1())), "elliptic-curve"),
-    "public-instead": (_pem(Ed25519PrivateKey.generate().public_key(), private=False), "is a public key"),
+    "public-instead": (
+        _pem(Ed25519PrivateKey.generate().public_key(), private=False),
+        "is a public key",
+    ),
     "encrypted": (
         Ed25519PrivateKey.generate().private_bytes(
             serialization.Encoding.PEM,
@@ -158,14 +161,19 @@ def test_malformed_private_key_is_one_line(tmp_path: Path, case: str, command: s
 
 def test_missing_or_unreadable_private_key_is_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "missing.key"
-    assert_one_line_error(invoke("checkpoint", "--key", str(missing)), 1, "no private key at", str(missing))
+    assert_one_line_error(
+        invoke("checkpoint", "--key", str(missing)), 1, "no private key at", str(missing)
+    )
     directory = tmp_path / "dir.key"
     directory.mkdir()
     assert_one_line_error(invoke("checkpoint", "--key", str(directory)), 1, "is a directory")
     (tmp_path / "blocker").write_text("x")
     through_a_file = tmp_path / "blocker" / "k"  # ENOTDIR: unreadable even for root
     assert_one_line_error(
-        invoke("checkpoint", "--key", str(through_a_file)), 1, "cannot read private key", "Not a directory"
+        invoke("checkpoint", "--key", str(through_a_file)),
+        1,
+        "cannot read private key",
+        "Not a directory",
     )
 
 
@@ -178,7 +186,10 @@ BAD_PUBLIC = {
     "empty": (b"", "is empty"),
     "text": (b"not a key at all\n", "not a valid public key"),
     "binary": (os.urandom(300), "not a valid public key"),
-    "rsa": (_pem(rsa.generate_private_key(public_exponent=65537, key_size=1024).public_key(), False), "RSA"),
+    "rsa": (
+        _pem(rsa.generate_private_key(public_exponent=65537, key_size=1024).public_key(), False),
+        "RSA",
+    ),
     "bad-ssh": (b"ssh-ed25519 AAAAnotbase64!!\n", "not a valid public key"),
 }
 
@@ -190,14 +201,18 @@ def test_malformed_public_key_for_verify_is_one_line(tmp_path: Path, case: str) 
     path.write_bytes(data)
     line = assert_one_line_error(invoke("verify", "--key", str(path)), 1, words)
     assert str(path) in line
-    assert_one_line_error(invoke("verify", "--key", str(tmp_path / "nope.pub")), 1, "no public key at")
+    assert_one_line_error(
+        invoke("verify", "--key", str(tmp_path / "nope.pub")), 1, "no public key at"
+    )
 
 
 def test_public_key_formats_accepted(tmp_path: Path) -> None:
     key = Ed25519PrivateKey.generate()
     ssh = tmp_path / "id.pub"
     ssh.write_bytes(
-        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
         + b" me@host\n"
     )
     private = tmp_path / "k"

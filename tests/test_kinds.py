@@ -46,7 +46,9 @@ def _train(store: Path, **policy: Any) -> None:
             with auditlog.record(store, **policy) as run:
                 model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
                 model.add_module("spare", nn.Linear(2, 2))
-                lazy = nn.LazyLinear(2)  # parameter_registered lazy, structure_changed when materialized
+                lazy = nn.LazyLinear(
+                    2
+                )  # parameter_registered lazy, structure_changed when materialized
                 lazy_norm = nn.LazyBatchNorm1d()  # buffer_registered lazy
                 loss_fn = nn.MSELoss()  # metrics: the loss of every step
                 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -57,7 +59,9 @@ def _train(store: Path, **policy: Any) -> None:
                 del model.spare  # structure_changed removed
                 lazy(torch.randn(3, 2))
                 lazy_norm(torch.randn(3, 2))
-                nn_module._global_module_registration_hooks = OrderedDict()  # other code drops our hook
+                nn_module._global_module_registration_hooks = (
+                    OrderedDict()
+                )  # other code drops our hook
                 model(torch.randn(3, 2)).sum().backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)  # raw_grad_norm
                 opt.step()
@@ -100,13 +104,24 @@ POLICIES = {
     "debug": {"policy": "debug"},
     "minimal": {"policy": "minimal"},
     # snapshots every step (with overruns), the finite state kept, full backward hooks, norm stats
-    "snapshots": {"snapshot_every": 1, "keep_finite_state": True, "nonfinite_check": True, "backward": "full",
-                  "stats": "norm", "norms_every": 1},
+    "snapshots": {
+        "snapshot_every": 1,
+        "keep_finite_state": True,
+        "nonfinite_check": True,
+        "backward": "full",
+        "stats": "norm",
+        "norms_every": 1,
+    },
 }
 
 
 # What each policy does not record in this run (recorder_error: the recorder did not fail).
-ABSENT = {"audit": {"nonfinite_found"}, "debug": set(), "minimal": {"activity", "nonfinite_found"}, "snapshots": set()}
+ABSENT = {
+    "audit": {"nonfinite_found"},
+    "debug": set(),
+    "minimal": {"activity", "nonfinite_found"},
+    "snapshots": set(),
+}
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
@@ -124,10 +139,17 @@ def test_a_payload_off_its_definition_is_reported() -> None:
     """The check is not vacuous: a missing field, an unknown one, a wrong type, a list
     where a packed vector belongs and a value outside an enumeration are each found."""
     good = {
-        "optimizer_id": 1, "optimizer_class": "torch.optim.SGD", "optimizer_step": 1,
-        "param_groups": [{"lr": 0.1, "params": {"i16": "AQA="}}], "tensor_ids": {"i16": "AQA="},
-        "grad_norm": {"f32": "AACAPw=="}, "update_norm": None, "param_norm": None, "raw_grad_norm": None,
-        "grads_modified": False, "nonfinite_grads": 0,
+        "optimizer_id": 1,
+        "optimizer_class": "torch.optim.SGD",
+        "optimizer_step": 1,
+        "param_groups": [{"lr": 0.1, "params": {"i16": "AQA="}}],
+        "tensor_ids": {"i16": "AQA="},
+        "grad_norm": {"f32": "AACAPw=="},
+        "update_norm": None,
+        "param_norm": None,
+        "raw_grad_norm": None,
+        "grads_modified": False,
+        "nonfinite_grads": 0,
     }
     step = KINDS["optimizer_step"]
     assert step.problems(good) == []
@@ -135,7 +157,9 @@ def test_a_payload_off_its_definition_is_reported() -> None:
         "optimizer_step: no 'nonfinite_grads'"
     ]
     assert step.problems({**good, "planted": 1}) == ["optimizer_step: unexpected 'planted'"]
-    assert step.problems({**good, "optimizer_id": "1"}) == ["optimizer_step.optimizer_id: '1' is not int"]
+    assert step.problems({**good, "optimizer_id": "1"}) == [
+        "optimizer_step.optimizer_id: '1' is not int"
+    ]
     assert step.problems({**good, "grad_norm": [1.0]}) == [
         "optimizer_step.grad_norm: [1.0] is not a packed f32 vector"
     ]
@@ -149,7 +173,9 @@ def test_a_payload_off_its_definition_is_reported() -> None:
 
 
 def test_the_type_language() -> None:
-    assert list(NUM.problems("NaN", "x")) == [] and list(NUM.problems("nan", "x")) == ["x: 'nan' is not number"]
+    assert list(NUM.problems("NaN", "x")) == [] and list(NUM.problems("nan", "x")) == [
+        "x: 'nan' is not number"
+    ]
     assert list(INT.problems(True, "x")) == ["x: True is not int"]  # a bool is no int in a payload
     assert list((STR | NULL).problems(None, "x")) == []
     assert list(ListOf(INT).problems([1, "2"], "x")) == ["x[1]: '2' is not int"]
@@ -157,7 +183,9 @@ def test_the_type_language() -> None:
     assert list(nested.problems({"a": {"b": "no"}}, "x")) == ["x.a.b: 'no' is not int"]
     assert list(enum("a", "b").problems("c", "x")) == ["x: 'c' is not 'a' | 'b'"]
     assert list(F32.problems({"f32": "AACAPw==", "absent": [0]}, "x")) == []
-    assert list(INTS.problems({"i32": "AQAAAA=="}, "x")) == [] and list(INTS.problems({"i8": ""}, "x"))
+    assert list(INTS.problems({"i32": "AQAAAA=="}, "x")) == [] and list(
+        INTS.problems({"i8": ""}, "x")
+    )
     assert (F32 | NULL).packing() == "f32" and INT.packing() is None
 
 
@@ -173,15 +201,26 @@ def test_every_summary_names_fields_of_its_kind() -> None:
     for kind in KINDS.values():
         for when, template in kind.summary:
             places = re.findall(r"\{([^{}:]*)(?::([a-z0-9]+))?\}", template)
-            names = [path.split(".")[0] for path, _ in places if path] + ([when.split("=")[0]] if when else [])
+            names = [path.split(".")[0] for path, _ in places if path] + (
+                [when.split("=")[0]] if when else []
+            )
             assert set(names) <= set(kind.fields), (kind.name, template)
             assert {fmt for _, fmt in places if fmt} <= set(FORMATS), (kind.name, template)
 
 
 def test_a_summary_shows_a_value_never_as_a_template() -> None:
-    assert render("{trigger}[ {tag:repr}]", {"trigger": "explicit", "tag": "{trigger}"}) == "explicit '{trigger}'"
-    assert render("{status}[ exit={exit_code}| (exit code unknown)]", {"status": "ok", "exit_code": 0}) == "ok exit=0"
-    assert render("{status}[ exit={exit_code}| (exit code unknown)]", {"status": "x"}) == "x (exit code unknown)"
+    assert (
+        render("{trigger}[ {tag:repr}]", {"trigger": "explicit", "tag": "{trigger}"})
+        == "explicit '{trigger}'"
+    )
+    assert (
+        render("{status}[ exit={exit_code}| (exit code unknown)]", {"status": "ok", "exit_code": 0})
+        == "ok exit=0"
+    )
+    assert (
+        render("{status}[ exit={exit_code}| (exit code unknown)]", {"status": "x"})
+        == "x (exit code unknown)"
+    )
     assert render("{a.0.b:num}", {"a": "not a list"}) == "None"
 
 
@@ -194,20 +233,40 @@ def test_every_list_of_event_columns_is_the_definition() -> None:
     assert tuple(EVENTS_SCHEMA.names) == eventrow.ARCHIVE_COLUMNS
     assert TUPLE_COLUMNS == eventrow.STREAM_COLUMNS
     assert tuple(EVENT_TYPES) == eventrow.STORED_COLUMNS
-    row, _ = chained_row(genesis_hash("r" * 32, 0), "r" * 32, 0, 1, 1, "annotation", None, None, None, "{}")
+    row, _ = chained_row(
+        genesis_hash("r" * 32, 0), "r" * 32, 0, 1, 1, "annotation", None, None, None, "{}"
+    )
     assert tuple(row) == eventrow.STORED_COLUMNS
     assert row["snapshot"] is None
     assert JSON_COLUMNS == (
-        "run_id", "stream", "seq", "time", "kind", "step", "module_id", "module", "tensor_id", "tensor",
-        "snapshot", "hash", "chain_ok", "payload",
+        "run_id",
+        "stream",
+        "seq",
+        "time",
+        "kind",
+        "step",
+        "module_id",
+        "module",
+        "tensor_id",
+        "tensor",
+        "snapshot",
+        "hash",
+        "chain_ok",
+        "payload",
     )
 
 
 # Fields these runs cannot reach on one CPU process, and where a test records them.
 UNEXERCISED = {
     "run_started": {"signing_key"},  # a signing key configured: tests/test_signed_recording.py
-    "run_ended": {"detected_by", "last_seen"},  # a crashed run closed by another: tests/test_cli_interrupts.py
-    "module_registered": {"adopted", "detected_at"},  # modules built before recording: tests/test_construction.py
+    "run_ended": {
+        "detected_by",
+        "last_seen",
+    },  # a crashed run closed by another: tests/test_cli_interrupts.py
+    "module_registered": {
+        "adopted",
+        "detected_at",
+    },  # modules built before recording: tests/test_construction.py
     "parameter_registered": {"adopted", "detected_at"},
     "buffer_registered": {"adopted", "detected_at"},
     "flops": {"compiled", "skipped"},  # a compiled model: tests/test_behaviour_compiled.py

@@ -36,9 +36,13 @@ def test_a_layer_violation_is_reported_as_what_it_is(tmp_path: Path) -> None:
     _plant(root / "auditlog" / "core" / "values.py", "from auditlog.store import schema")
     _plant(root / "auditlog" / "capture" / "buffer.py", "import sqlalchemy")
     _plant(root / "auditlog" / "capture" / "ids.py", "import hypothesis")  # on no deny-list
-    _plant(root / "auditlog" / "read" / "runs.py", "import auditlog.cli.output")  # the library above the CLI
+    _plant(
+        root / "auditlog" / "read" / "runs.py", "import auditlog.cli.output"
+    )  # the library above the CLI
     _plant(root / "auditlog" / "cli" / "output.py", "import duckdb")
-    _plant(root / "auditlog" / "cli" / "runs_cmd.py", "from auditlog.store import eventstore")  # past the read API
+    _plant(
+        root / "auditlog" / "cli" / "runs_cmd.py", "from auditlog.store import eventstore"
+    )  # past the read API
     done = lint(root)
     assert done.returncode != 0
     assert "auditlog.core.values -> auditlog.store" in done.stdout

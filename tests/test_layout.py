@@ -18,7 +18,9 @@ TORCH_PRIVATE = re.compile(
     r"_(modules|parameters|buffers|version|non_persistent_buffers_set|orig_mod|foreach_\w+|global_\w+)"
 )
 # The DataLoader's (capture/loader_compat.py: torch_compat.py is at its size limit).
-LOADER_PRIVATE = re.compile(r"_(BaseDataLoaderIter|next_index|sampler_iter|index_sampler|dataset_kind|DatasetKind|base_seed)")
+LOADER_PRIVATE = re.compile(
+    r"_(BaseDataLoaderIter|next_index|sampler_iter|index_sampler|dataset_kind|DatasetKind|base_seed)"
+)
 
 
 def _strings(path: Path) -> list[tuple[int, str]]:
@@ -26,16 +28,27 @@ def _strings(path: Path) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text())
     docstrings = set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+        ):
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
                 docstrings.add(id(first.value))
     out = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+        ):
             out.append((node.lineno, node.value))
         elif isinstance(node, ast.JoinedStr):
-            text = "".join(v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str))
+            text = "".join(
+                v.value
+                for v in node.values
+                if isinstance(v, ast.Constant) and isinstance(v.value, str)
+            )
             out.append((node.lineno, text))
     return out
 
@@ -63,7 +76,9 @@ def test_sql_is_written_only_in_the_store() -> None:
 
 def test_the_sql_check_finds_sql(tmp_path: Path) -> None:
     planted = tmp_path / "planted.py"
-    planted.write_text('"""Docstrings may say: select x from y."""\nQ = f"SELECT seq FROM {t} WHERE id = 1"\n')
+    planted.write_text(
+        '"""Docstrings may say: select x from y."""\nQ = f"SELECT seq FROM {t} WHERE id = 1"\n'
+    )
     assert {line for line, text in _strings(planted) if SQL.search(text)} == {2}
 
 

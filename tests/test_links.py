@@ -17,20 +17,44 @@ from auditlog.core.errors import IntegrityError
 from auditlog.store.readmodel.arrowcopy import EVENT_SCHEMA
 from auditlog.store.readmodel.links import SLICE_ROWS, Heads, check_links
 
-AWKWARD = ['{"a":1}', '{"q":"say \\"hi\\""}', "back\\slash", "tab\there", "new\nline", "del\x7f",
-           "caf\u00e9", "\u2028sep", "emoji \U0001f600", "nul\x00", "", "</script>", "esc\x1b[31m"]
+AWKWARD = [
+    '{"a":1}',
+    '{"q":"say \\"hi\\""}',
+    "back\\slash",
+    "tab\there",
+    "new\nline",
+    "del\x7f",
+    "caf\u00e9",
+    "\u2028sep",
+    "emoji \U0001f600",
+    "nul\x00",
+    "",
+    "</script>",
+    "esc\x1b[31m",
+]
 
 
-def chained(run_id: str, stream: int, payloads: list[str], first_id: int = 1, start: tuple[int, str] | None = None,
-            ) -> list[dict[str, Any]]:
+def chained(
+    run_id: str,
+    stream: int,
+    payloads: list[str],
+    first_id: int = 1,
+    start: tuple[int, str] | None = None,
+) -> list[dict[str, Any]]:
     seq, prev = start if start is not None else (0, genesis_hash(run_id, stream))
     rows = []
     for i, payload in enumerate(payloads):
         seq += 1
         row: dict[str, Any] = {
-            "run_id": run_id, "stream": stream, "seq": seq, "ts_ns": 1_700_000_000_000_000_000 + i,
-            "kind": "annotation" if i % 3 else "k\u00efnd\x7f", "step": None if i % 2 else i,
-            "module_id": None if i % 4 else 2**62, "tensor_id": -i, "snapshot": None if i % 5 else "ab" * 32,
+            "run_id": run_id,
+            "stream": stream,
+            "seq": seq,
+            "ts_ns": 1_700_000_000_000_000_000 + i,
+            "kind": "annotation" if i % 3 else "k\u00efnd\x7f",
+            "step": None if i % 2 else i,
+            "module_id": None if i % 4 else 2**62,
+            "tensor_id": -i,
+            "snapshot": None if i % 5 else "ab" * 32,
             "payload": payload,
         }
         row["hash"] = prev = link_hash(prev, canonical_row_reference(row))
@@ -58,15 +82,22 @@ def test_rows_chained_by_the_reference_encoder_pass_and_advance_the_heads() -> N
 def test_any_edited_payload_is_refused_by_id(index: int) -> None:
     rows = chained("c" * 32, 0, AWKWARD)
     rows[index]["payload"] += " "
-    with pytest.raises(IntegrityError, match=rf"^record altered: event id {index + 1} \(run 'cccccccccccc' "
-                                             rf"stream 0 seq {index + 1}, kind .*\): its content does not match"):
+    with pytest.raises(
+        IntegrityError,
+        match=rf"^record altered: event id {index + 1} \(run 'cccccccccccc' "
+        rf"stream 0 seq {index + 1}, kind .*\): its content does not match",
+    ):
         check_links(table(rows), {})
 
 
 def test_a_hash_chained_from_the_wrong_head_is_refused() -> None:
     rows = chained("d" * 32, 0, ["x", "y"], start=(4, "0" * 64))
-    with pytest.raises(IntegrityError, match=r"event id 1 .* seq 5, .* follows seq 0 of its stream"):
-        check_links(table(rows), {})  # the read model holds nothing of this stream: seq 5 follows nothing
+    with pytest.raises(
+        IntegrityError, match=r"event id 1 .* seq 5, .* follows seq 0 of its stream"
+    ):
+        check_links(
+            table(rows), {}
+        )  # the read model holds nothing of this stream: seq 5 follows nothing
     with pytest.raises(IntegrityError, match=r"event id 1 .* seq 5, .*its content does not match"):
         check_links(table(rows), {("d" * 32, 0): (4, "1" * 64)})  # seq follows, hash does not
     check_links(table(rows), {("d" * 32, 0): (4, "0" * 64)})

@@ -14,8 +14,19 @@ import pytest
 
 from auditlog.integrity import merkle as M
 
-LEAVES = [bytes.fromhex(h) for h in
-          ["", "00", "10", "2021", "3031", "40414243", "5051525354555657", "606162636465666768696a6b6c6d6e6f"]]
+LEAVES = [
+    bytes.fromhex(h)
+    for h in [
+        "",
+        "00",
+        "10",
+        "2021",
+        "3031",
+        "40414243",
+        "5051525354555657",
+        "606162636465666768696a6b6c6d6e6f",
+    ]
+]
 ROOTS = [
     "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
     "6e340b9cffb37a989ca544e6bb780a2c78901d3fb33738768511a30617afa01d",
@@ -28,21 +39,31 @@ ROOTS = [
     "5dc9da79a70659a9ad559cb701ded9a2ab9d823aad2f4960cfe370eff4604328",
 ]
 INCLUSION = {
-    (0, 8): ["96a296d224f285c67bee93c30f8a309157f0daa35dc5b87e410b78630a09cfc7",
-             "5f083f0a1a33ca076a95279832580db3e0ef4584bdff1f54c8a360f50de3031e",
-             "6b47aaf29ee3c2af9af889bc1fb9254dabd31177f16232dd6aab035ca39bf6e4"],
-    (5, 8): ["bc1a0643b12e4d2d7c77918f44e0f4f79a838b6cf9ec5b5c283e1f4d88599e6b",
-             "ca854ea128ed050b41b35ffc1b87b8eb2bde461e9e3b5596ece6b9d5975a0ae0",
-             "d37ee418976dd95753c1c73862b9398fa2a2cf9b4ff0fdfe8b30cd95209614b7"],
+    (0, 8): [
+        "96a296d224f285c67bee93c30f8a309157f0daa35dc5b87e410b78630a09cfc7",
+        "5f083f0a1a33ca076a95279832580db3e0ef4584bdff1f54c8a360f50de3031e",
+        "6b47aaf29ee3c2af9af889bc1fb9254dabd31177f16232dd6aab035ca39bf6e4",
+    ],
+    (5, 8): [
+        "bc1a0643b12e4d2d7c77918f44e0f4f79a838b6cf9ec5b5c283e1f4d88599e6b",
+        "ca854ea128ed050b41b35ffc1b87b8eb2bde461e9e3b5596ece6b9d5975a0ae0",
+        "d37ee418976dd95753c1c73862b9398fa2a2cf9b4ff0fdfe8b30cd95209614b7",
+    ],
 }
 CONSISTENCY = {
-    (2, 8): ["5f083f0a1a33ca076a95279832580db3e0ef4584bdff1f54c8a360f50de3031e",
-             "6b47aaf29ee3c2af9af889bc1fb9254dabd31177f16232dd6aab035ca39bf6e4"],
-    (6, 8): ["0ebc5d3437fbe2db158b9f126a1d118e308181031d0a949f8dededebc558ef6a",
-             "ca854ea128ed050b41b35ffc1b87b8eb2bde461e9e3b5596ece6b9d5975a0ae0",
-             "d37ee418976dd95753c1c73862b9398fa2a2cf9b4ff0fdfe8b30cd95209614b7"],
-    (2, 5): ["5f083f0a1a33ca076a95279832580db3e0ef4584bdff1f54c8a360f50de3031e",
-             "bc1a0643b12e4d2d7c77918f44e0f4f79a838b6cf9ec5b5c283e1f4d88599e6b"],
+    (2, 8): [
+        "5f083f0a1a33ca076a95279832580db3e0ef4584bdff1f54c8a360f50de3031e",
+        "6b47aaf29ee3c2af9af889bc1fb9254dabd31177f16232dd6aab035ca39bf6e4",
+    ],
+    (6, 8): [
+        "0ebc5d3437fbe2db158b9f126a1d118e308181031d0a949f8dededebc558ef6a",
+        "ca854ea128ed050b41b35ffc1b87b8eb2bde461e9e3b5596ece6b9d5975a0ae0",
+        "d37ee418976dd95753c1c73862b9398fa2a2cf9b4ff0fdfe8b30cd95209614b7",
+    ],
+    (2, 5): [
+        "5f083f0a1a33ca076a95279832580db3e0ef4584bdff1f54c8a360f50de3031e",
+        "bc1a0643b12e4d2d7c77918f44e0f4f79a838b6cf9ec5b5c283e1f4d88599e6b",
+    ],
 }
 HASHED = [M.leaf_hash(d) for d in LEAVES]
 
@@ -70,7 +91,17 @@ def test_tree_heads_match_the_published_roots_and_the_rfc_definition() -> None:
 
 
 def test_the_split_is_the_largest_power_of_two_below_n_not_the_midpoint() -> None:
-    assert [M.split_point(n) for n in (2, 3, 4, 5, 6, 7, 8, 9, 1000)] == [1, 2, 2, 4, 4, 4, 4, 8, 512]
+    assert [M.split_point(n) for n in (2, 3, 4, 5, 6, 7, 8, 9, 1000)] == [
+        1,
+        2,
+        2,
+        4,
+        4,
+        4,
+        4,
+        8,
+        512,
+    ]
 
 
 @pytest.mark.parametrize("index, size", sorted(INCLUSION))
@@ -84,7 +115,9 @@ def test_audit_paths_match_the_published_vectors(index: int, size: int) -> None:
 def test_consistency_proofs_match_the_published_vectors(old: int, new: int) -> None:
     proof = M.consistency_proof(HASHED, old, new)
     assert [p.hex() for p in proof] == CONSISTENCY[(old, new)]
-    assert M.verify_consistency(old, new, bytes.fromhex(ROOTS[old]), bytes.fromhex(ROOTS[new]), proof)
+    assert M.verify_consistency(
+        old, new, bytes.fromhex(ROOTS[old]), bytes.fromhex(ROOTS[new]), proof
+    )
 
 
 def test_every_proof_of_every_small_tree_verifies_and_no_mangled_one_does() -> None:
@@ -105,7 +138,10 @@ def test_every_proof_of_every_small_tree_verifies_and_no_mangled_one_does() -> N
                 assert not M.verify_inclusion(i, n, leaves[i], path[:-1], head)
                 assert not M.verify_inclusion(i, n, leaves[i], [*path, path[0]], head)
             if n > 1:
-                assert not M.verify_inclusion((i + 1) % n, n, leaves[i], path, head) or leaves[i] == leaves[(i + 1) % n]
+                assert (
+                    not M.verify_inclusion((i + 1) % n, n, leaves[i], path, head)
+                    or leaves[i] == leaves[(i + 1) % n]
+                )
         for m in range(0, n + 1):
             proof = M.consistency_proof(leaves, m, n)
             assert M.verify_consistency(m, n, M.root(leaves, m), head, proof)

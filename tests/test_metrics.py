@@ -18,7 +18,9 @@ from auditlog.core.errors import AuditlogError
 
 def metric_rows(store: Path, run: str = "latest") -> list[dict[str, Any]]:
     with auditlog.open(store) as s:
-        return s.query("select step, name, value, origin, module from metrics order by seq, position", run=run)
+        return s.query(
+            "select step, name, value, origin, module from metrics order by seq, position", run=run
+        )
 
 
 CROSS_ENTROPY_SCRIPT = textwrap.dedent(
@@ -62,7 +64,11 @@ def test_cross_entropy_loss_and_logged_accuracy_are_recorded_unchanged(tmp_path:
     rows = metric_rows(store)
     losses = {r["step"]: r["value"] for r in rows if r["name"] == "loss"}
     assert losses == printed["loss"]  # exactly the numbers the script printed, every step
-    assert all(r["origin"] == "loss_module" and r["module"] == "(CrossEntropyLoss)" for r in rows if r["name"] == "loss")
+    assert all(
+        r["origin"] == "loss_module" and r["module"] == "(CrossEntropyLoss)"
+        for r in rows
+        if r["name"] == "loss"
+    )
     accs = {r["step"]: r["value"] for r in rows if r["name"] == "acc"}
     assert accs == printed["acc"] and len(accs) == 3
     # the eval forward under no_grad was not a training loss, and was not a loss at all (no loss module call)
@@ -74,7 +80,9 @@ def test_cross_entropy_loss_and_logged_accuracy_are_recorded_unchanged(tmp_path:
     assert by_step[3]["acc"] == printed["acc"][3] and by_step[0]["loss"] == printed["loss"][0]
     assert by_step[0]["lr"] == 0.01 and by_step[0]["grad_norm"] > 0
     csv_out = invoke("metrics", "--store", str(store), "--format", "csv")
-    assert csv_out.stdout.splitlines()[0] == "step,loss,acc,lr,grad_norm,raw_grad_norm,nonfinite_grads"
+    assert (
+        csv_out.stdout.splitlines()[0] == "step,loss,acc,lr,grad_norm,raw_grad_norm,nonfinite_grads"
+    )
     assert len(csv_out.stdout.splitlines()) == 1 + 12
 
 
@@ -96,7 +104,9 @@ def test_hugging_face_model_output_loss_is_recorded(store: Path) -> None:
     rows = [r for r in metric_rows(store) if r["name"] == "loss"]
     assert [r["value"] for r in rows] == printed
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
-    assert {r["origin"] for r in rows} == {"model_output"} and {r["module"] for r in rows} == {"(GPT2LMHeadModel)"}
+    assert {r["origin"] for r in rows} == {"model_output"} and {r["module"] for r in rows} == {
+        "(GPT2LMHeadModel)"
+    }
 
 
 class LossInside(nn.Module):
@@ -125,7 +135,9 @@ def test_a_loss_seen_twice_is_recorded_once_and_eval_losses_are_named(store: Pat
             evaluation = model(torch.randn(4, 3), torch.randn(4, 1))["loss"].item()
     rows = metric_rows(store)
     assert [(r["step"], r["name"], r["origin"]) for r in rows] == [
-        (0, "loss", "loss_module"), (1, "loss", "loss_module"), (2, "loss", "loss_module"),
+        (0, "loss", "loss_module"),
+        (1, "loss", "loss_module"),
+        (2, "loss", "loss_module"),
         (3, "eval_loss", "loss_module"),
     ]
     assert rows[-1]["value"] == evaluation and rows[0]["module"] == "criterion"
@@ -146,7 +158,12 @@ def test_log_checks_its_values_and_is_a_no_op_without_a_recording(store: Path) -
         auditlog.log(step=9, top5=0.75)
     rows = metric_rows(store)
     values = {r["name"]: r["value"] for r in rows}
-    assert values["acc"] == 0.25 and values["count"] == 3 and values["flag"] == 1 and values["top5"] == 0.75
+    assert (
+        values["acc"] == 0.25
+        and values["count"] == 3
+        and values["flag"] == 1
+        and values["top5"] == 0.75
+    )
     assert values["nan"] != values["nan"]  # NaN survives the record
     assert next(r["step"] for r in rows if r["name"] == "top5") == 9
     assert {r["origin"] for r in rows} == {"user"}
@@ -215,7 +232,9 @@ def test_the_recorders_own_statistics_stay_outside_the_counted_forward(
 
     x = torch.randn(16, 8)
     plain = build()
-    with watching_mode():  # the model's own forward ops (autograd's detach of a saved output included)
+    with (
+        watching_mode()
+    ):  # the model's own forward ops (autograd's detach of a saved output included)
         plain(x)
     model_ops, seen[:] = list(seen), []
     monkeypatch.setattr(flops, "flop_counting_mode", watching_mode)
@@ -230,7 +249,9 @@ def test_the_recorders_own_statistics_stay_outside_the_counted_forward(
         activity = [e for e in run.events(kinds=["activity"]) if e["step"] == 0]
     assert "aten.addmm" in model_ops and seen == model_ops
     assert event["payload"]["forward_flops"] == 2 * 16 * (8 * 8 + 8 * 4)
-    assert len(activity[0]["payload"]["forward"]) == 4  # and every call's statistics were still taken
+    assert (
+        len(activity[0]["payload"]["forward"]) == 4
+    )  # and every call's statistics were still taken
 
 
 def test_flop_counting_never_pops_a_mode_the_user_entered_inside_it(store: Path) -> None:
@@ -240,7 +261,9 @@ def test_flop_counting_never_pops_a_mode_the_user_entered_inside_it(store: Path)
     from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
     class Passthrough(TorchDispatchMode):
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
             return func(*args, **(kwargs or {}))
 
     class EntersAMode(nn.Module):
@@ -281,7 +304,9 @@ def test_flop_counting_leaves_nothing_open_across_user_code(store: Path) -> None
     assert event["payload"]["closed_by"] == "forward"
 
 
-def test_a_loss_computed_by_a_function_is_recorded_and_no_loss_is_said(store: Path, tmp_path: Path) -> None:
+def test_a_loss_computed_by_a_function_is_recorded_and_no_loss_is_said(
+    store: Path, tmp_path: Path
+) -> None:
     """``F.mse_loss``: the scalar backward() starts from is the loss; a run that trained on no
     scalar says so in ``metrics``, ``nonfinite`` and ``plot loss`` (which fails)."""
     with auditlog.record(store, name="function"):
@@ -296,9 +321,16 @@ def test_a_loss_computed_by_a_function_is_recorded_and_no_loss_is_said(store: Pa
             loss.backward()
             opt.step()
     rows = metric_rows(store)
-    assert [(r["step"], r["name"], r["origin"]) for r in rows] == [(i, "loss", "backward") for i in range(3)]
+    assert [(r["step"], r["name"], r["origin"]) for r in rows] == [
+        (i, "loss", "backward") for i in range(3)
+    ]
     assert [r["value"] for r in rows] == pytest.approx(losses, rel=1e-7)
-    assert invoke("plot", "--store", str(store), "latest", "loss", "-o", str(tmp_path / "l.png")).exit_code == 0
+    assert (
+        invoke(
+            "plot", "--store", str(store), "latest", "loss", "-o", str(tmp_path / "l.png")
+        ).exit_code
+        == 0
+    )
 
     with auditlog.record(store, name="no loss"):
         model = nn.Linear(4, 2)
@@ -315,4 +347,6 @@ def test_a_loss_computed_by_a_function_is_recorded_and_no_loss_is_said(store: Pa
     refused = invoke("plot", "--store", str(store), "latest", "loss", "-o", str(target))
     assert refused.exit_code == 1 and not target.exists()
     assert refused.stderr.startswith("Error: run ") and "recorded no loss" in refused.stderr
-    assert "auditlog.log(loss=...)" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+    assert (
+        "auditlog.log(loss=...)" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+    )

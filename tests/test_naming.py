@@ -58,7 +58,11 @@ def test_roots_without_descendants_do_not_prefix_the_model(store: Path) -> None:
         return nn.Sequential(nn.Linear(2, 2)), nn.CrossEntropyLoss()
 
     labels, _ = _labels(store, build)
-    assert sorted(m.label for m in labels.modules.values()) == ["(CrossEntropyLoss)", "(Sequential)", "0"]
+    assert sorted(m.label for m in labels.modules.values()) == [
+        "(CrossEntropyLoss)",
+        "(Sequential)",
+        "0",
+    ]
     assert sorted(t.label for t in labels.tensors.values()) == ["0.bias", "0.weight"]
 
 
@@ -117,7 +121,18 @@ def test_a_deleted_submodule_is_detached_not_a_second_model(store: Path) -> None
 
     labels, model = _labels(store, build)
     assert isinstance(model, nn.Module)
-    assert sorted(m.label for m in labels.modules.values()) == ["(Two)", "(detached Linear)", "head"]
+    assert sorted(m.label for m in labels.modules.values()) == [
+        "(Two)",
+        "(detached Linear)",
+        "head",
+    ]
     tensors = sorted(t.label for t in labels.tensors.values())
-    assert tensors == ["(detached Linear).bias", "(detached Linear).weight", "head.bias", "head.weight"]
-    assert [n for n in tensors if not n.startswith("(")] == sorted(n for n, _ in model.named_parameters())
+    assert tensors == [
+        "(detached Linear).bias",
+        "(detached Linear).weight",
+        "head.bias",
+        "head.weight",
+    ]
+    assert [n for n in tensors if not n.startswith("(")] == sorted(
+        n for n, _ in model.named_parameters()
+    )

@@ -28,7 +28,9 @@ class Sqrt(nn.Module):
 def log_model() -> nn.Sequential:
     """fc1 (frozen, output 1.0) -> log -> ... : finite until fc1's bias is planted negative."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), Log(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3))  # BUILT_LOG
+    model = nn.Sequential(
+        nn.Linear(4, 8), Log(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3)
+    )  # BUILT_LOG
     with torch.no_grad():
         model[0].weight.zero_()
         model[0].bias.fill_(1.0)
@@ -55,7 +57,9 @@ def train_log_model(steps: int = 10, plant_at: int = 7) -> list[float]:
 
 def line_of(marker: str) -> int:
     text = Path(__file__).read_text().splitlines()
-    return next(i for i, line in enumerate(text, 1) if line.rstrip().endswith(marker) and "def " not in line)
+    return next(
+        i for i, line in enumerate(text, 1) if line.rstrip().endswith(marker) and "def " not in line
+    )
 
 
 def finding(store: Path) -> dict[str, Any]:
@@ -79,8 +83,13 @@ def test_forward_nan_names_its_producer_and_the_propagators(store: Path) -> None
 
     shown = invoke("nonfinite", "--store", str(store))
     assert shown.exit_code == 0, shown.stderr
-    assert "step 7, forward: 1" in shown.stdout and "propagated by: 2, 3, 4, (CrossEntropyLoss)" in shown.stdout
-    assert json.loads(invoke("nonfinite", "--store", str(store), "--format", "json").stdout) == found
+    assert (
+        "step 7, forward: 1" in shown.stdout
+        and "propagated by: 2, 3, 4, (CrossEntropyLoss)" in shown.stdout
+    )
+    assert (
+        json.loads(invoke("nonfinite", "--store", str(store), "--format", "json").stdout) == found
+    )
 
 
 def test_backward_only_nan_is_located_in_backward(store: Path) -> None:
@@ -177,18 +186,25 @@ def test_a_run_without_the_statistics_says_what_to_record(tmp_path: Path) -> Non
         )
     )
     store = tmp_path / "store"
-    done = run_auditlog("run", "--store", str(store), str(script), str(Path(__file__).parent), cwd=tmp_path)
+    done = run_auditlog(
+        "run", "--store", str(store), str(script), str(Path(__file__).parent), cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     found = finding(store)
     assert found["found"] and not found["decided"] and found["step"] == 7
     assert found["producer"] is None
     assert found["next_time"] == f"auditlog run --policy debug {script} {Path(__file__).parent}"
     shown = invoke("nonfinite", "--store", str(store)).stdout
-    assert "no module activity at step 7" in shown and f"Record it next time with: {found['next_time']}" in shown
+    assert (
+        "no module activity at step 7" in shown
+        and f"Record it next time with: {found['next_time']}" in shown
+    )
     assert "activity_first = 8" in shown
 
 
-def test_nonfinite_check_records_gradients_and_the_last_finite_state_on_the_same_step(store: Path) -> None:
+def test_nonfinite_check_records_gradients_and_the_last_finite_state_on_the_same_step(
+    store: Path,
+) -> None:
     before: dict[str, torch.Tensor] = {}
     with auditlog.record(store, nonfinite_check=True, snapshot_final=False):
         model = log_model()
@@ -209,13 +225,17 @@ def test_nonfinite_check_records_gradients_and_the_last_finite_state_on_the_same
         restored = run.state_dict(step=7)
         kinds = [(e["kind"], e["step"]) for e in events]
         activity_steps = sorted({e["step"] for e in run.events(kinds=["activity"])})
-    assert kinds[0] == ("nonfinite_found", 7) and set(kinds[1:]) == {("snapshot_taken", 7)}  # model, loss module
+    assert kinds[0] == ("nonfinite_found", 7) and set(kinds[1:]) == {
+        ("snapshot_taken", 7)
+    }  # model, loss module
     caught = events[0]["payload"]
     assert caught["where"] == "loss" and caught["snapshot"] is True and caught["loss"] == "NaN"
     assert len(caught["gradients"]) == 4 and all(g["stats"]["nan"] > 0 for g in caught["gradients"])
     assert {e["payload"]["trigger"] for e in events[1:]} == {"last_finite"}
     assert restored.keys() == before.keys()
-    assert all(torch.equal(restored[k], before[k]) for k in before)  # the values before the bad update
+    assert all(
+        torch.equal(restored[k], before[k]) for k in before
+    )  # the values before the bad update
     assert 8 in activity_steps  # activity from the next step on
 
 
@@ -238,7 +258,10 @@ def test_keep_finite_state_keeps_the_parameters_before_an_exploding_update(store
         events = list(run.events(kinds=["nonfinite_found", "snapshot_taken"]))
         restored = run.state_dict(step=3)
         found = run.nonfinite().as_dict()
-    assert [(e["kind"], e["step"]) for e in events] == [("nonfinite_found", 3), ("snapshot_taken", 3)]
+    assert [(e["kind"], e["step"]) for e in events] == [
+        ("nonfinite_found", 3),
+        ("snapshot_taken", 3),
+    ]
     assert events[0]["payload"]["where"] == "parameters"
     assert all(torch.equal(restored[k], good[k]) for k in good)
     assert found["phase"] == "update" and found["step"] == 3, found

@@ -31,7 +31,9 @@ def test_norms_in_input_order_as_one_float32_tensor() -> None:
     want = torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors])
     assert torch.allclose(got, want, rtol=1e-6, equal_nan=True)
     plan = NormPlan(tensors)
-    assert len(plan.groups) >= 3 and all(len(g) * tensors[g[0]].numel() <= max(GROUP_ELEMENTS, 4 * 4096) for g in plan.groups)
+    assert len(plan.groups) >= 3 and all(
+        len(g) * tensors[g[0]].numel() <= max(GROUP_ELEMENTS, 4 * 4096) for g in plan.groups
+    )
     assert norms_of([]) is None
 
 
@@ -39,7 +41,9 @@ def test_a_cached_plan_that_no_longer_fits_is_worked_out_again() -> None:
     cache = PlanCache()
     first = [torch.ones(8, 8) for _ in range(5)]
     assert torch.equal(cache.norms("k", 1, first), torch.full((5,), 8.0))  # type: ignore[arg-type]
-    changed = [torch.ones(8, 8) for _ in range(4)] + [torch.ones(2, 2)]  # same identity claimed, one reshaped
+    changed = [torch.ones(8, 8) for _ in range(4)] + [
+        torch.ones(2, 2)
+    ]  # same identity claimed, one reshaped
     assert torch.equal(cache.norms("k", 1, changed), torch.tensor([8.0, 8.0, 8.0, 8.0, 2.0]))  # type: ignore[arg-type]
 
 
@@ -75,12 +79,16 @@ def test_copies_and_differences_follow_the_plan_layout_on_reused_buffers() -> No
     assert all(a is b for a, b in zip(before, again, strict=True))  # the plan's buffers, reused
     after = [t + 0.5 for t in tensors]
     got = plan.difference_norms(before, after)
-    want = torch.stack([torch.linalg.vector_norm((t - a).float()) for t, a in zip(tensors, after, strict=True)])
+    want = torch.stack(
+        [torch.linalg.vector_norm((t - a).float()) for t, a in zip(tensors, after, strict=True)]
+    )
     assert got is not None and torch.allclose(got, want, rtol=1e-5, equal_nan=True)
 
 
 def test_gradient_norms_read_from_the_parameters_or_none_for_the_general_path() -> None:
-    params = [torch.nn.Parameter(torch.randn(8, 8)) for _ in range(6)] + [torch.nn.Parameter(torch.randn(300, 300))]
+    params = [torch.nn.Parameter(torch.randn(8, 8)) for _ in range(6)] + [
+        torch.nn.Parameter(torch.randn(300, 300))
+    ]
     for p in params:
         p.grad = torch.randn_like(p)
     plan = NormPlan(params)
@@ -134,4 +142,6 @@ def test_tensor_subclasses_keep_torch_reductions() -> None:
     plan = NormPlan([plain, tagged, torch.nn.Parameter(plain.clone())])
     assert plan.dots == [0, 2] and plan.rest == [1]
     got = plan.norms([plain, tagged, plain])
-    assert got is not None and torch.allclose(got, torch.linalg.vector_norm(plain).repeat(3), rtol=1e-5)
+    assert got is not None and torch.allclose(
+        got, torch.linalg.vector_norm(plain).repeat(3), rtol=1e-5
+    )

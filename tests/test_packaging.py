@@ -17,7 +17,9 @@ from helpers import REPO
 
 def _source_copy(destination: Path) -> Path:
     """The source tree as a fresh clone would have it: building there leaves the work tree clean."""
-    skip = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".auditlog", ".*_cache")
+    skip = shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".auditlog", ".*_cache"
+    )
     shutil.copytree(REPO, destination, ignore=skip)
     return destination
 
@@ -26,7 +28,17 @@ def _source_copy(destination: Path) -> Path:
 def test_non_editable_install_creates_and_upgrades_a_store(tmp_path: Path) -> None:
     target = tmp_path / "site"
     source = _source_copy(tmp_path / "src")
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(source)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-deps",
+        "--target",
+        str(target),
+        str(source),
+    ]
     if importlib.util.find_spec("setuptools") is not None:
         cmd.insert(4, "--no-build-isolation")
     subprocess.run(cmd, check=True, capture_output=True, cwd=tmp_path, timeout=300)
@@ -45,7 +57,12 @@ def test_non_editable_install_creates_and_upgrades_a_store(tmp_path: Path) -> No
 
     def auditlog(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, str(script), *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+            [sys.executable, str(script), *args],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
 
     created = auditlog("db", "upgrade", "--store", str(store))
@@ -54,7 +71,15 @@ def test_non_editable_install_creates_and_upgrades_a_store(tmp_path: Path) -> No
     current = auditlog("db", "current", "--store", str(store))
     assert current.returncode == 0 and "(current)" in current.stdout
     where = subprocess.run(
-        [sys.executable, "-c", "import auditlog, auditlog.cli; print(auditlog.__file__); print(auditlog.cli.__file__)"],
-        env=env, cwd=tmp_path, capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-c",
+            "import auditlog, auditlog.cli; print(auditlog.__file__); print(auditlog.cli.__file__)",
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
     assert all(Path(p).is_relative_to(target) for p in where)

@@ -29,28 +29,54 @@ def _store(path: Path) -> EventStore:
     prev, rows = genesis_hash(RUN, 0), []
     for seq in range(1, EVENTS + 1):
         kind = "run_started" if seq == 1 else ("run_ended" if seq == EVENTS else "annotation")
-        row, _ = chained_row(prev, RUN, 0, seq, 10 + seq, kind, seq // 3, None, None,
-                             canonical_payload({"world_size": 1} if seq == 1 else {"n": seq, "t": "x\"y"}))
+        row, _ = chained_row(
+            prev,
+            RUN,
+            0,
+            seq,
+            10 + seq,
+            kind,
+            seq // 3,
+            None,
+            None,
+            canonical_payload({"world_size": 1} if seq == 1 else {"n": seq, "t": 'x"y'}),
+        )
         prev = row["hash"]
         rows.append(row)
     store.append(rows, RUN, heartbeat=False)
     return store
 
 
-def _verify(store: EventStore, split: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[VerifyReport, bytes]:
+def _verify(
+    store: EventStore, split: bool, monkeypatch: pytest.MonkeyPatch
+) -> tuple[VerifyReport, bytes]:
     monkeypatch.setattr(parallel, "MIN_EVENTS", 2 if split else 10**12)
     monkeypatch.setattr(parallel, "core_free", lambda: True)
     report, leaves = VerifyReport(RUN), PackedLeaves()
     count = store.stream_event_counts(RUN)[0][1]
-    verify_stream(store, RUN, 0, report, sizes=frozenset({5, 141, 142, 256, 280, 300}), leaves=leaves, count=count)
+    verify_stream(
+        store,
+        RUN,
+        0,
+        report,
+        sizes=frozenset({5, 141, 142, 256, 280, 300}),
+        leaves=leaves,
+        count=count,
+    )
     return report, leaves.packed()
 
 
 DAMAGE = {
     "none": [],
-    "edit_before": ["update events set payload = replace(payload, '\"n\":100,', '\"n\":101,') where seq = 100"],
-    "edit_at": ["update events set payload = replace(payload, '\"n\":141,', '\"n\":7,') where seq = 141"],
-    "edit_after": ["update events set payload = replace(payload, '\"n\":270,', '\"n\":7,') where seq = 270"],
+    "edit_before": [
+        "update events set payload = replace(payload, '\"n\":100,', '\"n\":101,') where seq = 100"
+    ],
+    "edit_at": [
+        "update events set payload = replace(payload, '\"n\":141,', '\"n\":7,') where seq = 141"
+    ],
+    "edit_after": [
+        "update events set payload = replace(payload, '\"n\":270,', '\"n\":7,') where seq = 270"
+    ],
     "delete_at": ["delete from events where seq = 141"],
     "delete_after": ["delete from events where seq between 142 and 144"],
     "hash_at": ["update events set hash = substr(hash, 2) || '0' where seq = 141"],
@@ -72,8 +98,18 @@ def _ran_in_a_clean_process(request: pytest.FixtureRequest) -> bool:
     if not [t for t in threading.enumerate() if t is not threading.main_thread()]:
         return False
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::{request.node.name}"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"{__file__}::{request.node.name}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "1 passed" in done.stdout, done.stdout[-2000:]
@@ -93,13 +129,17 @@ def test_split_check_agrees_with_sequential(
     conn.close()
     joined: list[int] = []
     join = parallel._join
-    monkeypatch.setattr(parallel, "_join", lambda check, result: (joined.append(result.rows), join(check, result)))
+    monkeypatch.setattr(
+        parallel, "_join", lambda check, result: (joined.append(result.rows), join(check, result))
+    )
     split, split_leaves = _verify(store, True, monkeypatch)
     plain, plain_leaves = _verify(store, False, monkeypatch)
     if damage in ("none", "edit_before", "edit_after", "garble_after", "moved_id"):
         assert joined and joined[0] > 0  # the child's checked rows were taken
     assert split.problems == plain.problems
-    assert split.tips == plain.tips and split.events == plain.events and split.streams == plain.streams
+    assert (
+        split.tips == plain.tips and split.events == plain.events and split.streams == plain.streams
+    )
     assert split_leaves == plain_leaves
     assert bool(plain.problems) == (damage != "none")
     store.close()

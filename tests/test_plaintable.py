@@ -22,13 +22,27 @@ from rich.text import Text
 
 
 def _rich(
-    title: str | None, columns: list[str], rows: list[list[str]], width: int, colours: str | None = "none"
+    title: str | None,
+    columns: list[str],
+    rows: list[list[str]],
+    width: int,
+    colours: str | None = "none",
 ) -> str:
     """What rich prints: into a pipe (``colours="none"``), or as to a terminal with a colour system."""
     buffer = io.StringIO()
     terminal = {} if colours == "none" else {"force_terminal": True, "color_system": colours}
-    console = Console(file=buffer, soft_wrap=False, width=width, markup=False, emoji=False, highlight=False, **terminal)
-    table = Table(title=None if title is None else Text(title), show_lines=False, header_style="bold")
+    console = Console(
+        file=buffer,
+        soft_wrap=False,
+        width=width,
+        markup=False,
+        emoji=False,
+        highlight=False,
+        **terminal,
+    )
+    table = Table(
+        title=None if title is None else Text(title), show_lines=False, header_style="bold"
+    )
     for column in columns:
         table.add_column(Text(column), overflow="fold")
     for row in rows:
@@ -41,9 +55,17 @@ def test_plain_tables_are_riches_text() -> None:
     rng = random.Random(7)
     drawn = declined = 0
     for _ in range(2000):
-        columns = ["".join(rng.choice("ab z_") for _ in range(rng.randint(0, 8))) for _ in range(rng.randint(1, 6))]
+        columns = [
+            "".join(rng.choice("ab z_") for _ in range(rng.randint(0, 8)))
+            for _ in range(rng.randint(1, 6))
+        ]
         rows = [
-            ["".join(rng.choice("ab 01.:-") for _ in range(rng.randint(0, rng.choice([3, 12, 40])))) for _ in columns]
+            [
+                "".join(
+                    rng.choice("ab 01.:-") for _ in range(rng.randint(0, rng.choice([3, 12, 40])))
+                )
+                for _ in columns
+            ]
             for _ in range(rng.choice([0, 1, 2, 5]))
         ]
         title = rng.choice([None, "", "runs in /tmp/x", "t" * rng.randint(1, 60)])
@@ -60,9 +82,13 @@ def test_plain_tables_are_riches_text() -> None:
 
 
 def test_declines_what_rich_measures_itself() -> None:
-    assert plain_table(None, ["name"], [["naïve"]], 200) is None  # not ASCII: rich's own cell widths
+    assert (
+        plain_table(None, ["name"], [["naïve"]], 200) is None
+    )  # not ASCII: rich's own cell widths
     assert plain_table(None, ["name"], [["a\tb"]], 200) is None
-    assert plain_table(None, ["a", "b"], [["x" * 150, "y" * 60]], 200) is None  # too wide: rich folds
+    assert (
+        plain_table(None, ["a", "b"], [["x" * 150, "y" * 60]], 200) is None
+    )  # too wide: rich folds
     assert plain_table("t" * 30, ["a"], [["b"]], 200) is None  # a title wider than the table wraps
 
 
@@ -77,12 +103,25 @@ def test_runs_into_a_pipe_needs_no_rich(tmp_path: Path) -> None:
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "print('rich' in sys.modules, file=sys.stderr)\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
     assert done.stderr.strip().splitlines()[-1] == "False", done.stderr
     assert "plain" in done.stdout and done.stdout.splitlines()[1].startswith("┏")
     listed = subprocess.run(
-        [sys.executable, "-m", "auditlog.cli.main", "runs", "--store", str(store), "--format", "json"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "auditlog.cli.main",
+            "runs",
+            "--store",
+            str(store),
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     info = json.loads(listed.stdout)[0]
     assert info["run_id"][:12] in done.stdout

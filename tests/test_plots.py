@@ -16,7 +16,9 @@ from torch import nn
 import auditlog
 from auditlog.read.series import PLOTS, group_names
 
-matplotlib_image = pytest.importorskip("matplotlib.image", reason="matplotlib is in the plot and test extras")
+matplotlib_image = pytest.importorskip(
+    "matplotlib.image", reason="matplotlib is in the plot and test extras"
+)
 
 
 def train(store: Path, seed: int, lr: float, steps: int = 12) -> dict[tuple[str, int], float]:
@@ -24,7 +26,9 @@ def train(store: Path, seed: int, lr: float, steps: int = 12) -> dict[tuple[str,
     norms: dict[tuple[str, int], float] = {}
     with auditlog.record(store, policy="debug"):
         torch.manual_seed(seed)
-        model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+        model = nn.Sequential(
+            nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)
+        )
         loss_fn = nn.CrossEntropyLoss()
         opt = torch.optim.SGD(model.parameters(), lr=lr)
         scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
@@ -79,25 +83,53 @@ def test_csv_holds_the_numbers_of_the_picture(store: Path) -> None:
     done = invoke("plot", "--store", str(store), "latest", "grad-norm", "--format", "csv")
     assert done.exit_code == 0, done.stderr
     rows = list(csv.DictReader(io.StringIO(done.stdout)))
-    got = {(r["series"], int(r["step"])): float(r["value"]) for r in rows if r["panel"] == "Gradient norm"}
+    got = {
+        (r["series"], int(r["step"])): float(r["value"])
+        for r in rows
+        if r["panel"] == "Gradient norm"
+    }
     assert got.keys() == expected.keys()
     for key, value in expected.items():
         assert math.isclose(got[key], value, rel_tol=1e-5), key
     # The total beside it: the L2 norm of every module's, the raw one equal (nothing clipped).
-    totals = {(r["series"], int(r["step"])): float(r["value"]) for r in rows if r["panel"] == "Total gradient norm"}
+    totals = {
+        (r["series"], int(r["step"])): float(r["value"])
+        for r in rows
+        if r["panel"] == "Total gradient norm"
+    }
     for step in {s for _, s in expected}:
         want = math.sqrt(sum(v * v for (_, s), v in expected.items() if s == step))
         for series in ("used by the update", "raw (as backward left it)"):
-            assert math.isclose(totals[(series, step)], want, rel_tol=1e-5) or not math.isfinite(want), (series, step)
-    lr_rows = list(csv.DictReader(io.StringIO(invoke("plot", "--store", str(store), "latest", "lr", "--format", "csv").stdout)))
+            assert math.isclose(totals[(series, step)], want, rel_tol=1e-5) or not math.isfinite(
+                want
+            ), (series, step)
+    lr_rows = list(
+        csv.DictReader(
+            io.StringIO(
+                invoke("plot", "--store", str(store), "latest", "lr", "--format", "csv").stdout
+            )
+        )
+    )
     assert [float(r["value"]) for r in lr_rows][:9] == [0.1] * 4 + [0.05] * 4 + [0.025]
-    loss = invoke("plot", "--store", str(store), "latest", "loss", "--format", "csv", "-o", str(store.parent / "l.csv"))
+    loss = invoke(
+        "plot",
+        "--store",
+        str(store),
+        "latest",
+        "loss",
+        "--format",
+        "csv",
+        "-o",
+        str(store.parent / "l.csv"),
+    )
     assert loss.exit_code == 0 and len((store.parent / "l.csv").read_text().splitlines()) == 1 + 12
 
 
 def test_hundreds_of_modules_are_grouped_by_prefix(store: Path, tmp_path: Path) -> None:
     with auditlog.record(store, policy="debug"):
-        blocks = nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)) for _ in range(60)])
+        blocks = nn.Sequential(
+            *[nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)) for _ in range(60)]
+        )
         for layer in blocks.modules():
             if isinstance(layer, nn.Linear):
                 nn.init.eye_(layer.weight)  # 180 layers deep, and gradients still far from 0
@@ -115,11 +147,17 @@ def test_hundreds_of_modules_are_grouped_by_prefix(store: Path, tmp_path: Path) 
     members = [full.cells[(f"7.{i}", 1)] for i in range(3)]
     assert min(members) > 0
     assert math.isclose(wide.cells[("7", 1)], math.sqrt(sum(v * v for v in members)), rel_tol=1e-9)
-    assert len(panel.rows) == 30 and panel.rows[:2] == ["0…1", "2…3"] and "consecutive" in panel.note
+    assert (
+        len(panel.rows) == 30 and panel.rows[:2] == ["0…1", "2…3"] and "consecutive" in panel.note
+    )
     members = [full.cells[(f"{b}.{i}", 1)] for b in (2, 3) for i in range(3)]
-    assert math.isclose(panel.cells[("2…3", 1)], math.sqrt(sum(v * v for v in members)), rel_tol=1e-9)
+    assert math.isclose(
+        panel.cells[("2…3", 1)], math.sqrt(sum(v * v for v in members)), rel_tol=1e-9
+    )
     out = tmp_path / "many.png"
-    assert invoke("plot", "--store", str(store), "latest", "grad-norm", "-o", str(out)).exit_code == 0
+    assert (
+        invoke("plot", "--store", str(store), "latest", "grad-norm", "-o", str(out)).exit_code == 0
+    )
     not_blank(pixels(out))
 
 
@@ -143,8 +181,12 @@ def test_without_matplotlib_plot_says_how_to_install_it(tmp_path: Path) -> None:
     blocker.mkdir(parents=True)
     (blocker / "__init__.py").write_text("raise ImportError('matplotlib is not installed here')\n")
     env = {"PYTHONPATH": os.pathsep.join([str(blocker.parent), os.environ.get("PYTHONPATH", "")])}
-    done = run_auditlog("plot", "--store", str(store), "latest", "loss", "-o", str(tmp_path / "x.png"), env=env)
+    done = run_auditlog(
+        "plot", "--store", str(store), "latest", "loss", "-o", str(tmp_path / "x.png"), env=env
+    )
     assert done.returncode == 1
     assert done.stderr.strip() == "Error: plotting needs matplotlib: pip install 'auditlog[plot]'"
-    csv_done = run_auditlog("plot", "--store", str(store), "latest", "loss", "--format", "csv", env=env)
+    csv_done = run_auditlog(
+        "plot", "--store", str(store), "latest", "loss", "--format", "csv", env=env
+    )
     assert csv_done.returncode == 0 and csv_done.stdout.startswith("panel,series,step,value")

@@ -25,7 +25,10 @@ MODULE_CALLS = 4  # the Sequential and its three children
 
 
 def train(
-    steps: int, hooks_seen: dict[int, int] | None = None, poison_at: int | None = None, flush: bool = False
+    steps: int,
+    hooks_seen: dict[int, int] | None = None,
+    poison_at: int | None = None,
+    flush: bool = False,
 ) -> nn.Module:
     torch.manual_seed(0)
     model = build()
@@ -71,7 +74,11 @@ def test_debug_records_every_module_every_step(store: Path) -> None:
         assert counts[step]["backward"] == MODULE_CALLS
     steps = [e for e in events if e["kind"] == "optimizer_step"]
     assert len(steps) == 5 and all(e["payload"]["update_norm"] for e in steps)
-    assert all(isinstance(v, float) for e in steps for v in e["payload"]["update_norm"] + e["payload"]["param_norm"])
+    assert all(
+        isinstance(v, float)
+        for e in steps
+        for v in e["payload"]["update_norm"] + e["payload"]["param_norm"]
+    )
 
 
 def test_audit_samples_activity_and_records_every_step(store: Path, tmp_path: Path) -> None:
@@ -126,7 +133,11 @@ def test_structural_checks_run_every_check_every_steps(store: Path, check_every:
             if step == 2:
                 del model.extra  # no PyTorch hook reports this
     with auditlog.open(store) as s:
-        removed = [e for e in s.run().events(kinds=["structure_changed"]) if e["payload"]["change"] == "removed"]
+        removed = [
+            e
+            for e in s.run().events(kinds=["structure_changed"])
+            if e["payload"]["change"] == "removed"
+        ]
     assert [(e["step"], e["payload"]["name"], e["payload"]["detected_at"]) for e in removed] == [
         (3 if check_every == 1 else 5, "extra", "optimizer_step")
     ]
@@ -134,13 +145,19 @@ def test_structural_checks_run_every_check_every_steps(store: Path, check_every:
 
 def test_check_interval_grows_in_whole_multiples_while_checks_cost_more_than_their_share() -> None:
     policy = Policy(check_every=10, check_share=0.01)
-    assert policy.check_interval(0.001, 0.013) == 10  # 1 ms checks on 13 ms steps: 0.8% every 10 steps
-    assert policy.check_interval(0.040, 0.140) == 30  # 40 ms on 140 ms steps: every 29 steps keeps 1%
+    assert (
+        policy.check_interval(0.001, 0.013) == 10
+    )  # 1 ms checks on 13 ms steps: 0.8% every 10 steps
+    assert (
+        policy.check_interval(0.040, 0.140) == 30
+    )  # 40 ms on 140 ms steps: every 29 steps keeps 1%
     assert policy.check_interval(0.040, 0.0) == 10  # no step time measured yet
     assert Policy(check_every=10, check_share=0).check_interval(1.0, 0.001) == 10
 
 
-def test_expensive_checks_are_spaced_and_a_change_is_still_found_by_the_last_one(store: Path) -> None:
+def test_expensive_checks_are_spaced_and_a_change_is_still_found_by_the_last_one(
+    store: Path,
+) -> None:
     """With a share no check can fit in, the first periodic check spaces the next far
     out; the change no hook reports is then found by the check at run end."""
     torch.manual_seed(0)
@@ -155,9 +172,15 @@ def test_expensive_checks_are_spaced_and_a_change_is_still_found_by_the_last_one
             if step == 3:
                 del model.extra
     with auditlog.open(store) as s:
-        removed = [e for e in s.run().events(kinds=["structure_changed"]) if e["payload"]["change"] == "removed"]
+        removed = [
+            e
+            for e in s.run().events(kinds=["structure_changed"])
+            if e["payload"]["change"] == "removed"
+        ]
     assert len(removed) == 1 and removed[0]["payload"]["name"] == "extra"
-    assert removed[0]["payload"]["detected_at"] != "optimizer_step"  # not by a periodic check (steps 4..12)
+    assert (
+        removed[0]["payload"]["detected_at"] != "optimizer_step"
+    )  # not by a periodic check (steps 4..12)
 
 
 @pytest.mark.parametrize("value", [-0.1, 1.5, "much", True])
@@ -188,7 +211,9 @@ def test_norms_every_selects_the_steps_with_update_and_parameter_norms(store: Pa
     assert [e["step"] for e in steps] == list(range(1, 8))
     for e in steps:
         p = e["payload"]
-        assert len(p["grad_norm"]) == 4 and all(isinstance(v, float) and v > 0 for v in p["grad_norm"])
+        assert len(p["grad_norm"]) == 4 and all(
+            isinstance(v, float) and v > 0 for v in p["grad_norm"]
+        )
         if e["step"] in (1, 4, 7):
             assert p["update_norm"] == pytest.approx(updates[e["step"]], rel=1e-5), e["step"]
             assert p["param_norm"] == pytest.approx(params_after[e["step"]], rel=1e-5), e["step"]
@@ -202,10 +227,14 @@ def test_minimal_records_construction_and_steps_only(store: Path) -> None:
         model = train(3)
     counts, events = per_step(store)
     kinds = Counter(e["kind"] for e in events)
-    assert kinds["activity"] == 0 and not any(c["forward"] or c["backward"] for c in counts.values())
+    assert kinds["activity"] == 0 and not any(
+        c["forward"] or c["backward"] for c in counts.values()
+    )
     assert kinds["optimizer_step"] == 3 and kinds["parameter_registered"] == 4
     step = next(e["payload"] for e in events if e["kind"] == "optimizer_step")
-    assert step["update_norm"] is None and step["param_norm"] is None and len(step["grad_norm"]) == 4
+    assert (
+        step["update_norm"] is None and step["param_norm"] is None and len(step["grad_norm"]) == 4
+    )
     sealed = next(e["payload"] for e in events if e["kind"] == "construction_sealed")
     assert sealed["trigger"] == "first_forward" and len(sealed["tensors"]) == 4
     assert model is not None
@@ -216,8 +245,14 @@ def test_nonfinite_gradients_switch_sampling_on(store: Path) -> None:
         train(8, poison_at=2, flush=True)
     counts, events = per_step(store)
     assert counts[1]["forward"] == 0
-    nonfinite = [e["step"] for e in events if e["kind"] == "optimizer_step" and e["payload"]["nonfinite_grads"]]
-    assert nonfinite and nonfinite[0] == 3  # the poisoned batch was step index 2 -> optimizer step 3
+    nonfinite = [
+        e["step"]
+        for e in events
+        if e["kind"] == "optimizer_step" and e["payload"]["nonfinite_grads"]
+    ]
+    assert (
+        nonfinite and nonfinite[0] == 3
+    )  # the poisoned batch was step index 2 -> optimizer step 3
     # sampled from the step after the writer saw the non-finite gradient norms
     assert all(counts[step]["forward"] == MODULE_CALLS for step in range(4, 8))
 
@@ -251,7 +286,9 @@ def test_norm_only_statistics(store: Path) -> None:
 def test_policy_files_and_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     assert make_policy().preset == "audit"
-    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n[tool.auditlog]\npreset = "debug"\nsnapshot_every = 5\n')
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "x"\n[tool.auditlog]\npreset = "debug"\nsnapshot_every = 5\n'
+    )
     found = make_policy()
     assert (found.preset, found.activity_every, found.snapshot_every) == ("debug", 1, 5)
     assert "pyproject.toml" in found.source
@@ -279,13 +316,17 @@ def test_policy_files_and_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyP
         ("this is not toml\n", "not valid TOML"),
     ],
 )
-def test_bad_policy_files_are_refused_naming_the_key(tmp_path: Path, text: str, message: str) -> None:
+def test_bad_policy_files_are_refused_naming_the_key(
+    tmp_path: Path, text: str, message: str
+) -> None:
     path = tmp_path / "policy.toml"
     path.write_text(text)
     with pytest.raises(UsageError, match=message):
         make_policy(path)
     store = tmp_path / "store"
-    result = invoke("run", "--store", str(store), "--policy", str(path), str(tmp_path / "nothing.py"))
+    result = invoke(
+        "run", "--store", str(store), "--policy", str(path), str(tmp_path / "nothing.py")
+    )
     assert result.exit_code == 2
     assert result.stderr.startswith("Error: ") and len(result.stderr.strip().splitlines()) == 1
     assert message.strip("'") in result.stderr or message in result.stderr
@@ -310,7 +351,9 @@ def three_step_script(where: Path) -> Path:
     return script
 
 
-def run_three_steps(tmp_path: Path, store: Path, *flags: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def run_three_steps(
+    tmp_path: Path, store: Path, *flags: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``auditlog run FLAGS`` on the three-step script: the recorded policy and events."""
     script = three_step_script(tmp_path)
     done = run_auditlog("run", "--store", str(store), *flags, str(script), cwd=tmp_path)
@@ -332,8 +375,12 @@ def test_run_norms_every_flag_gives_update_norms_on_every_step(tmp_path: Path, s
     policy, events = run_three_steps(tmp_path, store, "--norms-every", "1")
     steps = [e["payload"] for e in events if e["kind"] == "optimizer_step"]
     assert policy["norms_every"] == 1 and policy["preset"] == "audit"
-    assert len(steps) == 3 and all(len(p["update_norm"]) == 2 and len(p["param_norm"]) == 2 for p in steps)
+    assert len(steps) == 3 and all(
+        len(p["update_norm"]) == 2 and len(p["param_norm"]) == 2 for p in steps
+    )
     script = three_step_script(tmp_path)
     before = tree_digest(store)
-    assert_one_line_error(invoke("run", "--store", str(store), "--norms-every", "0", str(script)), 2, "--norms-every")
+    assert_one_line_error(
+        invoke("run", "--store", str(store), "--norms-every", "0", str(script)), 2, "--norms-every"
+    )
     assert tree_digest(store) == before  # refused before anything was opened

@@ -33,7 +33,9 @@ def test_a_new_database_store_needs_a_snapshot_directory(pg_url: str) -> None:
     result = invoke("db", "upgrade", "--store", pg_url)
     assert_one_line_error(result, 2, "--snapshots PATH", "AUDITLOG_SNAPSHOTS")
     with psycopg.connect(_plain(pg_url)) as conn:  # nothing was created
-        assert conn.execute("select count(*) from pg_tables where schemaname = 'public'").fetchone() == (0,)
+        assert conn.execute(
+            "select count(*) from pg_tables where schemaname = 'public'"
+        ).fetchone() == (0,)
 
 
 def test_the_store_remembers_its_snapshot_directory(pg_url: str, tmp_path: Path) -> None:
@@ -57,15 +59,30 @@ def test_record_verify_tree_and_query_in_postgres(pg_url: str, tmp_path: Path) -
     runs = invoke("runs", *store_args, "--format", "json")
     assert runs.exit_code == 0, runs.stderr
     [info] = json.loads(runs.stdout)
-    assert (info["run_id"], info["status"], info["steps"], info["name"]) == (run_id, "completed", 3, "pg")
+    assert (info["run_id"], info["status"], info["steps"], info["name"]) == (
+        run_id,
+        "completed",
+        3,
+        "pg",
+    )
     verified = invoke("verify", *store_args)
     assert verified.exit_code == 0, verified.stdout + verified.stderr
     assert "intact" in verified.stdout
     tree = invoke("tree", *store_args, "--format", "json")
     assert [c["name"] for c in json.loads(tree.stdout)[0]["children"]] == ["0", "1", "2"]
-    query = invoke("query", *store_args, "--format", "json", "select step, count(*) as n from steps group by 1 order by 1")
+    query = invoke(
+        "query",
+        *store_args,
+        "--format",
+        "json",
+        "select step, count(*) as n from steps group by 1 order by 1",
+    )
     assert query.exit_code == 0, query.stderr
-    assert json.loads(query.stdout) == [{"step": 1, "n": 4}, {"step": 2, "n": 4}, {"step": 3, "n": 4}]
+    assert json.loads(query.stdout) == [
+        {"step": 1, "n": 4},
+        {"step": 2, "n": 4},
+        {"step": 3, "n": 4},
+    ]
 
 
 def test_adbc_and_sqlalchemy_copy_the_same_rows(pg_url: str, tmp_path: Path) -> None:
@@ -110,7 +127,9 @@ def test_store_config_file(pg_url: str, tmp_path: Path) -> None:
     assert_one_line_error(invoke("runs", "--store", str(broken)), 2, "has no [store] url")
 
 
-def test_without_the_driver_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_without_the_driver_the_error_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setitem(sys.modules, "psycopg", None)  # as if psycopg were not installed
     result = invoke("runs", "--store", "postgresql+psycopg://nobody@127.0.0.1/none")
     line = assert_one_line_error(result, 3, "pip install 'auditlog[postgres]'")
@@ -122,11 +141,16 @@ def test_without_the_driver_the_error_names_the_extra(monkeypatch: pytest.Monkey
 def test_snapshot_location_must_be_a_directory(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="only directories"):
         resolve_store("postgresql+psycopg://x@h/db", "s3://bucket/snaps")
-    assert resolve_store("postgresql+psycopg://x@h/db", f"file://{tmp_path}/s").snapshots == tmp_path / "s"
+    assert (
+        resolve_store("postgresql+psycopg://x@h/db", f"file://{tmp_path}/s").snapshots
+        == tmp_path / "s"
+    )
 
 
 @pytest.mark.slow
-def test_four_writer_processes_lose_nothing(pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_four_writer_processes_lose_nothing(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Four processes race to create the store and record at once; every event arrives."""
     isolate_keys(monkeypatch, tmp_path)
     key = generate_key_pair(tmp_path / "team.key").private_path
@@ -135,14 +159,21 @@ def test_four_writer_processes_lose_nothing(pg_url: str, tmp_path: Path, monkeyp
     assert len({run_id for run_id, _ in workers}) == WORKERS
     with psycopg.connect(_plain(pg_url)) as conn:
         for run_id, signed_seq in workers:
-            seqs = [s for (s,) in conn.execute(
-                "select seq from events where run_id = %s and stream = 0 order by seq", (run_id,)
-            )]
+            seqs = [
+                s
+                for (s,) in conn.execute(
+                    "select seq from events where run_id = %s and stream = 0 order by seq",
+                    (run_id,),
+                )
+            ]
             assert seqs == list(range(1, len(seqs) + 1))
             assert signed_seq == seqs[-1]
-            kinds = [k for (k,) in conn.execute(
-                "select kind from events where run_id = %s order by seq", (run_id,)
-            )]
+            kinds = [
+                k
+                for (k,) in conn.execute(
+                    "select kind from events where run_id = %s order by seq", (run_id,)
+                )
+            ]
             assert kinds[0] == "run_started" and kinds[-1] == "run_ended"
     runs = json.loads(invoke("runs", "--store", pg_url, "--format", "json").stdout)
     assert {r["status"] for r in runs} == {"completed"} and len(runs) == WORKERS

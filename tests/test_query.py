@@ -67,7 +67,9 @@ def test_query_builds_the_projection_silently_in_a_pipe(st: Store) -> None:
     assert result.exit_code == 0, result.stderr
     assert result.stderr == ""  # no progress bar outside a terminal
     assert (st.path / "readmodel.duckdb").is_file()
-    counts = {r["kind"]: r["n"] for r in st.json("select kind, count(*) as n from events group by 1")}
+    counts = {
+        r["kind"]: r["n"] for r in st.json("select kind, count(*) as n from events group by 1")
+    }
     assert counts["optimizer_step"] == 4 and counts["run_started"] == 2
     table = result.stdout
     assert "optimizer_step" in table and "run_started" in table
@@ -77,7 +79,11 @@ def test_run_option_scopes_every_view(st: Store) -> None:
     for view in ("events", "steps", "forward_stats", "modules", "parameters", "runs"):
         rows = st.json("--run", "poisoned", f"select distinct run_id from {view}")
         assert rows == [{"run_id": st.second}], view
-    joined = st.json("--run", st.first[:8], "select count(*) as n from steps s join parameters p using (run_id, tensor_id)")
+    joined = st.json(
+        "--run",
+        st.first[:8],
+        "select count(*) as n from steps s join parameters p using (run_id, tensor_id)",
+    )
     assert joined == [{"n": 2 * 4}]  # 2 steps x 4 parameters, only the first run's
     assert st.query("--run", "nope", "select 1").exit_code == 1
 
@@ -118,7 +124,9 @@ def test_sql_errors_are_one_line(st: Store) -> None:
 
 def test_sql_from_stdin(st: Store) -> None:
     result = CliRunner().invoke(
-        cli, ["query", "--store", str(st.path), "--format", "json", "-"], input="select 41 + 1 as answer"
+        cli,
+        ["query", "--store", str(st.path), "--format", "json", "-"],
+        input="select 41 + 1 as answer",
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == [{"answer": 42}]
@@ -174,14 +182,21 @@ def test_session_configuration_is_locked(st: Store) -> None:
         with QuerySession(ReadModel(event_store)) as session:
             with pytest.raises(QueryRefusedError):
                 session.execute("set lock_configuration = false")
-            for statement in ("SET enable_external_access = true", "SET lock_configuration = false"):
+            for statement in (
+                "SET enable_external_access = true",
+                "SET lock_configuration = false",
+            ):
                 with pytest.raises(Exception, match="locked"):
                     session.con.execute(statement)
             with pytest.raises(Exception, match="read-only"):
                 session.con.execute("insert into projection.meta values ('x', 'y')")
-            assert session.con.execute("select current_setting('enable_external_access')").fetchone() == (False,)
+            assert session.con.execute(
+                "select current_setting('enable_external_access')"
+            ).fetchone() == (False,)
             # DuckDB's own progress bar would print into pipes
-            assert session.con.execute("select current_setting('enable_progress_bar')").fetchone() == (False,)
+            assert session.con.execute(
+                "select current_setting('enable_progress_bar')"
+            ).fetchone() == (False,)
     finally:
         event_store.close()
 
@@ -192,11 +207,20 @@ def test_schema_lists_every_view_and_column() -> None:
     assert result.exit_code == 0
     document = json.loads(result.stdout)
     assert [v["view"] for v in document] == [v.name for v in VIEWS]
-    assert {"runs", "events", "modules", "parameters", "buffers", "steps", "forward_stats", "backward_stats"} <= {
-        v["view"] for v in document
-    }
+    assert {
+        "runs",
+        "events",
+        "modules",
+        "parameters",
+        "buffers",
+        "steps",
+        "forward_stats",
+        "backward_stats",
+    } <= {v["view"] for v in document}
     steps = next(v for v in document if v["view"] == "steps")
-    assert {"grad_norm", "update_norm", "param_norm", "lr", "parameter"} <= {c["name"] for c in steps["columns"]}
+    assert {"grad_norm", "update_norm", "param_norm", "lr", "parameter"} <= {
+        c["name"] for c in steps["columns"]
+    }
     assert all(c["doc"] and c["type"] for v in document for c in v["columns"])
 
     one = invoke("schema", "backward_stats")

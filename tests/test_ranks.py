@@ -40,16 +40,30 @@ def test_stream_numbers_round_trip() -> None:
 
 def test_launch_facts_from_torchrun_environment() -> None:
     launch = detect_launch(TORCHRUN)
-    assert (launch.rank, launch.local_rank, launch.world_size, launch.local_world_size) == (1, 1, 4, 2)
-    assert (launch.restart, launch.max_restarts, launch.launcher, launch.rdzv_id) == (2, 3, "torchrun", "job-42")
+    assert (launch.rank, launch.local_rank, launch.world_size, launch.local_world_size) == (
+        1,
+        1,
+        4,
+        2,
+    )
+    assert (launch.restart, launch.max_restarts, launch.launcher, launch.rdzv_id) == (
+        2,
+        3,
+        "torchrun",
+        "job-42",
+    )
     assert (launch.master_addr, launch.master_port, launch.agent_store) == ("node0", 29500, True)
     assert detect_launch({}).distributed is False
     assert detect_launch({"RANK": "x", "WORLD_SIZE": "2"}).rank == 0  # garbage falls back
 
 
 def test_every_rank_of_a_launch_derives_the_same_run_id() -> None:
-    ranks = [detect_launch({**TORCHRUN, "RANK": str(r), "LOCAL_RANK": str(r % 2)}) for r in range(4)]
-    ids = {choose_run_id(None, launch, env={}, nonce=lambda _launch: "n1").run_id for launch in ranks}
+    ranks = [
+        detect_launch({**TORCHRUN, "RANK": str(r), "LOCAL_RANK": str(r % 2)}) for r in range(4)
+    ]
+    ids = {
+        choose_run_id(None, launch, env={}, nonce=lambda _launch: "n1").run_id for launch in ranks
+    }
     assert len(ids) == 1
     [run_id] = ids
     assert run_id == derive_run_id(ranks[0], "n1") and len(run_id) == 32
@@ -63,13 +77,22 @@ def test_run_id_sources() -> None:
     assert choose_run_id("given", launch, env={}).source == "argument"
     assert choose_run_id(None, launch, env={"AUDITLOG_RUN_ID": "abc"}).run_id == "abc"
     no_agent = choose_run_id(None, launch, env={}, nonce=lambda _launch: None)
-    assert no_agent.source == "torchrun environment" and no_agent.run_id == derive_run_id(launch, "")
+    assert no_agent.source == "torchrun environment" and no_agent.run_id == derive_run_id(
+        launch, ""
+    )
     plain = choose_run_id(None, detect_launch({}), env={})
-    assert plain.source == "random" and plain.run_id != choose_run_id(None, detect_launch({}), env={}).run_id
+    assert (
+        plain.source == "random"
+        and plain.run_id != choose_run_id(None, detect_launch({}), env={}).run_id
+    )
 
 
-def _s(rank: int, status: str, segment: int = 0, world: int = 2, exception: dict | None = None) -> StreamStatus:
-    return StreamStatus(stream_number(rank, segment), rank, segment, world, status, exception=exception)
+def _s(
+    rank: int, status: str, segment: int = 0, world: int = 2, exception: dict | None = None
+) -> StreamStatus:
+    return StreamStatus(
+        stream_number(rank, segment), rank, segment, world, status, exception=exception
+    )
 
 
 def test_a_run_completes_only_when_every_rank_completed() -> None:
@@ -81,18 +104,32 @@ def test_a_run_completes_only_when_every_rank_completed() -> None:
 
 
 def test_a_failure_names_its_rank() -> None:
-    crashed = run_status([_s(0, "failed", exception={"type": "RuntimeError", "message": "peer reset"}), _s(1, "crashed")])
+    crashed = run_status(
+        [
+            _s(0, "failed", exception={"type": "RuntimeError", "message": "peer reset"}),
+            _s(1, "crashed"),
+        ]
+    )
     assert crashed.status == "crashed" and crashed.ranks == (1,)
-    assert "rank 1 crashed" in (crashed.detail or "") and "rank 0 failed: RuntimeError: peer reset" in (crashed.detail or "")
+    assert "rank 1 crashed" in (
+        crashed.detail or ""
+    ) and "rank 0 failed: RuntimeError: peer reset" in (crashed.detail or "")
     failed = run_status([_s(0, "interrupted"), _s(1, "failed"), _s(2, "completed", world=3)])
     assert (failed.status, failed.ranks) == ("failed", (1,))
     single = run_status([StreamStatus(0, 0, 0, 1, "failed")])
-    assert single.ranks == () and single.detail is None  # a one-process run says nothing about ranks
+    assert (
+        single.ranks == () and single.detail is None
+    )  # a one-process run says nothing about ranks
 
 
 def test_the_last_segment_decides_and_earlier_ones_are_named() -> None:
     restarted = run_status(
-        [_s(0, "interrupted"), _s(1, "failed"), _s(0, "completed", segment=1), _s(1, "completed", segment=1)]
+        [
+            _s(0, "interrupted"),
+            _s(1, "failed"),
+            _s(0, "completed", segment=1),
+            _s(1, "completed", segment=1),
+        ]
     )
     assert restarted.status == "completed" and restarted.segments == 2
     assert restarted.detail == "1 restart before: rank 0 interrupted; rank 1 failed"
@@ -104,7 +141,13 @@ def test_liveness_judges_each_stream_by_its_own_process() -> None:
 
     here = socket.gethostname()
     started = {
-        0: {"rank": 0, "world_size": 2, "host": here, "pid": 2**22 + 12345, "proc_start": 1},  # dead pid
+        0: {
+            "rank": 0,
+            "world_size": 2,
+            "host": here,
+            "pid": 2**22 + 12345,
+            "proc_start": 1,
+        },  # dead pid
         1: {"rank": 1, "world_size": 2, "host": here, "pid": 2**22 + 12346, "proc_start": 1},
     }
     live = run_liveness(row, started, {0: {"status": "completed"}})
@@ -150,16 +193,33 @@ def test_rank_options_pick_one_rank(store: Path, monkeypatch: pytest.MonkeyPatch
         monkeypatch.setenv("RANK", str(rank))
         record_run(store, steps=2 + rank)
     [run] = json.loads(invoke("runs", "--store", str(store), "--format", "json").stdout)
-    assert (run["status"], run["world_size"], run["streams"], run["steps"]) == ("completed", 2, 2, 3)
-    one = json.loads(invoke("events", "--store", str(store), "--rank", "1", "--format", "json").stdout)
+    assert (run["status"], run["world_size"], run["streams"], run["steps"]) == (
+        "completed",
+        2,
+        2,
+        3,
+    )
+    one = json.loads(
+        invoke("events", "--store", str(store), "--rank", "1", "--format", "json").stdout
+    )
     assert {e["stream"] for e in one} == {1}
     assert [e["payload"]["rank"] for e in one if e["kind"] == "run_started"] == [1]
     table = invoke("events", "--store", str(store), "--kind", "run_started")
     assert table.stdout.splitlines()[1].split()[1] == "stream"  # several streams: a stream column
-    query = invoke("query", "--store", str(store), "--rank", "1", "--format", "json",
-                   "select distinct stream, rank from rank_steps")
+    query = invoke(
+        "query",
+        "--store",
+        str(store),
+        "--rank",
+        "1",
+        "--format",
+        "json",
+        "select distinct stream, rank from rank_steps",
+    )
     assert json.loads(query.stdout) == [{"stream": 1, "rank": 1}]
-    [tree] = json.loads(invoke("tree", "--store", str(store), "--rank", "1", "--format", "json").stdout)
+    [tree] = json.loads(
+        invoke("tree", "--store", str(store), "--rank", "1", "--format", "json").stdout
+    )
     assert [c["name"] for c in tree["children"]] == ["0", "1", "2"]
     result = invoke("events", "--store", str(store), "--rank", "3")
     assert result.exit_code == 2 and "has no rank 3 (ranks: 0, 1)" in result.stderr

@@ -89,7 +89,9 @@ def test_event_counts_equal_sqlite(rec: Recorded, session: QuerySession) -> None
     got = rows(session, "select run_id, kind, count(*) from events group by all order by all")
     want = rec.sqlite("select run_id, kind, count(*) from events group by 1, 2 order by 1, 2")
     assert got == want
-    assert rows(session, "select max(id), count(*) from events") == rec.sqlite("select max(id), count(*) from events")
+    assert rows(session, "select max(id), count(*) from events") == rec.sqlite(
+        "select max(id), count(*) from events"
+    )
 
 
 def test_forward_stats_equal_sqlite_json(rec: Recorded, session: QuerySession) -> None:
@@ -123,7 +125,8 @@ def test_non_finite_statistics_become_nan_and_inf(rec: Recorded, session: QueryS
     )[0][0]
     assert stored > 0
     nan_rows = rows(
-        session, f"select norm, nan, inf from forward_stats where run_id = '{rec.nan_id}' and isnan(norm)"
+        session,
+        f"select norm, nan, inf from forward_stats where run_id = '{rec.nan_id}' and isnan(norm)",
     )
     assert len(nan_rows) == stored
     assert all(nan >= 1 for _, nan, _ in nan_rows)
@@ -160,18 +163,35 @@ def test_steps_equal_sqlite_json(rec: Recorded, session: QuerySession) -> None:
     # library's array module, in DuckDB from numpy (readmodel/vectors.py).
     want = []
     for step, text in rec.sqlite(
-        "select step, payload from events where run_id = ? and kind = 'optimizer_step' order by step", rec.mlp_id
+        "select step, payload from events where run_id = ? and kind = 'optimizer_step' order by step",
+        rec.mlp_id,
     ):
         p = json.loads(text)
-        assert is_packed(p["grad_norm"]) and (p["update_norm"] is None or is_packed(p["update_norm"]))
+        assert is_packed(p["grad_norm"]) and (
+            p["update_norm"] is None or is_packed(p["update_norm"])
+        )
         p["tensor_ids"] = unpack_list(p["tensor_ids"])  # packed (core.packed)
-        grads, updates, params = (unpack_list(p[k]) or [None] * len(p["tensor_ids"]) for k in VECTORS[:3])
-        assert p["grads_modified"] is False and p.get("raw_grad_norm") is None  # a plain loop: raw is used
+        grads, updates, params = (
+            unpack_list(p[k]) or [None] * len(p["tensor_ids"]) for k in VECTORS[:3]
+        )
+        assert (
+            p["grads_modified"] is False and p.get("raw_grad_norm") is None
+        )  # a plain loop: raw is used
         group = p["param_groups"][0]
         for i, tensor_id in enumerate(p["tensor_ids"]):
             want.append(
-                (step, i, tensor_id, stat_float(grads[i]), stat_float(updates[i]), stat_float(params[i]),
-                 group["lr"], group["weight_decay"], stat_float(grads[i]), False)
+                (
+                    step,
+                    i,
+                    tensor_id,
+                    stat_float(grads[i]),
+                    stat_float(updates[i]),
+                    stat_float(params[i]),
+                    group["lr"],
+                    group["weight_decay"],
+                    stat_float(grads[i]),
+                    False,
+                )
             )
     assert len(got) == len(want) == 8 * 14  # 8 steps x 14 parameters, one param group
     # default norms_every=10: update and parameter norms on the first step only
@@ -180,15 +200,20 @@ def test_steps_equal_sqlite_json(rec: Recorded, session: QuerySession) -> None:
         assert g[:3] == w[:3]
         assert all(same(a, b) for a, b in zip(g[3:], w[3:], strict=True)), (g, w)
     assert all(g[9] is False for g in got)
-    momentum = rows(session, f"select distinct momentum, lr from steps where run_id = '{rec.nan_id}'")
+    momentum = rows(
+        session, f"select distinct momentum, lr from steps where run_id = '{rec.nan_id}'"
+    )
     assert momentum == [(0.9, 0.5)]
-    assert rows(session, f"select distinct momentum from steps where run_id = '{rec.mlp_id}'") == [(None,)]
+    assert rows(session, f"select distinct momentum from steps where run_id = '{rec.mlp_id}'") == [
+        (None,)
+    ]
 
 
 def test_names_from_replay_equal_the_live_model(rec: Recorded, session: QuerySession) -> None:
     live = load_example("train_mlp").build_model()
     parameters = rows(
-        session, f"select parameter, shape from parameters where run_id = '{rec.mlp_id}' order by tensor_id"
+        session,
+        f"select parameter, shape from parameters where run_id = '{rec.mlp_id}' order by tensor_id",
     )
     assert sorted(p for p, _ in parameters) == sorted(n for n, _ in live.named_parameters())
     assert {p: s for p, s in parameters} == {n: list(t.shape) for n, t in live.named_parameters()}
@@ -217,7 +242,10 @@ def test_names_from_replay_equal_the_live_model(rec: Recorded, session: QuerySes
 def test_runs_view_equals_list_runs(rec: Recorded, session: QuerySession) -> None:
     with auditlog.open(rec.store) as s:
         infos = {i.run_id: i for i in list_runs(s.event_store)}
-    got = rows(session, "select run_id, name, status, steps, events, argv, exit_code from runs order by started")
+    got = rows(
+        session,
+        "select run_id, name, status, steps, events, argv, exit_code from runs order by started",
+    )
     assert [r[0] for r in got] == [rec.mlp_id, rec.nan_id]
     for run_id, name, status, steps, events, argv, exit_code in got:
         info = infos[run_id]
@@ -234,7 +262,9 @@ def test_runs_view_equals_list_runs(rec: Recorded, session: QuerySession) -> Non
 def test_every_view_has_its_documented_columns(session: QuerySession) -> None:
     for view in VIEWS:
         described = rows(session, f"describe {view.name}")
-        assert [(r[0], r[1]) for r in described] == [(c.name, c.type) for c in view.columns], view.name
+        assert [(r[0], r[1]) for r in described] == [(c.name, c.type) for c in view.columns], (
+            view.name
+        )
 
 
 # --------------------------------------------------------------------------- refresh
@@ -284,10 +314,14 @@ def test_refresh_copies_only_new_events(store: Path) -> None:
     event_store = EventStore.open(store)
     try:
         with QuerySession(ReadModel(event_store)) as session:
-            assert rows(session, "select count(*), count(distinct id) from events") == [(newest, newest)]
+            assert rows(session, "select count(*), count(distinct id) from events") == [
+                (newest, newest)
+            ]
             argv = dict(rows(session, "select run_id, argv from runs"))
             assert argv == {first: ["first.py"], second: ["second.py"]}
-            names = rows(session, f"select parameter from parameters where run_id = '{second}' order by 1")
+            names = rows(
+                session, f"select parameter from parameters where run_id = '{second}' order by 1"
+            )
             assert names == [("0.bias",), ("0.weight",)]
             assert rows(session, f"select max(step) from steps where run_id = '{second}'") == [(2,)]
     finally:
@@ -334,7 +368,9 @@ def test_refuses_to_overwrite_a_file_that_is_not_a_projection(store: Path, tmp_p
     assert precious.read_text() == "keep me"
 
 
-def test_sqlite_copies_through_adbc_and_the_sqlalchemy_path_reads_the_same(rec: Recorded, tmp_path: Path) -> None:
+def test_sqlite_copies_through_adbc_and_the_sqlalchemy_path_reads_the_same(
+    rec: Recorded, tmp_path: Path
+) -> None:
     """SQLite has one path to Arrow (ADBC); the dialect-neutral path other databases use
     reads the same rows, types and NULLs from the same store."""
     event_store = EventStore.open(rec.store)
@@ -343,7 +379,9 @@ def test_sqlite_copies_through_adbc_and_the_sqlalchemy_path_reads_the_same(rec: 
         report = ReadModel(event_store, tmp_path / "rm.duckdb").refresh()
         assert report.method == "adbc"
         upto = arrowcopy.max_event_id(event_store)
-        adbc = pa.Table.from_batches(list(arrowcopy.event_batches(event_store, 0, upto)), arrowcopy.EVENT_SCHEMA)
+        adbc = pa.Table.from_batches(
+            list(arrowcopy.event_batches(event_store, 0, upto)), arrowcopy.EVENT_SCHEMA
+        )
         neutral = pa.Table.from_batches(
             list(arrowcopy.sqlalchemy_batches(event_store, 0, upto)), arrowcopy.EVENT_SCHEMA
         )
@@ -404,13 +442,23 @@ def test_chunked_refresh_relabels_rows_copied_before_a_name_changed(
         con = duckdb.connect(str(tmp_path / f"{name}.duckdb"), read_only=True)
         answers.append(
             [
-                con.execute("select id, module, tensor from projection.events order by id").fetchall(),
-                con.execute("select run_id, seq, output, module from projection.forward_stats order by all").fetchall(),
-                con.execute("select run_id, seq, direction, index, module from projection.backward_stats order by all").fetchall(),
-                con.execute("select run_id, seq, param_index, parameter, module from projection.steps order by all").fetchall(),
+                con.execute(
+                    "select id, module, tensor from projection.events order by id"
+                ).fetchall(),
+                con.execute(
+                    "select run_id, seq, output, module from projection.forward_stats order by all"
+                ).fetchall(),
+                con.execute(
+                    "select run_id, seq, direction, index, module from projection.backward_stats order by all"
+                ).fetchall(),
+                con.execute(
+                    "select run_id, seq, param_index, parameter, module from projection.steps order by all"
+                ).fetchall(),
             ]
         )
         con.close()
     whole, chunked = answers
     assert whole == chunked
-    assert ("0.weight" in {t for _, _, t in whole[0]}) or ("body.0.weight" in {t for _, _, t in whole[0]})
+    assert ("0.weight" in {t for _, _, t in whole[0]}) or (
+        "body.0.weight" in {t for _, _, t in whole[0]}
+    )

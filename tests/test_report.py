@@ -21,7 +21,8 @@ import auditlog
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(
-    CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install -y chromium; .ci/run does it)"
+    CHROMIUM is None,
+    reason="Debian's chromium is not installed (apt-get install -y chromium; .ci/run does it)",
 )
 MARKUP = "<img src=x onerror=alert(1)>"
 
@@ -54,11 +55,30 @@ def external_references(page: str) -> list[str]:
         in_style = False
 
         def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-            if tag in ("script", "link", "iframe", "object", "embed", "base", "frame", "audio", "video"):
+            if tag in (
+                "script",
+                "link",
+                "iframe",
+                "object",
+                "embed",
+                "base",
+                "frame",
+                "audio",
+                "video",
+            ):
                 found.append(f"<{tag}>")
             for name, value in attrs:
                 value = value or ""
-                fetches = name in ("src", "href", "srcset", "action", "data", "poster", "background", "formaction")
+                fetches = name in (
+                    "src",
+                    "href",
+                    "srcset",
+                    "action",
+                    "data",
+                    "poster",
+                    "background",
+                    "formaction",
+                )
                 if fetches and not value.startswith(("data:image/png;base64,", "#")):
                     found.append(f"{name}={value}")
                 if name == "style" and re.search(r"url\(|@import", value, re.I):
@@ -73,7 +93,9 @@ def external_references(page: str) -> list[str]:
     return found
 
 
-def test_report_page_holds_the_facts_escaped_and_self_contained(store: Path, tmp_path: Path) -> None:
+def test_report_page_holds_the_facts_escaped_and_self_contained(
+    store: Path, tmp_path: Path
+) -> None:
     run_id, losses = record_training(store)
     out = tmp_path / "report.html"
     done = invoke("report", "--store", str(store), "-o", str(out))
@@ -95,12 +117,23 @@ def chromium(page: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedPro
     assert CHROMIUM is not None
     return subprocess.run(
         [
-            CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--no-first-run", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
-            "--host-resolver-rules=MAP * ~NOTFOUND", f"--log-net-log={tmp_path / 'netlog.json'}",
-            *extra, page.as_uri(),
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--no-first-run",
+            "--hide-scrollbars",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            f"--log-net-log={tmp_path / 'netlog.json'}",
+            *extra,
+            page.as_uri(),
         ],
-        capture_output=True, text=True, timeout=180, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
     )
 
 
@@ -163,15 +196,24 @@ def test_report_of_a_failed_and_of_a_crashed_run(tmp_path: Path) -> None:
                 os._exit(9)  # no run_ended: found crashed later
         """
     script.write_text(textwrap.dedent(body))
-    assert run_auditlog("run", "--store", str(store), str(script), "raise", cwd=tmp_path).returncode == 1
+    assert (
+        run_auditlog("run", "--store", str(store), str(script), "raise", cwd=tmp_path).returncode
+        == 1
+    )
     failed = tmp_path / "failed.html"
     assert invoke("report", "--store", str(store), "-o", str(failed)).exit_code == 0
     page = failed.read_text()
-    assert "failed" in page and "RuntimeError: diverged &lt;badly&gt;" in page and "Traceback" in page
+    assert (
+        "failed" in page and "RuntimeError: diverged &lt;badly&gt;" in page and "Traceback" in page
+    )
     assert re.search(r"optimizer steps completed</th><td>4<", page)
 
-    crash = run_auditlog("run", "--store", str(store), "--durability", "step", str(script), "exit", cwd=tmp_path)
-    assert crash.returncode == 9  # every step committed before training went on: the record reaches step 4
+    crash = run_auditlog(
+        "run", "--store", str(store), "--durability", "step", str(script), "exit", cwd=tmp_path
+    )
+    assert (
+        crash.returncode == 9
+    )  # every step committed before training went on: the record reaches step 4
     crashed = tmp_path / "crashed.html"
     assert invoke("report", "--store", str(store), "-o", str(crashed)).exit_code == 0
     page = crashed.read_text()
@@ -190,8 +232,20 @@ def test_compare_page_shows_the_diff_and_both_curves(tmp_path: Path) -> None:
     assert first[:12] in page and second[:12] in page and "differences found" in page
     assert "0.weight" in page and "[16, 4] → [32, 4]" in page
     assert page.count("data:image/png;base64,") == 1 and external_references(page) == []
-    same = invoke("report", "--store", str(store), first, "--compare", first, "-o", str(tmp_path / "same.html"))
-    assert same.exit_code == 0 and "identical construction and settings" in (tmp_path / "same.html").read_text()
+    same = invoke(
+        "report",
+        "--store",
+        str(store),
+        first,
+        "--compare",
+        first,
+        "-o",
+        str(tmp_path / "same.html"),
+    )
+    assert (
+        same.exit_code == 0
+        and "identical construction and settings" in (tmp_path / "same.html").read_text()
+    )
 
 
 def test_report_carries_the_signed_verdict_and_a_failed_one(
@@ -201,17 +255,23 @@ def test_report_carries_the_signed_verdict_and_a_failed_one(
 
     key = tmp_path / "keys" / "signing_key"
     assert invoke("keygen", "-o", str(key)).exit_code == 0
-    monkeypatch.setenv("AUDITLOG_KEY", str(key))  # signs while recording; its .pub is trusted when reading
+    monkeypatch.setenv(
+        "AUDITLOG_KEY", str(key)
+    )  # signs while recording; its .pub is trusted when reading
     run_id, _ = record_training(store, steps=2)
     out = tmp_path / "signed.html"
     assert invoke("report", "--store", str(store), "-o", str(out)).exit_code == 0
     page = out.read_text()
     assert "signed checkpoint(s): intact" in page and "No signed checkpoint" not in page
     conn = sqlite3.connect(store / "events.db")
-    conn.execute("delete from events where run_id=? and seq > (select max(seq) - 2 from events where run_id=?)",
-                 (run_id, run_id))
+    conn.execute(
+        "delete from events where run_id=? and seq > (select max(seq) - 2 from events where run_id=?)",
+        (run_id, run_id),
+    )
     conn.commit()
     conn.close()
-    assert invoke("report", "--store", str(store), "-o", str(out)).exit_code == 0  # a report still comes out
+    assert (
+        invoke("report", "--store", str(store), "-o", str(out)).exit_code == 0
+    )  # a report still comes out
     page = out.read_text()
     assert "record NOT verified" in page and "FAILED" in page and "cut off" in page

@@ -46,12 +46,22 @@ class TiedLM(nn.Module):
 
 def small_transformer() -> nn.Module:
     layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
-    return nn.Sequential(nn.Linear(4, 16), nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), nn.Linear(16, 1))
+    return nn.Sequential(
+        nn.Linear(4, 16),
+        nn.TransformerEncoder(layer, 2, enable_nested_tensor=False),
+        nn.Linear(16, 1),
+    )
 
 
 MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[torch.Generator], torch.Tensor]]] = {
-    "mlp": (lambda: load_example("train_mlp").build_model(), lambda g: torch.randn(8, 20, generator=g)),
-    "cnn_batchnorm": (lambda: load_example("train_cnn").build_model(), lambda g: torch.randn(4, 1, 16, 16, generator=g)),
+    "mlp": (
+        lambda: load_example("train_mlp").build_model(),
+        lambda g: torch.randn(8, 20, generator=g),
+    ),
+    "cnn_batchnorm": (
+        lambda: load_example("train_cnn").build_model(),
+        lambda g: torch.randn(4, 1, 16, 16, generator=g),
+    ),
     "transformer": (small_transformer, lambda g: torch.randn(2, 5, 4, generator=g)),
     "tied": (TiedLM, lambda g: torch.randint(0, 20, (4, 6), generator=g)),
 }
@@ -108,10 +118,15 @@ def test_restore_cli_writes_safetensors_and_torch_files(store: Path, tmp_path: P
     # refusing to overwrite, then --force
     again = invoke("restore", "--store", str(store), "--step", "4", "-o", str(pt))
     assert again.exit_code == 1 and "--force" in again.stderr
-    assert invoke("restore", "--store", str(store), "--step", "4", "-o", str(pt), "--force").exit_code == 0
+    assert (
+        invoke("restore", "--store", str(store), "--step", "4", "-o", str(pt), "--force").exit_code
+        == 0
+    )
 
 
-def test_restore_refuses_steps_without_snapshots_naming_tensors(store: Path, tmp_path: Path) -> None:
+def test_restore_refuses_steps_without_snapshots_naming_tensors(
+    store: Path, tmp_path: Path
+) -> None:
     torch.manual_seed(0)
     with auditlog.record(store, snapshot_every=2):
         model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
@@ -137,7 +152,9 @@ def test_restore_allow_partial_skips_unsnapshotted(store: Path, tmp_path: Path) 
         run.snapshot(model[0], tag="first-layer-only")
     result = invoke("restore", "--store", str(store), "-o", str(tmp_path / "p.pt"))
     assert result.exit_code == 1 and "1.weight" in result.stderr
-    result = invoke("restore", "--store", str(store), "-o", str(tmp_path / "p.pt"), "--allow-partial")
+    result = invoke(
+        "restore", "--store", str(store), "-o", str(tmp_path / "p.pt"), "--allow-partial"
+    )
     assert result.exit_code == 0, result.stderr
     partial = torch.load(tmp_path / "p.pt", weights_only=True)
     assert set(partial) == {"0.weight", "0.bias"}
@@ -146,19 +163,27 @@ def test_restore_allow_partial_skips_unsnapshotted(store: Path, tmp_path: Path) 
 def live_structure(model: nn.Module) -> dict[str, Any]:
     return {
         "modules": [(n, type(m).__name__) for n, m in model.named_modules()],
-        "params": [(n, list(p.shape), str(p.dtype)[6:], p.requires_grad) for n, p in model.named_parameters()],
+        "params": [
+            (n, list(p.shape), str(p.dtype)[6:], p.requires_grad)
+            for n, p in model.named_parameters()
+        ],
         "buffers": [(n, list(b.shape), str(b.dtype)[6:]) for n, b in model.named_buffers()],
     }
 
 
 def replayed_structure(state: Any, root: int) -> dict[str, Any]:
     return {
-        "modules": [(n, state.modules[m].cls.rsplit(".", 1)[-1]) for n, m in state.named_modules(root)],
+        "modules": [
+            (n, state.modules[m].cls.rsplit(".", 1)[-1]) for n, m in state.named_modules(root)
+        ],
         "params": [
             (n, state.tensors[t].shape, state.tensors[t].dtype, state.tensors[t].requires_grad)
             for n, t in state.named_parameters(root)
         ],
-        "buffers": [(n, state.tensors[t].shape, state.tensors[t].dtype) for n, t in state.named_buffers(root)],
+        "buffers": [
+            (n, state.tensors[t].shape, state.tensors[t].dtype)
+            for n, t in state.named_buffers(root)
+        ],
     }
 
 
@@ -211,7 +236,11 @@ def test_replay_follows_changes_no_hook_reports(store: Path) -> None:
     assert ("removed", "module") in kinds and ("tensor_changed", "parameter") in kinds
     # .half() gives BatchNorm new float16 buffer tensors (assigned into _buffers, no hook)
     with auditlog.open(store) as s:
-        rebuffered = [e for e in s.run().events(kinds=["buffer_registered"]) if e["payload"].get("detected_at")]
+        rebuffered = [
+            e
+            for e in s.run().events(kinds=["buffer_registered"])
+            if e["payload"].get("detected_at")
+        ]
     assert {e["payload"]["name"] for e in rebuffered} == {"running_mean", "running_var"}
 
 
@@ -225,10 +254,17 @@ def test_replay_at_seq_and_tree_cli(store: Path) -> None:
     import json
 
     (root,) = json.loads(tree.stdout)
-    assert root["class"].endswith("Net") and [c["name"] for c in root["children"]] == ["body", "aux", "head"]
+    assert root["class"].endswith("Net") and [c["name"] for c in root["children"]] == [
+        "body",
+        "aux",
+        "head",
+    ]
     body = root["children"][0]
     linear = body["children"][0]
-    assert linear["parameters"][0]["name"] == "weight" and linear["parameters"][0]["shape"] == [8, 4]
+    assert linear["parameters"][0]["name"] == "weight" and linear["parameters"][0]["shape"] == [
+        8,
+        4,
+    ]
     assert linear["parameters"][0]["sha256"] is not None
     assert "test_restore.py" in (linear["source"] or "")
     table = invoke("tree", "--store", str(store))
@@ -263,7 +299,9 @@ class MixedDtypes(nn.Module):
         return self.out(hidden * self.mask * self.scale)
 
 
-def test_every_kind_of_value_restores_bitwise_through_both_formats(store: Path, tmp_path: Path) -> None:
+def test_every_kind_of_value_restores_bitwise_through_both_formats(
+    store: Path, tmp_path: Path
+) -> None:
     torch.manual_seed(0)
     with auditlog.record(store, snapshot_every=1):
         model = MixedDtypes()

@@ -34,7 +34,9 @@ CRASHER = textwrap.dedent(
 def test_dead_process_shows_crashed_then_is_closed_by_next_run(store: Path, tmp_path: Path) -> None:
     script = tmp_path / "crasher.py"
     script.write_text(CRASHER)
-    done = subprocess.run([sys.executable, str(script), str(store)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(script), str(store)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 9, done.stderr
     with auditlog.open(store) as s:
         info = s.run("doomed").info()
@@ -57,7 +59,12 @@ def test_dead_process_shows_crashed_then_is_closed_by_next_run(store: Path, tmp_
 
 def test_status_of_unfinished_run_on_another_host_goes_stale() -> None:
     now = time.time_ns()
-    row = {"host": "elsewhere.example", "pid": 1, "proc_start": None, "last_seen_ns": now - 5 * 10**9}
+    row = {
+        "host": "elsewhere.example",
+        "pid": 1,
+        "proc_start": None,
+        "last_seen_ns": now - 5 * 10**9,
+    }
     assert derive_status(row, None, now_ns=now) == "running"
     row["last_seen_ns"] = now - (STALE_AFTER_S + 1) * 10**9
     assert derive_status(row, None, now_ns=now) == "incomplete"
@@ -78,7 +85,9 @@ def _last_seen(store: Path, run_id: str) -> int:
 
     conn = sqlite3.connect(store / "events.db")
     try:
-        return int(conn.execute("select last_seen_ns from runs where run_id = ?", (run_id,)).fetchone()[0])
+        return int(
+            conn.execute("select last_seen_ns from runs where run_id = ?", (run_id,)).fetchone()[0]
+        )
     finally:
         conn.close()
 

@@ -26,9 +26,13 @@ def test_recording_signs_heads_and_truncation_is_caught(
             model(torch.randn(2, 3)).sum().backward()
             opt.step()
     conn = sqlite3.connect(store / "events.db")
-    (count,) = conn.execute("select count(*) from checkpoints where run_id=?", (run.run_id,)).fetchone()
+    (count,) = conn.execute(
+        "select count(*) from checkpoints where run_id=?", (run.run_id,)
+    ).fetchone()
     (last,) = conn.execute("select max(seq) from events where run_id=?", (run.run_id,)).fetchone()
-    (signed,) = conn.execute("select max(seq) from checkpoints where run_id=?", (run.run_id,)).fetchone()
+    (signed,) = conn.execute(
+        "select max(seq) from checkpoints where run_id=?", (run.run_id,)
+    ).fetchone()
     conn.close()
     assert count >= 1 and signed == last  # the run-end checkpoint signs the very last event
     public = str(key) + ".pub"

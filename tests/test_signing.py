@@ -30,14 +30,24 @@ RING = KeyRing([KEY.public_key()])
 H1, H2, R1 = "a" * 64, "b" * 64, "c" * 64
 
 
-def sign_head(key: Ed25519PrivateKey, store: str, run: str, stream: int, seq: int, head: str,
-              created_ns: int | None = None) -> Checkpoint:
-    return _sign_head(key, store, run, stream, seq, head, created_ns,
-                      tree_root=R1, ended=False, world_size=2)
+def sign_head(
+    key: Ed25519PrivateKey,
+    store: str,
+    run: str,
+    stream: int,
+    seq: int,
+    head: str,
+    created_ns: int | None = None,
+) -> Checkpoint:
+    return _sign_head(
+        key, store, run, stream, seq, head, created_ns, tree_root=R1, ended=False, world_size=2
+    )
 
 
 def test_checkpoint_statement_bytes_are_the_documented_canonical_json() -> None:
-    cp = _sign_head(KEY, "store1", "run1", 0, 42, H1, created_ns=123, tree_root=R1, ended=True, world_size=1)
+    cp = _sign_head(
+        KEY, "store1", "run1", 0, 42, H1, created_ns=123, tree_root=R1, ended=True, world_size=1
+    )
     expected = (
         '{"created_ns":123,"ended":true,"format":"auditlog-checkpoint-v2","head_hash":"' + H1 + '",'
         '"key_fingerprint":"' + fingerprint(KEY) + '","run_id":"run1","seq":42,'
@@ -51,7 +61,9 @@ def test_checkpoint_statement_bytes_are_the_documented_canonical_json() -> None:
 
 
 def test_canonical_statement_is_sorted_compact_ascii() -> None:
-    assert canonical_statement({"b": 1, "a": "é", "c": [1, 2]}) == b'{"a":"\\u00e9","b":1,"c":[1,2]}'
+    assert (
+        canonical_statement({"b": 1, "a": "é", "c": [1, 2]}) == b'{"a":"\\u00e9","b":1,"c":[1,2]}'
+    )
 
 
 def test_checkpoint_signature_verifies_with_the_right_key_and_store() -> None:
@@ -60,10 +72,16 @@ def test_checkpoint_signature_verifies_with_the_right_key_and_store() -> None:
     # the same row in another store (a different store_id) does not verify
     assert RING.check(cp.key_fingerprint, cp.statement("store2"), cp.signature) is Verdict.INVALID
     # a key nobody trusts is reported as such, not as valid
-    assert KeyRing([OTHER.public_key()]).check(
-        cp.key_fingerprint, cp.statement("store1"), cp.signature
-    ) is Verdict.UNKNOWN_KEY
-    assert KeyRing().check(cp.key_fingerprint, cp.statement("store1"), cp.signature) is Verdict.UNKNOWN_KEY
+    assert (
+        KeyRing([OTHER.public_key()]).check(
+            cp.key_fingerprint, cp.statement("store1"), cp.signature
+        )
+        is Verdict.UNKNOWN_KEY
+    )
+    assert (
+        KeyRing().check(cp.key_fingerprint, cp.statement("store1"), cp.signature)
+        is Verdict.UNKNOWN_KEY
+    )
 
 
 @pytest.mark.parametrize(
@@ -91,22 +109,35 @@ def test_changing_any_checkpoint_field_breaks_the_signature(change: dict[str, An
 def test_claiming_another_key_fingerprint_is_caught() -> None:
     cp = sign_head(OTHER, "s", "run1", 0, 42, H1)
     forged = replace(cp, key_fingerprint=fingerprint(KEY))  # pretend the trusted key signed it
-    assert RING.check(forged.key_fingerprint, forged.statement("s"), forged.signature) is Verdict.INVALID
+    assert (
+        RING.check(forged.key_fingerprint, forged.statement("s"), forged.signature)
+        is Verdict.INVALID
+    )
 
 
 def test_checkpoint_from_row_rejects_garbled_values() -> None:
     good = {**sign_head(KEY, "s", "r", 0, 1, H1).as_row(), "id": 7}
     cp = Checkpoint.from_row(good)
     assert cp.id == 7 and cp.seq == 1
-    for column, value in [("seq", "abc"), ("stream", 1.5), ("created_ns", None), ("head_hash", b"\x00"),
-                          ("tree_root", "xyz"), ("ended", 2), ("world_size", 0), ("format", "v9")]:
+    for column, value in [
+        ("seq", "abc"),
+        ("stream", 1.5),
+        ("created_ns", None),
+        ("head_hash", b"\x00"),
+        ("tree_root", "xyz"),
+        ("ended", 2),
+        ("world_size", 0),
+        ("format", "v9"),
+    ]:
         with pytest.raises(ValueError, match=column):
             Checkpoint.from_row({**good, column: value})
 
 
 def test_v1_checkpoint_rows_of_older_stores_still_verify() -> None:
     """A row written before signed tree heads (format NULL) is an auditlog-checkpoint-v1 statement."""
-    unsigned = Checkpoint("run1", 0, 42, H1, 123, fingerprint(KEY), "", format="auditlog-checkpoint-v1")
+    unsigned = Checkpoint(
+        "run1", 0, 42, H1, 123, fingerprint(KEY), "", format="auditlog-checkpoint-v1"
+    )
     expected = (
         '{"created_ns":123,"format":"auditlog-checkpoint-v1","head_hash":"' + H1 + '",'
         '"key_fingerprint":"' + fingerprint(KEY) + '","run_id":"run1","seq":42,'
@@ -122,8 +153,14 @@ def test_v1_checkpoint_rows_of_older_stores_still_verify() -> None:
 
 # --------------------------------------------------------------------------- head statements
 def statement() -> HeadStatement:
-    return sign_heads(KEY, "store1", "run1", [StreamHead(1, 9, H2, R1, True), StreamHead(0, 42, H1, R1, False)],
-                      created_ns=5, world_size=2)
+    return sign_heads(
+        KEY,
+        "store1",
+        "run1",
+        [StreamHead(1, 9, H2, R1, True), StreamHead(0, 42, H1, R1, False)],
+        created_ns=5,
+        world_size=2,
+    )
 
 
 def test_head_statement_round_trips_and_verifies() -> None:
@@ -147,8 +184,14 @@ def test_head_statement_round_trips_and_verifies() -> None:
 
 
 def test_v1_head_statements_still_parse_and_verify() -> None:
-    unsigned = {"format": "auditlog-head-v1", "store_id": "s", "run_id": "r", "created_ns": 1,
-                "heads": [{"stream": 0, "seq": 3, "head_hash": H1}], "key_fingerprint": fingerprint(KEY)}
+    unsigned = {
+        "format": "auditlog-head-v1",
+        "store_id": "s",
+        "run_id": "r",
+        "created_ns": 1,
+        "heads": [{"stream": 0, "seq": 3, "head_hash": H1}],
+        "key_fingerprint": fingerprint(KEY),
+    }
     text = json.dumps({**unsigned, "signature": KEY.sign(canonical_statement(unsigned)).hex()})
     parsed = HeadStatement.parse(text, "old.json")
     assert not parsed.is_tree_head and not parsed.complete
@@ -170,7 +213,9 @@ def test_v1_head_statements_still_parse_and_verify() -> None:
     ],
     ids=lambda v: str(v),
 )
-def test_editing_any_field_of_a_statement_breaks_its_signature(path: tuple[Any, ...], value: Any) -> None:
+def test_editing_any_field_of_a_statement_breaks_its_signature(
+    path: tuple[Any, ...], value: Any
+) -> None:
     data = json.loads(statement().to_json())
     target = data
     for part in path[:-1]:
@@ -201,7 +246,11 @@ def _mutations() -> list[tuple[str, str, str]]:
         ("a list", "[1, 2]", "not a JSON object"),
         ("other format", edit(format="auditlog-head-v9"), "format 'auditlog-head-v9'"),
         ("extra field", edit(comment="hi"), "comment"),
-        ("missing field", json.dumps({k: v for k, v in good.items() if k != "store_id"}), "store_id"),
+        (
+            "missing field",
+            json.dumps({k: v for k, v in good.items() if k != "store_id"}),
+            "store_id",
+        ),
         ("run_id number", edit(run_id=5), "run_id"),
         ("created_ns text", edit(created_ns="5"), "created_ns"),
         ("created_ns bool", edit(created_ns=True), "created_ns"),

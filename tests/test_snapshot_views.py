@@ -74,9 +74,15 @@ def test_snapshots_view_equals_the_snapshot_events(rec: Recorded, session: Query
                     continue
                 trigger, tag, items = "sealed", None, payload["tensors"]
             else:
-                trigger, tag, items = payload["trigger"], payload["tag"], payload["snapshot"]["tensors"]
+                trigger, tag, items = (
+                    payload["trigger"],
+                    payload["tag"],
+                    payload["snapshot"]["tensors"],
+                )
             for item in items:
-                want.append((event["seq"], event["step"], trigger, tag, item["tensor_id"], item["sha256"]))
+                want.append(
+                    (event["seq"], event["step"], trigger, tag, item["tensor_id"], item["sha256"])
+                )
         catalog = store.event_store.blob_rows()
     got = rows(
         session,
@@ -88,17 +94,37 @@ def test_snapshots_view_equals_the_snapshot_events(rec: Recorded, session: Query
     assert {g[1] for g in got if g[2] == "step"} == {1, 2, 3}
     for g in got:  # the catalog's facts, for every row
         blob = catalog[g[5]]
-        assert (g[6], g[8], g[9], g[10]) == (blob["dtype"], blob["numel"], blob["nbytes"], blob["file"])
+        assert (g[6], g[8], g[9], g[10]) == (
+            blob["dtype"],
+            blob["numel"],
+            blob["nbytes"],
+            blob["file"],
+        )
         assert str(g[7]).replace(" ", "") == blob["shape"].replace(" ", "")
-    names = {t for (t,) in rows(session, f"select distinct tensor from snapshots where run_id = '{rec.first}'")}
+    names = {
+        t
+        for (t,) in rows(
+            session, f"select distinct tensor from snapshots where run_id = '{rec.first}'"
+        )
+    }
     assert names == {
-        "0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean", "1.running_var",
-        "1.num_batches_tracked", "2.weight", "2.bias", "2.scale",
+        "0.weight",
+        "0.bias",
+        "1.weight",
+        "1.bias",
+        "1.running_mean",
+        "1.running_var",
+        "1.num_batches_tracked",
+        "2.weight",
+        "2.bias",
+        "2.scale",
     }
 
 
 @pytest.mark.parametrize("name", ["0.weight", "1.running_var", "1.num_batches_tracked"])
-def test_tensor_values_are_the_parameter_at_a_step(rec: Recorded, session: QuerySession, name: str) -> None:
+def test_tensor_values_are_the_parameter_at_a_step(
+    rec: Recorded, session: QuerySession, name: str
+) -> None:
     with auditlog.open(rec.path) as store:
         expected = store.run(rec.first).state_dict(step=2)[name]
     (sha,) = rows(
@@ -106,13 +132,17 @@ def test_tensor_values_are_the_parameter_at_a_step(rec: Recorded, session: Query
         f"select distinct sha256 from snapshots where run_id = '{rec.first}' and step = 2 "
         f"and trigger = 'step' and tensor = '{name}'",
     )[0]
-    values = rows(session, f"select index, value from tensor_values where sha256 = '{sha}' order by index")
+    values = rows(
+        session, f"select index, value from tensor_values where sha256 = '{sha}' order by index"
+    )
     assert [i for i, _ in values] == list(range(expected.numel()))
     got = torch.tensor([v for _, v in values], dtype=torch.float64).reshape(expected.shape)
     assert torch.equal(got, expected.to(torch.float64))
 
 
-def test_raw_layout_values_are_null_one_row_per_element(rec: Recorded, session: QuerySession) -> None:
+def test_raw_layout_values_are_null_one_row_per_element(
+    rec: Recorded, session: QuerySession
+) -> None:
     got = rows(
         session,
         "select count(*), count(value), max(index) from tensor_values where sha256 in "
@@ -123,7 +153,12 @@ def test_raw_layout_values_are_null_one_row_per_element(rec: Recorded, session: 
 
 def test_a_sha256_filter_opens_one_file(rec: Recorded, session: QuerySession) -> None:
     (sha,) = rows(session, "select sha256 from snapshots where dtype = 'float32' limit 1")[0]
-    plan = "\n".join(str(r[-1]) for r in rows(session, f"explain analyze select * from tensor_values where sha256 = '{sha}'"))
+    plan = "\n".join(
+        str(r[-1])
+        for r in rows(
+            session, f"explain analyze select * from tensor_values where sha256 = '{sha}'"
+        )
+    )
     assert "Total Files Read: 1" in plan
 
 
@@ -133,15 +168,25 @@ def test_run_option_scopes_the_snapshot_views(rec: Recorded) -> None:
         assert result.exit_code == 0, result.stderr
         return list(json.loads(result.stdout))
 
-    first = {r["sha256"] for r in json_rows("--run", "first", "select distinct sha256 from snapshots")}
-    second = {r["sha256"] for r in json_rows("--run", "second", "select distinct sha256 from snapshots")}
+    first = {
+        r["sha256"] for r in json_rows("--run", "first", "select distinct sha256 from snapshots")
+    }
+    second = {
+        r["sha256"] for r in json_rows("--run", "second", "select distinct sha256 from snapshots")
+    }
     assert first - second and second - first  # different seeds: different contents
-    scoped = {r["sha256"] for r in json_rows("--run", "first", "select distinct sha256 from tensor_values")}
+    scoped = {
+        r["sha256"]
+        for r in json_rows("--run", "first", "select distinct sha256 from tensor_values")
+    }
     assert scoped == first
 
 
 def test_file_access_is_the_snapshots_directory_only(rec: Recorded, tmp_path: Path) -> None:
-    assert invoke("query", "--store", str(rec.path), "select count(*) from tensor_values").exit_code == 0
+    assert (
+        invoke("query", "--store", str(rec.path), "select count(*) from tensor_values").exit_code
+        == 0
+    )
     before = tree_digest(rec.path)
     outside = tmp_path / "outside.parquet"
     pq.write_table(pa.table({"value": [1.0, 2.0]}), outside)
@@ -157,13 +202,19 @@ def test_file_access_is_the_snapshots_directory_only(rec: Recorded, tmp_path: Pa
         assert "Permission Error" in result.stderr, (sql, result.stderr)
     # The snapshots directory itself is readable (that is what the view needs) ...
     direct = invoke(
-        "query", "--store", str(rec.path), "--format", "csv",
+        "query",
+        "--store",
+        str(rec.path),
+        "--format",
+        "csv",
         f"select count(*) as n from read_parquet('{rec.path}/snapshots/*/*.parquet', union_by_name = true)",
     )
     assert direct.exit_code == 0, direct.stderr
     assert int(direct.stdout.splitlines()[1]) > 0
     # ... but not writable, and nothing in the store changed.
-    copy = invoke("query", "--store", str(rec.path), f"copy (select 1) to '{rec.path}/snapshots/x.csv'")
+    copy = invoke(
+        "query", "--store", str(rec.path), f"copy (select 1) to '{rec.path}/snapshots/x.csv'"
+    )
     assert copy.exit_code == 2
     assert tree_digest(rec.path) == before
 
@@ -171,7 +222,10 @@ def test_file_access_is_the_snapshots_directory_only(rec: Recorded, tmp_path: Pa
 def test_session_still_refuses_in_python(rec: Recorded) -> None:
     event_store = EventStore.open(rec.path)
     try:
-        with QuerySession(ReadModel(event_store)) as session, pytest.raises(QueryError, match="Permission Error"):
+        with (
+            QuerySession(ReadModel(event_store)) as session,
+            pytest.raises(QueryError, match="Permission Error"),
+        ):
             list(session.execute("select * from read_text('/etc/hostname')").rows)
     finally:
         event_store.close()

@@ -34,7 +34,9 @@ def test_every_dtype_round_trips_bitwise(tmp_path: Path, dtype: torch.dtype) -> 
     assert same_bits(store.get(store.put(special)), special)
 
 
-def test_large_tensor_is_written_in_bounded_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_large_tensor_is_written_in_bounded_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import auditlog.store.blobformat as snapshot_format
 
     monkeypatch.setattr(snapshot_format, "CHUNK_BYTES", 4096)
@@ -114,7 +116,9 @@ def test_frozen_layers_do_not_grow_the_snapshot_directory(store: Path) -> None:
     assert all(e["payload"]["snapshot"]["new_bytes"] <= head_bytes for e in step_events)
 
 
-def test_a_writer_that_cannot_keep_up_is_reported_never_skipped(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_writer_that_cannot_keep_up_is_reported_never_skipped(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A deliberately slowed snapshot writer (0.5 s per snapshot) and a snapshot every step
     of a model whose steps take milliseconds."""
     from auditlog.capture.roots import SNAPSHOT_BACKLOG
@@ -138,7 +142,9 @@ def test_a_writer_that_cannot_keep_up_is_reported_never_skipped(store: Path, mon
             live[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
     with auditlog.open(store) as opened:
         run = opened.run()
-        events = [e for e in run.events(kinds=["snapshot_taken"]) if e["payload"]["trigger"] == "step"]
+        events = [
+            e for e in run.events(kinds=["snapshot_taken"]) if e["payload"]["trigger"] == "step"
+        ]
         assert [e["step"] for e in events] == [1, 2, 3, 4, 5]  # every one taken, none skipped
         overruns = [e["payload"].get("overrun") for e in events]
         reported = [o for o in overruns if o is not None]
@@ -152,7 +158,12 @@ def test_a_writer_that_cannot_keep_up_is_reported_never_skipped(store: Path, mon
             restored = run.state_dict(step=step)
             assert all(torch.equal(restored[k], v) for k, v in live[step].items())
     rows = json.loads(invoke("snapshots", "--store", str(store), "--format", "json").stdout)
-    assert [r["behind"] for r in rows if r["trigger"] == "step"] == [o["behind"] if o else 0 for o in overruns]
+    assert [r["behind"] for r in rows if r["trigger"] == "step"] == [
+        o["behind"] if o else 0 for o in overruns
+    ]
     table = invoke("snapshots", "--store", str(store)).stdout
     overran = sum(1 for r in rows if r["behind"])  # the run-end snapshot may have been behind too
-    assert f"{overran} snapshots were due before earlier ones were stored" in table and "none was skipped" in table
+    assert (
+        f"{overran} snapshots were due before earlier ones were stored" in table
+        and "none was skipped" in table
+    )

@@ -70,7 +70,13 @@ def _answers(store: EventStore, run_ids: list[str]) -> dict[str, Any]:
         out[f"{run_id}:checkpoints"] = store.checkpoint_rows(run_id)
         out[f"{run_id}:all"] = list(store.iter_events(run_id, batch=7))
         out[f"{run_id}:filtered"] = list(
-            store.iter_events(run_id, kinds=["optimizer_step", "run_ended"], stream=0, step_range=(1, 2), prev_hash=True)
+            store.iter_events(
+                run_id,
+                kinds=["optimizer_step", "run_ended"],
+                stream=0,
+                step_range=(1, 2),
+                prev_hash=True,
+            )
         )
         out[f"{run_id}:rare"] = list(store.iter_events(run_id, kinds=["run_started"], rare=True))
         out[f"{run_id}:count"] = store.count_events(run_id, ["optimizer_step"])
@@ -82,14 +88,18 @@ def _answers(store: EventStore, run_ids: list[str]) -> dict[str, Any]:
             out[f"{key}:tuples"] = [list(b) for b in store.event_tuples(run_id, stream, batch=5)]
             out[f"{key}:upto"] = [list(b) for b in store.event_tuples(run_id, stream, upto=4)]
             out[f"{key}:after"] = [list(b) for b in store.event_tuples(run_id, stream, after=4)]
-            out[f"{key}:resume"] = [list(b) for b in store.event_tuples(run_id, stream, resume=(3, 3))]
+            out[f"{key}:resume"] = [
+                list(b) for b in store.event_tuples(run_id, stream, resume=(3, 3))
+            ]
             out[f"{key}:max_step"] = store.max_step(run_id, stream)
             out[f"{key}:step_seq"] = store.step_seq(run_id, stream, 1)
             out[f"{key}:step_seqs"] = store.step_seqs(run_id, stream)
             out[f"{key}:from_step"] = store.first_seq_from_step(run_id, stream, 1)
             head = store.chain_head(run_id, stream)
             if head is not None:
-                out[f"{key}:heads"] = store.stream_head_hashes([(run_id, stream, head[0]), (run_id, stream, 10**6)])
+                out[f"{key}:heads"] = store.stream_head_hashes(
+                    [(run_id, stream, head[0]), (run_id, stream, 10**6)]
+                )
     return out
 
 
@@ -101,7 +111,10 @@ def _through_engine(store: EventStore) -> EventStore:
 @pytest.fixture
 def store_dir(tmp_path: Path) -> tuple[Path, list[str]]:
     store = tmp_path / "store"
-    ids = [record_run(store, steps=3, name="a"), record_run(store, steps=2, name="b", snapshot_every=1)]
+    ids = [
+        record_run(store, steps=3, name="a"),
+        record_run(store, steps=2, name="b", snapshot_every=1),
+    ]
     return store, ids
 
 
@@ -124,8 +137,12 @@ def test_garbled_rows_read_the_same_both_ways(store_dir: tuple[Path, list[str]])
     """Rows an edit left with values of the wrong type come back as stored, both ways."""
     path, ids = store_dir
     with tamper(path) as conn:
-        conn.execute("UPDATE events SET stream = 'x', step = 'nine' WHERE run_id = ? AND seq = 3", (ids[0],))
-        conn.execute("UPDATE events SET payload = ? WHERE run_id = ? AND seq = 4", (b"\x00blob", ids[0]))
+        conn.execute(
+            "UPDATE events SET stream = 'x', step = 'nine' WHERE run_id = ? AND seq = 3", (ids[0],)
+        )
+        conn.execute(
+            "UPDATE events SET payload = ? WHERE run_id = ? AND seq = 4", (b"\x00blob", ids[0])
+        )
         conn.execute("UPDATE runs SET pid = 'p' WHERE run_id = ?", (ids[1],))
     store = EventStore.open(path)
     engine_store = _through_engine(store)
@@ -143,7 +160,10 @@ def test_driver_errors_become_the_same_store_errors(tmp_path: Path) -> None:
     path = tmp_path / "store"
     run_id = record_run(path, steps=1)
     with tamper(path) as conn:
-        conn.execute("UPDATE events SET kind = CAST(? AS TEXT) WHERE run_id = ? AND seq = 1", (b"\xff\xfe", run_id))
+        conn.execute(
+            "UPDATE events SET kind = CAST(? AS TEXT) WHERE run_id = ? AND seq = 1",
+            (b"\xff\xfe", run_id),
+        )
     store = EventStore.open(path)
     engine_store = _through_engine(store)
     messages = []
@@ -159,7 +179,9 @@ def test_driver_errors_become_the_same_store_errors(tmp_path: Path) -> None:
     assert messages[0][0] is StoreUnavailableError
 
 
-def test_reading_a_sqlite_store_does_not_import_sqlalchemy(store_dir: tuple[Path, list[str]]) -> None:
+def test_reading_a_sqlite_store_does_not_import_sqlalchemy(
+    store_dir: tuple[Path, list[str]],
+) -> None:
     import subprocess
 
     path, ids = store_dir
@@ -172,9 +194,16 @@ def test_reading_a_sqlite_store_does_not_import_sqlalchemy(store_dir: tuple[Path
         "    reports = s.verify('all')\n"
         "print(json.dumps([len(infos), len(events), all(r.ok for r in reports), 'sqlalchemy' in sys.modules]))\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == [2, len(list(EventStore.open(path).iter_events(ids[0]))), True, False]
+    assert json.loads(done.stdout) == [
+        2,
+        len(list(EventStore.open(path).iter_events(ids[0]))),
+        True,
+        False,
+    ]
 
 
 def test_a_result_left_half_read_does_not_pin_later_questions(tmp_path: Path) -> None:

@@ -32,7 +32,11 @@ print(json.dumps({"code": code, "loaded": [m for m in heavy if m in sys.modules]
 
 def loaded(args: list[str], cwd: Path) -> list[str]:
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, json.dumps(args)], cwd=cwd, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", PROBE, json.dumps(args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     report = json.loads(done.stderr.strip().splitlines()[-1])
     assert report["code"] == 0, done.stderr
@@ -51,9 +55,16 @@ def test_read_commands_do_not_import_torch_or_duckdb(tmp_path: Path) -> None:
     store = tmp_path / "store"
     record_run(store, steps=3, snapshot_initial=False, snapshot_final=False)
     for args in (["runs"], ["events", "--limit", "5"], ["verify"], ["tree"], ["snapshots"]):
-        heavy = loaded([*args, "--store", str(store), "--format", "json"] if args[0] != "verify" else
-                       [*args, "--store", str(store)], tmp_path)
-        assert "torch" not in heavy and "duckdb" not in heavy and "pyarrow" not in heavy, (args, heavy)
+        heavy = loaded(
+            [*args, "--store", str(store), "--format", "json"]
+            if args[0] != "verify"
+            else [*args, "--store", str(store)],
+            tmp_path,
+        )
+        assert "torch" not in heavy and "duckdb" not in heavy and "pyarrow" not in heavy, (
+            args,
+            heavy,
+        )
         # A SQLite store is read with the stdlib sqlite3 module (store/sqlread.py).
         assert "sqlalchemy" not in heavy, (args, heavy)
 
@@ -62,11 +73,15 @@ def test_read_commands_do_not_import_torch_or_duckdb(tmp_path: Path) -> None:
 def test_query_imports_duckdb_but_not_torch(tmp_path: Path) -> None:
     store = tmp_path / "store"
     record_run(store, steps=2, snapshot_initial=False, snapshot_final=False)
-    heavy = loaded(["query", "--store", str(store), "--format", "json", "select 1 as one"], tmp_path)
+    heavy = loaded(
+        ["query", "--store", str(store), "--format", "json", "select 1 as one"], tmp_path
+    )
     assert "duckdb" in heavy and "torch" not in heavy
     # Warm: the read model is fresh, so neither pyarrow (nor pandas, which pyarrow
     # imports for a table built from Python lists) nor SQLAlchemy is needed.
-    heavy = loaded(["query", "--store", str(store), "--format", "json", "select count(*) from runs"], tmp_path)
+    heavy = loaded(
+        ["query", "--store", str(store), "--format", "json", "select count(*) from runs"], tmp_path
+    )
     assert not {"torch", "pyarrow", "pandas", "numpy", "sqlalchemy"} & set(heavy), heavy
 
 

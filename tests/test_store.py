@@ -41,8 +41,6 @@ def cli(*args: str, store: Path | str) -> CliResult:
     return invoke(*args, "--store", str(store))
 
 
-
-
 def checkpoint(db: Path) -> None:
     """Fold the WAL back into the main file so its bytes are the whole database."""
     conn = sqlite3.connect(db)

@@ -57,18 +57,26 @@ def test_load_state_dict_and_to_float64_swap_under_recording(store: Path, swappi
     kinds = [e["kind"] for e in events]
     assert "recorder_error" not in kinds
     registered = {
-        (e["module_id"], e["payload"]["name"]): e["tensor_id"] for e in events if e["kind"] == "parameter_registered"
+        (e["module_id"], e["payload"]["name"]): e["tensor_id"]
+        for e in events
+        if e["kind"] == "parameter_registered"
     }
     steps = [e for e in events if e["kind"] == "optimizer_step"]
     # a swap keeps the tensor id: the same Parameter object, at the same place
     assert steps[0]["payload"]["tensor_ids"] == steps[1]["payload"]["tensor_ids"]
-    changed = [e for e in events if e["kind"] == "structure_changed" and e["payload"]["change"] == "tensor_changed"]
+    changed = [
+        e
+        for e in events
+        if e["kind"] == "structure_changed" and e["payload"]["change"] == "tensor_changed"
+    ]
     assert {e["tensor_id"] for e in changed} >= set(steps[0]["payload"]["tensor_ids"])
     assert all(e["payload"]["after"] == {"dtype": "float64"} for e in changed)
     weight_id = steps[0]["payload"]["tensor_ids"][0]
     assert weight_id in registered.values()
     assert state.tensors[weight_id].dtype == "float64"
-    loaded = next(e for e in events if e["kind"] == "snapshot_taken" and e["payload"]["tag"] == "loaded")
+    loaded = next(
+        e for e in events if e["kind"] == "snapshot_taken" and e["payload"]["tag"] == "loaded"
+    )
     hashes = {t["tensor_id"]: t["sha256"] for t in loaded["payload"]["snapshot"]["tensors"]}
     assert hashes[weight_id] == auditlog.tensor_hash(other[0].weight.detach())
     assert rebuilt.keys() == final.keys()
@@ -140,7 +148,9 @@ def test_swapping_under_auditlog_run_matches_python(tmp_path: Path, store: Path)
 
     script = tmp_path / "swap.py"
     script.write_text(SWAP_SCRIPT)
-    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    plain = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
     assert plain.returncode == 0, plain.stderr
     recorded = run_auditlog("run", "--store", str(store), str(script), cwd=tmp_path)
     assert recorded.returncode == 0, recorded.stderr

@@ -19,7 +19,9 @@ def test_private_torch_attribute_exists(name: str) -> None:
     try:
         torch_compat.REQUIRED[name]()
     except (AttributeError, ValueError, TypeError) as exc:
-        pytest.fail(f"torch {torch.__version__} no longer has {name} ({exc}); update auditlog/capture/torch_compat.py")
+        pytest.fail(
+            f"torch {torch.__version__} no longer has {name} ({exc}); update auditlog/capture/torch_compat.py"
+        )
 
 
 @pytest.mark.parametrize("name", sorted(loader_compat.REQUIRED))
@@ -27,7 +29,9 @@ def test_private_dataloader_attribute_exists(name: str) -> None:
     try:
         loader_compat.REQUIRED[name]()
     except (AttributeError, ValueError, TypeError) as exc:
-        pytest.fail(f"torch {torch.__version__} no longer has {name} ({exc}); update auditlog/capture/loader_compat.py")
+        pytest.fail(
+            f"torch {torch.__version__} no longer has {name} ({exc}); update auditlog/capture/loader_compat.py"
+        )
 
 
 def test_accessors_read_what_torch_holds() -> None:
@@ -94,7 +98,9 @@ def test_global_hook_tables_are_the_ones_torch_registers_into(table: str) -> Non
         "buffer_registration": nn_module.register_module_buffer_registration_hook,
         "forward_pre": nn_module.register_module_forward_pre_hook,
         "forward": nn_module.register_module_forward_hook,
-        "forward_always_called": lambda hook: nn_module.register_module_forward_hook(hook, always_call=True),
+        "forward_always_called": lambda hook: nn_module.register_module_forward_hook(
+            hook, always_call=True
+        ),
         "backward_pre": nn_module.register_module_full_backward_pre_hook,
         "backward": nn_module.register_module_full_backward_hook,
         "optimizer_step_pre": optim_module.register_optimizer_step_pre_hook,

@@ -38,7 +38,12 @@ def test_ddp_job_is_one_run_with_a_stream_per_rank(tmp_path: Path, module: bool)
     torchrun(tmp_path, "run", "--store", store, SCRIPT, "--steps", "4", module=module)
 
     [run] = cli_json("runs", "--store", store)
-    assert (run["status"], run["world_size"], run["streams"], run["steps"]) == ("completed", 2, 2, 4)
+    assert (run["status"], run["world_size"], run["streams"], run["steps"]) == (
+        "completed",
+        2,
+        2,
+        4,
+    )
     assert run["argv"][0].endswith("train_ddp.py") and run["duration_s"] > 0
     assert [(r["rank"], r["status"]) for r in run["ranks"]] == [(0, "completed"), (1, "completed")]
 
@@ -47,15 +52,25 @@ def test_ddp_job_is_one_run_with_a_stream_per_rank(tmp_path: Path, module: bool)
     assert "2 stream(s): intact" in verified.stdout
 
     started = cli_json("events", "--store", store, "--kind", "run_started")
-    assert [(e["stream"], e["payload"]["rank"], e["payload"]["world_size"]) for e in started] == [(0, 0, 2), (1, 1, 2)]
+    assert [(e["stream"], e["payload"]["rank"], e["payload"]["world_size"]) for e in started] == [
+        (0, 0, 2),
+        (1, 1, 2),
+    ]
     assert {e["payload"]["launcher"] for e in started} == {"torchrun"}
     assert {e["payload"]["run_id_source"] for e in started} == {"torchrun agent store"}
 
-    steps = cli_json("query", "--store", store, "select rank, count(*) as n, max(grad_norm_spread) as spread "
-                     "from rank_steps group by rank order by rank")
+    steps = cli_json(
+        "query",
+        "--store",
+        store,
+        "select rank, count(*) as n, max(grad_norm_spread) as spread "
+        "from rank_steps group by rank order by rank",
+    )
     assert [(s["rank"], s["n"]) for s in steps] == [(0, 4), (1, 4)]  # per-rank step counts equal
     assert all(s["spread"] < 1e-6 for s in steps)  # DDP averaged the gradients
-    losses = cli_json("query", "--store", store, "select rank, loss from rank_steps where step = 1 order by rank")
+    losses = cli_json(
+        "query", "--store", store, "select rank, loss from rank_steps where step = 1 order by rank"
+    )
     assert all(row["loss"] is not None for row in losses) and losses[0]["loss"] != losses[1]["loss"]
 
     for rank in ("0", "1"):
@@ -63,10 +78,22 @@ def test_ddp_job_is_one_run_with_a_stream_per_rank(tmp_path: Path, module: bool)
         assert tree["class"] == "torch.nn.modules.container.Sequential"
         assert tree["wrapped_by"] == ["torch.nn.parallel.distributed.DistributedDataParallel"]
         assert [c["name"] for c in tree["children"]] == ["0", "1", "2"]
-    names = cli_json("query", "--store", store, "select distinct module from forward_stats union "
-                     "select distinct module from backward_stats order by 1")
-    assert [n["module"] for n in names] == ["(Sequential)", "0", "1", "2"]  # no DDP wrapper, no "module."
-    parameters = cli_json("query", "--store", store, "--rank", "1", "select parameter from parameters order by 1")
+    names = cli_json(
+        "query",
+        "--store",
+        store,
+        "select distinct module from forward_stats union "
+        "select distinct module from backward_stats order by 1",
+    )
+    assert [n["module"] for n in names] == [
+        "(Sequential)",
+        "0",
+        "1",
+        "2",
+    ]  # no DDP wrapper, no "module."
+    parameters = cli_json(
+        "query", "--store", store, "--rank", "1", "select parameter from parameters order by 1"
+    )
     assert [p["parameter"] for p in parameters] == ["0.bias", "0.weight", "2.bias", "2.weight"]
     rank1 = cli_json("events", "--store", store, "--rank", "1", "--kind", "optimizer_step")
     assert {e["stream"] for e in rank1} == {1} and len(rank1) == 4
@@ -82,7 +109,9 @@ def test_a_killed_rank_is_named_in_the_run_status(tmp_path: Path) -> None:
     by_rank = {r["rank"]: r["status"] for r in run["ranks"]}
     assert by_rank[1] == "crashed" and by_rank[0] in ("failed", "interrupted", "crashed")
     table = invoke("runs", "--store", store)
-    assert "crashed (rank 1)" in table.stdout or (by_rank[0] == "crashed" and "crashed (ranks 0, 1)" in table.stdout)
+    assert "crashed (rank 1)" in table.stdout or (
+        by_rank[0] == "crashed" and "crashed (ranks 0, 1)" in table.stdout
+    )
     verified = invoke("verify", "--store", store)
     assert verified.exit_code == 0, verified.stdout  # what was written is intact
 
@@ -90,7 +119,15 @@ def test_a_killed_rank_is_named_in_the_run_status(tmp_path: Path) -> None:
 def test_elastic_restart_appends_a_new_segment(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     torchrun(
-        tmp_path, "run", "--store", store, SCRIPT, "--fail-rank", "1", "--fail-restart", "0",
+        tmp_path,
+        "run",
+        "--store",
+        store,
+        SCRIPT,
+        "--fail-rank",
+        "1",
+        "--fail-restart",
+        "0",
         torchrun_args=("--max-restarts=1",),
     )
     [run] = cli_json("runs", "--store", store)
@@ -99,7 +136,10 @@ def test_elastic_restart_appends_a_new_segment(tmp_path: Path) -> None:
     assert "1 restart before" in run["status_detail"] and "rank 1 failed" in run["status_detail"]
     started = cli_json("events", "--store", store, "--kind", "run_started")
     assert {(e["stream"], e["payload"]["restart"], e["payload"]["segment"]) for e in started} == {
-        (0, 0, 0), (1, 0, 0), (STREAM_STRIDE, 1, 1), (STREAM_STRIDE + 1, 1, 1)
+        (0, 0, 0),
+        (1, 0, 0),
+        (STREAM_STRIDE, 1, 1),
+        (STREAM_STRIDE + 1, 1, 1),
     }
     verified = invoke("verify", "--store", store)
     assert verified.exit_code == 0 and "4 stream(s): intact" in verified.stdout
@@ -117,7 +157,11 @@ def test_record_api_inside_a_torchrun_script(tmp_path: Path) -> None:
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(script)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     [run] = cli_json("runs", "--store", str(tmp_path / "store"))
@@ -132,7 +176,9 @@ def _answers(store: str) -> dict[str, Any]:
     for node in tree:
         _drop_ids(node)
     rows = cli_json(
-        "query", "--store", store,
+        "query",
+        "--store",
+        store,
         "select rank, step, round(grad_norm, 9) as g, round(loss, 6) as loss from rank_steps order by rank, step",
     )
     return {

@@ -20,13 +20,31 @@ from auditlog.present import tree_text
 
 
 def _tensor(name: str, **facts: Any) -> dict[str, Any]:
-    return {"name": name, "shape": [2, 3], "dtype": "float32", "persistent": None, "requires_grad": True,
-            "sha256": "ab" * 32, "snapshot_step": 3, **facts}
+    return {
+        "name": name,
+        "shape": [2, 3],
+        "dtype": "float32",
+        "persistent": None,
+        "requires_grad": True,
+        "sha256": "ab" * 32,
+        "snapshot_step": 3,
+        **facts,
+    }
 
 
-def _module(name: str, cls: str | None, children: list[dict[str, Any]] = (), **facts: Any) -> dict[str, Any]:  # type: ignore[assignment]
-    return {"name": name, "class": cls, "wrapped_by": [], "source": "model.py:12", "parameters": [],
-            "buffers": [], "children": list(children), **facts}
+def _module(
+    name: str, cls: str | None, children: list[dict[str, Any]] = (), **facts: Any
+) -> dict[str, Any]:  # type: ignore[assignment]
+    return {
+        "name": name,
+        "class": cls,
+        "wrapped_by": [],
+        "source": "model.py:12",
+        "parameters": [],
+        "buffers": [],
+        "children": list(children),
+        **facts,
+    }
 
 
 def _rich_text(item: dict[str, Any], width: int = 200) -> str:
@@ -38,12 +56,26 @@ def _rich_text(item: dict[str, Any], width: int = 200) -> str:
 
 
 def _sample(name: str = "[bold]x\\") -> dict[str, Any]:
-    leaf = _module("0", "torch.nn.Linear", parameters=[_tensor("weight"), _tensor("bias", requires_grad=False)])
-    norm = _module("norm", "torch.nn.BatchNorm1d", source=None, buffers=[
-        _tensor("running_mean", persistent=True), _tensor("num_batches", persistent=False, sha256=None)])
+    leaf = _module(
+        "0", "torch.nn.Linear", parameters=[_tensor("weight"), _tensor("bias", requires_grad=False)]
+    )
+    norm = _module(
+        "norm",
+        "torch.nn.BatchNorm1d",
+        source=None,
+        buffers=[
+            _tensor("running_mean", persistent=True),
+            _tensor("num_batches", persistent=False, sha256=None),
+        ],
+    )
     inner = _module(name, None, [leaf, _module("act", "torch.nn.Tanh")])
-    return _module("", "my.Model", [inner, norm, _module("héllo", "x.Y")], wrapped_by=["torch.nn.DataParallel"],
-                   parameters=[_tensor("scale")])
+    return _module(
+        "",
+        "my.Model",
+        [inner, norm, _module("héllo", "x.Y")],
+        wrapped_by=["torch.nn.DataParallel"],
+        parameters=[_tensor("scale")],
+    )
 
 
 def test_plain_lines_are_richs_text() -> None:

@@ -49,7 +49,9 @@ def test_changed_snapshot_file_fails_naming_tensor_and_file(store: Path) -> None
     path.write_bytes(bytes(data))
     result = invoke("verify", "--store", str(store))
     assert result.exit_code == 4
-    assert "1.weight" in result.stderr and path.name in result.stderr and "modified" in result.stderr
+    assert (
+        "1.weight" in result.stderr and path.name in result.stderr and "modified" in result.stderr
+    )
 
 
 def test_missing_snapshot_file_is_reported_as_missing(store: Path) -> None:
@@ -58,7 +60,11 @@ def test_missing_snapshot_file_is_reported_as_missing(store: Path) -> None:
     path.unlink()
     result = invoke("verify", "--store", str(store))
     assert result.exit_code == 4
-    assert "0.bias" in result.stderr and "missing" in result.stderr and "Traceback" not in result.stderr
+    assert (
+        "0.bias" in result.stderr
+        and "missing" in result.stderr
+        and "Traceback" not in result.stderr
+    )
     for name in ("x.pt", "x.safetensors"):
         restore = invoke("restore", "--store", str(store), "-o", str(store.parent / name))
         assert restore.exit_code == 4 and "0.bias" in restore.stderr and "missing" in restore.stderr
@@ -70,7 +76,9 @@ def test_one_changed_byte_is_caught_by_verify_and_refused_by_restore(store: Path
     original = path.read_bytes()
     with auditlog.open(store) as s:
         values = s.run().state_dict()["0.weight"].numpy().tobytes()
-    where = original.find(values)  # floats are stored uncompressed: the values lie in the file as they are
+    where = original.find(
+        values
+    )  # floats are stored uncompressed: the values lie in the file as they are
     assert where > 0
     data = bytearray(original)
     data[where + 5] ^= 0x01  # one bit of one byte of one value
@@ -98,6 +106,9 @@ def test_a_changed_byte_outside_the_values_is_caught_by_the_file_digest(store: P
     path.write_bytes(bytes(data))
     result = invoke("verify", "--store", str(store))
     assert result.exit_code == 4 and "0.weight" in result.stderr
-    assert "the file's bytes hash to" in result.stderr and "file modified outside its values" in result.stderr
+    assert (
+        "the file's bytes hash to" in result.stderr
+        and "file modified outside its values" in result.stderr
+    )
     # the values are intact: restore, which checks the content hash, still answers them
     assert invoke("restore", "--store", str(store), "-o", str(store.parent / "x.pt")).exit_code == 0

@@ -57,7 +57,12 @@ def wide(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, list[list
     torch.manual_seed(0)
     expected: list[list[float | None]] = []
     with auditlog.record(
-        store, activity=False, flops=False, snapshot_initial=False, snapshot_final=False, norms_every=1
+        store,
+        activity=False,
+        flops=False,
+        snapshot_initial=False,
+        snapshot_final=False,
+        norms_every=1,
     ) as recording:
         model = Wide()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -82,7 +87,8 @@ def stored_vectors(store: Path, run_id: str) -> list[dict[str, Any]]:
         texts = [
             r[0]
             for r in conn.execute(
-                "select payload from events where run_id = ? and kind = 'optimizer_step' order by seq", (run_id,)
+                "select payload from events where run_id = ? and kind = 'optimizer_step' order by seq",
+                (run_id,),
             )
         ]
     finally:
@@ -91,14 +97,19 @@ def stored_vectors(store: Path, run_id: str) -> list[dict[str, Any]]:
     for text in texts:
         payload = json.loads(text)
         # tensor ids packed as int16 (core.packed: they fit), the same for the one param group
-        assert set(payload["tensor_ids"]) == {"i16"} and payload["param_groups"][0]["params"] == payload["tensor_ids"]
+        assert (
+            set(payload["tensor_ids"]) == {"i16"}
+            and payload["param_groups"][0]["params"] == payload["tensor_ids"]
+        )
         ids = np.frombuffer(base64.b64decode(payload["tensor_ids"]["i16"]), dtype="<i2").tolist()
         payload["tensor_ids"] = ids
         payload["param_groups"][0]["params"] = ids
         for key in ("grad_norm", "update_norm", "param_norm"):
             packed = payload[key]
             assert set(packed) <= {"f32", "absent"}, packed  # packed, not a list
-            values: list[Any] = np.frombuffer(base64.b64decode(packed["f32"]), dtype="<f4").astype(float).tolist()
+            values: list[Any] = (
+                np.frombuffer(base64.b64decode(packed["f32"]), dtype="<f4").astype(float).tolist()
+            )
             for i in packed.get("absent", []):
                 values[i] = None
             payload[key] = values
@@ -128,12 +139,22 @@ def test_every_parameter_has_its_norms(wide: tuple[Path, str, list[list[float | 
     assert [p["nonfinite_grads"] for p in stored[:-1]] == [0] * (STEPS - 1)
 
 
-def test_views_and_events_give_back_the_stored_bits(wide: tuple[Path, str, list[list[float | None]]]) -> None:
+def test_views_and_events_give_back_the_stored_bits(
+    wide: tuple[Path, str, list[list[float | None]]],
+) -> None:
     store, run_id, _ = wide
     stored = stored_vectors(store, run_id)
     want = [
-        (step + 1, i, p["tensor_ids"][i], 0, 0.01,
-         bits(p["grad_norm"][i]), bits(p["update_norm"][i]), bits(p["param_norm"][i]))
+        (
+            step + 1,
+            i,
+            p["tensor_ids"][i],
+            0,
+            0.01,
+            bits(p["grad_norm"][i]),
+            bits(p["update_norm"][i]),
+            bits(p["param_norm"][i]),
+        )
         for step, p in enumerate(stored)
         for i in range(len(p["tensor_ids"]))
     ]
@@ -146,7 +167,9 @@ def test_views_and_events_give_back_the_stored_bits(wide: tuple[Path, str, list[
         got = [(*r[:5], bits(r[5]), bits(r[6]), bits(r[7])) for r in rows]
     assert got == want
 
-    shown = invoke("events", run_id, "--store", str(store), "--kind", "optimizer_step", "--format", "json")
+    shown = invoke(
+        "events", run_id, "--store", str(store), "--kind", "optimizer_step", "--format", "json"
+    )
     assert shown.exit_code == 0, shown.stderr
     events = json.loads(shown.stdout)
     assert len(events) == STEPS
@@ -158,7 +181,9 @@ def test_views_and_events_give_back_the_stored_bits(wide: tuple[Path, str, list[
 
     with auditlog.open(store) as opened:
         api = [e["payload"] for e in opened.run(run_id).events(kinds=["optimizer_step"])]
-    assert [[bits(v) for v in p["grad_norm"]] for p in api] == [[bits(v) for v in p["grad_norm"]] for p in stored]
+    assert [[bits(v) for v in p["grad_norm"]] for p in api] == [
+        [bits(v) for v in p["grad_norm"]] for p in stored
+    ]
     assert [p["tensor_ids"] for p in api] == [p["tensor_ids"] for p in stored]
     assert [p["param_groups"][0]["params"] for p in api] == [p["tensor_ids"] for p in stored]
 

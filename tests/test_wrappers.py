@@ -17,7 +17,9 @@ from torch import nn
 import auditlog
 from auditlog.capture.torch_compat import parallel_wrapper_attr, unwrap_model
 
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"
+)
 
 
 class MyDataParallel(nn.DataParallel):  # type: ignore[type-arg]
@@ -53,14 +55,26 @@ def test_the_tree_and_names_are_the_users_model(store: Path) -> None:
     assert tree["class"] == "torch.nn.modules.container.Sequential"
     assert tree["wrapped_by"] == [f"{__name__}.MyDataParallel"]
     assert [c["name"] for c in tree["children"]] == ["0", "1", "2"]
-    rows = json.loads(invoke("query", "--store", str(store), "--format", "json",
-                             "select distinct module from forward_stats union "
-                             "select distinct module from backward_stats union "
-                             "select distinct parameter from steps order by 1").stdout)
+    rows = json.loads(
+        invoke(
+            "query",
+            "--store",
+            str(store),
+            "--format",
+            "json",
+            "select distinct module from forward_stats union "
+            "select distinct module from backward_stats union "
+            "select distinct parameter from steps order by 1",
+        ).stdout
+    )
     names = [r["module"] for r in rows]
     assert names == ["(Sequential)", "0", "0.bias", "0.weight", "1", "2", "2.bias", "2.weight"]
     assert not any("module" in n or "DataParallel" in n for n in names)
-    wrapped = json.loads(invoke("events", "--store", str(store), "--kind", "module_wrapped", "--format", "json").stdout)
+    wrapped = json.loads(
+        invoke(
+            "events", "--store", str(store), "--kind", "module_wrapped", "--format", "json"
+        ).stdout
+    )
     assert [(e["module"], e["payload"]["attr"]) for e in wrapped] == [("(Sequential)", "module")]
     assert wrapped[0]["payload"]["source"]["file"] == __file__
 
@@ -69,4 +83,9 @@ def test_restore_gives_the_models_state_dict(store: Path, tmp_path: Path) -> Non
     _train(store, nn.DataParallel)
     out = tmp_path / "w.pt"
     assert invoke("restore", "--store", str(store), "-o", str(out)).exit_code == 0
-    assert list(torch.load(out)) == ["0.weight", "0.bias", "2.weight", "2.bias"]  # no "module." prefix
+    assert list(torch.load(out)) == [
+        "0.weight",
+        "0.bias",
+        "2.weight",
+        "2.bias",
+    ]  # no "module." prefix

@@ -53,7 +53,9 @@ class Truth:
     optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
     steps: list[TrueStep] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)  # the scalar each iteration trained on
-    skipped: list[int] = field(default_factory=list)  # executed steps completed when a skip happened
+    skipped: list[int] = field(
+        default_factory=list
+    )  # executed steps completed when a skip happened
     raw_pending: dict[int, list[float | None]] = field(default_factory=dict)
     before: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     _open: bool = False  # a step's gradients were consumed and its update is not done yet
@@ -84,7 +86,9 @@ class Truth:
             return
         params = self.params(index)
         step = self.steps[-1]
-        step.update = value_norms([b - p.detach() for b, p in zip(self.before[index], params, strict=True)])
+        step.update = value_norms(
+            [b - p.detach() for b, p in zip(self.before[index], params, strict=True)]
+        )
         step.param = value_norms(params)
         self._open = False
         self.raw_pending.pop(index, None)
@@ -116,30 +120,42 @@ def _close(got: float | None, want: float | None, where: str) -> None:
         assert got is None, f"{where}: recorded {got}, the program had no gradient"
         return
     assert got is not None, f"{where}: not recorded, the program used {want}"
-    assert abs(got - want) <= ABS + REL * abs(want), f"{where}: recorded {got}, the program used {want}"
+    assert abs(got - want) <= ABS + REL * abs(want), (
+        f"{where}: recorded {got}, the program used {want}"
+    )
 
 
-def compare(store: Path, run_id: str, truth: Truth, check_raw: bool = True, check_loss: bool = True) -> None:
+def compare(
+    store: Path, run_id: str, truth: Truth, check_raw: bool = True, check_loss: bool = True
+) -> None:
     """The record agrees with the truth, step by step: executed steps, skipped steps, the
     gradient norms used and raw, lr, update and parameter norms, and the loss."""
     with auditlog.open(store) as s:
         run = s.run(run_id)
         events = list(run.events(kinds=["optimizer_step", "step_skipped", "metrics"]))
     steps = [e for e in events if e["kind"] == "optimizer_step"]
-    assert len(steps) == len(truth.steps), f"{len(steps)} steps recorded, {len(truth.steps)} executed"
+    assert len(steps) == len(truth.steps), (
+        f"{len(steps)} steps recorded, {len(truth.steps)} executed"
+    )
     ids: dict[int, int] = {}
     for n, (event, want) in enumerate(zip(steps, truth.steps, strict=True), start=1):
         p = event["payload"]
         assert event["step"] == n
-        assert ids.setdefault(want.optimizer, p["optimizer_id"]) == p["optimizer_id"], f"step {n}: optimizer"
+        assert ids.setdefault(want.optimizer, p["optimizer_id"]) == p["optimizer_id"], (
+            f"step {n}: optimizer"
+        )
         used = p["grad_norm"]
-        assert len(used) == len(want.used), f"step {n}: {len(used)} norms for {len(want.used)} parameters"
+        assert len(used) == len(want.used), (
+            f"step {n}: {len(used)} norms for {len(want.used)} parameters"
+        )
         for i, (got, exp) in enumerate(zip(used, want.used, strict=True)):
             _close(got, exp, f"step {n} grad_norm[{i}]")
         if check_raw and want.raw is not None:
             raw = p.get("raw_grad_norm") if p.get("grads_modified") else used
             assert p.get("grads_modified") is not None, f"step {n}: raw gradient unknown"
-            assert p["grads_modified"] == (want.raw != want.used), f"step {n}: grads_modified {p['grads_modified']}"
+            assert p["grads_modified"] == (want.raw != want.used), (
+                f"step {n}: grads_modified {p['grads_modified']}"
+            )
             for i, (got, exp) in enumerate(zip(raw, want.raw, strict=True)):
                 _close(got, exp, f"step {n} raw_grad_norm[{i}]")
         assert p["param_groups"][0]["lr"] == pytest.approx(want.lr, rel=1e-7), f"step {n}: lr"
@@ -159,7 +175,8 @@ def compare(store: Path, run_id: str, truth: Truth, check_raw: bool = True, chec
             for m in e["payload"]["metrics"]
             if m["name"] == "loss"
         ]
-        assert len(losses) == len(truth.losses), f"{len(losses)} losses recorded, {len(truth.losses)} trained on"
+        assert len(losses) == len(truth.losses), (
+            f"{len(losses)} losses recorded, {len(truth.losses)} trained on"
+        )
         for i, (got, exp) in enumerate(zip(losses, truth.losses, strict=True)):
             _close(got, exp, f"loss {i}")
-

@@ -98,7 +98,13 @@ def _unusable(path: Path) -> str | None:
 def _inside(relative: str) -> bool:
     """Whether a manifest's path names a file inside the archive."""
     parts = PurePosixPath(relative).parts
-    return bool(parts) and not relative.startswith("/") and ".." not in parts and "\0" not in relative and "\\" not in relative
+    return (
+        bool(parts)
+        and not relative.startswith("/")
+        and ".." not in parts
+        and "\0" not in relative
+        and "\\" not in relative
+    )
 
 
 def _manifest(directory: Path, keys: KeyRing, report: ArchiveReport) -> dict[str, Any] | None:
@@ -120,7 +126,9 @@ def _manifest(directory: Path, keys: KeyRing, report: ArchiveReport) -> dict[str
         report.problems.append(f"manifest.json is not an {ARCHIVE_FORMAT} manifest")
         return None
     if manifest.get("digest") != manifest_digest(manifest):
-        report.problems.append("manifest.json does not match its own digest (the manifest was modified)")
+        report.problems.append(
+            "manifest.json does not match its own digest (the manifest was modified)"
+        )
         return None
     signature = directory / "manifest.sig"
     if _unusable(signature) not in (None, "missing"):
@@ -133,9 +141,13 @@ def _manifest(directory: Path, keys: KeyRing, report: ArchiveReport) -> dict[str
             verdict = Verdict.INVALID
         report.signatures += 1
         if verdict is Verdict.INVALID:
-            report.problems.append("manifest.sig: the signature of manifest.json does not verify (modified)")
+            report.problems.append(
+                "manifest.sig: the signature of manifest.json does not verify (modified)"
+            )
         elif verdict is Verdict.UNKNOWN_KEY:
-            report.problems.append("manifest.sig: signed by a key that is not trusted (pass its public key with --key)")
+            report.problems.append(
+                "manifest.sig: signed by a key that is not trusted (pass its public key with --key)"
+            )
     return manifest
 
 
@@ -154,11 +166,15 @@ def _files(directory: Path, manifest: dict[str, Any], report: ArchiveReport) -> 
             intact = False
         else:
             try:
-                same = path.stat().st_size == entry.get("bytes") and regular_digest(path, relative) == entry.get("sha256")
+                same = path.stat().st_size == entry.get("bytes") and regular_digest(
+                    path, relative
+                ) == entry.get("sha256")
             except (SnapshotError, OSError):
                 same = False
             if not same:
-                report.problems.append(f"{relative}: its bytes differ from the manifest's SHA-256 (file modified)")
+                report.problems.append(
+                    f"{relative}: its bytes differ from the manifest's SHA-256 (file modified)"
+                )
                 intact = False
         report.files += 1
     for top in _CHECKED_DIRS:
@@ -178,14 +194,18 @@ def _chains(
     run_id = str(manifest["run_id"])
     heads: dict[int, tuple[int, str]] = {}
     if not _inside(f"run_id={run_id}") or "/" in run_id:
-        report.problems.append(f"manifest.json: run id {run_id[:40]!r} is not a run id (manifest edited)")
+        report.problems.append(
+            f"manifest.json: run id {run_id[:40]!r} is not a run id (manifest edited)"
+        )
         return heads
     for entry in manifest.get("streams") or []:
         stream = int(entry["stream"])
         path = directory / "events" / f"run_id={run_id}" / f"stream={stream}" / "part-0.parquet"
         why = _unusable(path)
         if why is not None:
-            report.problems.append(f"stream {stream}: events/run_id={run_id}/stream={stream}/part-0.parquet: {why}")
+            report.problems.append(
+                f"stream {stream}: events/run_id={run_id}/stream={stream}/part-0.parquet: {why}"
+            )
             continue
         table = pq.read_table(path)
         prev = genesis_hash(run_id, stream)
@@ -195,10 +215,14 @@ def _chains(
             row.update(run_id=run_id, stream=stream)
             where = f"stream {stream} seq {row['seq']}"
             if row["seq"] != expected:
-                report.problems.append(f"{where}: expected seq {expected} (events missing or reordered)")
+                report.problems.append(
+                    f"{where}: expected seq {expected} (events missing or reordered)"
+                )
                 expected = row["seq"]
             if chain_hash(prev, row, prefix) != row["hash"]:
-                report.problems.append(f"{where} ({row['kind']}): content does not match its recorded hash")
+                report.problems.append(
+                    f"{where} ({row['kind']}): content does not match its recorded hash"
+                )
             prev, expected = row["hash"], expected + 1
             if row["kind"] in ("snapshot_taken", "construction_sealed"):
                 named |= _named_tensors(row["payload"])
@@ -207,12 +231,18 @@ def _chains(
         report.events += count
         heads[stream] = (expected - 1, prev)
         if (entry.get("last_seq"), entry.get("head_hash")) != heads[stream]:
-            report.problems.append(f"stream {stream}: ends at seq {expected - 1}, not at the manifest's head")
+            report.problems.append(
+                f"stream {stream}: ends at seq {expected - 1}, not at the manifest's head"
+            )
     return heads
 
 
 def _signed_heads(
-    directory: Path, manifest: dict[str, Any], heads: dict[int, tuple[int, str]], keys: KeyRing, report: ArchiveReport
+    directory: Path,
+    manifest: dict[str, Any],
+    heads: dict[int, tuple[int, str]],
+    keys: KeyRing,
+    report: ArchiveReport,
 ) -> None:
     path = directory / "heads.json"
     if _unusable(path) == "missing":
@@ -228,18 +258,28 @@ def _signed_heads(
     report.signatures += 1
     verdict = keys.check(statement.key_fingerprint, statement.message(), statement.signature)
     if verdict is Verdict.INVALID:
-        report.problems.append("heads.json: the signature does not verify (the statement was modified)")
+        report.problems.append(
+            "heads.json: the signature does not verify (the statement was modified)"
+        )
     elif verdict is Verdict.UNKNOWN_KEY:
-        report.problems.append("heads.json: signed by a key that is not trusted (pass its public key with --key)")
+        report.problems.append(
+            "heads.json: signed by a key that is not trusted (pass its public key with --key)"
+        )
     if statement.run_id != manifest["run_id"] or statement.store_id != manifest.get("store_id"):
         report.problems.append("heads.json is about another run or store than the manifest")
     signed = {h.stream: (h.seq, h.head_hash) for h in statement.heads}
     if signed != heads:
-        report.problems.append("heads.json: the signed heads are not the archive's streams and heads")
+        report.problems.append(
+            "heads.json: the signed heads are not the archive's streams and heads"
+        )
 
 
 def _checkpoints(
-    directory: Path, manifest: dict[str, Any], heads: dict[int, tuple[int, str]], keys: KeyRing, report: ArchiveReport
+    directory: Path,
+    manifest: dict[str, Any],
+    heads: dict[int, tuple[int, str]],
+    keys: KeyRing,
+    report: ArchiveReport,
 ) -> None:
     path = directory / "checkpoints.parquet"
     if _unusable(path) == "missing":
@@ -256,13 +296,17 @@ def _checkpoints(
             report.problems.append(f"checkpoints.parquet: a row is garbled ({exc})")
             continue
         report.signatures += 1
-        verdict = keys.check(checkpoint.key_fingerprint, checkpoint.statement(store_id), checkpoint.signature)
+        verdict = keys.check(
+            checkpoint.key_fingerprint, checkpoint.statement(store_id), checkpoint.signature
+        )
         where = f"checkpoint of stream {checkpoint.stream} seq {checkpoint.seq}"
         if checkpoint.run_id != run_id or verdict is Verdict.INVALID:
             report.problems.append(f"{where}: the signature does not verify")
             continue
         if verdict is Verdict.UNKNOWN_KEY:
-            report.problems.append(f"{where}: signed by a key that is not trusted (pass its public key with --key)")
+            report.problems.append(
+                f"{where}: signed by a key that is not trusted (pass its public key with --key)"
+            )
         if checkpoint.stream not in hashes:
             hashes[checkpoint.stream] = _stream_hashes(directory, run_id, checkpoint.stream)
         if hashes[checkpoint.stream].get(checkpoint.seq) != checkpoint.head_hash:
@@ -284,7 +328,9 @@ def _named_tensors(text: str) -> set[str]:
         items = (payload.get("snapshot") or {}).get("tensors")
     else:
         items = payload.get("tensors") if payload.get("stored") else None
-    return {i["sha256"] for i in items or [] if isinstance(i, dict) and isinstance(i.get("sha256"), str)}
+    return {
+        i["sha256"] for i in items or [] if isinstance(i, dict) and isinstance(i.get("sha256"), str)
+    }
 
 
 def _tensors(directory: Path, named: set[str], report: ArchiveReport) -> None:
@@ -292,7 +338,11 @@ def _tensors(directory: Path, named: set[str], report: ArchiveReport) -> None:
     if _unusable(catalog_path) not in (None, "missing"):
         report.problems.append(f"catalog.parquet: {_unusable(catalog_path)}")
         return
-    catalog = {r["sha256"]: r for r in pq.read_table(catalog_path).to_pylist()} if catalog_path.exists() else {}
+    catalog = (
+        {r["sha256"]: r for r in pq.read_table(catalog_path).to_pylist()}
+        if catalog_path.exists()
+        else {}
+    )
     files = SnapshotStore(directory / "tensors")
     for sha in sorted(named):
         row = catalog.get(sha)

@@ -63,7 +63,9 @@ ARCHIVE_FORMAT = "auditlog-archive-v1"
 ROW_GROUP = 65_536
 
 # The archive's event files: the stored row but for its partitions and the store's id (core.eventrow).
-EVENTS_SCHEMA = pa.schema([(name, pa.type_for_alias(eventrow.BY_NAME[name].arrow)) for name in eventrow.ARCHIVE_COLUMNS])
+EVENTS_SCHEMA = pa.schema(
+    [(name, pa.type_for_alias(eventrow.BY_NAME[name].arrow)) for name in eventrow.ARCHIVE_COLUMNS]
+)
 SNAPSHOTS_SCHEMA = pa.schema(
     [
         ("seq", pa.int64()),
@@ -76,13 +78,33 @@ SNAPSHOTS_SCHEMA = pa.schema(
         ("sha256", pa.string()),
     ]
 )
-CATALOG_COLUMNS = ("sha256", "file", "dtype", "shape", "numel", "nbytes", "layout", "row_groups", "file_sha256")
-CHECKPOINT_COLUMNS = ("run_id", "stream", "seq", "head_hash", "created_ns", "key_fingerprint", "signature")
+CATALOG_COLUMNS = (
+    "sha256",
+    "file",
+    "dtype",
+    "shape",
+    "numel",
+    "nbytes",
+    "layout",
+    "row_groups",
+    "file_sha256",
+)
+CHECKPOINT_COLUMNS = (
+    "run_id",
+    "stream",
+    "seq",
+    "head_hash",
+    "created_ns",
+    "key_fingerprint",
+    "signature",
+)
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
     """SHA-256 of the manifest's canonical JSON without its ``digest`` field."""
-    return hashlib.sha256(canonical_statement({k: v for k, v in manifest.items() if k != "digest"})).hexdigest()
+    return hashlib.sha256(
+        canonical_statement({k: v for k, v in manifest.items() if k != "digest"})
+    ).hexdigest()
 
 
 def export_run(
@@ -94,12 +116,16 @@ def export_run(
 ) -> dict[str, Any]:
     """Write the archive of ``run_id`` into the new or empty ``directory``; returns the manifest."""
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
-        raise AuditlogError(f"{str(directory)!r} exists and is not an empty directory; choose a new one")
+        raise AuditlogError(
+            f"{str(directory)!r} exists and is not an empty directory; choose a new one"
+        )
     keys = KeyRing([key.public_key()]) if key is not None else KeyRing()
     report = verify_run(store, run_id, keys=keys)
     altered = [p for p in report.problems if p.altered]
     if altered:
-        raise IntegrityError(f"refusing to export run {run_id[:12]}: record altered: {altered[0].describe()}")
+        raise IntegrityError(
+            f"refusing to export run {run_id[:12]}: record altered: {altered[0].describe()}"
+        )
     building = directory.with_name(f".{directory.name}.export-{os.getpid()}")
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)
@@ -127,19 +153,32 @@ def _write(
     hashes: set[str] = set()
     for stream in store.streams(run_id):
         part = f"run_id={run_id}/stream={stream}/part-0.parquet"
-        count, first, last, head = _write_events(store, run_id, stream, root / "events" / part, progress)
+        count, first, last, head = _write_events(
+            store, run_id, stream, root / "events" / part, progress
+        )
         files.append(_file(root, f"events/{part}", count))
         refs = _snapshot_rows(store, run_id, stream)
         hashes |= {r["sha256"] for r in refs}
-        pq.write_table(pa.Table.from_pylist(refs, schema=SNAPSHOTS_SCHEMA), _new(root / "snapshots" / part))
+        pq.write_table(
+            pa.Table.from_pylist(refs, schema=SNAPSHOTS_SCHEMA), _new(root / "snapshots" / part)
+        )
         files.append(_file(root, f"snapshots/{part}", len(refs)))
         segment, rank = split_stream(stream)
         streams.append(
-            {"stream": stream, "rank": rank, "segment": segment, "events": count, "first_seq": first,
-             "last_seq": last, "head_hash": head}
+            {
+                "stream": stream,
+                "rank": rank,
+                "segment": segment,
+                "events": count,
+                "first_seq": first,
+                "last_seq": last,
+                "head_hash": head,
+            }
         )
     files.extend(_write_tensors(store, root, sorted(hashes)))
-    checkpoints = [{c: row.get(c) for c in CHECKPOINT_COLUMNS} for row in store.checkpoint_rows(run_id)]
+    checkpoints = [
+        {c: row.get(c) for c in CHECKPOINT_COLUMNS} for row in store.checkpoint_rows(run_id)
+    ]
     pq.write_table(_checkpoint_table(checkpoints), root / "checkpoints.parquet")
     files.append(_file(root, "checkpoints.parquet", len(checkpoints)))
     identity = store_id(store)
@@ -167,7 +206,10 @@ def _write(
     if key is not None:
         from auditlog.integrity.keys import fingerprint
 
-        signature = {"key_fingerprint": fingerprint(key), "signature": key.sign((text + "\n").encode()).hex()}
+        signature = {
+            "key_fingerprint": fingerprint(key),
+            "signature": key.sign((text + "\n").encode()).hex(),
+        }
         (root / "manifest.sig").write_text(json.dumps(signature, sort_keys=True) + "\n")
     return manifest
 
@@ -179,7 +221,11 @@ def _new(path: Path) -> Path:
 
 def _file(root: Path, relative: str, rows: int | None) -> dict[str, Any]:
     path = root / relative
-    entry: dict[str, Any] = {"path": relative, "sha256": file_digest(path), "bytes": path.stat().st_size}
+    entry: dict[str, Any] = {
+        "path": relative,
+        "sha256": file_digest(path),
+        "bytes": path.stat().st_size,
+    }
     if rows is not None:
         entry["rows"] = rows
     return entry
@@ -215,13 +261,20 @@ def _batches(rows: Iterator[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
 def _snapshot_rows(store: EventStore, run_id: str, stream: int) -> list[dict[str, Any]]:
     """Every stored tensor value a stream's events name, with the tensor's name from replay."""
     shown = store.location.display()
-    events = [decode_event(r, shown) for r in store.iter_events(run_id, kinds=CONSTRUCTION_KINDS, stream=stream)]
+    events = [
+        decode_event(r, shown)
+        for r in store.iter_events(run_id, kinds=CONSTRUCTION_KINDS, stream=stream)
+    ]
     names = replay(events).tensor_names()
     rows: list[dict[str, Any]] = []
     for event in events:
         payload = event["payload"]
         if event["kind"] == "snapshot_taken":
-            items, trigger, tag = (payload.get("snapshot") or {}).get("tensors") or [], payload.get("trigger"), payload.get("tag")
+            items, trigger, tag = (
+                (payload.get("snapshot") or {}).get("tensors") or [],
+                payload.get("trigger"),
+                payload.get("tag"),
+            )
         elif event["kind"] == "construction_sealed" and payload.get("stored"):
             items, trigger, tag = payload.get("tensors") or [], "sealed", None
         else:
@@ -252,7 +305,9 @@ def _write_tensors(store: EventStore, root: Path, hashes: list[str]) -> list[dic
     for sha in hashes:
         row = catalog.get(sha)
         if row is None:
-            raise AuditlogError(f"snapshot {sha[:16]}... is not in the store's catalog; run `auditlog verify`")
+            raise AuditlogError(
+                f"snapshot {sha[:16]}... is not in the store's catalog; run `auditlog verify`"
+            )
         relative = f"tensors/{relpath(sha)}"  # from the hash alone, never the catalog's (editable) file column
         copy_regular(source.path(sha), relpath(sha), _new(root / relative))
         files.append(_file(root, relative, None))
@@ -260,7 +315,10 @@ def _write_tensors(store: EventStore, root: Path, hashes: list[str]) -> list[dic
     table = pa.Table.from_pylist(
         rows,
         schema=pa.schema(
-            [(c, pa.int64() if c in ("numel", "nbytes", "row_groups") else pa.string()) for c in CATALOG_COLUMNS]
+            [
+                (c, pa.int64() if c in ("numel", "nbytes", "row_groups") else pa.string())
+                for c in CATALOG_COLUMNS
+            ]
         ),
     )
     pq.write_table(table, root / "catalog.parquet")

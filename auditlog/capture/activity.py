@@ -66,7 +66,11 @@ def tensors_in(value: Any, limit: int = 64) -> list[torch.Tensor]:
 def skipped_stats(tensor: torch.Tensor) -> dict[str, Any]:
     """What is recorded of a functorch transform's value (``torch_compat.transform_value``):
     its shape and dtype, and why nothing else."""
-    return {"shape": list(tensor.shape), "dtype": dtype_name(tensor.dtype), "skipped": "functorch transform value"}
+    return {
+        "shape": list(tensor.shape),
+        "dtype": dtype_name(tensor.dtype),
+        "skipped": "functorch transform value",
+    }
 
 
 def grad_stats(grad: torch.Tensor | None, full: bool) -> dict[str, Any] | StatsRecord | None:
@@ -126,7 +130,9 @@ class ActivityHooks(RecorderBase):
         if hit is None:
             node = self.state.modules.get(module_id)
             cls = node.cls if node is not None and node.cls else class_name(module)
-            hit = self._selected[module_id] = policy.module_selected(self._names.get(module_id, []), cls)
+            hit = self._selected[module_id] = policy.module_selected(
+                self._names.get(module_id, []), cls
+            )
         return hit
 
     # ------------------------------------------------------------------ forward
@@ -149,8 +155,14 @@ class ActivityHooks(RecorderBase):
                 self.seal(module, "first_forward")  # also remembers it as a root
             self.watch_call(called, not stack)  # loss modules and roots: metrics.py
             if not stack:
-                self.root_entered(called)  # the outermost call: FLOPs (never of a compiled model), a loss
-            if self.sampling and self.policy.activity and self._selected_module(module, self.module_id(module)):
+                self.root_entered(
+                    called
+                )  # the outermost call: FLOPs (never of a compiled model), a loss
+            if (
+                self.sampling
+                and self.policy.activity
+                and self._selected_module(module, self.module_id(module))
+            ):
                 with self.uncounted():  # our statistics are not the model's FLOPs (flops.py)
                     self._inputs[(id(module), len(stack))] = self._input_check(args)
             stack.append(module)
@@ -204,7 +216,13 @@ class ActivityHooks(RecorderBase):
                 self._add_activity(
                     self.step,
                     "forward",
-                    {"module_id": module_id, "n_outputs": 0, "outputs": [], "input_nonfinite": inputs, "error": True},
+                    {
+                        "module_id": module_id,
+                        "n_outputs": 0,
+                        "outputs": [],
+                        "input_nonfinite": inputs,
+                        "error": True,
+                    },
                 )
                 return None
             tensors = tensors_in(output)
@@ -214,7 +232,12 @@ class ActivityHooks(RecorderBase):
             self._add_activity(
                 self.step,
                 "forward",
-                {"module_id": module_id, "n_outputs": len(tensors), "outputs": stats, "input_nonfinite": inputs},
+                {
+                    "module_id": module_id,
+                    "n_outputs": len(tensors),
+                    "outputs": stats,
+                    "input_nonfinite": inputs,
+                },
             )
             if self.policy.backward == "grad" and torch.is_grad_enabled():
                 self._hook_gradients(module_id, tensors, stats)
@@ -329,8 +352,14 @@ class ActivityHooks(RecorderBase):
     def _on_output_grad(self, module_ids: list[int], step: int, grad: torch.Tensor) -> None:
         try:
             stats = [grad_stats(grad, self.policy.stats == "full")]
-            for module_id in module_ids:  # modules that returned this very tensor: the same gradient
-                self._add_activity(step, "backward", {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats})
+            for (
+                module_id
+            ) in module_ids:  # modules that returned this very tensor: the same gradient
+                self._add_activity(
+                    step,
+                    "backward",
+                    {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats},
+                )
         except Exception as exc:
             self.fault("gradient_hook", exc)
         return None
@@ -340,7 +369,11 @@ class ActivityHooks(RecorderBase):
         try:
             full = self.policy.stats == "full"
             stats = [grad_stats(g, full) for g in list(grads)[:MAX_TENSORS]]
-            self._add_activity(step, "backward", {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats})
+            self._add_activity(
+                step,
+                "backward",
+                {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats},
+            )
         except Exception as exc:
             self.fault("gradient_hook", exc)
         return None
@@ -357,14 +390,19 @@ class ActivityHooks(RecorderBase):
         self._record_backward("full", "full_backward_hook", module, grad_input, grad_output)
 
     @call_guard
-    def _on_legacy_backward(self, module: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:
+    def _on_legacy_backward(
+        self, module: torch.nn.Module, grad_input: Any, grad_output: Any
+    ) -> None:
         self._record_backward("legacy", "legacy_backward_hook", module, grad_input, grad_output)
 
     def _record_backward(
         self, mechanism: str, where: str, module: torch.nn.Module, grad_input: Any, grad_output: Any
     ) -> None:
         try:
-            if not (self.sampling and self.policy.activity) or parallel_wrapper_attr(module) is not None:
+            if (
+                not (self.sampling and self.policy.activity)
+                or parallel_wrapper_attr(module) is not None
+            ):
                 return
             module_id = self.module_id(module)
             if not self._selected_module(module, module_id):

@@ -48,7 +48,9 @@ class BackwardListener(Protocol):
 
     def scaler_step_began(self, optimizer: torch.optim.Optimizer) -> int: ...
 
-    def scaler_step_ended(self, optimizer: torch.optim.Optimizer, before: int, scale: float) -> None: ...
+    def scaler_step_ended(
+        self, optimizer: torch.optim.Optimizer, before: int, scale: float
+    ) -> None: ...
 
     def fault(self, where: str, exc: BaseException) -> None: ...
 
@@ -63,7 +65,9 @@ class _Patch:
 
     __slots__ = ("name", "original", "owner", "wrapper")
 
-    def __init__(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    def __init__(
+        self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]
+    ) -> None:
         self.owner = owner
         self.name = name
         self.original = getattr(owner, name)
@@ -133,7 +137,11 @@ class BackwardWatch:
     def _started(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         try:
             tensors = args[0] if args else kwargs.get("tensors")
-            grads = args[1] if len(args) > 1 else kwargs.get("grad_tensors", kwargs.get("grad_variables"))
+            grads = (
+                args[1]
+                if len(args) > 1
+                else kwargs.get("grad_tensors", kwargs.get("grad_variables"))
+            )
             if isinstance(tensors, (tuple, list)) and len(tensors) == 1:
                 tensors = tensors[0]
             if isinstance(grads, (tuple, list)) and len(grads) == 1:
@@ -142,7 +150,9 @@ class BackwardWatch:
             # A loss: one scalar, differentiated with the implicit gradient 1.
             if isinstance(tensors, torch.Tensor) and grads is None and tensors.numel() == 1:
                 root = tensors
-            scaled_from = self.scaled.pop(id(root), None) if root is not None and self.scaled else None
+            scaled_from = (
+                self.scaled.pop(id(root), None) if root is not None and self.scaled else None
+            )
             self.listener.backward_started(root, scaled_from)
         except Exception as exc:
             self.listener.fault("backward_started", exc)
@@ -150,7 +160,11 @@ class BackwardWatch:
     def _wrap_scale(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def scale(scaler: Any, outputs: Any) -> Any:
             result = original(scaler, outputs)
-            if self.active and isinstance(outputs, torch.Tensor) and isinstance(result, torch.Tensor):
+            if (
+                self.active
+                and isinstance(outputs, torch.Tensor)
+                and isinstance(result, torch.Tensor)
+            ):
                 try:
                     if outputs.numel() == 1 and result is not outputs:
                         if len(self.scaled) >= SCALED_MAX:
@@ -176,7 +190,9 @@ class BackwardWatch:
                 try:
                     enabled = bool(getattr(scaler, "is_enabled", lambda: True)())
                     if enabled:
-                        self.listener.scaler_step_ended(optimizer, before, float(scaler.get_scale()))
+                        self.listener.scaler_step_ended(
+                            optimizer, before, float(scaler.get_scale())
+                        )
                 except Exception as exc:
                     self.listener.fault("grad_scaler_step", exc)
             return result

@@ -149,7 +149,9 @@ class RecorderBase:
         # plan of each optimizer's parameters with its reusable buffers for the
         # pre-step copy (norms.py; weakly keyed: gone with the optimizer); the ids of
         # its parameters
-        self._pending_steps: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
+        self._pending_steps: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = (
+            weakref.WeakKeyDictionary()
+        )
         self._param_plans = PlanCache(weak=True)
         self._param_ids: dict[int, tuple[tuple[int, ...], Clean, list[Clean]]] = {}
         # how to compute each optimizer's per-parameter norms in a few ops (norms.py);
@@ -211,10 +213,20 @@ class RecorderBase:
         if self._pending:
             self.settle()
         self.buffer.put(
-            (kind, time.time_ns(), self.step if step is None else step, module_id, tensor_id, payload)
+            (
+                kind,
+                time.time_ns(),
+                self.step if step is None else step,
+                module_id,
+                tensor_id,
+                payload,
+            )
         )
         if kind in STATE_KINDS:
-            apply(self.state, {"kind": kind, "module_id": module_id, "tensor_id": tensor_id, "payload": payload})
+            apply(
+                self.state,
+                {"kind": kind, "module_id": module_id, "tensor_id": tensor_id, "payload": payload},
+            )
 
     def defer(self, values: tuple[Any, ...]) -> None:
         """Queue a registration's facts, flat (registrations.py); its event is built later.
@@ -296,7 +308,10 @@ class RecorderBase:
                     "recording backward with gradient hooks (backward=grad) instead"
                 )
                 self.drop_full_backward_hooks()
-                self.emit("recorder_error", payload={"where": "backward", "type": "InPlaceModule", "message": message})
+                self.emit(
+                    "recorder_error",
+                    payload={"where": "backward", "type": "InPlaceModule", "message": message},
+                )
                 with contextlib.suppress(Exception):
                     sys.stderr.write(f"auditlog: {message}\n")
                 return
@@ -433,7 +448,9 @@ class RecorderBase:
     ) -> None:
         raise NotImplementedError
 
-    def check_after_step(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+    def check_after_step(
+        self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
+    ) -> None:
         raise NotImplementedError
 
     def last_loss(self) -> Any:
@@ -451,7 +468,9 @@ def module_tensors(root: torch.nn.Module) -> Iterator[torch.Tensor]:
                 yield buf
 
 
-def module_members(root: torch.nn.Module) -> Iterator[tuple[torch.nn.Module, str, str, torch.Tensor]]:
+def module_members(
+    root: torch.nn.Module,
+) -> Iterator[tuple[torch.nn.Module, str, str, torch.Tensor]]:
     """Every parameter and buffer under ``root`` with its place: ``(module, member, name, tensor)``."""
     for module in root.modules():
         for name, param in parameters_of(module).items():

@@ -66,7 +66,11 @@ class RecordBuffer:
     def put(self, record: Record) -> None:
         """Append a record; blocks while the buffer is full (writer behind)."""
         weight = record_weight(record)
-        if self._weight + weight > self.maxsize and self._items and not self._wait_for_space(weight):
+        if (
+            self._weight + weight > self.maxsize
+            and self._items
+            and not self._wait_for_space(weight)
+        ):
             self.dropped += 1
             return
         with self._weight_lock:

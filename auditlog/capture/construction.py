@@ -47,10 +47,14 @@ class ConstructionHooks(RecorderBase):
             if is_compiled_wrapper(parent):
                 return None  # torch.compile's wrapper is not part of the model's structure
             if parallel_wrapper_attr(parent) is not None:
-                self.wrapped(parent, name, child)  # DDP/FSDP: a fact about the model, not a part of it
+                self.wrapped(
+                    parent, name, child
+                )  # DDP/FSDP: a fact about the model, not a part of it
                 return None
-            if child is not None and self.modules.lookup(child) is None and (
-                children_of(child) or parameters_of(child) or buffers_of(child)
+            if (
+                child is not None
+                and self.modules.lookup(child) is None
+                and (children_of(child) or parameters_of(child) or buffers_of(child))
             ):
                 # A module whose members never passed through our hooks: built
                 # before recording, or a deepcopy (TransformerEncoder clones its
@@ -81,7 +85,12 @@ class ConstructionHooks(RecorderBase):
     ) -> None:
         try:
             self.register_tensor(
-                module, name, buffer, "buffer", source=user_site(2), persistent=registering_persistent()
+                module,
+                name,
+                buffer,
+                "buffer",
+                source=user_site(2),
+                persistent=registering_persistent(),
             )
         except Exception as exc:
             self.fault("buffer_registration_hook", exc)
@@ -116,12 +125,32 @@ class ConstructionHooks(RecorderBase):
         parent_line = None
         parent_attached = False
         if parent_new and not adopted:
-            parent_code, parent_line, parent_attached = parent_ref.code, parent_ref.line, parent_ref.attached
-        self.defer((
-            "module_registered", time.time_ns(), self.step, parent_id, None, name, child_id, child_cls,
-            qualified(type(parent)), code, line, attached, parent_code, parent_line, parent_attached,
-            adopted, detected_at,
-        ))
+            parent_code, parent_line, parent_attached = (
+                parent_ref.code,
+                parent_ref.line,
+                parent_ref.attached,
+            )
+        self.defer(
+            (
+                "module_registered",
+                time.time_ns(),
+                self.step,
+                parent_id,
+                None,
+                name,
+                child_id,
+                child_cls,
+                qualified(type(parent)),
+                code,
+                line,
+                attached,
+                parent_code,
+                parent_line,
+                parent_attached,
+                adopted,
+                detected_at,
+            )
+        )
 
     def wrapped(self, wrapper: torch.nn.Module, name: str, child: torch.nn.Module | None) -> None:
         """Emit ``module_wrapped``: the model was put inside a data-parallel wrapper.
@@ -140,7 +169,13 @@ class ConstructionHooks(RecorderBase):
             "module_wrapped",
             self.module_id(child),
             None,
-            Clean({"wrapper_class": class_name(wrapper), "attr": name, "source": construction_location(wrapper)}),
+            Clean(
+                {
+                    "wrapper_class": class_name(wrapper),
+                    "attr": name,
+                    "source": construction_location(wrapper),
+                }
+            ),
         )
 
     def register_tensor(
@@ -185,13 +220,36 @@ class ConstructionHooks(RecorderBase):
         module_line = None
         module_attached = False
         if new and not adopted:
-            module_code, module_line, module_attached = module_ref.code, module_ref.line, module_ref.attached
+            module_code, module_line, module_attached = (
+                module_ref.code,
+                module_ref.line,
+                module_ref.attached,
+            )
         code, line = (None, None) if source is None else source
-        self.defer((
-            f"{member}_registered", time.time_ns(), self.step, module_id, tensor_id, name,
-            qualified(type(module)), dtype, device, lazy, flag, code, line, module_code, module_line,
-            module_attached, adopted, detected_at, None if tensor is None or lazy else len(shape), *shape,
-        ))
+        self.defer(
+            (
+                f"{member}_registered",
+                time.time_ns(),
+                self.step,
+                module_id,
+                tensor_id,
+                name,
+                qualified(type(module)),
+                dtype,
+                device,
+                lazy,
+                flag,
+                code,
+                line,
+                module_code,
+                module_line,
+                module_attached,
+                adopted,
+                detected_at,
+                None if tensor is None or lazy else len(shape),
+                *shape,
+            )
+        )
 
     def adopt(self, root: torch.nn.Module) -> None:
         """Emit registration events for modules/tensors that existed before recording."""
@@ -229,7 +287,9 @@ class ConstructionHooks(RecorderBase):
         elif tensors is not None:
             candidates = iter(tensors)
         else:
-            candidates = (t for t in map(self.tensors.object, list(self._unsealed)) if t is not None)
+            candidates = (
+                t for t in map(self.tensors.object, list(self._unsealed)) if t is not None
+            )
         seen: set[int] = set()
         for tensor in candidates:
             tensor_id = self.tensors.lookup(tensor)

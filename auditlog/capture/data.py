@@ -94,8 +94,14 @@ class DataListener(Protocol):
 
     step: int
 
-    def emit(self, kind: str, module_id: int | None = None, tensor_id: int | None = None, payload: Any = None,
-             step: int | None = None) -> None: ...
+    def emit(
+        self,
+        kind: str,
+        module_id: int | None = None,
+        tensor_id: int | None = None,
+        payload: Any = None,
+        step: int | None = None,
+    ) -> None: ...
 
     def fault(self, where: str, exc: BaseException) -> None: ...
 
@@ -105,7 +111,9 @@ class _Patch:
 
     __slots__ = ("name", "original", "owner", "wrapper")
 
-    def __init__(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    def __init__(
+        self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]
+    ) -> None:
         self.owner = owner
         self.name = name
         self.original = owner.__dict__[name]  # the class's own attribute, not an inherited one
@@ -121,8 +129,21 @@ class _Iteration:
     """One DataLoader iterator's state: the indices drawn and not yet returned, the
     batches returned and not yet handed over."""
 
-    __slots__ = ("ahead", "batches", "dataset_id", "drawn", "epoch", "first", "held", "iterable", "loader_id",
-                 "pending", "returned", "single", "started")
+    __slots__ = (
+        "ahead",
+        "batches",
+        "dataset_id",
+        "drawn",
+        "epoch",
+        "first",
+        "held",
+        "iterable",
+        "loader_id",
+        "pending",
+        "returned",
+        "single",
+        "started",
+    )
 
     def __init__(self) -> None:
         self.drawn: collections.deque[Any] = collections.deque()
@@ -197,7 +218,9 @@ def _hash_batches(out: dict[str, Any], batches: list[Taken]) -> None:
             except BatchChanged as exc:
                 errors.append({"position": position, "reason": str(exc)})
             except Exception as exc:  # whatever the batch holds, the record says why not
-                errors.append({"position": position, "reason": f"{type(exc).__name__}: {exc}"[:500]})
+                errors.append(
+                    {"position": position, "reason": f"{type(exc).__name__}: {exc}"[:500]}
+                )
         hashes.append(digest)
     out["hashes"] = hashes
     if errors:
@@ -373,19 +396,27 @@ class DataWatch:
         iterable = loader_compat.is_iterable_dataset(loader)
         if new:
             identity = DatasetIdentity(dataset)
-            self.listener.emit("dataset_seen", payload={
-                "dataset_id": dataset_id,
-                "class": identity.name,
-                "kind": "iterable" if iterable else "map",
-                "length": identity.length,
-                "identity": identity,
-            })
+            self.listener.emit(
+                "dataset_seen",
+                payload={
+                    "dataset_id": dataset_id,
+                    "class": identity.name,
+                    "kind": "iterable" if iterable else "map",
+                    "length": identity.length,
+                    "identity": identity,
+                },
+            )
         iteration = self._iterations.get(iterator)
         if iteration is None:
             iteration = self._iterations[iterator] = _Iteration()
         epoch = self._starts.get(loader_id, 0)
         self._starts[loader_id] = epoch + 1
-        iteration.loader_id, iteration.dataset_id, iteration.epoch, iteration.first = loader_id, dataset_id, epoch, 0
+        iteration.loader_id, iteration.dataset_id, iteration.epoch, iteration.first = (
+            loader_id,
+            dataset_id,
+            epoch,
+            0,
+        )
         iteration.iterable = iterable
         iteration.single = int(loader.num_workers) == 0
         iteration.ahead = ahead
@@ -394,13 +425,16 @@ class DataWatch:
         iteration.started = True
         if iterable:
             iteration.drawn.clear()
-        self.listener.emit("loader_started", payload={
-            "loader_id": loader_id,
-            "dataset_id": dataset_id,
-            "epoch": epoch,
-            "loader_class": class_name(loader),
-            "config": loader_config(loader, iterator),
-        })
+        self.listener.emit(
+            "loader_started",
+            payload={
+                "loader_id": loader_id,
+                "dataset_id": dataset_id,
+                "epoch": epoch,
+                "loader_class": class_name(loader),
+                "config": loader_config(loader, iterator),
+            },
+        )
 
     def _returned(self, iterator: Any, batch: Any) -> None:
         iteration = self._iterations.get(iterator)
@@ -427,8 +461,10 @@ class DataWatch:
         iteration.batches.append((self.listener.step, indices, torch.is_grad_enabled(), content))
         if len(iteration.batches) == 1:
             self._holding.add(iteration)
-        if len(iteration.batches) >= BATCHES_PER_EVENT or iteration.held >= HELD_BYTES_PER_EVENT or (
-            len(iteration.batches) * _size(indices) >= INDICES_PER_EVENT
+        if (
+            len(iteration.batches) >= BATCHES_PER_EVENT
+            or iteration.held >= HELD_BYTES_PER_EVENT
+            or (len(iteration.batches) * _size(indices) >= INDICES_PER_EVENT)
         ):
             self._hand_over(iteration, final=False)
 

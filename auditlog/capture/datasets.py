@@ -97,10 +97,18 @@ def _source(dataset: Any, depth: int) -> tuple[Any, ...]:
     if depth < DEPTH_LIMIT and isinstance(dataset, tud.ConcatDataset):
         return ("concat", [DatasetIdentity(part, depth + 1) for part in dataset.datasets])
     tensors = getattr(dataset, "tensors", None)
-    if isinstance(tensors, (tuple, list)) and tensors and all(isinstance(t, torch.Tensor) for t in tensors):
+    if (
+        isinstance(tensors, (tuple, list))
+        and tensors
+        and all(isinstance(t, torch.Tensor) for t in tensors)
+    ):
         return ("tensors", tuple(tensors))
     if type(dataset).__module__.split(".")[0] == "datasets" and hasattr(dataset, "_fingerprint"):
-        files = [f.get("filename") for f in getattr(dataset, "cache_files", None) or () if isinstance(f, dict)]
+        files = [
+            f.get("filename")
+            for f in getattr(dataset, "cache_files", None) or ()
+            if isinstance(f, dict)
+        ]
         return (
             "hf_datasets",
             str(getattr(dataset, "_fingerprint", None)),
@@ -114,8 +122,16 @@ def _source(dataset: Any, depth: int) -> tuple[Any, ...]:
             continue
         if _path_of(items[0]) is not None:
             root = getattr(dataset, "root", None)
-            return ("files", attr, items, os.fspath(root) if isinstance(root, (str, os.PathLike)) else None)
-    return ("unidentified", f"no tensors, file list or fingerprint the recorder knows ({class_name(dataset)})")
+            return (
+                "files",
+                attr,
+                items,
+                os.fspath(root) if isinstance(root, (str, os.PathLike)) else None,
+            )
+    return (
+        "unidentified",
+        f"no tensors, file list or fingerprint the recorder knows ({class_name(dataset)})",
+    )
 
 
 def _identify(source: tuple[Any, ...]) -> dict[str, Any]:
@@ -128,7 +144,12 @@ def _identify(source: tuple[Any, ...]) -> dict[str, Any]:
         return {"method": "files", "attribute": attr, "root": root, **identify_files(paths)}
     if method == "hf_datasets":
         _, hf_fingerprint, files, rows, columns = source
-        out: dict[str, Any] = {"method": "hf_datasets", "hf_fingerprint": hf_fingerprint, "rows": rows, "columns": columns}
+        out: dict[str, Any] = {
+            "method": "hf_datasets",
+            "hf_fingerprint": hf_fingerprint,
+            "rows": rows,
+            "columns": columns,
+        }
         if files:
             out.update(identify_files(files))
         return out
@@ -136,7 +157,12 @@ def _identify(source: tuple[Any, ...]) -> dict[str, Any]:
         _, inner, indices = source
         ints = [int(i) for i in indices]
         digest = hashlib.sha256(",".join(map(str, ints)).encode()).hexdigest()
-        return {"method": "subset", "indices": len(ints), "indices_sha256": digest, "of": _part(inner)}
+        return {
+            "method": "subset",
+            "indices": len(ints),
+            "indices_sha256": digest,
+            "of": _part(inner),
+        }
     if method == "concat":
         return {"method": "concat", "parts": [_part(p) for p in source[1]]}
     return {"method": "unidentified", "reason": source[1]}
@@ -151,13 +177,24 @@ def _tensors(tensors: tuple[torch.Tensor, ...]) -> dict[str, Any]:
     hashed = total <= TENSOR_LIMIT
     items = []
     for t in tensors:
-        item: dict[str, Any] = {"shape": list(t.shape), "dtype": dtype_name(t.dtype), "device": str(t.device)}
+        item: dict[str, Any] = {
+            "shape": list(t.shape),
+            "dtype": dtype_name(t.dtype),
+            "device": str(t.device),
+        }
         if hashed:
             item["sha256"] = tensor_hash(t)
         items.append(item)
-    out: dict[str, Any] = {"method": "tensors", "tensors": items, "bytes_total": total, "hashed": hashed}
+    out: dict[str, Any] = {
+        "method": "tensors",
+        "tensors": items,
+        "bytes_total": total,
+        "hashed": hashed,
+    }
     if not hashed:
-        out["reason"] = f"{total} bytes, over the {TENSOR_LIMIT}-byte bound: described by shape and dtype only"
+        out["reason"] = (
+            f"{total} bytes, over the {TENSOR_LIMIT}-byte bound: described by shape and dtype only"
+        )
     return out
 
 
@@ -168,7 +205,9 @@ def fingerprint(identity: dict[str, Any]) -> str | None:
         return None
     if identity.get("method") == "tensors" and not identity.get("hashed"):
         return None
-    core = {k: v for k, v in identity.items() if k not in ("hashing", "files", "fingerprint", "reason")}
+    core = {
+        k: v for k, v in identity.items() if k not in ("hashing", "files", "fingerprint", "reason")
+    }
     text = json.dumps(core, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -189,7 +228,9 @@ def loader_config(loader: tud.DataLoader[Any], iterator: Any) -> dict[str, Any]:
         # SequentialSampler it never uses: describe the one its batch sampler draws from.
         sampler = inner
     config: dict[str, Any] = {
-        "batch_size": loader.batch_size if loader.batch_size is not None else getattr(batch_sampler, "batch_size", None),
+        "batch_size": loader.batch_size
+        if loader.batch_size is not None
+        else getattr(batch_sampler, "batch_size", None),
         "drop_last": bool(loader.drop_last),
         "shuffle": _shuffles(sampler),
         "num_workers": int(loader.num_workers),
@@ -202,15 +243,23 @@ def loader_config(loader: tud.DataLoader[Any], iterator: Any) -> dict[str, Any]:
         "generator_seed": _seed(loader.generator),
         "sampler_seed": _seed(getattr(sampler, "generator", None)),
         "worker_base_seed": worker_base_seed(iterator),
-        "collate_fn": getattr(loader.collate_fn, "__qualname__", None) or class_name(loader.collate_fn),
+        "collate_fn": getattr(loader.collate_fn, "__qualname__", None)
+        or class_name(loader.collate_fn),
         "batches": None if is_iterable_dataset(loader) else _length(loader),
     }
     if isinstance(sampler, tud.RandomSampler):
-        config["sampler_state"] = {"replacement": bool(sampler.replacement), "num_samples": sampler.num_samples}
+        config["sampler_state"] = {
+            "replacement": bool(sampler.replacement),
+            "num_samples": sampler.num_samples,
+        }
     elif isinstance(sampler, tud.DistributedSampler):
         config["sampler_state"] = {
-            "num_replicas": sampler.num_replicas, "rank": sampler.rank, "epoch": sampler.epoch,
-            "seed": sampler.seed, "shuffle": sampler.shuffle, "drop_last": sampler.drop_last,
+            "num_replicas": sampler.num_replicas,
+            "rank": sampler.rank,
+            "epoch": sampler.epoch,
+            "seed": sampler.seed,
+            "shuffle": sampler.shuffle,
+            "drop_last": sampler.drop_last,
         }
     return config
 

@@ -63,7 +63,9 @@ class HookTables:
         self._entries: dict[str, Entry] = {}
         self._retired: list[Entry] = []
 
-    def install(self, kind: str, hook: Callable[..., Any], register: Register, always_called: bool = False) -> None:
+    def install(
+        self, kind: str, hook: Callable[..., Any], register: Register, always_called: bool = False
+    ) -> None:
         """Register ``hook`` through torch's public ``register`` function."""
         handle = register(hook)
         entry = Entry(kind, hook, register, handle, always_called)
@@ -132,7 +134,9 @@ class HookTables:
         table = global_hook_table(KIND_TABLES[entry.kind])
         for handle in reversed(entry.history):
             if table.get(handle.id) is entry.hook:
-                if entry.always_called and handle.id not in global_hook_table("forward_always_called"):
+                if entry.always_called and handle.id not in global_hook_table(
+                    "forward_always_called"
+                ):
                     return False  # it would no longer run when forward raises
                 entry.handle = handle  # a table put back holds an earlier entry
                 return True

@@ -40,13 +40,16 @@ NEXT_METHOD = "__next__"
 def iterator_methods_present() -> bool:
     """Whether the iterator class still has the three methods the watch wraps."""
     return ITERATOR_CLASS is not None and all(
-        callable(getattr(ITERATOR_CLASS, name, None)) for name in (DRAW_METHOD, RESET_METHOD, NEXT_METHOD)
+        callable(getattr(ITERATOR_CLASS, name, None))
+        for name in (DRAW_METHOD, RESET_METHOD, NEXT_METHOD)
     )
 
 
 def _require_iterator_methods() -> None:
     if not iterator_methods_present():
-        raise AttributeError("torch.utils.data.dataloader._BaseDataLoaderIter lacks _next_index, _reset or __next__")
+        raise AttributeError(
+            "torch.utils.data.dataloader._BaseDataLoaderIter lacks _next_index, _reset or __next__"
+        )
 
 
 def index_sampler(loader: Any) -> Any:

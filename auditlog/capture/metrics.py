@@ -69,14 +69,18 @@ def metric_value(value: Any) -> float | int | str | Scalar:
         return value
     if isinstance(value, torch.Tensor):
         if value.numel() != 1 or value.is_complex():
-            raise TypeError(f"a metric tensor must hold one real number, not shape {tuple(value.shape)}")
+            raise TypeError(
+                f"a metric tensor must hold one real number, not shape {tuple(value.shape)}"
+            )
         if value.device.type == "cpu":
             return metric_value(value.detach().item())
         return Scalar(value)
     item = getattr(value, "item", None)  # numpy scalars
     if callable(item):
         return metric_value(item())
-    raise TypeError(f"a metric must be a number or a one-element tensor, not {type(value).__name__}")
+    raise TypeError(
+        f"a metric must be a number or a one-element tensor, not {type(value).__name__}"
+    )
 
 
 class MetricHooks(RecorderBase):
@@ -105,7 +109,9 @@ class MetricHooks(RecorderBase):
         if is_loss_module(unwrap_compiled(called)):
             self._watched[called] = "loss"
             if self.policy.loss:
-                self._metric_handles.append(called.register_forward_hook(ModuleTap(self._on_loss_output)))
+                self._metric_handles.append(
+                    called.register_forward_hook(ModuleTap(self._on_loss_output))
+                )
         elif root_call:
             self._watched[called] = "root"
 
@@ -198,13 +204,22 @@ class MetricHooks(RecorderBase):
             value, source = metric_value(root), id(root)
         if source in since:
             return  # the loss module's or model's own loss: recorded already
-        entry = {"name": "backward_loss" if since else "loss", "value": value, "origin": "backward", "module_id": None}
+        entry = {
+            "name": "backward_loss" if since else "loss",
+            "value": value,
+            "origin": "backward",
+            "module_id": None,
+        }
         if scaled_from is not None:
             entry["scaled"] = True
         self._add_metric(entry, training=True)
 
-    def _record_loss(self, module: torch.nn.Module, value: torch.Tensor | float, origin: str) -> None:
-        training = value.requires_grad if isinstance(value, torch.Tensor) else torch.is_grad_enabled()
+    def _record_loss(
+        self, module: torch.nn.Module, value: torch.Tensor | float, origin: str
+    ) -> None:
+        training = (
+            value.requires_grad if isinstance(value, torch.Tensor) else torch.is_grad_enabled()
+        )
         entry = {
             "name": "loss" if training else "eval_loss",
             "value": metric_value(value),
@@ -251,7 +266,12 @@ class MetricHooks(RecorderBase):
         """
         entries = []
         for name, value in values.items():
-            entry: dict[str, Any] = {"name": name, "value": value, "origin": "user", "module_id": None}
+            entry: dict[str, Any] = {
+                "name": name,
+                "value": value,
+                "origin": "user",
+                "module_id": None,
+            }
             if step is not None:
                 entry["step"] = step
             entries.append(entry)

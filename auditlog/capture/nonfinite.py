@@ -77,12 +77,15 @@ class NonFiniteWatch(RecorderBase):
     def __init__(self, buffer: RecordBuffer, policy: Policy | None = None) -> None:
         super().__init__(buffer, policy)
         self._nonfinite_found = False
-        self._finite_copies: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[torch.Tensor]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._finite_copies: weakref.WeakKeyDictionary[
+            torch.optim.Optimizer, list[torch.Tensor]
+        ] = weakref.WeakKeyDictionary()
 
     def check_before_step(
-        self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor], grad_norms: StackedNorms | None = None
+        self,
+        optimizer: torch.optim.Optimizer,
+        params: list[torch.Tensor],
+        grad_norms: StackedNorms | None = None,
     ) -> None:
         """Optimizer pre hook: gradients (and the loss) of this step, before the update.
 
@@ -101,11 +104,17 @@ class NonFiniteWatch(RecorderBase):
                 return
             if policy.keep_finite_state:
                 copies = self._finite_copies.get(optimizer)
-                if copies is None or len(copies) != len(params) or any(
-                    c.shape != p.shape or c.dtype != p.dtype or c.device != p.device
-                    for c, p in zip(copies, params, strict=True)
+                if (
+                    copies is None
+                    or len(copies) != len(params)
+                    or any(
+                        c.shape != p.shape or c.dtype != p.dtype or c.device != p.device
+                        for c, p in zip(copies, params, strict=True)
+                    )
                 ):
-                    copies = [torch.empty_like(p, memory_format=torch.contiguous_format) for p in params]
+                    copies = [
+                        torch.empty_like(p, memory_format=torch.contiguous_format) for p in params
+                    ]
                     self._finite_copies[optimizer] = copies
                 if params:
                     foreach_copy_(copies, [p.detach() for p in params])
@@ -121,13 +130,21 @@ class NonFiniteWatch(RecorderBase):
         roots = self.live_roots()
         self.emit(
             "nonfinite_found",
-            payload={"where": where, "loss": loss, "gradients": gradients, "parameters": [], "snapshot": bool(roots)},
+            payload={
+                "where": where,
+                "loss": loss,
+                "gradients": gradients,
+                "parameters": [],
+                "snapshot": bool(roots),
+            },
         )
         if roots:
             self.snapshot(roots, "last_finite")
         self.flag_nonfinite()  # activity from the next step on (sample_nonfinite)
 
-    def check_after_step(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+    def check_after_step(
+        self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
+    ) -> None:
         """Optimizer post hook (``keep_finite_state``): did this step make parameters non-finite?"""
         copies = self._finite_copies.get(optimizer)
         if self._nonfinite_found or copies is None or len(copies) != len(params):
@@ -138,7 +155,9 @@ class NonFiniteWatch(RecorderBase):
                 return
             self._nonfinite_found = True
             flags = torch.isfinite(norms).tolist()
-            bad = sorted({self.tensors.get(p)[0] for p, ok in zip(params, flags, strict=True) if not ok})
+            bad = sorted(
+                {self.tensors.get(p)[0] for p, ok in zip(params, flags, strict=True) if not ok}
+            )
             items = []
             seen: set[int] = set()
             for param, copy in zip(params, copies, strict=True):
@@ -149,7 +168,13 @@ class NonFiniteWatch(RecorderBase):
         before = self.step - 1  # the copy holds the state after the previous step
         self.emit(
             "nonfinite_found",
-            payload={"where": "parameters", "loss": None, "gradients": [], "parameters": bad, "snapshot": True},
+            payload={
+                "where": "parameters",
+                "loss": None,
+                "gradients": [],
+                "parameters": bad,
+                "snapshot": True,
+            },
             step=before,
         )
         self.emit(

@@ -11,7 +11,8 @@ through numpy: a torch op's dispatch costs several times a numpy ``dot``'s, and
 on the benchmark MLP that makes the step's norms several times cheaper for the
 same bytes (docs/performance.md).
 A dot that overflows float32 (square sums past 3.4e38) is taken again by torch
-in float64: such an overflow is not reported as a non-finite gradient. Large tensors, and every tensor on another device, still
+in float64: such an overflow is not reported as a non-finite gradient. Large tensors, and every
+tensor on another device, still
 go through ``_foreach_norm`` (stacking a large tensor copies it for nothing,
 the float32 accumulation of a very long dot loses digits, and on CUDA the fused
 kernel is already one launch). The results are concatenated into ONE float32
@@ -71,7 +72,10 @@ class NormPlan:
             elif t.numel() <= SMALL:
                 by_kind.setdefault((tuple(t.shape), t.dtype), []).append(i)
             elif (
-                t.numel() <= DOT_MAX and t.dtype in _DOT_DTYPES and type(t) in _PLAIN and not (t.is_conj() or t.is_neg())
+                t.numel() <= DOT_MAX
+                and t.dtype in _DOT_DTYPES
+                and type(t) in _PLAIN
+                and not (t.is_conj() or t.is_neg())
             ):  # plain tensors only: a subclass's own __torch_function__ decides what it does
                 self.dots.append(i)
             else:
@@ -131,13 +135,16 @@ class NormPlan:
             return None
         return out
 
-    def _reduce(self, pick: Callable[[list[int]], list[torch.Tensor]], strict: bool = False) -> torch.Tensor:
+    def _reduce(
+        self, pick: Callable[[list[int]], list[torch.Tensor]], strict: bool = False
+    ) -> torch.Tensor:
         """Stack each group, take the others as they are, reduce (``_reduce_parts``).
         ``strict``: raise TypeError on an absent or sparse tensor."""
         laid = [torch.stack(pick(members)) for members in self.groups]
         tail = pick(self.tail) if self.tail else []
         if strict and not (
-            all(t.layout is torch.strided for t in laid) and all(t is not None and t.layout is torch.strided for t in tail)
+            all(t.layout is torch.strided for t in laid)
+            and all(t is not None and t.layout is torch.strided for t in tail)
         ):
             raise TypeError("an absent or sparse tensor")
         return self._reduce_parts(laid + tail)
@@ -154,11 +161,15 @@ class NormPlan:
         """
         rest = [tensors[i] for i in self.tail]
         if any(t.device.type != "cpu" for t in rest):
-            return [torch.stack([tensors[i] for i in members]) for members in self.groups] + [t.clone() for t in rest]
+            return [torch.stack([tensors[i] for i in members]) for members in self.groups] + [
+                t.clone() for t in rest
+            ]
         buffers = self._copies
         if buffers is None:
             buffers = self._copies = [
-                torch.empty((len(members), *tensors[members[0]].shape), dtype=tensors[members[0]].dtype)
+                torch.empty(
+                    (len(members), *tensors[members[0]].shape), dtype=tensors[members[0]].dtype
+                )
                 for members in self.groups
             ] + [torch.empty_like(t, memory_format=torch.contiguous_format) for t in rest]
         for buffer, members in zip(buffers, self.groups, strict=False):
@@ -167,7 +178,9 @@ class NormPlan:
             foreach_copy_(buffers[len(self.groups) :], rest)
         return buffers
 
-    def difference_norms(self, before: list[torch.Tensor], tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    def difference_norms(
+        self, before: list[torch.Tensor], tensors: Sequence[torch.Tensor]
+    ) -> torch.Tensor | None:
         """Norms of ``before - tensors`` per tensor (``before`` from ``copy``; it is
         overwritten with the difference), in input order."""
         if not tensors:
@@ -220,7 +233,9 @@ def _dot_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
     dot does not (torch's own float32 norm overflows there too).
     """
     squares = np.empty(len(tensors), dtype=np.float64)
-    with np.errstate(all="ignore"):  # an overflow is handled below, never a warning in the user's output
+    with np.errstate(
+        all="ignore"
+    ):  # an overflow is handled below, never a warning in the user's output
         for i, t in enumerate(tensors):
             a = (t.detach() if t.requires_grad else t).numpy().reshape(-1)
             squares[i] = np.dot(a, a)
@@ -258,7 +273,9 @@ class PlanCache:
     __slots__ = ("_plans",)
 
     def __init__(self, weak: bool = False) -> None:
-        self._plans: MutableMapping[Any, tuple[object, NormPlan]] = weakref.WeakKeyDictionary() if weak else {}
+        self._plans: MutableMapping[Any, tuple[object, NormPlan]] = (
+            weakref.WeakKeyDictionary() if weak else {}
+        )
 
     def plan(self, key: object, identity: object, tensors: Sequence[torch.Tensor]) -> NormPlan:
         """The plan under ``key`` for ``identity`` (``identity`` stands for the tensors'
@@ -275,7 +292,9 @@ class PlanCache:
         """Drop the plan under ``key``: it no longer fits (a shape changed in place)."""
         self._plans.pop(key, None)
 
-    def norms(self, key: object, identity: object, tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    def norms(
+        self, key: object, identity: object, tensors: Sequence[torch.Tensor]
+    ) -> torch.Tensor | None:
         """The norms of ``tensors`` (see ``NormPlan.norms``) with the plan cached under
         ``key``; should a cached plan not fit after all (stacking raises), it is
         worked out again from the tensors themselves."""

@@ -53,11 +53,15 @@ class OptimizerHooks(RecorderBase):
         # with a callback at every add)
         self._stepping: dict[int, weakref.ref[torch.optim.Optimizer]] = {}
         # Per optimizer, the gradients the last backward left (``_Raw``), until its step.
-        self._raw: weakref.WeakKeyDictionary[torch.optim.Optimizer, _Raw] = weakref.WeakKeyDictionary()
+        self._raw: weakref.WeakKeyDictionary[torch.optim.Optimizer, _Raw] = (
+            weakref.WeakKeyDictionary()
+        )
         # The same for trainable parameters of the roots that no optimizer seen so far
         # holds (the first step of each optimizer), by parameter id.
         self._unbound: _Unbound | None = None
-        self._all_bound: object = None  # the structure at which every trainable parameter had an optimizer
+        self._all_bound: object = (
+            None  # the structure at which every trainable parameter had an optimizer
+        )
         self._post_calls = 0  # post hooks run (GradScaler.step: did the optimizer step?)
         # ids of the optimizers whose step() is running, outermost first: a step inside
         # another's (ZeroRedundancyOptimizer's local optimizer, Lookahead's base) is part of
@@ -77,7 +81,9 @@ class OptimizerHooks(RecorderBase):
                 params = [p for group in optimizer.param_groups for p in group["params"]]
                 if id(optimizer) not in self._param_ids:
                     self._ids_of(optimizer, params)
-                self._raw[optimizer] = _Raw(self._grad_norms(optimizer, params), grad_fingerprint(params))
+                self._raw[optimizer] = _Raw(
+                    self._grad_norms(optimizer, params), grad_fingerprint(params)
+                )
                 covered.update(map(id, params))
                 sizes.append(len(params))
             # Looking for parameters no optimizer holds walks every root: only until none
@@ -114,7 +120,12 @@ class OptimizerHooks(RecorderBase):
         seen = set(covered)
         for root in self.live_roots():
             for p in root.parameters():
-                if id(p) not in seen and p.requires_grad and p.grad is not None and p.grad.layout is _STRIDED:
+                if (
+                    id(p) not in seen
+                    and p.requires_grad
+                    and p.grad is not None
+                    and p.grad.layout is _STRIDED
+                ):
                     seen.add(id(p))
                     params.append(p)
         if not params:
@@ -122,7 +133,11 @@ class OptimizerHooks(RecorderBase):
         grads: list[torch.Tensor] = [local_view(p.grad) for p in params]  # type: ignore[arg-type]
         norms = norms_of(grads)
         assert norms is not None
-        return _Unbound(norms, {id(p): i for i, p in enumerate(params)}, dict(zip(map(id, params), grad_fingerprint(params), strict=True)))
+        return _Unbound(
+            norms,
+            {id(p): i for i, p in enumerate(params)},
+            dict(zip(map(id, params), grad_fingerprint(params), strict=True)),
+        )
 
     def _raw_of(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> _Raw | None:
         """What the last backward left for this optimizer's parameters, or None (no backward
@@ -139,15 +154,23 @@ class OptimizerHooks(RecorderBase):
         present = [i for i, pos in enumerate(positions) if pos is not None]
         if not present:
             return None
-        picked = torch.tensor([positions[i] for i in present], dtype=torch.long, device=unbound.norms.device)
+        picked = torch.tensor(
+            [positions[i] for i in present], dtype=torch.long, device=unbound.norms.device
+        )
         fingerprint = tuple(unbound.fingerprint.get(id(p)) for p in params)
-        norms = StackedNorms(unbound.norms[picked], len(params), None if len(present) == len(params) else present)
+        norms = StackedNorms(
+            unbound.norms[picked], len(params), None if len(present) == len(params) else present
+        )
         return _Raw(norms, fingerprint)
 
-    def _used_grad_norms(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> _Grads:
+    def _used_grad_norms(
+        self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
+    ) -> _Grads:
         """The norms of the gradients the update consumes now, and the raw ones beside them."""
         raw = self._raw_of(optimizer, params)
-        scale = getattr(optimizer, "grad_scale", None)  # set by GradScaler.step for fused optimizers
+        scale = getattr(
+            optimizer, "grad_scale", None
+        )  # set by GradScaler.step for fused optimizers
         modified: bool | None
         if raw is not None and grad_fingerprint(params) == raw.fingerprint:
             used, modified = raw.norms, False
@@ -163,10 +186,14 @@ class OptimizerHooks(RecorderBase):
         """``GradScaler.step`` is about to run: the post-hook count to compare after it."""
         return self._post_calls
 
-    def scaler_step_ended(self, optimizer: torch.optim.Optimizer, before: int, scale: float) -> None:
+    def scaler_step_ended(
+        self, optimizer: torch.optim.Optimizer, before: int, scale: float
+    ) -> None:
         """``GradScaler.step`` returned; if the optimizer did not step, the scaler skipped it."""
         if self._post_calls == before:
-            self._skipped(optimizer, "inf or NaN in the gradients: GradScaler skipped optimizer.step()", scale)
+            self._skipped(
+                optimizer, "inf or NaN in the gradients: GradScaler skipped optimizer.step()", scale
+            )
 
     def _skipped(self, optimizer: torch.optim.Optimizer, reason: str, scale: float | None) -> None:
         """A step that updated nothing: its metrics and activity leave marked, then ``step_skipped``."""
@@ -179,7 +206,12 @@ class OptimizerHooks(RecorderBase):
             "step_skipped",
             None,
             None,
-            {"optimizer_id": optimizer_id, "optimizer_class": class_name(optimizer), "reason": reason, "scale": scale},
+            {
+                "optimizer_id": optimizer_id,
+                "optimizer_class": class_name(optimizer),
+                "reason": reason,
+                "scale": scale,
+            },
         )
 
     # ------------------------------------------------------------------ hooks
@@ -229,7 +261,9 @@ class OptimizerHooks(RecorderBase):
                 else None
             )
             if not closure:
-                self.check_before_step(optimizer, params, grads.used if grads is not None else None)  # nonfinite.py
+                self.check_before_step(
+                    optimizer, params, grads.used if grads is not None else None
+                )  # nonfinite.py
             due = (policy.update_norms or policy.param_norms) and policy.norms_due(self.step)
             before = self._copy_before(optimizer, params) if due and policy.update_norms else None
             self._pending_steps[optimizer] = _Pending(
@@ -239,14 +273,18 @@ class OptimizerHooks(RecorderBase):
             self.fault("optimizer_step_pre_hook", exc)
         return None
 
-    def _param_plan(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> tuple[NormPlan, list[torch.Tensor]]:
+    def _param_plan(
+        self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
+    ) -> tuple[NormPlan, list[torch.Tensor]]:
         """The plan of the optimizer's parameters (norms, copies, differences) and the
         tensors it works on: the parameters themselves, or each DTensor's local shard."""
         key = id(optimizer)
         tensors = [local_view(p.detach()) for p in params] if key in self._sharded else params
         return self._param_plans.plan(optimizer, self._param_ids[key][0], tensors), tensors
 
-    def _copy_before(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> list[torch.Tensor] | None:
+    def _copy_before(
+        self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
+    ) -> list[torch.Tensor] | None:
         """The parameters' values before the step, for exact update norms
         (``NormPlan.copy``: stacked per group, into buffers the plan keeps on CPU)."""
         with torch.no_grad():
@@ -268,8 +306,16 @@ class OptimizerHooks(RecorderBase):
             found_inf = getattr(optimizer, "found_inf", None)  # GradScaler with a fused optimizer
             if isinstance(found_inf, torch.Tensor) and bool(found_inf.detach().sum().item()):
                 scale = getattr(optimizer, "grad_scale", None)
-                value = float(scale.detach().reshape(-1)[0]) if isinstance(scale, torch.Tensor) else None
-                self._skipped(optimizer, "inf or NaN in the gradients: the fused optimizer skipped the update (GradScaler found_inf)", value)
+                value = (
+                    float(scale.detach().reshape(-1)[0])
+                    if isinstance(scale, torch.Tensor)
+                    else None
+                )
+                self._skipped(
+                    optimizer,
+                    "inf or NaN in the gradients: the fused optimizer skipped the update (GradScaler found_inf)",
+                    value,
+                )
                 return None
             self.step += 1
             self._step_time()
@@ -277,7 +323,9 @@ class OptimizerHooks(RecorderBase):
             count = self._optimizer_steps.get(optimizer_id, 0) + 1
             self._optimizer_steps[optimizer_id] = count
             pending = self._pending_steps.pop(optimizer, None)
-            if pending is not None and len(pending.params) == sum(len(g["params"]) for g in optimizer.param_groups):
+            if pending is not None and len(pending.params) == sum(
+                len(g["params"]) for g in optimizer.param_groups
+            ):
                 params, ids = pending.params, pending.ids
             else:  # the pre hook did not run (or the groups changed inside the step)
                 params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -360,7 +408,9 @@ class OptimizerHooks(RecorderBase):
         groups: list[dict[str, Any]] = []
         for group in optimizer.param_groups:
             hyper = group.copy()  # shallow, as the event's values were
-            hyper.pop("params", None)  # the writer puts the ids there; a record never holds a parameter
+            hyper.pop(
+                "params", None
+            )  # the writer puts the ids there; a record never holds a parameter
             tensor_keys = [key for key, value in hyper.items() if isinstance(value, torch.Tensor)]
             for key in tensor_keys:  # a tensor hyperparameter (lr as a tensor) may change in place
                 hyper[key] = hyper[key].detach().clone()
@@ -376,8 +426,11 @@ class OptimizerHooks(RecorderBase):
                     grads = self._used_grad_norms(optimizer, params)
                 grad_norms, raw_norms, modified = grads.used, grads.raw, grads.modified
                 if (
-                    policy.activity and policy.sample_nonfinite and not self._nonfinite
-                    and _on_cpu(grad_norms) and grad_norms.any_nonfinite()
+                    policy.activity
+                    and policy.sample_nonfinite
+                    and not self._nonfinite
+                    and _on_cpu(grad_norms)
+                    and grad_norms.any_nonfinite()
                 ):
                     self.flag_nonfinite()  # the next step is sampled (the writer would say so later)
             param_norms: StackedNorms | None = None
@@ -388,15 +441,30 @@ class OptimizerHooks(RecorderBase):
                     if policy.param_norms:
                         param_norms = StackedNorms(plan.norms(tensors), len(params))
                     if pending.before is not None:  # before := before - after, in place
-                        update_norms = StackedNorms(plan.difference_norms(pending.before, tensors), len(params))
+                        update_norms = StackedNorms(
+                            plan.difference_norms(pending.before, tensors), len(params)
+                        )
                 except RuntimeError:  # a parameter changed shape or dtype inside the step
                     self._param_plans.forget(optimizer)
         return StepPayload(
-            groups, group_ids, tensor_ids, len(params), grad_norms, raw_norms, modified, param_norms,
-            update_norms, optimizer_id, type(optimizer), count, self.flag_nonfinite,
+            groups,
+            group_ids,
+            tensor_ids,
+            len(params),
+            grad_norms,
+            raw_norms,
+            modified,
+            param_norms,
+            update_norms,
+            optimizer_id,
+            type(optimizer),
+            count,
+            self.flag_nonfinite,
         )
 
-    def _grad_norms(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> StackedNorms:
+    def _grad_norms(
+        self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
+    ) -> StackedNorms:
         """The norms of the parameters' gradients (absent ones marked), plan cached.
 
         Read straight from the parameters through their plan when every gradient
@@ -408,7 +476,9 @@ class OptimizerHooks(RecorderBase):
             if key not in self._sharded:
                 try:
                     norms = self._param_plan(optimizer, params)[0].grad_norms(params)
-                except RuntimeError:  # the plan no longer fits (a shape changed in place), or mixed layouts
+                except (
+                    RuntimeError
+                ):  # the plan no longer fits (a shape changed in place), or mixed layouts
                     self._param_plans.forget(optimizer)
                     norms = None
                 if norms is not None:
@@ -423,9 +493,15 @@ class OptimizerHooks(RecorderBase):
                 plan_key = (key, "grad")
             if key in self._sharded:
                 grads = [local_view(g) for g in grads]  # type: ignore[arg-type]
-            return StackedNorms(self._norm_plans.norms(plan_key, identity, grads), len(params), present)  # type: ignore[arg-type]
+            return StackedNorms(
+                self._norm_plans.norms(plan_key, identity, grads),  # type: ignore[arg-type]
+                len(params),
+                present,
+            )
 
-    def _ids_of(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> tuple[Clean, list[Clean]]:
+    def _ids_of(
+        self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
+    ) -> tuple[Clean, list[Clean]]:
         """Tensor ids of the optimizer's parameters, in order and per group, packed
         (``core.packed.pack_ints``) and cached: a step then costs nothing for them.
 
@@ -439,7 +515,10 @@ class OptimizerHooks(RecorderBase):
         ids = self.tensors
         ids.note_optimizer(optimizer, params)  # a tensor no module holds is known by its optimizer
         tensor_ids = Clean(pack_ints([ids.get(p, optimizer)[0] for p in params]))
-        group_ids = [Clean(pack_ints([ids.get(p, optimizer)[0] for p in group["params"]])) for group in optimizer.param_groups]
+        group_ids = [
+            Clean(pack_ints([ids.get(p, optimizer)[0] for p in group["params"]]))
+            for group in optimizer.param_groups
+        ]
         self._param_ids[id(optimizer)] = (key, tensor_ids, group_ids)
         if any(local_view(p) is not p for p in params):
             self._sharded.add(id(optimizer))

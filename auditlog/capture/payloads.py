@@ -49,7 +49,9 @@ class HostCopy:
 
     __slots__ = ("copy", "inner", "pooled", "shard", "stats", "subclass")
 
-    def __init__(self, source: torch.Tensor, with_stats: bool = False, buffers: HostBuffers | None = None) -> None:
+    def __init__(
+        self, source: torch.Tensor, with_stats: bool = False, buffers: HostBuffers | None = None
+    ) -> None:
         with torch.no_grad():
             # A sharded (DTensor) value: this process's shard, and where it lies.
             self.shard = shard_facts(source)
@@ -64,8 +66,10 @@ class HostCopy:
                 cls, inner, ctx = parts
                 names = list(inner)
                 self.subclass = {
-                    "type": cls, "first": names[0] if names else None,
-                    "ctx": None if ctx is None else repr(ctx)[:500], **_outer_layout(source),
+                    "type": cls,
+                    "first": names[0] if names else None,
+                    "ctx": None if ctx is None else repr(ctx)[:500],
+                    **_outer_layout(source),
                 }
                 self.inner = [(n, HostValues(_host_clone(inner[n]))) for n in names[1:]]
             source = local_view(source.detach())
@@ -94,8 +98,17 @@ def wrapper_entry(pending: HostCopy, first: str, others: list[str]) -> dict[str,
     inner tensor's hash is the entry's ``sha256``), context repr, outer shape and stride."""
     facts = pending.subclass
     assert facts is not None
-    shas = {facts["first"]: first, **{name: sha for (name, _), sha in zip(pending.inner, others, strict=True)}}
-    return {"type": facts["type"], "inner": shas, "ctx": facts["ctx"], "shape": facts["shape"], "stride": facts["stride"]}
+    shas = {
+        facts["first"]: first,
+        **{name: sha for (name, _), sha in zip(pending.inner, others, strict=True)},
+    }
+    return {
+        "type": facts["type"],
+        "inner": shas,
+        "ctx": facts["ctx"],
+        "shape": facts["shape"],
+        "stride": facts["stride"],
+    }
 
 
 def _outer_layout(tensor: torch.Tensor) -> dict[str, list[int] | None]:
@@ -140,14 +153,16 @@ class SealItems:
             threads = hash_threads()  # the leaves of a large tensor on every core (core.hashing)
             digests = [tensor_hash(copy, threads=threads) for _, copy in copies + inner]
         del copies, inner
-        inner_digests = iter(digests[len(self.items):])
+        inner_digests = iter(digests[len(self.items) :])
         for (tensor_id, pending), digest in zip(self.items, digests, strict=False):
             stats = pending.stats.resolve() if pending.stats is not None else None
             item: dict[str, Any] = {"tensor_id": tensor_id, "sha256": digest, "stats": stats}
             if pending.shard is not None:
                 item["shard"] = pending.shard
             if pending.subclass is not None:
-                item["subclass"] = wrapper_entry(pending, digest, [next(inner_digests) for _ in pending.inner])
+                item["subclass"] = wrapper_entry(
+                    pending, digest, [next(inner_digests) for _ in pending.inner]
+                )
             out.append(item)
         self.items = []
         return out
@@ -165,7 +180,9 @@ class SnapshotItems:
 
     __slots__ = ("buffers", "done", "items", "nbytes")
 
-    def __init__(self, items: list[tuple[int, HostCopy]], buffers: HostBuffers | None = None) -> None:
+    def __init__(
+        self, items: list[tuple[int, HostCopy]], buffers: HostBuffers | None = None
+    ) -> None:
         self.items = items
         self.buffers = buffers
         self.nbytes = sum(p.copy.tensor.numel() * p.copy.tensor.element_size() for _, p in items)
@@ -177,8 +194,16 @@ class SnapshotItems:
             copies = [(tensor_id, pending.ready()) for tensor_id, pending in self.items]
             stored = sink.store_blobs(copies)
             tensors = []
-            inner = [(tensor_id, name, part.ready()) for tensor_id, p in self.items for name, part in p.inner]
-            stored_inner = iter(zip(inner, sink.store_blobs([(t, c) for t, _, c in inner]), strict=True)) if inner else iter(())
+            inner = [
+                (tensor_id, name, part.ready())
+                for tensor_id, p in self.items
+                for name, part in p.inner
+            ]
+            stored_inner = (
+                iter(zip(inner, sink.store_blobs([(t, c) for t, _, c in inner]), strict=True))
+                if inner
+                else iter(())
+            )
             new_bytes = logical = 0
             for (tensor_id, pending), (digest, _) in zip(self.items, stored, strict=True):
                 item: dict[str, Any] = {"tensor_id": tensor_id, "sha256": digest}
@@ -201,7 +226,9 @@ class SnapshotItems:
             self.items = []  # the host copies go now, whatever happened
             self.done.set()
         return {
-            "tensors": tensors, "new_bytes": new_bytes, "copied_bytes": logical,
+            "tensors": tensors,
+            "new_bytes": new_bytes,
+            "copied_bytes": logical,
             "write_s": round(time.perf_counter() - began, 6),
         }
 
@@ -218,7 +245,9 @@ class StackedNorms:
 
     __slots__ = ("_nonfinite", "_packed", "norms", "present", "size", "values")
 
-    def __init__(self, norms: torch.Tensor | None, size: int, present: list[int] | None = None) -> None:
+    def __init__(
+        self, norms: torch.Tensor | None, size: int, present: list[int] | None = None
+    ) -> None:
         self.norms = norms
         self.size = size
         self.present = present
@@ -228,7 +257,11 @@ class StackedNorms:
 
     def _read(self) -> Clean:
         if self._packed is None:
-            got = self.values.ready().numpy() if self.values is not None else np.zeros(0, dtype=np.float32)
+            got = (
+                self.values.ready().numpy()
+                if self.values is not None
+                else np.zeros(0, dtype=np.float32)
+            )
             got = got.astype("<f4", copy=False)
             self._nonfinite = int(got.size - np.count_nonzero(np.isfinite(got)))
             absent: list[int] = []
@@ -333,8 +366,19 @@ class StepPayload:
     """
 
     __slots__ = (
-        "count", "grad_norms", "group_ids", "groups", "modified", "on_nonfinite", "optimizer_class",
-        "optimizer_id", "param_norms", "raw_norms", "tensor_ids", "update_norms", "weight",
+        "count",
+        "grad_norms",
+        "group_ids",
+        "groups",
+        "modified",
+        "on_nonfinite",
+        "optimizer_class",
+        "optimizer_id",
+        "param_norms",
+        "raw_norms",
+        "tensor_ids",
+        "update_norms",
+        "weight",
     )
 
     def __init__(
@@ -380,8 +424,12 @@ class StepPayload:
                 if kind is float:
                     if value - value != 0.0:
                         group[key] = finite_or_text(value)
-                elif not (kind in _JSON_SCALARS or (kind is tuple and all(map(_json_ready, value)))):
-                    plain = False  # a tensor, a dtype, an object: the writer's materialize knows them
+                elif not (
+                    kind in _JSON_SCALARS or (kind is tuple and all(map(_json_ready, value)))
+                ):
+                    plain = (
+                        False  # a tensor, a dtype, an object: the writer's materialize knows them
+                    )
             group["params"] = members
             groups.append(Clean(group) if plain else group)
             clean = clean and plain
@@ -393,7 +441,9 @@ class StepPayload:
             "grad_norm": None if grads is None else grads.resolve(),
             "raw_grad_norm": None if self.raw_norms is None else self.raw_norms.resolve(),
             "grads_modified": self.modified,
-            "nonfinite_grads": None if grads is None else NonFiniteCount(grads, self.on_nonfinite).resolve(),
+            "nonfinite_grads": None
+            if grads is None
+            else NonFiniteCount(grads, self.on_nonfinite).resolve(),
             "update_norm": None if self.update_norms is None else self.update_norms.resolve(),
             "param_norm": None if self.param_norms is None else self.param_norms.resolve(),
             "optimizer_id": self.optimizer_id,

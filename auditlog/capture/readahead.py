@@ -34,7 +34,10 @@ from __future__ import annotations
 from types import FrameType
 from typing import Any
 
-ONE_AHEAD = {("accelerate.data_loader", "DataLoaderShard"), ("accelerate.data_loader", "DataLoaderDispatcher")}
+ONE_AHEAD = {
+    ("accelerate.data_loader", "DataLoaderShard"),
+    ("accelerate.data_loader", "DataLoaderDispatcher"),
+}
 """(module, class) of the wrappers known to iterate their ``base_dataloader`` one batch ahead."""
 PREFETCHERS = {
     ("pytorch_lightning.loops.fetchers", "_PrefetchDataFetcher"),

@@ -60,7 +60,9 @@ class Recorder(
         self._refused: set[str] = set()  # kinds torch would not take back: not captured any more
         self._backward = BackwardWatch(self)  # backward(), GradScaler.scale/step (backward.py)
         self._constructed = self.on_constructed  # one bound method: listen and unlisten it
-        self.data = DataWatch(self, self.policy.batch_hash_every)  # DataLoader iterations, datasets, batch indices (data.py)
+        self.data = DataWatch(
+            self, self.policy.batch_hash_every
+        )  # DataLoader iterations, datasets, batch indices (data.py)
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
@@ -72,11 +74,27 @@ class Recorder(
         """
         constructors.listen(self._constructed)  # where each module is built (constructors.py)
         add = self._hooks.install
-        add("module_registration", self._on_module_registered, nn_module.register_module_module_registration_hook)
-        add("parameter_registration", self._on_parameter_registered, nn_module.register_module_parameter_registration_hook)
-        add("buffer_registration", self._on_buffer_registered, nn_module.register_module_buffer_registration_hook)
+        add(
+            "module_registration",
+            self._on_module_registered,
+            nn_module.register_module_module_registration_hook,
+        )
+        add(
+            "parameter_registration",
+            self._on_parameter_registered,
+            nn_module.register_module_parameter_registration_hook,
+        )
+        add(
+            "buffer_registration",
+            self._on_buffer_registered,
+            nn_module.register_module_buffer_registration_hook,
+        )
         add("optimizer_step_pre", self._on_step_pre, optim_module.register_optimizer_step_pre_hook)
-        add("optimizer_step_post", self._on_step_post, optim_module.register_optimizer_step_post_hook)
+        add(
+            "optimizer_step_post",
+            self._on_step_post,
+            optim_module.register_optimizer_step_post_hook,
+        )
         self._backward.install()
         if self.policy.data:
             self.data.install()
@@ -92,13 +110,33 @@ class Recorder(
         ]
         # always_call: the call stack is unwound, and the failed call recorded, when
         # forward raises (docs/hooks.md: what a user can observe of it).
-        kinds.append(("forward", self._on_forward, partial(nn_module.register_module_forward_hook, always_call=True)))
+        kinds.append(
+            (
+                "forward",
+                self._on_forward,
+                partial(nn_module.register_module_forward_hook, always_call=True),
+            )
+        )
         if not forward_only:
             if self.policy.backward == "full":
-                kinds.append(("full_backward_pre", self._on_backward_pre, nn_module.register_module_full_backward_pre_hook))
-                kinds.append(("full_backward", self._on_full_backward, nn_module.register_module_full_backward_hook))
+                kinds.append(
+                    (
+                        "full_backward_pre",
+                        self._on_backward_pre,
+                        nn_module.register_module_full_backward_pre_hook,
+                    )
+                )
+                kinds.append(
+                    (
+                        "full_backward",
+                        self._on_full_backward,
+                        nn_module.register_module_full_backward_hook,
+                    )
+                )
             elif self.policy.backward == "legacy":
-                kinds.append(("backward", self._on_legacy_backward, nn_module.register_module_backward_hook))
+                kinds.append(
+                    ("backward", self._on_legacy_backward, nn_module.register_module_backward_hook)
+                )
         for kind, hook, register in kinds:
             if kind in self._refused:
                 continue
@@ -124,11 +162,19 @@ class Recorder(
         outermost call of a root whose output carried a loss (metrics.py)."""
         self._watch_depth = 0
         has = self._hooks.has
-        if all(has(kind) or kind in self._refused for kind in _ROOT_WATCH) if present else not any(map(has, _ROOT_WATCH)):
+        if (
+            all(has(kind) or kind in self._refused for kind in _ROOT_WATCH)
+            if present
+            else not any(map(has, _ROOT_WATCH))
+        ):
             return  # as it should be already: nothing to build (every step goes through here)
         kinds: list[tuple[str, Callable[..., Any], Register]] = [
             ("root_watch_pre", self._on_root_watch_pre, nn_module.register_module_forward_pre_hook),
-            ("root_watch", self._on_root_watch, partial(nn_module.register_module_forward_hook, always_call=True)),
+            (
+                "root_watch",
+                self._on_root_watch,
+                partial(nn_module.register_module_forward_hook, always_call=True),
+            ),
         ]
         for kind, hook, register in kinds:
             if present and kind not in self._hooks.installed() and kind not in self._refused:

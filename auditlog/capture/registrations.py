@@ -94,15 +94,15 @@ def _walk(flat: list[Any]) -> Iterator[tuple[list[Any], list[Any] | None]]:
     index, end = 0, len(flat)
     while index < end:
         if flat[index] == "module_registered":
-            yield flat[index:index + MODULE_WIDTH], None
+            yield flat[index : index + MODULE_WIDTH], None
             index += MODULE_WIDTH
             continue
-        fields = flat[index:index + TENSOR_WIDTH]
+        fields = flat[index : index + TENSOR_WIDTH]
         index += TENSOR_WIDTH
         ndim = fields[-1]
         shape = None
         if ndim is not None:
-            shape = flat[index:index + ndim]
+            shape = flat[index : index + ndim]
             index += ndim
         yield fields, shape
 
@@ -114,20 +114,58 @@ def parse(flat: list[Any]) -> list[tuple[Any, ...]]:
     for fields, shape in _walk(flat):
         kind = fields[0]
         if kind == "module_registered":
-            (_, ts_ns, step, module_id, tensor_id, name, child_id, child_cls, parent_cls, code, line,
-             attached, parent_code, parent_line, parent_attached, adopted, detected_at) = fields
-            body = Clean({
-                "name": name,
-                "child_id": child_id,
-                "child_class": child_cls,
-                "parent_class": parent_cls,
-                "source": None if adopted else _site(code, line, attached),
-            })
+            (
+                _,
+                ts_ns,
+                step,
+                module_id,
+                tensor_id,
+                name,
+                child_id,
+                child_cls,
+                parent_cls,
+                code,
+                line,
+                attached,
+                parent_code,
+                parent_line,
+                parent_attached,
+                adopted,
+                detected_at,
+            ) = fields
+            body = Clean(
+                {
+                    "name": name,
+                    "child_id": child_id,
+                    "child_class": child_cls,
+                    "parent_class": parent_cls,
+                    "source": None if adopted else _site(code, line, attached),
+                }
+            )
             if parent_code is not ABSENT:
                 body["parent_source"] = _site(parent_code, parent_line, parent_attached)
         else:
-            (_, ts_ns, step, module_id, tensor_id, name, module_cls, dtype, device, lazy, flag, code, line,
-             module_code, module_line, module_attached, adopted, detected_at, _) = fields
+            (
+                _,
+                ts_ns,
+                step,
+                module_id,
+                tensor_id,
+                name,
+                module_cls,
+                dtype,
+                device,
+                lazy,
+                flag,
+                code,
+                line,
+                module_code,
+                module_line,
+                module_attached,
+                adopted,
+                detected_at,
+                _,
+            ) = fields
             body = Clean(name=name, module_class=module_cls)
             if dtype is None:
                 body.update(shape=None, dtype=None, device=None)
@@ -183,4 +221,7 @@ class Registrations:
         applying them costs about what a fold straight from the flat values did
         (docs/performance.md)."""
         for kind, _, _, module_id, tensor_id, payload in self.records():
-            apply(state, {"kind": kind, "module_id": module_id, "tensor_id": tensor_id, "payload": payload})
+            apply(
+                state,
+                {"kind": kind, "module_id": module_id, "tensor_id": tensor_id, "payload": payload},
+            )

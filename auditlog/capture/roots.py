@@ -92,7 +92,9 @@ class RootTracking(RecorderBase):
         while len(pending) > SNAPSHOT_BACKLOG:
             if pending[0].done.wait(0.5):
                 pending.pop(0)
-            elif self.failure() is not None or not (self.buffer.has_consumer and self.buffer.consumer_alive()):
+            elif self.failure() is not None or not (
+                self.buffer.has_consumer and self.buffer.consumer_alive()
+            ):
                 break
         waited = time.perf_counter() - began if behind > SNAPSHOT_BACKLOG else 0.0
         self._in_flight = pending
@@ -123,7 +125,12 @@ class RootTracking(RecorderBase):
         self._roots.add(root)
         module_id = self.modules.lookup(root)
         finalizer = weakref.finalize(
-            root, self._on_root_released, module_id, parameters_of(root), buffers_of(root), children_of(root)
+            root,
+            self._on_root_released,
+            module_id,
+            parameters_of(root),
+            buffers_of(root),
+            children_of(root),
         )
         finalizer.atexit = False  # interpreter exit is handled by the recording's own close
         self._finalizers.append(finalizer)
@@ -134,19 +141,26 @@ class RootTracking(RecorderBase):
             finalizer.detach()
         self._finalizers.clear()
 
-    def _on_root_released(self, module_id: int | None, params: Any, buffers: Any, children: Any) -> None:
+    def _on_root_released(
+        self, module_id: int | None, params: Any, buffers: Any, children: Any
+    ) -> None:
         if not self.policy.snapshot_final or self._finished:
             return
         try:
             items = self._released_items(module_id, params, buffers, children)
             self.emit(
-                "snapshot_taken", module_id, None, {"trigger": "released", "tag": None, "snapshot": SnapshotItems(items)}
+                "snapshot_taken",
+                module_id,
+                None,
+                {"trigger": "released", "tag": None, "snapshot": SnapshotItems(items)},
             )
         except Exception as exc:
             self.fault("root_released_snapshot", exc)
 
     def _snapshot_items(
-        self, members: Iterator[tuple[torch.nn.Module, str, str, torch.Tensor]], buffers: HostBuffers | None = None
+        self,
+        members: Iterator[tuple[torch.nn.Module, str, str, torch.Tensor]],
+        buffers: HostBuffers | None = None,
     ) -> list[tuple[int, HostCopy]]:
         """Host copies of the tensors at these places, each tensor once (into ``buffers``
         where they fit)."""
@@ -196,4 +210,6 @@ class RootTracking(RecorderBase):
 
     def check(self, roots: list[torch.nn.Module] | None, where: str) -> None:
         """Run a structural check over ``roots`` (default: every live root)."""
-        self.check_structure(self.live_roots() if roots is None else [unwrap_model(r) for r in roots], where)
+        self.check_structure(
+            self.live_roots() if roots is None else [unwrap_model(r) for r in roots], where
+        )

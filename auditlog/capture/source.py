@@ -17,7 +17,10 @@ import torch
 # auditlog's own package directory (two levels up from capture/source.py) and torch's.
 _SKIP_DIRS = tuple(
     os.path.dirname(os.path.abspath(path)) + os.sep
-    for path in (torch.__file__, os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/__init__.py")
+    for path in (
+        torch.__file__,
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/__init__.py",
+    )
     if path
 )
 _skip_cache: dict[CodeType, bool] = {}
@@ -99,7 +102,9 @@ def constructor_caller(module: object, frame: FrameType | None) -> Site | None:
     while frame is not None:
         code = frame.f_code
         if not _skipped(code) and not (
-            code.co_name == "__init__" and code.co_argcount > 0 and frame.f_locals.get(code.co_varnames[0]) is module
+            code.co_name == "__init__"
+            and code.co_argcount > 0
+            and frame.f_locals.get(code.co_varnames[0]) is module
         ):
             return code, frame.f_lineno
         frame = frame.f_back
@@ -126,7 +131,11 @@ def construction_or_attach_site(module: object, depth: int = 2) -> tuple[Site | 
     probe = frame
     while probe is not None:
         code = probe.f_code
-        if code.co_name == "__init__" and code.co_argcount > 0 and probe.f_locals.get(code.co_varnames[0]) is module:
+        if (
+            code.co_name == "__init__"
+            and code.co_argcount > 0
+            and probe.f_locals.get(code.co_varnames[0]) is module
+        ):
             outermost = probe
         elif outermost is not None and not _skipped(code):
             # The module's own __init__ frames (its class's and its bases') are

@@ -61,12 +61,16 @@ def _check_roots(recorder: RecorderBase, roots: list[torch.nn.Module], where: st
             if node is None:
                 continue
             emitted += _check_children(recorder, module, module_id, node.children, where)
-            emitted += _check_tensors(recorder, module, module_id, node.parameters, "parameter", where)
+            emitted += _check_tensors(
+                recorder, module, module_id, node.parameters, "parameter", where
+            )
             emitted += _check_tensors(recorder, module, module_id, node.buffers, "buffer", where)
     return emitted
 
 
-def _removed(recorder: RecorderBase, module_id: int, member: str, name: str, old: int | None, where: str) -> None:
+def _removed(
+    recorder: RecorderBase, module_id: int, member: str, name: str, old: int | None, where: str
+) -> None:
     recorder.emit(
         "structure_changed",
         module_id,
@@ -76,7 +80,11 @@ def _removed(recorder: RecorderBase, module_id: int, member: str, name: str, old
 
 
 def _check_children(
-    recorder: RecorderBase, module: torch.nn.Module, module_id: int, known: dict[str, int | None], where: str
+    recorder: RecorderBase,
+    module: torch.nn.Module,
+    module_id: int,
+    known: dict[str, int | None],
+    where: str,
 ) -> int:
     emitted = 0
     live = children_of(module)
@@ -104,7 +112,9 @@ def _check_tensors(
     where: str,
 ) -> int:
     emitted = 0
-    live: dict[str, torch.Tensor | None] = parameters_of(module) if member == "parameter" else buffers_of(module)
+    live: dict[str, torch.Tensor | None] = (
+        parameters_of(module) if member == "parameter" else buffers_of(module)
+    )
     for name in [n for n in known if n not in live]:
         _removed(recorder, module_id, member, name, known[name], where)
         emitted += 1

@@ -73,6 +73,7 @@ def call_guard(hook: F) -> F:
 def in_transform_or_compile() -> bool:  # call_guard's test, for wrappers that must call through
     return bool(_is_compiling() or _functorch_interpreter() is not None)
 
+
 # --------------------------------------------------------------------------- torch.compile
 def skip_guards_at_frame_level() -> None:
     """Have dynamo run the hook guards above as plain Python when it meets them as frames.
@@ -172,7 +173,11 @@ def unwrap_model(module: torch.nn.Module) -> torch.nn.Module:
 def is_dtensor(tensor: torch.Tensor) -> bool:
     """Is this a ``torch.distributed.tensor.DTensor`` (FSDP2, tensor parallel)? By class name and
     the public attributes, so that checking imports nothing."""
-    return type(tensor).__name__ == "DTensor" and hasattr(tensor, "to_local") and hasattr(tensor, "placements")
+    return (
+        type(tensor).__name__ == "DTensor"
+        and hasattr(tensor, "to_local")
+        and hasattr(tensor, "placements")
+    )
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -251,7 +256,9 @@ def transform_value(tensor: Any) -> bool:
     """
     if not isinstance(tensor, torch.Tensor):
         return False
-    if torch._C._functorch.is_functorch_wrapped_tensor(tensor) or torch._C._functorch.is_legacy_batchedtensor(tensor):
+    if torch._C._functorch.is_functorch_wrapped_tensor(
+        tensor
+    ) or torch._C._functorch.is_legacy_batchedtensor(tensor):
         return True  # (legacy: torch._vmap_internals' BatchedTensor, which batched gradcheck uses)
     if _forward_ad._current_level >= 0:
         return _forward_ad.unpack_dual(tensor).tangent is not None  # type: ignore[no-untyped-call]
@@ -452,7 +459,9 @@ def flop_counting_mode() -> Any:
             super().__init__()  # type: ignore[no-untyped-call]
             self.counts: dict[Any, int] = defaultdict(int)
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
             formula = flop_registry.get(func._overloadpacket)
@@ -473,7 +482,17 @@ def flop_counting_mode() -> Any:
     return FlopCount()
 
 
-_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+_PLAIN = (
+    int,
+    float,
+    bool,
+    str,
+    type(None),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+)
 
 
 def _flop_key_part(value: Any) -> Any:
@@ -570,13 +589,19 @@ def in_backward() -> bool:
 # The attributes above, for the test that fails loudly when torch drops one.
 REQUIRED = {
     "torch._C._current_graph_task_id": lambda: torch._C._current_graph_task_id(),
-    "torch.nn.modules.module._global_is_full_backward_hook": lambda: nn_module._global_is_full_backward_hook,
+    "torch.nn.modules.module._global_is_full_backward_hook": lambda: (
+        nn_module._global_is_full_backward_hook
+    ),
     "torch.nn.modules.module._global_backward_hooks": lambda: nn_module._global_backward_hooks,
     "torch.nn.Module._modules": lambda: torch.nn.Module()._modules,
     "torch.nn.Module._parameters": lambda: torch.nn.Module()._parameters,
     "torch.nn.Module._buffers": lambda: torch.nn.Module()._buffers,
-    "torch.nn.Module._non_persistent_buffers_set": lambda: torch.nn.Module()._non_persistent_buffers_set,
-    "torch.nn.Module.register_buffer(persistent=...)": lambda: torch.nn.Module.register_buffer.__code__.co_varnames.index("persistent"),
+    "torch.nn.Module._non_persistent_buffers_set": lambda: (
+        torch.nn.Module()._non_persistent_buffers_set
+    ),
+    "torch.nn.Module.register_buffer(persistent=...)": lambda: (
+        torch.nn.Module.register_buffer.__code__.co_varnames.index("persistent")
+    ),
     "torch.Tensor._version": lambda: torch.zeros(1)._version,
     "torch.Tensor._backward_hooks": lambda: torch.zeros(1, requires_grad=True)._backward_hooks,
     **{f"global hook table {name}": accessor for name, accessor in GLOBAL_HOOK_TABLES.items()},
@@ -584,17 +609,31 @@ REQUIRED = {
     "torch._foreach_copy_": lambda: torch._foreach_copy_,
     "torch._foreach_sub_": lambda: torch._foreach_sub_,
     "torch.compiler.is_compiling": lambda: torch.compiler.is_compiling,
-    "torch._C._functorch.peek_interpreter_stack": lambda: torch._C._functorch.peek_interpreter_stack(),
-    "torch._C._functorch.is_functorch_wrapped_tensor": lambda: torch._C._functorch.is_functorch_wrapped_tensor,
-    "torch._C._functorch.is_legacy_batchedtensor": lambda: torch._C._functorch.is_legacy_batchedtensor,
+    "torch._C._functorch.peek_interpreter_stack": lambda: (
+        torch._C._functorch.peek_interpreter_stack()
+    ),
+    "torch._C._functorch.is_functorch_wrapped_tensor": lambda: (
+        torch._C._functorch.is_functorch_wrapped_tensor
+    ),
+    "torch._C._functorch.is_legacy_batchedtensor": lambda: (
+        torch._C._functorch.is_legacy_batchedtensor
+    ),
     "torch.autograd.forward_ad._current_level": lambda: _forward_ad._current_level,
     "torch._C.DisableTorchFunctionSubclass": lambda: torch._C.DisableTorchFunctionSubclass,
-    "torch.utils._python_dispatch.is_traceable_wrapper_subclass": lambda: _is_wrapper(torch.zeros(1)),
-    "TorchDispatchMode.ignore_compile_internals": lambda: _python_dispatch.TorchDispatchMode.ignore_compile_internals,
+    "torch.utils._python_dispatch.is_traceable_wrapper_subclass": lambda: _is_wrapper(
+        torch.zeros(1)
+    ),
+    "TorchDispatchMode.ignore_compile_internals": lambda: (
+        _python_dispatch.TorchDispatchMode.ignore_compile_internals
+    ),
     "Module._compiled_call_impl": lambda: torch.nn.Module()._compiled_call_impl,
-    "torch._dynamo.eval_frame.set_code_exec_strategy": lambda: _dynamo().eval_frame.set_code_exec_strategy,
+    "torch._dynamo.eval_frame.set_code_exec_strategy": lambda: (
+        _dynamo().eval_frame.set_code_exec_strategy
+    ),
     "torch._dynamo.types.FrameAction.SKIP": lambda: _dynamo().types.FrameAction.SKIP,
     "torch.nn.modules.loss._Loss": lambda: torch.nn.modules.loss._Loss,
     "torch.utils._python_dispatch._get_current_dispatch_mode": innermost_dispatch_mode,
-    "torch.utils.flop_counter.flop_registry": lambda: __import__("torch.utils.flop_counter").utils.flop_counter.flop_registry,
+    "torch.utils.flop_counter.flop_registry": lambda: (
+        __import__("torch.utils.flop_counter").utils.flop_counter.flop_registry
+    ),
 }

@@ -67,8 +67,19 @@ def _lp(data: bytes) -> bytes:
 
 # dtypes numpy reads directly (one call instead of a reshape and a view: this runs on the
 # training thread for the batches it copies)
-_NUMPY = {torch.float64, torch.float32, torch.float16, torch.complex64, torch.complex128, torch.int64, torch.int32,
-          torch.int16, torch.int8, torch.uint8, torch.bool}
+_NUMPY = {
+    torch.float64,
+    torch.float32,
+    torch.float16,
+    torch.complex64,
+    torch.complex128,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+}
 _DTYPE: dict[torch.dtype, bytes] = {}
 
 
@@ -108,7 +119,10 @@ class BatchContent:
     __slots__ = ("budget", "copied", "nbytes", "parts", "version")
 
     def __init__(
-        self, batch: Any, copy_bytes: int = 0, items: int | None = None,
+        self,
+        batch: Any,
+        copy_bytes: int = 0,
+        items: int | None = None,
         version: Callable[[torch.Tensor], int] | None = None,
     ) -> None:
         # bytes (encoded already) or (tensor, its version when taken)
@@ -129,19 +143,30 @@ class BatchContent:
         if isinstance(value, torch.Tensor):
             shape = value.shape
             nbytes = value.nbytes
-            add(_dtype(value.dtype) + struct.pack(f"<{len(shape) + 2}Q", len(shape), *shape, nbytes))
+            add(
+                _dtype(value.dtype) + struct.pack(f"<{len(shape) + 2}Q", len(shape), *shape, nbytes)
+            )
             self.nbytes += nbytes
             if self.copied + nbytes <= copy_bytes and value.is_cpu:
                 self.copied += nbytes
                 add(bytes(_tensor_bytes(value)))
             else:
                 add((value, version(value) if (version := self.version) is not None else 0))
-        elif type(value).__module__ == "numpy" and type(value).__name__ == "ndarray" and value.dtype != object:
+        elif (
+            type(value).__module__ == "numpy"
+            and type(value).__name__ == "ndarray"
+            and value.dtype != object
+        ):
             import numpy as np
 
             data = np.ascontiguousarray(value).tobytes()
-            add(b"A" + _lp(value.dtype.str.encode()) + _U64.pack(value.ndim)
-                + b"".join(_U64.pack(d) for d in value.shape) + _lp(data))
+            add(
+                b"A"
+                + _lp(value.dtype.str.encode())
+                + _U64.pack(value.ndim)
+                + b"".join(_U64.pack(d) for d in value.shape)
+                + _lp(data)
+            )
         elif isinstance(value, Mapping):
             items = []
             for key, item in value.items():
@@ -176,7 +201,11 @@ class BatchContent:
             add(b"B" + _lp(bytes(value)))
         else:
             cls = type(value)
-            add(b"R" + _lp(f"{cls.__module__}.{cls.__qualname__}".encode()) + _lp(repr(value).encode("utf-8", "replace")))
+            add(
+                b"R"
+                + _lp(f"{cls.__module__}.{cls.__qualname__}".encode())
+                + _lp(repr(value).encode("utf-8", "replace"))
+            )
 
     def hexdigest(self) -> str:
         """SHA-256 of the encoding, in lowercase hex. Raises ``BatchChanged`` when a
@@ -189,10 +218,14 @@ class BatchContent:
             tensor, taken = part
             version = self.version
             if version is not None and version(tensor) != taken:
-                raise BatchChanged("a tensor of the batch was modified in place before it was hashed")
+                raise BatchChanged(
+                    "a tensor of the batch was modified in place before it was hashed"
+                )
             digest.update(_tensor_bytes(tensor))  # hashlib releases the GIL over large buffers
             if version is not None and version(tensor) != taken:
-                raise BatchChanged("a tensor of the batch was modified in place while it was hashed")
+                raise BatchChanged(
+                    "a tensor of the batch was modified in place while it was hashed"
+                )
         self.parts = []  # hashed once: the references go now
         return digest.hexdigest()
 

@@ -99,7 +99,9 @@ def one_line(exc: BaseException) -> str:
     lines = []
     for raw in text.splitlines():
         line = raw.strip()
-        if not line or line.startswith(("LINE ", "[SQL:", "[parameters:", "(Background on this error")):
+        if not line or line.startswith(
+            ("LINE ", "[SQL:", "[parameters:", "(Background on this error")
+        ):
             continue
         if set(line) <= {"^"}:
             continue

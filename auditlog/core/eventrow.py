@@ -50,18 +50,52 @@ class RowColumn:
 
 
 COLUMNS: tuple[RowColumn, ...] = (
-    RowColumn("id", "INTEGER", "int64", False, False, "insertion order in the event store (autoincrement)"),
+    RowColumn(
+        "id", "INTEGER", "int64", False, False, "insertion order in the event store (autoincrement)"
+    ),
     RowColumn("run_id", "VARCHAR(32)", "string", False, True, "the run (32 hex digits)"),
-    RowColumn("stream", "INTEGER", "int64", False, True, "the run's stream: rank + 1000000 * segment"),
+    RowColumn(
+        "stream", "INTEGER", "int64", False, True, "the run's stream: rank + 1000000 * segment"
+    ),
     RowColumn("seq", "BIGINT", "int64", False, True, "position in the stream, 1-based, no gaps"),
-    RowColumn("ts_ns", "BIGINT", "int64", False, True, "wall-clock time in nanoseconds since the epoch"),
+    RowColumn(
+        "ts_ns", "BIGINT", "int64", False, True, "wall-clock time in nanoseconds since the epoch"
+    ),
     RowColumn("kind", "VARCHAR(32)", "string", False, True, "the event kind (below)"),
-    RowColumn("step", "BIGINT", "int64", True, True, "optimizer steps completed when the event was recorded"),
-    RowColumn("module_id", "BIGINT", "int64", True, True, "the module the event is about (per-stream id)"),
-    RowColumn("tensor_id", "BIGINT", "int64", True, True, "the tensor the event is about (per-stream id)"),
-    RowColumn("snapshot", "VARCHAR(64)", "string", True, True, "always NULL (kept for the chain format; see above)"),
-    RowColumn("payload", "TEXT", "string", False, True, "the kind's fields as JSON text, hashed verbatim", json=True),
-    RowColumn("hash", "VARCHAR(64)", "string", False, False, "SHA-256 chain hash (hex) of the event"),
+    RowColumn(
+        "step",
+        "BIGINT",
+        "int64",
+        True,
+        True,
+        "optimizer steps completed when the event was recorded",
+    ),
+    RowColumn(
+        "module_id", "BIGINT", "int64", True, True, "the module the event is about (per-stream id)"
+    ),
+    RowColumn(
+        "tensor_id", "BIGINT", "int64", True, True, "the tensor the event is about (per-stream id)"
+    ),
+    RowColumn(
+        "snapshot",
+        "VARCHAR(64)",
+        "string",
+        True,
+        True,
+        "always NULL (kept for the chain format; see above)",
+    ),
+    RowColumn(
+        "payload",
+        "TEXT",
+        "string",
+        False,
+        True,
+        "the kind's fields as JSON text, hashed verbatim",
+        json=True,
+    ),
+    RowColumn(
+        "hash", "VARCHAR(64)", "string", False, False, "SHA-256 chain hash (hex) of the event"
+    ),
 )
 
 BY_NAME: dict[str, RowColumn] = {c.name: c for c in COLUMNS}
@@ -75,7 +109,9 @@ STORED_COLUMNS: tuple[str, ...] = tuple(c.name for c in COLUMNS if c.name != "id
 HASHED_COLUMNS: tuple[str, ...] = tuple(c.name for c in COLUMNS if c.hashed)
 """The canonical row, in order: the JSON array the chain hash covers."""
 
-STREAM_COLUMNS: tuple[str, ...] = tuple(c.name for c in COLUMNS if c.name not in ("run_id", "stream"))
+STREAM_COLUMNS: tuple[str, ...] = tuple(
+    c.name for c in COLUMNS if c.name not in ("run_id", "stream")
+)
 """The columns of the rows of one stream (its run and stream given): ``verify``'s tuples."""
 
 ARCHIVE_COLUMNS: tuple[str, ...] = tuple(c for c in STREAM_COLUMNS if c != "id")

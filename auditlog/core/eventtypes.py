@@ -80,7 +80,9 @@ class OneOf(Type):
         found = [list(option.problems(value, at)) for option in self.options]
         if all(found):  # the closest option's problems (an object with one field wrong: that field)
             deeper = [p for p in found if not p[0].startswith(f"{at}: ")]
-            yield from min(deeper, key=len) if deeper else [f"{at}: {_shown(value)} is not {self.text()}"]
+            yield from (
+                min(deeper, key=len) if deeper else [f"{at}: {_shown(value)} is not {self.text()}"]
+            )
 
     def text(self) -> str:
         return " | ".join(option.text() for option in self.options)
@@ -168,7 +170,11 @@ class Packed(Type):
                 and all(isinstance(i, int) for i in value.get("absent", []))
             )
         else:
-            ok = isinstance(value, dict) and len(value) == 1 and isinstance(value.get(next(iter(value), "")), str)
+            ok = (
+                isinstance(value, dict)
+                and len(value) == 1
+                and isinstance(value.get(next(iter(value), "")), str)
+            )
             ok = ok and next(iter(value)) in ("i16", "i32", "i64")
         if not ok:
             yield f"{at}: {_shown(value)} is not a packed {self.form} vector"

@@ -171,7 +171,9 @@ class TreeHasher:
                 if self._pool is None:
                     from concurrent.futures import ThreadPoolExecutor
 
-                    self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="auditlog-leaf")
+                    self._pool = ThreadPoolExecutor(
+                        self._threads, thread_name_prefix="auditlog-leaf"
+                    )
                 future = self._pool.submit(_leaf_digest, leaf)
                 self._leaves.append(future)
                 self._pending.append(future)

@@ -37,7 +37,9 @@ STATS_DOC = (
 )
 
 # Types shared by several kinds.
-SOURCE = obj(file=STR, line=INT, function=STR, kind=enum("constructed", "attached"), optional=("kind",))
+SOURCE = obj(
+    file=STR, line=INT, function=STR, kind=enum("constructed", "attached"), optional=("kind",)
+)
 SEEDS = obj(torch_initial_seed=INT)
 _FLOATS = ("norm", "mean", "std", "min", "max")
 _COUNTS = ("nan", "inf", "zeros", "units", "dead_units")
@@ -49,7 +51,9 @@ STATS = obj(
     **dict.fromkeys(_FLOATS, NUM),
     **dict.fromkeys(_COUNTS, INT),
 )
-SEALED = obj(tensor_id=INT, sha256=STR, stats=STATS, shard=OBJ, subclass=OBJ, optional=("shard", "subclass"))
+SEALED = obj(
+    tensor_id=INT, sha256=STR, stats=STATS, shard=OBJ, subclass=OBJ, optional=("shard", "subclass")
+)
 STORED = obj(tensor_id=INT, sha256=STR, shard=OBJ, subclass=OBJ, optional=("shard", "subclass"))
 FORWARD_CALL = obj(
     module_id=INT,
@@ -83,43 +87,76 @@ _KINDS = [
         "First event of every stream: who ran what, where, with which code and libraries.",
         {
             "name": F(STR | NULL, "user-given run name or null"),
-            "argv": F(ListOf(STR), "command line of the recorded program (script and its arguments)"),
-            "launcher_argv": F(ListOf(STR) | NULL, "how the process was started (e.g. the auditlog run "
-                "command), or null"),
-            "code_path": F(STR | NULL, "file or directory whose git repository identifies the code"),
+            "argv": F(
+                ListOf(STR), "command line of the recorded program (script and its arguments)"
+            ),
+            "launcher_argv": F(
+                ListOf(STR) | NULL,
+                "how the process was started (e.g. the auditlog run command), or null",
+            ),
+            "code_path": F(
+                STR | NULL, "file or directory whose git repository identifies the code"
+            ),
             "cwd": F(STR, "working directory"),
             "host": F(STR, "host name"),
             "user": F(STR | NULL, "login name"),
             "pid": F(INT, "process id"),
-            "proc_start": F(INT | NULL, "process start time in clock ticks since boot (tells a reused pid "
-                "apart)"),
-            "rank": F(INT, "distributed rank (env RANK, default 0); the stream is rank + 1000000 * segment"),
-            "world_size": F(INT, "distributed world size (env WORLD_SIZE, default 1): the streams a segment "
-                "should have"),
+            "proc_start": F(
+                INT | NULL,
+                "process start time in clock ticks since boot (tells a reused pid apart)",
+            ),
+            "rank": F(
+                INT,
+                "distributed rank (env RANK, default 0); the stream is rank + 1000000 * segment",
+            ),
+            "world_size": F(
+                INT,
+                "distributed world size (env WORLD_SIZE, default 1): the streams a segment "
+                "should have",
+            ),
             "local_rank": F(INT, "rank within the node (env LOCAL_RANK)"),
             "local_world_size": F(INT, "ranks on this node (env LOCAL_WORLD_SIZE)"),
             "node_rank": F(INT, "the node's rank (torchrun's GROUP_RANK)"),
-            "restart": F(INT, "torchrun restart count (TORCHELASTIC_RESTART_COUNT; 0: first launch)"),
+            "restart": F(
+                INT, "torchrun restart count (TORCHELASTIC_RESTART_COUNT; 0: first launch)"
+            ),
             "max_restarts": F(INT, "restarts torchrun allows (TORCHELASTIC_MAX_RESTARTS)"),
-            "segment": F(INT, "segment of the stream: the restart count, or higher when that stream was taken"),
-            "launcher": F(enum("torchrun", "env") | NULL, "torchrun | env (RANK/WORLD_SIZE set by another "
-                "launcher) | null"),
+            "segment": F(
+                INT,
+                "segment of the stream: the restart count, or higher when that stream was taken",
+            ),
+            "launcher": F(
+                enum("torchrun", "env") | NULL,
+                "torchrun | env (RANK/WORLD_SIZE set by another launcher) | null",
+            ),
             "rdzv_id": F(STR | NULL, "torchrun's rendezvous id (TORCHELASTIC_RUN_ID), or null"),
             "master_addr": F(STR | NULL, "MASTER_ADDR, or null"),
             "master_port": F(STR | NULL, "MASTER_PORT, or null"),
-            "signing_key": F(STR, "fingerprint (SHA-256 of the raw public key) of the key the recording signs "
+            "signing_key": F(
+                STR,
+                "fingerprint (SHA-256 of the raw public key) of the key the recording signs "
                 "its chain heads with, or absent when no key was configured: a stream that names one and has "
-                "lost its signatures is refused by checkpoint, export-head, attest and restore", optional=True),
-            "run_id_source": F(STR, "how the run id was chosen: argument | AUDITLOG_RUN_ID | torchrun agent "
-                "store | torchrun environment | random"),
-            "energy": F(OBJ | NULL, "host energy counters at the start: {source: rapl, ts_ns, zones: {zone: "
+                "lost its signatures is refused by checkpoint, export-head, attest and restore",
+                optional=True,
+            ),
+            "run_id_source": F(
+                STR,
+                "how the run id was chosen: argument | AUDITLOG_RUN_ID | torchrun agent "
+                "store | torchrun environment | random",
+            ),
+            "energy": F(
+                OBJ | NULL,
+                "host energy counters at the start: {source: rapl, ts_ns, zones: {zone: "
                 "{name, energy_uj, max_energy_range_uj}}} (Linux powercap; every process on the host counts), "
-                "or null where none is readable"),
+                "or null where none is readable",
+            ),
             "python": F(STR, "Python version"),
             "torch": F(STR, "torch version"),
             "cuda": F(STR | NULL, "CUDA version torch was built with, or null"),
             "platform": F(STR, "platform string"),
-            "git": F(OBJ | NULL, "{commit, branch, dirty, diff_sha256, root, modified, untracked, files, "
+            "git": F(
+                OBJ | NULL,
+                "{commit, branch, dirty, diff_sha256, root, modified, untracked, files, "
                 "files_total, hashing} of the code being run, or null. files: the changed paths (at most 100; "
                 "modified first, then untracked) as {path, state, method, identity, from?, executable?}, state"
                 " modified | added | deleted | renamed | copied | unmerged | untracked, method sha256 "
@@ -127,14 +164,21 @@ _KINDS = [
                 "the start's read budget) | symlink | special | deleted | unreadable; hashing: {methods: count"
                 " per method, file_limit, total_limit, seconds_limit, seconds}. Runs recorded before have only"
                 " the first five and untracked (a count); their diff_sha256 hashed the diff and untracked "
-                "contents"),
-            "seeds": F(SEEDS, "{torch_initial_seed} at start, an unsigned 64-bit integer (0 .. 2^64 - 1; a "
-                "JSON integer, exact)"),
+                "contents",
+            ),
+            "seeds": F(
+                SEEDS,
+                "{torch_initial_seed} at start, an unsigned 64-bit integer (0 .. 2^64 - 1; a "
+                "JSON integer, exact)",
+            ),
             "policy": F(OBJ, "capture settings in force (backward mechanism, ...)"),
             "auditlog": F(STR, "auditlog version"),
-            "content_hash": F(INT, "how the run's tensor content hashes are made: 2 (a tree of SHA-256 leaves "
+            "content_hash": F(
+                INT,
+                "how the run's tensor content hashes are made: 2 (a tree of SHA-256 leaves "
                 "for tensors over 4 MiB; docs/integrity.md); absent in runs recorded before, whose hashes are "
-                "version 1"),
+                "version 1",
+            ),
         },
         summary=((None, "{argv:words}"),),
     ),
@@ -142,23 +186,49 @@ _KINDS = [
         "run_ended",
         "Last event of a stream. A stream with no run_ended is reported as crashed or incomplete.",
         {
-            "status": F(enum("completed", "failed", "interrupted", "crashed"), "completed | failed | "
-                "interrupted | crashed"),
+            "status": F(
+                enum("completed", "failed", "interrupted", "crashed"),
+                "completed | failed | interrupted | crashed",
+            ),
             "exit_code": F(INT | NULL, "process exit code when known"),
-            "exception": F(obj(type=STR, message=STR | NULL, traceback=STR | NULL) | NULL, "{type, message, "
+            "exception": F(
+                obj(type=STR, message=STR | NULL, traceback=STR | NULL) | NULL,
+                "{type, message, "
                 "traceback} for failed runs and Ctrl-C (KeyboardInterrupt), the traceback as python prints it;"
-                " else null"),
-            "signal": F(STR | NULL, "signal name for interrupted runs (SIGINT, SIGTERM), else null"),
+                " else null",
+            ),
+            "signal": F(
+                STR | NULL, "signal name for interrupted runs (SIGINT, SIGTERM), else null"
+            ),
             "steps": F(INT, "optimizer steps completed"),
-            "seeds": F(SEEDS, "{torch_initial_seed} at end (reflects torch.manual_seed calls)", optional=True),
-            "dropped": F(INT, "records the recorder had to drop (0 unless the store failed)", optional=True),
-            "energy": F(OBJ | NULL, "host energy counters at the end, as in run_started, or null", optional=True),
-            "detected_by": F(STR, "for status crashed: the run id that noticed the dead process", optional=True),
-            "last_seen": F(STR | NULL, "for status crashed: the dead process's last heartbeat (UTC)", optional=True),
+            "seeds": F(
+                SEEDS,
+                "{torch_initial_seed} at end (reflects torch.manual_seed calls)",
+                optional=True,
+            ),
+            "dropped": F(
+                INT, "records the recorder had to drop (0 unless the store failed)", optional=True
+            ),
+            "energy": F(
+                OBJ | NULL,
+                "host energy counters at the end, as in run_started, or null",
+                optional=True,
+            ),
+            "detected_by": F(
+                STR, "for status crashed: the run id that noticed the dead process", optional=True
+            ),
+            "last_seen": F(
+                STR | NULL,
+                "for status crashed: the dead process's last heartbeat (UTC)",
+                optional=True,
+            ),
         },
         summary=(
-            (None, "{status}[ exit={exit_code}| (exit code unknown)]"
-             "[, detected by run {detected_by:id12}][ {exception.type}][: {exception.message}]"),
+            (
+                None,
+                "{status}[ exit={exit_code}| (exit code unknown)]"
+                "[, detected by run {detected_by:id12}][ {exception.type}][: {exception.message}]",
+            ),
         ),
     ),
     Kind(
@@ -172,14 +242,29 @@ _KINDS = [
             "child_id": F(INT | NULL, "module id of the child, or null"),
             "child_class": F(STR | NULL, "qualified class name of the child, or null"),
             "parent_class": F(STR, "qualified class name of the parent"),
-            "source": F(SOURCE | NULL, "{file, line, function, kind} of the child: kind constructed (the user "
+            "source": F(
+                SOURCE | NULL,
+                "{file, line, function, kind} of the child: kind constructed (the user "
                 "code that called its constructor) or attached (its constructor was not seen: built before "
-                "recording, a deepcopy, C++; the line that attached it); null when adopted"),
-            "parent_source": F(SOURCE | NULL, "the parent's {file, line, function, kind} (as source); present "
-                "on the parent's first appearance", optional=True),
-            "detected_at": F(STR, "set when no hook reported it and a structural check found it "
-                "(optimizer_step | snapshot | run_end)", optional=True),
-            "adopted": F(BOOL, "true when the module existed before recording and was discovered later", optional=True),
+                "recording, a deepcopy, C++; the line that attached it); null when adopted",
+            ),
+            "parent_source": F(
+                SOURCE | NULL,
+                "the parent's {file, line, function, kind} (as source); present "
+                "on the parent's first appearance",
+                optional=True,
+            ),
+            "detected_at": F(
+                STR,
+                "set when no hook reported it and a structural check found it "
+                "(optimizer_step | snapshot | run_end)",
+                optional=True,
+            ),
+            "adopted": F(
+                BOOL,
+                "true when the module existed before recording and was discovered later",
+                optional=True,
+            ),
         },
         summary=((None, "{name} = {child_class:class}"),),
     ),
@@ -191,8 +276,12 @@ _KINDS = [
         "'module.' prefix.",
         {
             "wrapper_class": F(STR, "qualified class name of the wrapper"),
-            "attr": F(STR, "the wrapper's attribute holding the model (module, _fsdp_wrapped_module)"),
-            "source": F(SOURCE | NULL, "{file, line, function} of the user code that built the wrapper"),
+            "attr": F(
+                STR, "the wrapper's attribute holding the model (module, _fsdp_wrapped_module)"
+            ),
+            "source": F(
+                SOURCE | NULL, "{file, line, function} of the user code that built the wrapper"
+            ),
         },
     ),
     Kind(
@@ -204,17 +293,29 @@ _KINDS = [
         {
             "name": F(STR, "attribute name in the module"),
             "module_class": F(STR, "qualified class name of the module"),
-            "shape": F(ListOf(INT) | NULL, "list of ints, or null when the parameter is None or lazy"),
+            "shape": F(
+                ListOf(INT) | NULL, "list of ints, or null when the parameter is None or lazy"
+            ),
             "dtype": F(STR | NULL, "torch dtype, e.g. float32"),
             "device": F(STR | NULL, "device string"),
             "requires_grad": F(BOOL | NULL, "bool"),
             "source": F(SOURCE | NULL, "{file, line, function} of the user code"),
-            "module_source": F(SOURCE | NULL, "the module's {file, line, function, kind} (as "
-                "module_registered's source); present on its first appearance", optional=True),
-            "detected_at": F(STR, "set when found by a structural check rather than a hook", optional=True),
+            "module_source": F(
+                SOURCE | NULL,
+                "the module's {file, line, function, kind} (as "
+                "module_registered's source); present on its first appearance",
+                optional=True,
+            ),
+            "detected_at": F(
+                STR, "set when found by a structural check rather than a hook", optional=True
+            ),
             "adopted": F(BOOL, "true when discovered after the fact", optional=True),
-            "lazy": F(BOOL, "true for a lazy module's UninitializedParameter: its shape is recorded by the "
-                "structure_changed that finds it materialized, and it is sealed after that", optional=True),
+            "lazy": F(
+                BOOL,
+                "true for a lazy module's UninitializedParameter: its shape is recorded by the "
+                "structure_changed that finds it materialized, and it is sealed after that",
+                optional=True,
+            ),
         },
         summary=((None, "{name} {shape} {dtype}"),),
     ),
@@ -227,13 +328,25 @@ _KINDS = [
             "shape": F(ListOf(INT) | NULL, "list of ints, or null when the buffer is None or lazy"),
             "dtype": F(STR | NULL, "torch dtype"),
             "device": F(STR | NULL, "device string"),
-            "persistent": F(BOOL | NULL, "whether it is part of state_dict (null if it could not be read)"),
+            "persistent": F(
+                BOOL | NULL, "whether it is part of state_dict (null if it could not be read)"
+            ),
             "source": F(SOURCE | NULL, "{file, line, function} of the user code"),
-            "module_source": F(SOURCE | NULL, "the module's {file, line, function, kind} (as "
-                "module_registered's source); present on its first appearance", optional=True),
-            "detected_at": F(STR, "set when found by a structural check rather than a hook", optional=True),
+            "module_source": F(
+                SOURCE | NULL,
+                "the module's {file, line, function, kind} (as "
+                "module_registered's source); present on its first appearance",
+                optional=True,
+            ),
+            "detected_at": F(
+                STR, "set when found by a structural check rather than a hook", optional=True
+            ),
             "adopted": F(BOOL, "true when discovered after the fact", optional=True),
-            "lazy": F(BOOL, "true for a lazy module's UninitializedBuffer (see parameter_registered)", optional=True),
+            "lazy": F(
+                BOOL,
+                "true for a lazy module's UninitializedBuffer (see parameter_registered)",
+                optional=True,
+            ),
         },
         summary=((None, "{name} {shape} {dtype}"),),
     ),
@@ -243,15 +356,20 @@ _KINDS = [
         "forward of a root module (module_id), at the first optimizer step, at run.seal(model), or "
         "at run end, for every parameter/buffer not sealed before.",
         {
-            "trigger": F(enum("first_forward", "optimizer_step", "explicit", "run_end"), "first_forward | "
-                "optimizer_step | explicit | run_end"),
+            "trigger": F(
+                enum("first_forward", "optimizer_step", "explicit", "run_end"),
+                "first_forward | optimizer_step | explicit | run_end",
+            ),
             "stored": F(BOOL, "true when the values were also stored as snapshots (the default)"),
-            "tensors": F(ListOf(SEALED), "list of {tensor_id, sha256, stats, shard, subclass}: sha256 is the "
-                "content hash (see auditlog.tensor_hash) of the value at sealing; " +
-                STATS_DOC +
-                "; shard (sharded DTensor parameters, FSDP2): {placements, mesh_shape, coordinate, "
+            "tensors": F(
+                ListOf(SEALED),
+                "list of {tensor_id, sha256, stats, shard, subclass}: sha256 is the "
+                "content hash (see auditlog.tensor_hash) of the value at sealing; "
+                + STATS_DOC
+                + "; shard (sharded DTensor parameters, FSDP2): {placements, mesh_shape, coordinate, "
                 "global_shape, local_shape, offset} of this rank's shard, whose values and hash the item "
-                "holds; subclass: a wrapper tensor subclass, as in snapshot_taken"),
+                "holds; subclass: a wrapper tensor subclass, as in snapshot_taken",
+            ),
         },
         summary=((None, "{tensors:count} tensors sealed ({trigger})"),),
     ),
@@ -261,30 +379,43 @@ _KINDS = [
         "stored once per distinct hash in snapshots/ (Parquet) and listed in the snapshot_blobs "
         "catalog, so the hash chain covers them.",
         {
-            "trigger": F(enum("step", "explicit", "run_end", "released", "last_finite"), "step (every N "
+            "trigger": F(
+                enum("step", "explicit", "run_end", "released", "last_finite"),
+                "step (every N "
                 "optimizer steps) | explicit (run.snapshot) | run_end | released (the last values of a model "
                 "garbage-collected before the run ended, e.g. a local of main(): its run-end snapshot) | "
                 "last_finite (the values before the first non-finite gradients were applied, or, "
                 "keep_finite_state, the parameters before the step that made them non-finite; module_id null "
-                "then)"),
+                "then)",
+            ),
             "tag": F(STR | NULL, "user label for explicit snapshots, else null"),
-            "snapshot": F(obj(tensors=ListOf(STORED), new_bytes=INT, copied_bytes=INT, write_s=NUM), "{tensors: "
+            "snapshot": F(
+                obj(tensors=ListOf(STORED), new_bytes=INT, copied_bytes=INT, write_s=NUM),
+                "{tensors: "
                 "[{tensor_id, sha256, shard, subclass}], new_bytes: bytes newly stored, copied_bytes: bytes "
                 "copied and hashed (every tensor, every time: unchanged content costs no disk, but is still "
                 "copied and hashed), write_s: seconds the writer took to hash and store it}; subclass (a "
                 "wrapper tensor subclass only, e.g. TwoTensor): {type: its class, inner: {attribute: sha256} "
                 "of the inner tensors of __tensor_flatten__, ctx: repr of the flatten context or null, shape "
                 "and stride: the wrapper's own (null where its code would have to compute them)}, and sha256 "
-                "is then the first inner tensor's"),
-            "overrun": F(obj(behind=INT, behind_bytes=INT, waited_s=NUM), "only when this snapshot was due "
+                "is then the first inner tensor's",
+            ),
+            "overrun": F(
+                obj(behind=INT, behind_bytes=INT, waited_s=NUM),
+                "only when this snapshot was due "
                 "before earlier ones were stored (the writer cannot keep up with the snapshot rate): {behind: "
                 "snapshots taken and not yet stored then, behind_bytes: their host copies' bytes, waited_s: "
                 "seconds the training thread waited for the oldest to be stored (0 unless more than one was "
-                "behind: the bound on host copies, docs/snapshots.md)}. Nothing is skipped either way", optional=True),
+                "behind: the bound on host copies, docs/snapshots.md)}. Nothing is skipped either way",
+                optional=True,
+            ),
         },
         summary=(
-            (None, "{trigger}"
-             "[ {tag:repr}]: {snapshot.tensors:count} tensors, {snapshot.new_bytes} new bytes"),
+            (
+                None,
+                "{trigger}"
+                "[ {tag:repr}]: {snapshot.tensors:count} tensors, {snapshot.new_bytes} new bytes",
+            ),
         ),
     ),
     Kind(
@@ -297,7 +428,9 @@ _KINDS = [
             "member": F(enum("module", "parameter", "buffer"), "module | parameter | buffer"),
             "name": F(STR, "the member's name in its module"),
             "old_id": F(INT | NULL, "for removed: the id that was there", optional=True),
-            "before": F(OBJ, "for tensor_changed: the old values of the changed fields", optional=True),
+            "before": F(
+                OBJ, "for tensor_changed: the old values of the changed fields", optional=True
+            ),
             "after": F(OBJ, "for tensor_changed: the new values", optional=True),
             "detected_at": F(STR, "first_forward | optimizer_step | snapshot | run_end"),
         },
@@ -313,20 +446,29 @@ _KINDS = [
         "the step's optimizer step returns, before its optimizer_step event (or at run end, or "
         "every 4096 calls when no optimizer steps). step is the step the calls belong to. A "
         "tensor's statistics: shape, dtype, numel, norm, mean, std (population), min, max, nan and "
-        "inf counts; NaN/Infinity values are stored as the strings \"NaN\"/\"Infinity\"/\"-Infinity\".",
+        'inf counts; NaN/Infinity values are stored as the strings "NaN"/"Infinity"/"-Infinity".',
         {
-            "forward": F(ListOf(FORWARD_CALL), "list of {module_id, n_outputs, outputs: statistics of the "
+            "forward": F(
+                ListOf(FORWARD_CALL),
+                "list of {module_id, n_outputs, outputs: statistics of the "
                 "first 4 output tensors (with policy stats=full also zeros: elements exactly 0, units and "
                 "dead_units: features (last dimension; channels from 4-D on) that were 0 throughout the "
                 "batch), input_nonfinite: NaN/Inf elements in the first 4 positional input tensors (null when "
-                "the call had none), error: true when forward raised (always_call hook)}"),
-            "backward": F(ListOf(BACKWARD_CALL), "list of {module_id, mechanism: grad (tensor hooks on "
+                "the call had none), error: true when forward raised (always_call hook)}",
+            ),
+            "backward": F(
+                ListOf(BACKWARD_CALL),
+                "list of {module_id, mechanism: grad (tensor hooks on "
                 "outputs, default) | full | legacy, grad_outputs: statistics of gradients w.r.t. the outputs, "
-                "grad_inputs: w.r.t. the inputs (full/legacy only)}"),
+                "grad_inputs: w.r.t. the inputs (full/legacy only)}",
+            ),
         },
         summary=(
-            (None, "{forward:count} forward, {backward:count} backward calls"
-             "[; {:nonfinite} tensors with NaN/Inf]"),
+            (
+                None,
+                "{forward:count} forward, {backward:count} backward calls"
+                "[; {:nonfinite} tensors with NaN/Inf]",
+            ),
         ),
     ),
     Kind(
@@ -336,31 +478,54 @@ _KINDS = [
             "optimizer_id": F(INT, "per-run id of the optimizer object"),
             "optimizer_class": F(STR, "qualified class name"),
             "optimizer_step": F(INT, "this optimizer's own step count"),
-            "param_groups": F(ListOf(obj(params=INTS, more=ANY)), "list of {hyperparameters..., params: the "
-                "group's tensor ids, packed like tensor_ids}"),
-            "tensor_ids": F(INTS, "ids of the parameters, aligned with the norms below (a sharded DTensor "
+            "param_groups": F(
+                ListOf(obj(params=INTS, more=ANY)),
+                "list of {hyperparameters..., params: the "
+                "group's tensor ids, packed like tensor_ids}",
+            ),
+            "tensor_ids": F(
+                INTS,
+                "ids of the parameters, aligned with the norms below (a sharded DTensor "
                 "parameter: the norms of this rank's shard), packed: {i16: base64 of the ids as little-endian "
                 "int16}, or {i32: ...} / {i64: ...}, the narrowest integer width that holds every id (older "
-                "records: a list); readers (the steps view, events, the Python API) decode it to the list"),
-            "grad_norm": F(F32, "L2 norm of each parameter's gradient as the update consumed it (after any "
+                "records: a list); readers (the steps view, events, the Python API) decode it to the list",
+            ),
+            "grad_norm": F(
+                F32,
+                "L2 norm of each parameter's gradient as the update consumed it (after any "
                 "clipping or unscaling; with step(closure): after the closure's last evaluation; a fused "
                 "optimizer given a GradScaler's scale: divided by it), packed: {f32: base64 of little-endian "
                 "float32, one per tensor_ids entry, NaN/inf as their bits; absent: [positions of parameters "
                 "without a gradient], only when some are} (older records: a list, null where absent); readers "
-                "(the steps view, events, the Python API) decode it to the list"),
-            "update_norm": F(F32 | NULL, "L2 norm of each parameter's change made by this step, packed like "
-                "grad_norm (null on steps the policy's norms_every skips)"),
-            "param_norm": F(F32 | NULL, "L2 norm of each parameter after the step, packed like grad_norm (null"
-                " on skipped steps)"),
-            "raw_grad_norm": F(F32 | NULL, "L2 norm of each gradient as the last backward() before the step "
+                "(the steps view, events, the Python API) decode it to the list",
+            ),
+            "update_norm": F(
+                F32 | NULL,
+                "L2 norm of each parameter's change made by this step, packed like "
+                "grad_norm (null on steps the policy's norms_every skips)",
+            ),
+            "param_norm": F(
+                F32 | NULL,
+                "L2 norm of each parameter after the step, packed like grad_norm (null"
+                " on skipped steps)",
+            ),
+            "raw_grad_norm": F(
+                F32 | NULL,
+                "L2 norm of each gradient as the last backward() before the step "
                 "left it, packed like grad_norm; present only when grads_modified is true (otherwise it equals"
-                " grad_norm)"),
-            "grads_modified": F(BOOL | NULL, "true when a gradient was replaced or changed in place between "
+                " grad_norm)",
+            ),
+            "grads_modified": F(
+                BOOL | NULL,
+                "true when a gradient was replaced or changed in place between "
                 "the last backward() and the update (clip_grad_norm_, GradScaler.unscale_, ...), false when "
-                "not, null when no backward() was seen since the previous step (absent in older records)"),
+                "not, null when no backward() was seen since the previous step (absent in older records)",
+            ),
             "nonfinite_grads": F(INT, "number of parameters whose gradient norm was not finite"),
         },
-        summary=((None, "{optimizer_class:class} lr={param_groups.0.lr:num} grad_norm={grad_norm:l2}"),),
+        summary=(
+            (None, "{optimizer_class:class} lr={param_groups.0.lr:num} grad_norm={grad_norm:l2}"),
+        ),
     ),
     Kind(
         "hooks_removed",
@@ -370,16 +535,26 @@ _KINDS = [
         "between since_step and this event's step is missing from the record. The recorder puts the"
         " hooks back when it can (docs/hooks.md).",
         {
-            "hooks": F(ListOf(STR), "the hook kinds found missing: module_registration | "
+            "hooks": F(
+                ListOf(STR),
+                "the hook kinds found missing: module_registration | "
                 "parameter_registration | buffer_registration | optimizer_step_pre | optimizer_step_post | "
                 "forward_pre | forward | full_backward_pre | full_backward | backward (legacy) | "
-                "root_watch_pre | root_watch"),
-            "reinstalled": F(ListOf(STR), "the kinds put back (from this event's step on they record again)"),
-            "stopped": F(MapOf(STR), "{kind: reason} for kinds torch refused to take back: capture of that "
-                "kind ends for the rest of the run"),
+                "root_watch_pre | root_watch",
+            ),
+            "reinstalled": F(
+                ListOf(STR), "the kinds put back (from this event's step on they record again)"
+            ),
+            "stopped": F(
+                MapOf(STR),
+                "{kind: reason} for kinds torch refused to take back: capture of that "
+                "kind ends for the rest of the run",
+            ),
             "since_step": F(INT | NULL, "the last step at which every hook was found in place"),
-            "detected_at": F(enum("optimizer_step", "run_end"), "optimizer_step | run_end (at run end nothing "
-                "is put back)"),
+            "detected_at": F(
+                enum("optimizer_step", "run_end"),
+                "optimizer_step | run_end (at run end nothing is put back)",
+            ),
         },
     ),
     Kind(
@@ -392,8 +567,11 @@ _KINDS = [
             "optimizer_id": F(INT, "per-run id of the optimizer"),
             "optimizer_class": F(STR, "qualified class name"),
             "reason": F(STR, "why the step was skipped"),
-            "scale": F(NUM | NULL, "the GradScaler's loss scale at the skip (before update() lowers it); null "
-                "if unknown"),
+            "scale": F(
+                NUM | NULL,
+                "the GradScaler's loss scale at the skip (before update() lowers it); null "
+                "if unknown",
+            ),
         },
     ),
     Kind(
@@ -404,14 +582,17 @@ _KINDS = [
         "and values logged with auditlog.log(...), emitted at once. step is the optimizer steps "
         "completed when the value was computed (the loss of the first iteration is step 0).",
         {
-            "metrics": F(ListOf(METRIC), "list of {name: loss | eval_loss (a loss that required no grad) | "
+            "metrics": F(
+                ListOf(METRIC),
+                "list of {name: loss | eval_loss (a loss that required no grad) | "
                 "backward_loss (the scalar a backward() started from, when it is not the loss recorded for "
                 "that backward) | the user's name, value: number (NaN/Infinity as text), origin: loss_module |"
                 " model_output | backward (the scalar a backward() started from) | user, module_id: the module"
                 " that returned it (null for user values and backward), step: the step the user gave to "
                 "auditlog.log (absent when not given), scaled: true when a GradScaler scaled the backward's "
                 "scalar (the value is the loss before scaling), skipped: true when the iteration's optimizer "
-                "step was skipped (step_skipped)}"),
+                "step was skipped (step_skipped)}",
+            ),
         },
     ),
     Kind(
@@ -420,17 +601,39 @@ _KINDS = [
         "counted with torch.utils.flop_counter.FlopCounterMode (the mode is open only while that "
         "forward runs); the backward estimated as 2 x the forward. step is the step measured.",
         {
-            "flops": F(INT, "training FLOPs per step: forward_flops x 3 (a multiply-add counts 2)", optional=True),
-            "forward_flops": F(INT, "FLOPs counted in the measured forward (the loss too when the model "
-                "computes it)", optional=True),
-            "backward": F(STR, "how the backward was accounted: 'estimated as 2 x forward'", optional=True),
-            "by_operator": F(MapOf(INT), "{aten operator: FLOPs} of the measured forward", optional=True),
+            "flops": F(
+                INT,
+                "training FLOPs per step: forward_flops x 3 (a multiply-add counts 2)",
+                optional=True,
+            ),
+            "forward_flops": F(
+                INT,
+                "FLOPs counted in the measured forward (the loss too when the model computes it)",
+                optional=True,
+            ),
+            "backward": F(
+                STR, "how the backward was accounted: 'estimated as 2 x forward'", optional=True
+            ),
+            "by_operator": F(
+                MapOf(INT), "{aten operator: FLOPs} of the measured forward", optional=True
+            ),
             "forwards": F(INT, "root forward calls counted (1)", optional=True),
-            "closed_by": F(enum("forward", "run_end"), "forward (the forward returned or raised) | run_end", optional=True),
-            "skipped": F(STR, "present instead of the counts when nothing was counted: why (the model holds "
-                "compiled code, which a counting mode would stop dynamo from compiling)", optional=True),
-            "compiled": F(ListOf(STR), "with skipped: the compiled modules by qualified name ('(root)': the "
-                "root)", optional=True),
+            "closed_by": F(
+                enum("forward", "run_end"),
+                "forward (the forward returned or raised) | run_end",
+                optional=True,
+            ),
+            "skipped": F(
+                STR,
+                "present instead of the counts when nothing was counted: why (the model holds "
+                "compiled code, which a counting mode would stop dynamo from compiling)",
+                optional=True,
+            ),
+            "compiled": F(
+                ListOf(STR),
+                "with skipped: the compiled modules by qualified name ('(root)': the root)",
+                optional=True,
+            ),
         },
     ),
     Kind(
@@ -441,10 +644,15 @@ _KINDS = [
         {
             "where": F(enum("gradients", "loss", "parameters"), "gradients | loss | parameters"),
             "loss": F(NUM | NULL, "the step's last training loss recorded, when known"),
-            "gradients": F(ListOf(obj(tensor_id=INT, stats=STATS)), "list of {tensor_id, stats}: full "
-                "statistics of every parameter's gradient at that step (empty for where=parameters); " +
-                STATS_DOC),
-            "parameters": F(ListOf(INT), "for where=parameters: ids of the parameters the step left non-finite"),
+            "gradients": F(
+                ListOf(obj(tensor_id=INT, stats=STATS)),
+                "list of {tensor_id, stats}: full "
+                "statistics of every parameter's gradient at that step (empty for where=parameters); "
+                + STATS_DOC,
+            ),
+            "parameters": F(
+                ListOf(INT), "for where=parameters: ids of the parameters the step left non-finite"
+            ),
             "snapshot": F(BOOL, "true when a last_finite snapshot follows"),
         },
     ),
@@ -455,11 +663,18 @@ _KINDS = [
         "thread (docs/data.md). Annotations stay the place for what code cannot see (licence, "
         "consent, source URL).",
         {
-            "dataset_id": F(INT, "per-run id of the dataset object (loader_started and batches name it)"),
+            "dataset_id": F(
+                INT, "per-run id of the dataset object (loader_started and batches name it)"
+            ),
             "class": F(STR, "qualified class name of the dataset"),
-            "kind": F(enum("map", "iterable"), "map (indexed by a sampler) | iterable (an IterableDataset)"),
+            "kind": F(
+                enum("map", "iterable"),
+                "map (indexed by a sampler) | iterable (an IterableDataset)",
+            ),
             "length": F(INT | NULL, "len(dataset), or null when it has none"),
-            "identity": F(obj(method=STR, fingerprint=STR | NULL, more=ANY), "{method, fingerprint, ...}: "
+            "identity": F(
+                obj(method=STR, fingerprint=STR | NULL, more=ANY),
+                "{method, fingerprint, ...}: "
                 "method tensors (a TensorDataset: tensors [{shape, dtype, device, sha256}] by "
                 "auditlog.tensor_hash, bytes_total, hashed: false with reason over 1 GiB) | files "
                 "(samples/imgs/files/paths: attribute, root, files_total, bytes_total, files: the first 1000 "
@@ -469,7 +684,8 @@ _KINDS = [
                 "rows, columns, and the cache files as for files) | subset (indices, indices_sha256, of: the "
                 "inner identity with its class and length) | concat (parts) | unidentified (reason); "
                 "fingerprint: SHA-256 over the identity without timings (null when unidentified): equal data, "
-                "equal fingerprint"),
+                "equal fingerprint",
+            ),
         },
     ),
     Kind(
@@ -479,16 +695,21 @@ _KINDS = [
         {
             "loader_id": F(INT, "per-run id of the DataLoader object"),
             "dataset_id": F(INT, "the dataset it draws from (dataset_seen)"),
-            "epoch": F(INT, "iterations of this loader started before this one in the run (0-based)"),
+            "epoch": F(
+                INT, "iterations of this loader started before this one in the run (0-based)"
+            ),
             "loader_class": F(STR, "qualified class name of the loader"),
-            "config": F(OBJ, "{batch_size, drop_last, shuffle (true/false for "
+            "config": F(
+                OBJ,
+                "{batch_size, drop_last, shuffle (true/false for "
                 "Random/Sequential/DistributedSampler, null for a custom sampler), num_workers, "
                 "persistent_workers, pin_memory, prefetch_factor, in_order (false: batches may pair with the "
                 "wrong indices among those in flight), sampler, batch_sampler (class names), generator_seed "
                 "(the loader generator's initial seed, null without one), sampler_seed (the sampler "
                 "generator's; null: seeded from torch's global RNG), worker_base_seed, collate_fn, batches "
                 "(len(loader); null for iterable datasets), sampler_state (RandomSampler: replacement, "
-                "num_samples; DistributedSampler: num_replicas, rank, epoch, seed, shuffle, drop_last)}"),
+                "num_samples; DistributedSampler: num_replicas, rank, epoch, seed, shuffle, drop_last)}",
+            ),
         },
     ),
     Kind(
@@ -503,24 +724,51 @@ _KINDS = [
             "epoch": F(INT, "the loader iteration they belong to"),
             "first": F(INT, "position in the epoch of the first batch here (0-based)"),
             "count": F(INT, "number of batches"),
-            "steps": F(INTS, "per batch, the optimizer steps completed when it left the loader: it trained the"
-                " next step to complete (steps + 1); packed like tensor_ids (readers decode it to the list)"),
-            "sizes": F(INTS, "per batch, the number of indices, packed like tensor_ids (absent for iterable "
-                "datasets)", optional=True),
-            "indices": F(INTS, "every batch's indices, concatenated in order, packed like tensor_ids (absent "
-                "for iterable datasets)", optional=True),
-            "no_grad": F(ListOf(INT), "positions of batches that left the loader with gradients disabled "
-                "(evaluation), only when some", optional=True),
-            "opaque": F(ListOf(INT), "positions of batches whose indices were not integers (size 0), only when"
-                " some", optional=True),
-            "iterable": F(BOOL, "true for an IterableDataset: batches counted, no indices", optional=True),
-            "hashes": F(ListOf(STR | NULL), "iterable datasets, policy batch_hash_every > 0: per batch, its "
+            "steps": F(
+                INTS,
+                "per batch, the optimizer steps completed when it left the loader: it trained the"
+                " next step to complete (steps + 1); packed like tensor_ids (readers decode it to the list)",
+            ),
+            "sizes": F(
+                INTS,
+                "per batch, the number of indices, packed like tensor_ids (absent for iterable "
+                "datasets)",
+                optional=True,
+            ),
+            "indices": F(
+                INTS,
+                "every batch's indices, concatenated in order, packed like tensor_ids (absent "
+                "for iterable datasets)",
+                optional=True,
+            ),
+            "no_grad": F(
+                ListOf(INT),
+                "positions of batches that left the loader with gradients disabled "
+                "(evaluation), only when some",
+                optional=True,
+            ),
+            "opaque": F(
+                ListOf(INT),
+                "positions of batches whose indices were not integers (size 0), only when some",
+                optional=True,
+            ),
+            "iterable": F(
+                BOOL, "true for an IterableDataset: batches counted, no indices", optional=True
+            ),
+            "hashes": F(
+                ListOf(STR | NULL),
+                "iterable datasets, policy batch_hash_every > 0: per batch, its "
                 "content hash (auditlog.batch_hash: SHA-256 over the batch's tensors, nesting and values, lowercase"
                 " hex; docs/data.md), null for batches the policy did not sample or that could not be hashed",
-                optional=True),
-            "hash_errors": F(ListOf(obj(position=INT, reason=STR)), "list of {position, reason}: batches taken "
+                optional=True,
+            ),
+            "hash_errors": F(
+                ListOf(obj(position=INT, reason=STR)),
+                "list of {position, reason}: batches taken "
                 "for hashing that have no hash (a tensor changed in place before the writer hashed it, more than "
-                "4096 items to walk on the training thread, a value that cannot be encoded), only when some", optional=True),
+                "4096 items to walk on the training thread, a value that cannot be encoded), only when some",
+                optional=True,
+            ),
         },
     ),
     Kind(

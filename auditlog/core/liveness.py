@@ -49,7 +49,9 @@ def process_alive(pid: int, proc_start: int | None) -> bool:
     return process_start_ticks(pid) == proc_start
 
 
-def derive_status(row: dict[str, Any], ended: dict[str, Any] | None, now_ns: int | None = None) -> str:
+def derive_status(
+    row: dict[str, Any], ended: dict[str, Any] | None, now_ns: int | None = None
+) -> str:
     """Status of a run from its ``run_ended`` payload and, failing that, liveness.
 
     ``row`` holds the run's ``host``, ``pid``, ``proc_start`` and ``last_seen_ns``.
@@ -74,7 +76,9 @@ def stream_liveness(
         return str(ended.get("status", "completed"))
     facts = dict(row)
     if started and isinstance(started.get("pid"), int):
-        facts.update(host=started.get("host"), pid=started["pid"], proc_start=started.get("proc_start"))
+        facts.update(
+            host=started.get("host"), pid=started["pid"], proc_start=started.get("proc_start")
+        )
     return derive_status(facts, None, now_ns)
 
 

@@ -126,7 +126,9 @@ def attached_ids(events: Iterable[dict[str, Any]]) -> set[int]:
         if event["kind"] != "module_registered":
             continue
         payload = event["payload"]
-        child = (parse_payload(payload, event) if isinstance(payload, str) else payload).get("child_id")
+        child = (parse_payload(payload, event) if isinstance(payload, str) else payload).get(
+            "child_id"
+        )
         if child is not None:
             out.add(int(child))
     return out
@@ -149,7 +151,11 @@ def label_state(state: ModelState, attached: set[int] | None = None) -> Labels:
         count = seen_classes[base]
         root_labels[root] = base if count == 1 else f"{base}#{count}"
     models = [r for r in roots if r not in detached and _has_descendants(state.modules[r])]
-    plain = {max(models, key=lambda r: (_parameter_count(state, r), -models.index(r)))} if models else set()
+    plain = (
+        {max(models, key=lambda r: (_parameter_count(state, r), -models.index(r)))}
+        if models
+        else set()
+    )
 
     def name_of(root: int, path: str) -> str:
         if not path:

@@ -83,7 +83,11 @@ def pack_ints(values: Sequence[int]) -> dict[str, Any]:
     int32 and int64 that holds them all."""
     ints = [int(v) for v in values]
     low, high = (min(ints), max(ints)) if ints else (0, 0)
-    key = next(k for k, (_, width) in INT_KEYS.items() if -(2 ** (8 * width - 1)) <= low and high < 2 ** (8 * width - 1))
+    key = next(
+        k
+        for k, (_, width) in INT_KEYS.items()
+        if -(2 ** (8 * width - 1)) <= low and high < 2 ** (8 * width - 1)
+    )
     data = array(INT_KEYS[key][0], ints)
     if data.itemsize != INT_KEYS[key][1]:  # a platform whose C int/long long differ: be exact
         raise ValueError(f"array typecode {INT_KEYS[key][0]!r} is {data.itemsize} bytes here")

@@ -62,7 +62,9 @@ def limit_problem(text: str) -> str | None:
         return f"is {len(data):,} bytes long, over the limit of {MAX_PAYLOAD_BYTES:,} bytes"
     # Brackets inside strings count here too: an upper bound (``bytes.count`` is faster
     # than ``str.count``).
-    if data.count(b"[") + data.count(b"{") > MAX_PAYLOAD_DEPTH and _deeper_than(data, MAX_PAYLOAD_DEPTH):
+    if data.count(b"[") + data.count(b"{") > MAX_PAYLOAD_DEPTH and _deeper_than(
+        data, MAX_PAYLOAD_DEPTH
+    ):
         return f"is nested more than {MAX_PAYLOAD_DEPTH} levels deep"
     return None
 
@@ -120,7 +122,7 @@ def _deepest(kept: bytes) -> int:
     codes = np.frombuffer(kept, dtype=np.uint8)
     top = level = quotes = 0
     for start in range(0, len(codes), _CHUNK):
-        chunk = codes[start:start + _CHUNK]
+        chunk = codes[start : start + _CHUNK]
         quote = chunk == ord('"')
         # after each byte, the count of quotes so far: odd inside a string (an opening quote too)
         inside = (np.cumsum(quote, dtype=np.int64) + quotes) & 1
@@ -141,11 +143,15 @@ def event_label(event: Mapping[str, Any] | None, shown: str = "") -> str:
     where = f" in store {shown!r}" if shown else ""
     run = event.get("run_id")
     run_text = repr(run[:12]) if isinstance(run, str) else repr(run)
-    return (f"event id {event.get('id')!r}{where} (run {run_text} stream {event.get('stream')!r} "
-            f"seq {event.get('seq')!r}, kind {event.get('kind')!r})")
+    return (
+        f"event id {event.get('id')!r}{where} (run {run_text} stream {event.get('stream')!r} "
+        f"seq {event.get('seq')!r}, kind {event.get('kind')!r})"
+    )
 
 
-def limit_error(problem: str, event: Mapping[str, Any] | None = None, shown: str = "") -> PayloadLimitError:
+def limit_error(
+    problem: str, event: Mapping[str, Any] | None = None, shown: str = ""
+) -> PayloadLimitError:
     """The one-line refusal of a payload past the limits, naming its event."""
     return PayloadLimitError(
         f"{event_label(event, shown)}: its payload {problem}; the recorder never writes a payload past "
@@ -171,6 +177,8 @@ def loads_bounded(text: str | bytes) -> Any:
     an attestation, the read model's seal): past ``MAX_PAYLOAD_DEPTH`` levels it raises
     ``ValueError``, as for text that is not JSON, instead of recursing."""
     data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
-    if data.count(b"[") + data.count(b"{") > MAX_PAYLOAD_DEPTH and _deeper_than(data, MAX_PAYLOAD_DEPTH):
+    if data.count(b"[") + data.count(b"{") > MAX_PAYLOAD_DEPTH and _deeper_than(
+        data, MAX_PAYLOAD_DEPTH
+    ):
         raise NotJSONError(f"nested more than {MAX_PAYLOAD_DEPTH} levels deep")
     return json.loads(text)

@@ -129,7 +129,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     # everything, every step: forward and backward statistics of every module call
     "debug": {"activity_every": 1, "activity_first": 0, "norms_every": 1, "nonfinite_check": True},
     # construction and optimizer steps (hyperparameters, gradient norms); no activity
-    "minimal": {"activity": False, "update_norms": False, "param_norms": False, "batch_hash_every": 0},
+    "minimal": {
+        "activity": False,
+        "update_norms": False,
+        "param_norms": False,
+        "batch_hash_every": 0,
+    },
 }
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Policy) if f.name != "source"}
@@ -215,7 +220,9 @@ def read_policy_file(path: Path) -> tuple[dict[str, Any], str]:
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise UsageError(f"policy {shown!r} is neither a preset ({', '.join(PRESETS)}) nor an existing file") from None
+        raise UsageError(
+            f"policy {shown!r} is neither a preset ({', '.join(PRESETS)}) nor an existing file"
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read policy file {shown!r}: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
@@ -225,7 +232,9 @@ def read_policy_file(path: Path) -> tuple[dict[str, Any], str]:
         shown += " [tool.auditlog]"
     unknown = [k for k in data if k not in _FIELDS]
     if unknown:
-        raise UsageError(f"unknown policy key {unknown[0]!r} in {shown}; known keys: {', '.join(_FIELDS)}")
+        raise UsageError(
+            f"unknown policy key {unknown[0]!r} in {shown}; known keys: {', '.join(_FIELDS)}"
+        )
     for key, value in data.items():
         _check(key, value, shown)
     return dict(data), shown

@@ -117,12 +117,15 @@ def run_status(streams: Iterable[StreamStatus]) -> RunStatus:
     if world > 1 or len(last) > 1:
         notes.extend(s.describe() for s in last if s.status != "completed")
         if missing:
-            notes.append("no stream from rank" + ("s " if len(missing) > 1 else " ") + _ranks(missing))
+            notes.append(
+                "no stream from rank" + ("s " if len(missing) > 1 else " ") + _ranks(missing)
+            )
     earlier = [s for s in items if s.segment != last_segment and s.status != "completed"]
     if earlier:
         restarts = len({s.segment for s in items}) - 1
         notes.append(
-            f"{restarts} restart{'s' if restarts != 1 else ''} before: " + "; ".join(s.describe() for s in earlier)
+            f"{restarts} restart{'s' if restarts != 1 else ''} before: "
+            + "; ".join(s.describe() for s in earlier)
         )
     return RunStatus(
         status=status,

@@ -51,7 +51,7 @@ def built_at(where: str | None) -> str:
     if where is None:
         return "built at an unrecorded line"
     if where.endswith(ATTACHED_MARK):
-        return f"attached at {where[:-len(ATTACHED_MARK)]}"
+        return f"attached at {where[: -len(ATTACHED_MARK)]}"
     return f"built at {where}"
 
 
@@ -65,7 +65,9 @@ class ModuleNode:
     children: dict[str, int | None] = field(default_factory=dict)
     parameters: dict[str, int | None] = field(default_factory=dict)
     buffers: dict[str, int | None] = field(default_factory=dict)
-    wrappers: list[str] = field(default_factory=list)  # data-parallel wrappers around it (module_wrapped)
+    wrappers: list[str] = field(
+        default_factory=list
+    )  # data-parallel wrappers around it (module_wrapped)
 
     def drop_name(self, name: str) -> None:
         """Assigning a name to one kind of member removes it from the others (as torch does)."""
@@ -280,7 +282,11 @@ def apply(state: ModelState, event: dict[str, Any]) -> None:
                     int(tensor_id), role, data.get("shape"), data.get("dtype"), data.get("device")
                 )
                 info.source = data.get("source")
-            info.shape, info.dtype, info.device = data.get("shape"), data.get("dtype"), data.get("device")
+            info.shape, info.dtype, info.device = (
+                data.get("shape"),
+                data.get("dtype"),
+                data.get("device"),
+            )
             if role == "parameter":
                 info.requires_grad = data.get("requires_grad")
             else:
@@ -292,15 +298,31 @@ def apply(state: ModelState, event: dict[str, Any]) -> None:
                 info.initial_sha256 = hash_text(item.get("sha256"))
                 info.initial_stats = item.get("stats")
                 if data.get("stored"):
-                    _snapshotted(info, hash_text(item.get("sha256")), event, item.get("shard"), item.get("subclass"))
+                    _snapshotted(
+                        info,
+                        hash_text(item.get("sha256")),
+                        event,
+                        item.get("shard"),
+                        item.get("subclass"),
+                    )
     elif kind == "snapshot_taken":
         snap = data.get("snapshot") or {}
         for item in snap.get("tensors", []):
             info = state.tensors.get(int(item["tensor_id"]))
             if info is not None:
-                _snapshotted(info, hash_text(item.get("sha256")), event, item.get("shard"), item.get("subclass"))
+                _snapshotted(
+                    info,
+                    hash_text(item.get("sha256")),
+                    event,
+                    item.get("shard"),
+                    item.get("subclass"),
+                )
     elif kind == "structure_changed":
-        owner = state.modules.get(int(event["module_id"])) if event.get("module_id") is not None else None
+        owner = (
+            state.modules.get(int(event["module_id"]))
+            if event.get("module_id") is not None
+            else None
+        )
         if data.get("change") == "removed" and owner is not None:
             by_member: dict[str, dict[str, int | None]] = {
                 "module": owner.children,
@@ -316,7 +338,11 @@ def apply(state: ModelState, event: dict[str, Any]) -> None:
 
 
 def _snapshotted(
-    info: TensorInfo, sha256: str | None, event: dict[str, Any], shard: Any = None, wrapper: Any = None
+    info: TensorInfo,
+    sha256: str | None,
+    event: dict[str, Any],
+    shard: Any = None,
+    wrapper: Any = None,
 ) -> None:
     info.snapshot_sha256 = sha256
     info.snapshot_step = event.get("step")

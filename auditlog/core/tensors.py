@@ -210,7 +210,9 @@ def device_stats(tensor: torch.Tensor, full: bool = True, units: bool = False) -
     return StatsRecord(shape, tensor.dtype, numel, floats, counts)
 
 
-def activity_stats(tensor: torch.Tensor, full: bool = True, units: bool = False) -> dict[str, Any] | StatsRecord:
+def activity_stats(
+    tensor: torch.Tensor, full: bool = True, units: bool = False
+) -> dict[str, Any] | StatsRecord:
     """Statistics of a module output or gradient, as cheaply as the device allows.
 
     On CPU there is no device to stay away from, so the numbers are read at once,
@@ -236,7 +238,11 @@ def activity_stats(tensor: torch.Tensor, full: bool = True, units: bool = False)
     if tensor.device.type != "cpu":
         return device_stats(tensor, full, units)
     numel = tensor.numel()
-    out: dict[str, Any] = {"shape": list(tensor.shape), "dtype": dtype_name(tensor.dtype), "numel": numel}
+    out: dict[str, Any] = {
+        "shape": list(tensor.shape),
+        "dtype": dtype_name(tensor.dtype),
+        "numel": numel,
+    }
     if numel == 0 or tensor.layout != torch.strided:
         return out
     # No no_grad() needed: a detached tensor records no graph (and entering the
@@ -293,7 +299,9 @@ def _add_unit_counts(out: dict[str, Any], x: torch.Tensor) -> None:
         out["dead_units"] = 0
     else:
         nonzero = x != 0
-        out["dead_units"] = n - int(nonzero.movedim(unit_dim(x.dim()), -1).reshape(-1, n).any(0).sum())
+        out["dead_units"] = n - int(
+            nonzero.movedim(unit_dim(x.dim()), -1).reshape(-1, n).any(0).sum()
+        )
 
 
 def host_stats(tensor: torch.Tensor) -> dict[str, Any]:

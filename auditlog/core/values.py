@@ -33,4 +33,7 @@ def stat_float(value: object) -> float | None:
 def iso(ns: int) -> str:
     """UTC ISO-8601 with milliseconds and a Z."""
     seconds = ns / 1e9
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{int(ns % 1_000_000_000) // 1_000_000:03d}Z"
+    return (
+        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+        + f".{int(ns % 1_000_000_000) // 1_000_000:03d}Z"
+    )

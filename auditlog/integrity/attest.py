@@ -49,7 +49,12 @@ def pae(payload_type: str, payload: bytes) -> bytes:
 
 
 def statement(subjects: list[dict[str, Any]], predicate: dict[str, Any]) -> dict[str, Any]:
-    return {"_type": STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE, "predicate": predicate}
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": subjects,
+        "predicateType": PREDICATE_TYPE,
+        "predicate": predicate,
+    }
 
 
 def sign_envelope(document: dict[str, Any], key: Ed25519PrivateKey) -> dict[str, Any]:
@@ -102,7 +107,9 @@ def open_envelope(envelope: Any, keys: KeyRing) -> OpenedEnvelope:
             untrusted.append(entry["keyid"])
     if not out.signed_by:
         if untrusted:
-            out.problems.append(f"signed by key {untrusted[0][:16]}, which is not trusted (pass --key)")
+            out.problems.append(
+                f"signed by key {untrusted[0][:16]}, which is not trusted (pass --key)"
+            )
         else:
             out.problems.append("no signature by a trusted key verifies (the envelope was edited)")
         return out
@@ -124,7 +131,10 @@ def open_envelope(envelope: Any, keys: KeyRing) -> OpenedEnvelope:
 def model_subject(document: dict[str, Any]) -> dict[str, Any] | None:
     """The statement's model file subject."""
     for subject in document.get("subject") or []:
-        if isinstance(subject, dict) and (subject.get("annotations") or {}).get("kind") == MODEL_ANNOTATION:
+        if (
+            isinstance(subject, dict)
+            and (subject.get("annotations") or {}).get("kind") == MODEL_ANNOTATION
+        ):
             return subject
     return None
 
@@ -135,5 +145,5 @@ def tensor_subjects(document: dict[str, Any]) -> dict[str, str]:
     for subject in document.get("subject") or []:
         name = subject.get("name") if isinstance(subject, dict) else None
         if isinstance(name, str) and name.startswith("tensor:"):
-            out[name[len("tensor:"):]] = str((subject.get("digest") or {}).get("sha256"))
+            out[name[len("tensor:") :]] = str((subject.get("digest") or {}).get("sha256"))
     return out

@@ -33,7 +33,10 @@ from auditlog.store.rows import payload_object
 # Column -> allowed Python types of a stored event. Anyone with file access can
 # store any SQLite value in any column; such a row is reported, never crashed on.
 EVENT_TYPES: dict[str, tuple[type, ...]] = {
-    name: (eventrow.BY_NAME[name].python, *((type(None),) if eventrow.BY_NAME[name].nullable else ()))
+    name: (
+        eventrow.BY_NAME[name].python,
+        *((type(None),) if eventrow.BY_NAME[name].nullable else ()),
+    )
     for name in eventrow.STORED_COLUMNS
 }
 
@@ -104,11 +107,17 @@ class StreamCheck:
         self.tree = Frontier()
         self.grow_tree = True  # False: leaves are only collected (``integrity.parallel``'s child)
         self._prefix = row_prefix(run_id, stream).encode("ascii")
-        self._plain_kinds: set[Any] = set()  # kinds an ordinary event may have (plain text, not a boundary)
+        self._plain_kinds: set[Any] = (
+            set()
+        )  # kinds an ordinary event may have (plain text, not a boundary)
 
     # ------------------------------------------------------------------ ordinary events
     def feed(
-        self, rows: Iterable[tuple[Any, ...]], progress: Callable[[int], None] | None = None, *, stop: bool = False
+        self,
+        rows: Iterable[tuple[Any, ...]],
+        progress: Callable[[int], None] | None = None,
+        *,
+        stop: bool = False,
     ) -> int | None:
         """Check a batch of rows (``TUPLE_COLUMNS`` order: ``EventStore.event_tuples``), ordinary
         ones inline. With ``stop``, the first row that is not ordinary ends the batch
@@ -129,11 +138,22 @@ class StreamCheck:
             if kind not in plain and _plain_text(kind) and kind not in _READ_KINDS:
                 plain.add(kind)
             if (
-                seq != expected or not started or type(seq) is not int or type(rid) is not int or rid <= last_id
-                or type(ts) is not int or kind not in plain or type(stored) is not str or ended
-                or not (step is None or type(step) is int) or not (mid is None or type(mid) is int)
-                or not (tid is None or type(tid) is int) or not (snap is None or _plain_text(snap))
-                or type(payload) is not str or not payload.isascii() or "\x7f" in payload
+                seq != expected
+                or not started
+                or type(seq) is not int
+                or type(rid) is not int
+                or rid <= last_id
+                or type(ts) is not int
+                or kind not in plain
+                or type(stored) is not str
+                or ended
+                or not (step is None or type(step) is int)
+                or not (mid is None or type(mid) is int)
+                or not (tid is None or type(tid) is int)
+                or not (snap is None or _plain_text(snap))
+                or type(payload) is not str
+                or not payload.isascii()
+                or "\x7f" in payload
                 or len(payload) > MAX_PAYLOAD_BYTES
             ):
                 self._flush(pending, expected, prev, last_id, done, progress)
@@ -170,10 +190,19 @@ class StreamCheck:
         return None
 
     def _row(self, row: tuple[Any, ...]) -> dict[str, Any]:
-        return {"run_id": self.run_id, "stream": self.stream, **dict(zip(TUPLE_COLUMNS, row, strict=True))}
+        return {
+            "run_id": self.run_id,
+            "stream": self.stream,
+            **dict(zip(TUPLE_COLUMNS, row, strict=True)),
+        }
 
     def _flush(
-        self, pending: list[bytes], expected: int, prev: str, last_id: int, done: int,
+        self,
+        pending: list[bytes],
+        expected: int,
+        prev: str,
+        last_id: int,
+        done: int,
         progress: Callable[[int], None] | None,
     ) -> None:
         """Take over the inline loop's state: ``done`` ordinary events ending at ``expected - 1``."""
@@ -205,7 +234,11 @@ class StreamCheck:
             tip.roots[self.tree.size] = self.tree.root().hex()
         if garbled is not None:
             seq_value = row.get("seq")
-            at = seq_value if isinstance(seq_value, int) and not isinstance(seq_value, bool) else self.expected
+            at = (
+                seq_value
+                if isinstance(seq_value, int) and not isinstance(seq_value, bool)
+                else self.expected
+            )
             kind = row.get("kind") if isinstance(row.get("kind"), str) else None
             report.problems.append(
                 Problem(run_id, stream, at, row.get("id"), kind, f"event is garbled: {garbled}")
@@ -217,15 +250,32 @@ class StreamCheck:
         seq = int(row["seq"])
         past = past_limits(row["payload"])
         if past is not None:
-            report.problems.append(Problem(
-                run_id, stream, seq, row["id"], row["kind"],
-                f"payload {past}, past the limits the recorder writes (docs/events.md): the store was edited"))
+            report.problems.append(
+                Problem(
+                    run_id,
+                    stream,
+                    seq,
+                    row["id"],
+                    row["kind"],
+                    f"payload {past}, past the limits the recorder writes (docs/events.md): the store was edited",
+                )
+            )
         payload: dict[str, Any] = {}
         if row["kind"] in _BOUNDARY_KINDS and past is None:
             payload = payload_object(row["payload"], strict=False)
-            if not payload:  # the recorder writes an object with the run's facts, never anything else
-                report.problems.append(Problem(
-                    run_id, stream, seq, row["id"], row["kind"], "payload is not a JSON object (edited)"))
+            if (
+                not payload
+            ):  # the recorder writes an object with the run's facts, never anything else
+                report.problems.append(
+                    Problem(
+                        run_id,
+                        stream,
+                        seq,
+                        row["id"],
+                        row["kind"],
+                        "payload is not a JSON object (edited)",
+                    )
+                )
         if tip.ended_at is not None:
             self.after_end.append(row)
         elif row["kind"] == "run_ended":
@@ -235,13 +285,22 @@ class StreamCheck:
         if row["kind"] == "run_started" and tip.world_size is None:
             started = payload
             world = started.get("world_size")
-            tip.world_size = world if isinstance(world, int) and not isinstance(world, bool) and world > 0 else 1
+            tip.world_size = (
+                world if isinstance(world, int) and not isinstance(world, bool) and world > 0 else 1
+            )
             key = started.get("signing_key")
             tip.signing_key = key if isinstance(key, str) and _FINGERPRINT.fullmatch(key) else None
         if self.count == 1 and seq == 1 and row["kind"] != "run_started":
-            report.problems.append(Problem(
-                run_id, stream, 1, row["id"], row["kind"],
-                "stream does not begin with run_started (its first event was replaced)"))
+            report.problems.append(
+                Problem(
+                    run_id,
+                    stream,
+                    1,
+                    row["id"],
+                    row["kind"],
+                    "stream does not begin with run_started (its first event was replaced)",
+                )
+            )
         if seq > self.expected:
             expected = self.expected
             missing = f"seq {expected}" if seq == expected + 1 else f"seqs {expected}..{seq - 1}"
@@ -251,7 +310,14 @@ class StreamCheck:
             self.prev = self.recomputed = row["hash"]
         elif seq < self.expected:
             report.problems.append(
-                Problem(run_id, stream, seq, row["id"], row["kind"], "duplicate sequence number (event inserted)")
+                Problem(
+                    run_id,
+                    stream,
+                    seq,
+                    row["id"],
+                    row["kind"],
+                    "duplicate sequence number (event inserted)",
+                )
             )
             return
         else:
@@ -263,7 +329,14 @@ class StreamCheck:
             self.recomputed = computed
         if row["id"] < self.last_id:
             report.problems.append(
-                Problem(run_id, stream, seq, row["id"], row["kind"], "stored out of order (events reordered)")
+                Problem(
+                    run_id,
+                    stream,
+                    seq,
+                    row["id"],
+                    row["kind"],
+                    "stored out of order (events reordered)",
+                )
             )
         self.last_id = row["id"]
         self.prev = row["hash"]

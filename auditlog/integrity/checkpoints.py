@@ -95,8 +95,15 @@ def checkpoint_head(
         if tip is None or tip.seq == 0:
             raise AuditlogError(f"run {run_id[:12]} stream {stream} has no events to checkpoint")
     checkpoint = sign_head(
-        private_key, store_id(store), run_id, stream, tip.seq, tip.head_hash,
-        tree_root=tip.tree_root, ended=tip.ended, world_size=world_size,
+        private_key,
+        store_id(store),
+        run_id,
+        stream,
+        tip.seq,
+        tip.head_hash,
+        tree_root=tip.tree_root,
+        ended=tip.ended,
+        world_size=world_size,
     )
     return replace(checkpoint, id=store.add_checkpoint(checkpoint.as_row()))
 
@@ -122,12 +129,16 @@ def _heads(report: VerifyReport) -> list[StreamHead]:
     ]
 
 
-def export_heads(store: EventStore, private_key: Ed25519PrivateKey, report: VerifyReport) -> HeadStatement:
+def export_heads(
+    store: EventStore, private_key: Ed25519PrivateKey, report: VerifyReport
+) -> HeadStatement:
     """A signed statement of every stream's current head and tree head (nothing is written to the store)."""
     heads = _heads(report)
     if not heads:
         raise AuditlogError(f"run {report.run_id[:12]} has no events to export a head of")
-    return sign_heads(private_key, store_id(store), report.run_id, heads, world_size=report.world_size() or 1)
+    return sign_heads(
+        private_key, store_id(store), report.run_id, heads, world_size=report.world_size() or 1
+    )
 
 
 @dataclass(frozen=True)
@@ -146,7 +157,9 @@ Told = Callable[[str], None]
 """Where a signing command's one line about what it trusts goes (the CLI: stderr)."""
 
 
-def require_intact(store: EventStore, run_id: str, key: Ed25519PrivateKey, told: Told | None = None) -> VerifyReport:
+def require_intact(
+    store: EventStore, run_id: str, key: Ed25519PrivateKey, told: Told | None = None
+) -> VerifyReport:
     """The run's verify report; ``IntegrityError`` when it is proven altered, or recorded for
     signing and has lost its signatures (other doubts do not block). ``told`` gets the
     ``trust_line`` of what the signature will vouch for.
@@ -160,7 +173,9 @@ def require_intact(store: EventStore, run_id: str, key: Ed25519PrivateKey, told:
     report = verify_run(store, run_id, keys=keys, require_signed=False)
     altered = [p for p in report.problems if p.altered]
     if altered:
-        raise IntegrityError(f"refusing to sign run {run_id[:12]}: record altered: {altered[0].describe()}")
+        raise IntegrityError(
+            f"refusing to sign run {run_id[:12]}: record altered: {altered[0].describe()}"
+        )
     lost = lost_signatures(report, keys)
     if lost is not None:
         raise IntegrityError(f"refusing to sign run {run_id[:12]}: {lost}")
@@ -184,11 +199,16 @@ def lost_signatures(report: VerifyReport, keys: KeyRing) -> str | None:
         recorded = f"stream {stream} was recorded for signing by key {tip.signing_key[:16]}"
         if tip.signing_key not in keys.keys:
             recorded += " (not a key trusted here: sign with that key)"
-        missing = "no signature by a trusted key covers it" if covered == 0 else (
-            f"no signature by a trusted key covers seq {covered + 1}..{tip.seq}")
-        return (f"{recorded} and its recording signed its end, but {missing} (its checkpoints were deleted, "
-                "or the chain was rewritten); check it against a head exported earlier "
-                "(`auditlog verify --against HEAD`)")
+        missing = (
+            "no signature by a trusted key covers it"
+            if covered == 0
+            else (f"no signature by a trusted key covers seq {covered + 1}..{tip.seq}")
+        )
+        return (
+            f"{recorded} and its recording signed its end, but {missing} (its checkpoints were deleted, "
+            "or the chain was rewritten); check it against a head exported earlier "
+            "(`auditlog verify --against HEAD`)"
+        )
     return None
 
 
@@ -206,11 +226,15 @@ def trust_line(report: VerifyReport) -> str:
             first.append(f"stream {stream} seq {covered + 1}..{tip.seq}")
     run = f"run {report.run_id[:12]}"
     if not first:
-        return (f"signing {run}: every event is already covered by a signature by a trusted key; "
-                "this signature extends them")
-    told = (f"signing {run} trusts on first signature {', '.join(first)}: no earlier signature by a trusted "
-            "key covers them, so this signature vouches for them as they are now (a rewrite by someone with "
-            "write access before now would be signed too; `verify --against` an older exported head shows one)")
+        return (
+            f"signing {run}: every event is already covered by a signature by a trusted key; "
+            "this signature extends them"
+        )
+    told = (
+        f"signing {run} trusts on first signature {', '.join(first)}: no earlier signature by a trusted "
+        "key covers them, so this signature vouches for them as they are now (a rewrite by someone with "
+        "write access before now would be signed too; `verify --against` an older exported head shows one)"
+    )
     if extended:
         told += f"; {', '.join(extended)} already covered"
     return told
@@ -255,7 +279,10 @@ def export_intact_heads(
     """``export_heads`` of a record that verifies (``require_intact`` first)."""
     return export_heads(store, key, require_intact(store, run_id, key, told))
 
-def signed_sizes(rows: Sequence[dict[str, Any]], statements: Sequence[HeadStatement]) -> dict[int, set[int]]:
+
+def signed_sizes(
+    rows: Sequence[dict[str, Any]], statements: Sequence[HeadStatement]
+) -> dict[int, set[int]]:
     """Per stream, the tree sizes whose heads signed statements name (computed in the chain pass)."""
     sizes: dict[int, set[int]] = {}
     for row in rows:
@@ -293,22 +320,33 @@ _TREE = "Merkle tree head"
 
 
 def _tree_and_end(
-    report: VerifyReport, stream: int, seq: int, tree_root: str | None, ended: bool, world_size: int | None,
+    report: VerifyReport,
+    stream: int,
+    seq: int,
+    tree_root: str | None,
+    ended: bool,
+    world_size: int | None,
     subject: str,
 ) -> list[str]:
     """What a signed tree head (on the chain at ``seq``) says that the stream no longer shows."""
     tip = report.tips.get(stream, StreamTip(stream))
     found: list[str] = []
     if tree_root is not None and tip.roots.get(seq) != tree_root:
-        found.append(f"{subject}'s {_TREE} at size {seq} does not match the stream's tree "
-                     "(events up to it were changed)")
+        found.append(
+            f"{subject}'s {_TREE} at size {seq} does not match the stream's tree "
+            "(events up to it were changed)"
+        )
     if ended and tip.seq > seq:
-        found.append(f"{subject} signs the stream's end at seq {seq} (its run_ended), but the stream "
-                     f"goes on to seq {tip.seq}: events were appended after the run ended")
+        found.append(
+            f"{subject} signs the stream's end at seq {seq} (its run_ended), but the stream "
+            f"goes on to seq {tip.seq}: events were appended after the run ended"
+        )
     world = tip.world_size  # the stream's own (an elastic restart may change it between segments)
     if world_size is not None and world is not None and world_size != world:
-        found.append(f"{subject} signs world_size {world_size}, the run's run_started says {world} "
-                     "(run_started was replaced)")
+        found.append(
+            f"{subject} signs world_size {world_size}, the run's run_started says {world} "
+            "(run_started was replaced)"
+        )
     return found
 
 
@@ -319,7 +357,9 @@ def _cover(report: VerifyReport, stream: int, seq: int) -> None:
 def no_key_hint(keys: KeyRing) -> str:
     if keys:
         return "pass its public key with --key"
-    return f"no public key given: pass --key PUBLIC or keep it at {str(default_public_key_path())!r}"
+    return (
+        f"no public key given: pass --key PUBLIC or keep it at {str(default_public_key_path())!r}"
+    )
 
 
 def verify_checkpoints(
@@ -339,33 +379,61 @@ def verify_checkpoints(
         except ValueError as exc:
             stream, seq = row.get("stream"), row.get("seq")
             report.problems.append(
-                Problem(run_id, stream if isinstance(stream, int) else 0, seq if isinstance(seq, int) else 0,
-                        None, None, f"checkpoint row is garbled: {exc}", checkpoint_id=row_id)
+                Problem(
+                    run_id,
+                    stream if isinstance(stream, int) else 0,
+                    seq if isinstance(seq, int) else 0,
+                    None,
+                    None,
+                    f"checkpoint row is garbled: {exc}",
+                    checkpoint_id=row_id,
+                )
             )
             continue
-        verdict = keys.check(checkpoint.key_fingerprint, checkpoint.statement(store_id), checkpoint.signature)
+        verdict = keys.check(
+            checkpoint.key_fingerprint, checkpoint.statement(store_id), checkpoint.signature
+        )
 
         def problem(what: str, altered: bool, cp: Checkpoint = checkpoint) -> Problem:
-            return Problem(run_id, cp.stream, cp.seq, None, None, what, checkpoint_id=cp.id, altered=altered)
+            return Problem(
+                run_id, cp.stream, cp.seq, None, None, what, checkpoint_id=cp.id, altered=altered
+            )
 
         if verdict is Verdict.INVALID:
-            report.problems.append(problem(
-                f"checkpoint signature by key {checkpoint.key_fingerprint[:16]} does not verify "
-                "(the checkpoint was edited, or copied from another store)", True))
+            report.problems.append(
+                problem(
+                    f"checkpoint signature by key {checkpoint.key_fingerprint[:16]} does not verify "
+                    "(the checkpoint was edited, or copied from another store)",
+                    True,
+                )
+            )
             continue
         if verdict is Verdict.UNKNOWN_KEY:
-            report.problems.append(problem(
-                f"checkpoint is signed by key {checkpoint.key_fingerprint[:16]}, which is not trusted "
-                f"({no_key_hint(keys)})", False))
+            report.problems.append(
+                problem(
+                    f"checkpoint is signed by key {checkpoint.key_fingerprint[:16]}, which is not trusted "
+                    f"({no_key_hint(keys)})",
+                    False,
+                )
+            )
         proven = verdict is Verdict.VALID
-        why = _off_chain(store, run_id, checkpoint.stream, checkpoint.seq, checkpoint.head_hash, "signed head")
+        why = _off_chain(
+            store, run_id, checkpoint.stream, checkpoint.seq, checkpoint.head_hash, "signed head"
+        )
         if why is not None:
             report.problems.append(problem(why, proven))
             continue
         found = []
         if checkpoint.is_tree_head:
-            found = _tree_and_end(report, checkpoint.stream, checkpoint.seq, checkpoint.tree_root,
-                                  checkpoint.ended, checkpoint.world_size, "signed head")
+            found = _tree_and_end(
+                report,
+                checkpoint.stream,
+                checkpoint.seq,
+                checkpoint.tree_root,
+                checkpoint.ended,
+                checkpoint.world_size,
+                "signed head",
+            )
         for what in found:
             report.problems.append(problem(what, proven))
         if proven and not any(_TREE in what for what in found):
@@ -386,58 +454,110 @@ def verify_statement(
     first = statement.heads[0]
     verdict = keys.check(statement.key_fingerprint, statement.message(), statement.signature)
     if verdict is Verdict.INVALID:
-        report.problems.append(Problem(
-            run_id, first.stream, first.seq, None, None,
-            f"exported head {source!r}: signature by key {statement.key_fingerprint[:16]} does not "
-            "verify (the statement was edited)", altered=False))
+        report.problems.append(
+            Problem(
+                run_id,
+                first.stream,
+                first.seq,
+                None,
+                None,
+                f"exported head {source!r}: signature by key {statement.key_fingerprint[:16]} does not "
+                "verify (the statement was edited)",
+                altered=False,
+            )
+        )
         return
     if verdict is Verdict.UNKNOWN_KEY:
-        report.problems.append(Problem(
-            run_id, first.stream, first.seq, None, None,
-            f"exported head {source!r} is signed by key {statement.key_fingerprint[:16]}, which is "
-            f"not trusted ({no_key_hint(keys)})", altered=False))
+        report.problems.append(
+            Problem(
+                run_id,
+                first.stream,
+                first.seq,
+                None,
+                None,
+                f"exported head {source!r} is signed by key {statement.key_fingerprint[:16]}, which is "
+                f"not trusted ({no_key_hint(keys)})",
+                altered=False,
+            )
+        )
     proven = verdict is Verdict.VALID
     if report.events == 0:
-        report.problems.append(Problem(
-            run_id, first.stream, first.seq, None, None,
-            f"exported head {source!r}: the run has no events in this store (deleted, or this is "
-            f"not the store it was exported from: store id {statement.store_id})", altered=proven))
+        report.problems.append(
+            Problem(
+                run_id,
+                first.stream,
+                first.seq,
+                None,
+                None,
+                f"exported head {source!r}: the run has no events in this store (deleted, or this is "
+                f"not the store it was exported from: store id {statement.store_id})",
+                altered=proven,
+            )
+        )
         return
     subject = f"exported head {source!r}"
     for head in statement.heads:
         why = _off_chain(store, run_id, head.stream, head.seq, head.head_hash, subject)
         found = [why] if why is not None else []
         if why is None and statement.is_tree_head:
-            found = _tree_and_end(report, head.stream, head.seq, head.tree_root, head.ended,
-                                  statement.world_size, subject)
+            found = _tree_and_end(
+                report,
+                head.stream,
+                head.seq,
+                head.tree_root,
+                head.ended,
+                statement.world_size,
+                subject,
+            )
             if not found:
                 found = _consistency(report, head, (leaves or {}).get(head.stream), subject)
         for what in found:
-            report.problems.append(Problem(run_id, head.stream, head.seq, None, None, what, altered=proven))
-        if proven and why is None and not any(_TREE in what or "does not extend" in what for what in found):
+            report.problems.append(
+                Problem(run_id, head.stream, head.seq, None, None, what, altered=proven)
+            )
+        if (
+            proven
+            and why is None
+            and not any(_TREE in what or "does not extend" in what for what in found)
+        ):
             _cover(report, head.stream, head.seq)
     if statement.complete:
         listed = {h.stream for h in statement.heads}
         for stream in sorted(set(report.tips) - listed):
-            report.problems.append(Problem(
-                run_id, stream, 1, None, None,
-                f"stream {stream} is not in {subject}, which lists every stream of the ended run "
-                "(a stream was added after the run ended)", altered=proven))
+            report.problems.append(
+                Problem(
+                    run_id,
+                    stream,
+                    1,
+                    None,
+                    None,
+                    f"stream {stream} is not in {subject}, which lists every stream of the ended run "
+                    "(a stream was added after the run ended)",
+                    altered=proven,
+                )
+            )
 
 
-def _consistency(report: VerifyReport, head: StreamHead, leaves: PackedLeaves | None, subject: str) -> list[str]:
+def _consistency(
+    report: VerifyReport, head: StreamHead, leaves: PackedLeaves | None, subject: str
+) -> list[str]:
     """An RFC 9162 consistency proof from the exported tree head to today's, made and checked."""
     tip = report.tips.get(head.stream)
     if leaves is None or tip is None or head.tree_root is None or head.seq > len(leaves):
         return []
     proof = consistency_proof(leaves, head.seq, len(leaves))
-    if verify_consistency(head.seq, len(leaves), bytes.fromhex(head.tree_root), bytes.fromhex(tip.tree_root), proof):
+    if verify_consistency(
+        head.seq, len(leaves), bytes.fromhex(head.tree_root), bytes.fromhex(tip.tree_root), proof
+    ):
         report.consistency.append(
             f"stream {head.stream}: the record extends {subject} (consistency proof from tree size "
-            f"{head.seq} to {len(leaves)}, {len(proof)} hashes)")
+            f"{head.seq} to {len(leaves)}, {len(proof)} hashes)"
+        )
         return []
-    return [f"the record does not extend {subject}: the consistency proof from tree size {head.seq} "
-            f"to {len(leaves)} fails (events up to seq {head.seq} were changed)"]
+    return [
+        f"the record does not extend {subject}: the consistency proof from tree size {head.seq} "
+        f"to {len(leaves)} fails (events up to seq {head.seq} were changed)"
+    ]
 
 
 def verify_coverage(report: VerifyReport, required: bool) -> list[Problem]:
@@ -449,15 +569,21 @@ def verify_coverage(report: VerifyReport, required: bool) -> list[Problem]:
         if tip.seq == 0 or covered >= tip.seq:
             continue
         if covered == 0:
-            what = ("no signature by a trusted key covers this stream (an unsigned run, its checkpoints "
-                    "deleted, or a stream added); a bare chain cannot show that newer events were not "
-                    "cut off, that the chain was not rewritten, or that the stream belongs to the run")
+            what = (
+                "no signature by a trusted key covers this stream (an unsigned run, its checkpoints "
+                "deleted, or a stream added); a bare chain cannot show that newer events were not "
+                "cut off, that the chain was not rewritten, or that the stream belongs to the run"
+            )
         else:
-            what = (f"events seq {covered + 1}..{tip.seq} are not covered by any signature by a trusted "
-                    "key (recorded after the last checkpoint, or appended later); a bare chain cannot "
-                    "show they are genuine")
+            what = (
+                f"events seq {covered + 1}..{tip.seq} are not covered by any signature by a trusted "
+                "key (recorded after the last checkpoint, or appended later); a bare chain cannot "
+                "show they are genuine"
+            )
         if required:
-            found.append(Problem(report.run_id, stream, covered + 1, None, None, what, altered=False))
+            found.append(
+                Problem(report.run_id, stream, covered + 1, None, None, what, altered=False)
+            )
         else:
             report.notes.append(f"stream {stream}: {what}")
     return found

@@ -106,7 +106,8 @@ def generate_key_pair(private_path: Path | None = None, model_signing: bool = Fa
                 "(checkpoints signed with it would no longer verify); choose another path (`auditlog keygen -o PATH`)"
             )
     key: Ed25519PrivateKey | ec.EllipticCurvePrivateKey = (
-        ec.generate_private_key(ec.SECP256R1()) if model_signing else Ed25519PrivateKey.generate())
+        ec.generate_private_key(ec.SECP256R1()) if model_signing else Ed25519PrivateKey.generate()
+    )
     private_pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
@@ -123,7 +124,9 @@ def generate_key_pair(private_path: Path | None = None, model_signing: bool = Fa
             private_path.unlink()
             raise
     except OSError as exc:
-        raise KeyFileError(f"cannot write key {str(exc.filename or private_path)!r}: {exc.strerror or exc}") from exc
+        raise KeyFileError(
+            f"cannot write key {str(exc.filename or private_path)!r}: {exc.strerror or exc}"
+        ) from exc
     if isinstance(key, Ed25519PrivateKey):
         return KeyPair(private_path, public_path, fingerprint(key))
     return KeyPair(private_path, public_path, hashlib.sha256(public_pem).hexdigest())
@@ -177,7 +180,9 @@ def load_private_key(path: Path | None = None) -> Ed25519PrivateKey:
             "protected by file permissions (0600)"
         ) from exc
     except (ValueError, UnsupportedAlgorithm) as exc:
-        raise KeyFileError(f"{shown!r} is not a valid private key (expected Ed25519 in PEM format)") from exc
+        raise KeyFileError(
+            f"{shown!r} is not a valid private key (expected Ed25519 in PEM format)"
+        ) from exc
     if not isinstance(key, Ed25519PrivateKey):
         raise KeyFileError(f"{shown!r} holds {_algorithm(key)} key; auditlog signs with Ed25519")
     return key
@@ -196,9 +201,13 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
         else:
             key = serialization.load_pem_public_key(data)
     except (ValueError, UnsupportedAlgorithm) as exc:
-        raise KeyFileError(f"{shown!r} is not a valid public key (expected Ed25519 in PEM format)") from exc
+        raise KeyFileError(
+            f"{shown!r} is not a valid public key (expected Ed25519 in PEM format)"
+        ) from exc
     if not isinstance(key, Ed25519PublicKey):
-        raise KeyFileError(f"{shown!r} holds {_algorithm(key)} key; auditlog verifies Ed25519 signatures")
+        raise KeyFileError(
+            f"{shown!r} holds {_algorithm(key)} key; auditlog verifies Ed25519 signatures"
+        )
     return key
 
 

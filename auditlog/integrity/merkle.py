@@ -130,7 +130,9 @@ def inclusion_proof(leaves: Sequence[bytes], index: int, size: int | None = None
     return path
 
 
-def consistency_proof(leaves: Sequence[bytes], old_size: int, new_size: int | None = None) -> list[bytes]:
+def consistency_proof(
+    leaves: Sequence[bytes], old_size: int, new_size: int | None = None
+) -> list[bytes]:
     """RFC 9162 ``PROOF(old_size, D[0:new_size])``: that the old tree is a prefix of the new."""
     new_size = len(leaves) if new_size is None else new_size
     if not 0 <= old_size <= new_size <= len(leaves):
@@ -178,7 +180,9 @@ def root_from_inclusion(index: int, size: int, leaf: bytes, path: Sequence[bytes
     return r if sn == 0 else None
 
 
-def verify_inclusion(index: int, size: int, leaf: bytes, path: Sequence[bytes], expected_root: bytes) -> bool:
+def verify_inclusion(
+    index: int, size: int, leaf: bytes, path: Sequence[bytes], expected_root: bytes
+) -> bool:
     """Does ``path`` prove leaf hash ``leaf`` is leaf ``index`` of the tree with head ``expected_root``?"""
     found = root_from_inclusion(index, size, leaf, path)
     return found is not None and found == expected_root
@@ -266,7 +270,9 @@ class Frontier:
             width *= 2
         stack.append((width, digest))
 
-    def extend_marked(self, digests: Iterable[bytes], marks: frozenset[int] | set[int]) -> dict[int, bytes]:
+    def extend_marked(
+        self, digests: Iterable[bytes], marks: frozenset[int] | set[int]
+    ) -> dict[int, bytes]:
         """Add many leaf hashes; return the tree head at each size in ``marks`` passed on
         the way. ``append``'s work in one loop with local names (verify adds a million)."""
         stack = self._stack

@@ -51,7 +51,9 @@ class ChildResult:
     expected: int
     prev: str
     last_id: int
-    blocks: list[tuple[int, bytes]]  # their leaves as perfect subtrees of the stream's tree: (width, head)
+    blocks: list[
+        tuple[int, bytes]
+    ]  # their leaves as perfect subtrees of the stream's tree: (width, head)
     leaves: bytes | None  # the leaf hashes themselves, concatenated, when asked for
 
 
@@ -87,7 +89,12 @@ def core_free() -> bool:
 
 
 def _child(
-    uri: str, statement: tuple[str, dict[str, Any]], run_id: str, stream: int, m: int, sizes: frozenset[int],
+    uri: str,
+    statement: tuple[str, dict[str, Any]],
+    run_id: str,
+    stream: int,
+    m: int,
+    sizes: frozenset[int],
     keep: bool,
 ) -> ChildResult | None:
     """Check the rows from seq ``m`` on (``statement``), ordinary ones, until one is not."""
@@ -96,19 +103,36 @@ def _child(
     if not first:
         return None
     start = first[0]
-    if type(start[1]) is not int or start[1] != m or type(start[0]) is not int or type(start[-1]) is not str:
+    if (
+        type(start[1]) is not int
+        or start[1] != m
+        or type(start[0]) is not int
+        or type(start[-1]) is not str
+    ):
         return None
     leaves: list[bytes] = []
     check = StreamCheck(run_id, stream, VerifyReport(run_id), leaves=leaves)
     check.grow_tree = False
-    check.expected, check.prev, check.recomputed, check.last_id, check.count = m + 1, start[-1], start[-1], start[0], 1
+    check.expected, check.prev, check.recomputed, check.last_id, check.count = (
+        m + 1,
+        start[-1],
+        start[-1],
+        start[0],
+        1,
+    )
     rest = [first[1:]]
     for rows in _chain(rest, batches):
         if check.feed(rows, stop=True) is not None:
             break
     return ChildResult(
-        start_id=start[0], start_hash=start[-1], rows=check.count - 1, expected=check.expected, prev=check.prev,
-        last_id=check.last_id, blocks=blocks(leaves, m, sizes), leaves=b"".join(leaves) if keep else None,
+        start_id=start[0],
+        start_hash=start[-1],
+        rows=check.count - 1,
+        expected=check.expected,
+        prev=check.prev,
+        last_id=check.last_id,
+        blocks=blocks(leaves, m, sizes),
+        leaves=b"".join(leaves) if keep else None,
     )
 
 
@@ -131,7 +155,9 @@ def blocks(leaves: list[bytes], start: int, sizes: frozenset[int]) -> list[tuple
     return out
 
 
-def _chain(head: list[list[tuple[Any, ...]]], tail: Iterator[list[tuple[Any, ...]]]) -> Iterator[list[tuple[Any, ...]]]:
+def _chain(
+    head: list[list[tuple[Any, ...]]], tail: Iterator[list[tuple[Any, ...]]]
+) -> Iterator[list[tuple[Any, ...]]]:
     yield from head
     yield from tail
 
@@ -158,9 +184,18 @@ def check_split(
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(
-        target=_run_child, daemon=True,
-        args=(send, store.sqlite_read_uri(), sqlite_tuple_statement(check.run_id, check.stream, m),
-              check.run_id, check.stream, m, check.sizes, check.leaves is not None),
+        target=_run_child,
+        daemon=True,
+        args=(
+            send,
+            store.sqlite_read_uri(),
+            sqlite_tuple_statement(check.run_id, check.stream, m),
+            check.run_id,
+            check.stream,
+            m,
+            check.sizes,
+            check.leaves is not None,
+        ),
     )
     child.start()
     send.close()
@@ -179,7 +214,9 @@ def check_split(
         if progress is not None:
             progress(result.rows)
         # The rows after the child's last, in (seq, id) order: all rows of seq > m.
-        rest = store.event_tuples(check.run_id, check.stream, resume=(result.expected - 1, result.last_id))
+        rest = store.event_tuples(
+            check.run_id, check.stream, resume=(result.expected - 1, result.last_id)
+        )
     else:
         rest = store.event_tuples(check.run_id, check.stream, after=m)
     for rows in rest:
@@ -189,8 +226,12 @@ def check_split(
 def _joinable(check: StreamCheck, result: ChildResult, m: int) -> bool:
     """The child began exactly where this process's check of ``1..m`` ended."""
     return (
-        check.count == m and check.tree.size == m and check.expected == m + 1 and check.tip.ended_at is None
-        and check.prev == check.recomputed == result.start_hash and check.last_id == result.start_id
+        check.count == m
+        and check.tree.size == m
+        and check.expected == m + 1
+        and check.tip.ended_at is None
+        and check.prev == check.recomputed == result.start_hash
+        and check.last_id == result.start_id
         and check.tip.seq == m
     )
 
@@ -207,5 +248,10 @@ def _join(check: StreamCheck, result: ChildResult) -> None:
     if isinstance(check.leaves, PackedLeaves) and result.leaves is not None:
         check.leaves.extend_packed(result.leaves)
     check.count += result.rows
-    check.expected, check.prev, check.recomputed, check.last_id = result.expected, result.prev, result.prev, result.last_id
+    check.expected, check.prev, check.recomputed, check.last_id = (
+        result.expected,
+        result.prev,
+        result.prev,
+        result.last_id,
+    )
     check.tip.seq, check.tip.head_hash = result.expected - 1, result.prev

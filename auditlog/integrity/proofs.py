@@ -54,8 +54,18 @@ EVENT_FIELDS = HASHED_COLUMNS  # the canonical row (core.eventrow)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX128 = re.compile(r"[0-9a-f]{128}")
 _CHECKPOINT_FIELDS = {
-    "format", "store_id", "run_id", "stream", "seq", "head_hash", "tree_root", "ended", "world_size",
-    "created_ns", "key_fingerprint", "signature",
+    "format",
+    "store_id",
+    "run_id",
+    "stream",
+    "seq",
+    "head_hash",
+    "tree_root",
+    "ended",
+    "world_size",
+    "created_ns",
+    "key_fingerprint",
+    "signature",
 }
 
 
@@ -89,7 +99,9 @@ def _int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def signed_tree_head(statement: Any, stream: int, keys: KeyRing, problems: list[str], what: str) -> TreeHead | None:
+def signed_tree_head(
+    statement: Any, stream: int, keys: KeyRing, problems: list[str], what: str
+) -> TreeHead | None:
     """The tree head of ``stream`` in a signed statement, its signature checked (else a problem)."""
     if not isinstance(statement, dict):
         problems.append(f"{what} is not a JSON object")
@@ -101,11 +113,21 @@ def signed_tree_head(statement: Any, stream: int, keys: KeyRing, problems: list[
         fields = {k: v for k, v in statement.items() if k != "signature"}
         wrong = _checkpoint_problem(statement)
         if wrong is not None:
-            problems.append(f"{what} is not a well-formed auditlog-checkpoint-v2 statement ({wrong})")
+            problems.append(
+                f"{what} is not a well-formed auditlog-checkpoint-v2 statement ({wrong})"
+            )
             return None
-        verdict = keys.check(fields["key_fingerprint"], canonical_statement(fields), statement["signature"])
-        head = TreeHead(str(fields["run_id"]), fields["stream"], fields["seq"], fields["tree_root"],
-                        fields["key_fingerprint"], fields["created_ns"])
+        verdict = keys.check(
+            fields["key_fingerprint"], canonical_statement(fields), statement["signature"]
+        )
+        head = TreeHead(
+            str(fields["run_id"]),
+            fields["stream"],
+            fields["seq"],
+            fields["tree_root"],
+            fields["key_fingerprint"],
+            fields["created_ns"],
+        )
     elif statement.get("format") == HEAD_FORMAT:
         try:
             parsed = HeadStatement.from_object(statement, what)
@@ -117,14 +139,25 @@ def signed_tree_head(statement: Any, stream: int, keys: KeyRing, problems: list[
             problems.append(f"{what} has no tree head of stream {stream}")
             return None
         verdict = keys.check(parsed.key_fingerprint, parsed.message(), parsed.signature)
-        head = TreeHead(parsed.run_id, stream, entry.seq, entry.tree_root, parsed.key_fingerprint, parsed.created_ns)
+        head = TreeHead(
+            parsed.run_id,
+            stream,
+            entry.seq,
+            entry.tree_root,
+            parsed.key_fingerprint,
+            parsed.created_ns,
+        )
     else:
         problems.append(f"{what} is not a signed tree head (format {statement.get('format')!r})")
         return None
     if verdict is Verdict.UNKNOWN_KEY:
-        problems.append(f"{what} is signed by key {head.key_fingerprint[:16]}, which is not trusted (pass --key)")
+        problems.append(
+            f"{what} is signed by key {head.key_fingerprint[:16]}, which is not trusted (pass --key)"
+        )
     elif verdict is Verdict.INVALID:
-        problems.append(f"{what}: signature by key {head.key_fingerprint[:16]} does not verify (edited)")
+        problems.append(
+            f"{what}: signature by key {head.key_fingerprint[:16]} does not verify (edited)"
+        )
     if head.stream != stream:
         problems.append(f"{what} is about stream {head.stream}, not stream {stream}")
     return head
@@ -157,8 +190,12 @@ def _checkpoint_problem(statement: dict[str, Any]) -> str | None:
     return None
 
 
-_WANTED = {(str,): "a string", (int,): "an integer", (int, type(None)): "an integer or null",
-           (str, type(None)): "a string or null"}
+_WANTED = {
+    (str,): "a string",
+    (int,): "an integer",
+    (int, type(None)): "an integer or null",
+    (str, type(None)): "a string or null",
+}
 
 
 def event_problem(event: dict[str, Any]) -> str | None:
@@ -191,7 +228,9 @@ def event_problem(event: dict[str, Any]) -> str | None:
 
 
 def _path(values: Any, problems: list[str], what: str) -> list[bytes]:
-    if not isinstance(values, list) or not all(isinstance(v, str) and _HEX64.fullmatch(v) for v in values):
+    if not isinstance(values, list) or not all(
+        isinstance(v, str) and _HEX64.fullmatch(v) for v in values
+    ):
         problems.append(f"{what} must be a list of 64-digit lowercase hex hashes")
         return []
     return [bytes.fromhex(v) for v in values]
@@ -199,7 +238,11 @@ def _path(values: Any, problems: list[str], what: str) -> list[bytes]:
 
 # --------------------------------------------------------------------------- inclusion
 def inclusion_document(
-    event: dict[str, Any], leaf_index: int, tree_size: int, path: list[bytes], tree_head: dict[str, Any]
+    event: dict[str, Any],
+    leaf_index: int,
+    tree_size: int,
+    path: list[bytes],
+    tree_head: dict[str, Any],
 ) -> dict[str, Any]:
     """The inclusion proof of ``event`` (its stored columns) under a signed tree head."""
     return {
@@ -234,26 +277,39 @@ def check_inclusion(document: Any, keys: KeyRing) -> ProofCheck:
         problems.append("leaf_index and tree_size must be integers")
         return check
     if index != event["seq"] - 1:
-        problems.append(f"leaf_index {index} is not the event's position (seq {event['seq']} is leaf {event['seq'] - 1})")
+        problems.append(
+            f"leaf_index {index} is not the event's position (seq {event['seq']} is leaf {event['seq'] - 1})"
+        )
     path = _path(document.get("audit_path"), problems, "audit_path")
-    head = signed_tree_head(document.get("tree_head"), event.get("stream", -1), keys, problems, "tree_head")
+    head = signed_tree_head(
+        document.get("tree_head"), event.get("stream", -1), keys, problems, "tree_head"
+    )
     if head is None:
         return check
     check.heads.append(head)
     if head.run_id != event.get("run_id"):
-        problems.append(f"tree_head is about run {head.run_id[:12]}, the event is of run {str(event.get('run_id'))[:12]}")
+        problems.append(
+            f"tree_head is about run {head.run_id[:12]}, the event is of run {str(event.get('run_id'))[:12]}"
+        )
     if head.size != size:
         problems.append(f"tree_size {size} is not the signed tree head's size {head.size}")
     if not verify_inclusion(index, size, leaf, path, bytes.fromhex(head.root)):
-        problems.append("the audit path does not lead from the event to the signed tree head "
-                        "(the event, its position or the path was changed)")
+        problems.append(
+            "the audit path does not lead from the event to the signed tree head "
+            "(the event, its position or the path was changed)"
+        )
     return check
 
 
 # --------------------------------------------------------------------------- consistency
 def consistency_document(
-    run_id: str, stream: int, old_head: dict[str, Any], new_head: dict[str, Any],
-    old_size: int, new_size: int, proof: list[bytes],
+    run_id: str,
+    stream: int,
+    old_head: dict[str, Any],
+    new_head: dict[str, Any],
+    old_size: int,
+    new_size: int,
+    proof: list[bytes],
 ) -> dict[str, Any]:
     return {
         "format": CONSISTENCY_FORMAT,
@@ -274,8 +330,14 @@ def check_consistency(document: Any, keys: KeyRing) -> ProofCheck:
     if not isinstance(document, dict) or document.get("format") != CONSISTENCY_FORMAT:
         problems.append(f"not an {CONSISTENCY_FORMAT} document")
         return check
-    stream, old_size, new_size = document.get("stream"), document.get("old_size"), document.get("new_size")
-    if not (_int(stream) and _int(old_size) and _int(new_size)) or not isinstance(document.get("run_id"), str):
+    stream, old_size, new_size = (
+        document.get("stream"),
+        document.get("old_size"),
+        document.get("new_size"),
+    )
+    if not (_int(stream) and _int(old_size) and _int(new_size)) or not isinstance(
+        document.get("run_id"), str
+    ):
         problems.append("stream, old_size and new_size must be integers and run_id a string")
         return check
     proof = _path(document.get("proof"), problems, "proof")
@@ -286,12 +348,18 @@ def check_consistency(document: Any, keys: KeyRing) -> ProofCheck:
     check.heads = [old, new]
     for head, size, what in ((old, old_size, "old"), (new, new_size, "new")):
         if head.size != size:
-            problems.append(f"{what}_size {size} is not the {what} signed tree head's size {head.size}")
+            problems.append(
+                f"{what}_size {size} is not the {what} signed tree head's size {head.size}"
+            )
         if head.run_id != document.get("run_id"):
             problems.append(f"{what}_head is about run {head.run_id[:12]}, not the document's run")
-    if not verify_consistency(old_size, new_size, bytes.fromhex(old.root), bytes.fromhex(new.root), proof):
-        problems.append(f"the proof does not show the tree of {old_size} events is a prefix of the tree of "
-                        f"{new_size} (the record was rewritten, or the proof was changed)")
+    if not verify_consistency(
+        old_size, new_size, bytes.fromhex(old.root), bytes.fromhex(new.root), proof
+    ):
+        problems.append(
+            f"the proof does not show the tree of {old_size} events is a prefix of the tree of "
+            f"{new_size} (the record was rewritten, or the proof was changed)"
+        )
     return check
 
 

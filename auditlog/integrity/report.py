@@ -49,10 +49,14 @@ class StreamTip:
     tree_root: str = ""
     ended_at: int | None = None
     world_size: int | None = None
-    roots: dict[int, str] = field(default_factory=dict)  # tree heads at the sizes signed statements name
+    roots: dict[int, str] = field(
+        default_factory=dict
+    )  # tree heads at the sizes signed statements name
     # The fingerprint run_started names when the stream was recorded with a signing key (issue 29).
     signing_key: str | None = None
-    end_status: str | None = None  # its run_ended's status (completed, failed, interrupted, crashed)
+    end_status: str | None = (
+        None  # its run_ended's status (completed, failed, interrupted, crashed)
+    )
 
     @property
     def ended(self) -> bool:
@@ -85,7 +89,10 @@ class VerifyReport:
     def signed(self) -> bool:
         """Every event of every stream is covered by a valid signature by a trusted key."""
         return self.events > 0 and all(
-            self.covered.get(stream, 0) >= tip.seq for stream, tip in self.tips.items() if tip.seq > 0)
+            self.covered.get(stream, 0) >= tip.seq
+            for stream, tip in self.tips.items()
+            if tip.seq > 0
+        )
 
     @property
     def assurance(self) -> str:
@@ -120,11 +127,15 @@ class VerifyReport:
 
 VERDICTS = {
     "failed": "FAILED",
-    "unsigned": ("intact, unsigned: the chain detects accidental damage and naive edits, not a rewrite "
-                 "by someone with write access (sign with a key: `auditlog keygen`)"),
+    "unsigned": (
+        "intact, unsigned: the chain detects accidental damage and naive edits, not a rewrite "
+        "by someone with write access (sign with a key: `auditlog keygen`)"
+    ),
     "signed": "intact, signed: every event is covered by a signature by a trusted key",
-    "signed-against-head": ("intact, signed and checked against an exported head: every event is covered "
-                            "by a signature by a trusted key, and the record extends the head kept elsewhere"),
+    "signed-against-head": (
+        "intact, signed and checked against an exported head: every event is covered "
+        "by a signature by a trusted key, and the record extends the head kept elsewhere"
+    ),
 }
 
 

@@ -35,7 +35,9 @@ def index_mismatches(
     found: list[tuple[str, Any, Any]] = []
     if row.get("name") != chained_name:
         found.append(("name", row.get("name"), chained_name))
-    creators = [s for s in started if _same_process(row, payload_object(s.get("payload"), s, strict=False))]
+    creators = [
+        s for s in started if _same_process(row, payload_object(s.get("payload"), s, strict=False))
+    ]
     if not creators:
         first = payload_object(started[0].get("payload"), started[0], strict=False)
         for column in ("host", "pid"):
@@ -43,7 +45,11 @@ def index_mismatches(
                 found.append((column, row.get(column), first.get(column)))
         creators = started[:1]
     start, chained = row.get("started_ns"), creators[0].get("ts_ns")
-    if not isinstance(start, int) or not isinstance(chained, int) or not 0 <= chained - start <= START_SLACK_NS:
+    if (
+        not isinstance(start, int)
+        or not isinstance(chained, int)
+        or not 0 <= chained - start <= START_SLACK_NS
+    ):
         found.append(("started_ns", start, chained))
     return found
 
@@ -61,7 +67,11 @@ def chained_name(store: EventStore, run_id: str, started: list[dict[str, Any]]) 
     for event in store.iter_events(run_id, kinds=["annotation"]):
         payload = payload_object(event.get("payload"), event, strict=False)
         fields = payload.get("fields")
-        if payload.get("key") == "auditlog.record" and isinstance(fields, dict) and isinstance(fields.get("name"), str):
+        if (
+            payload.get("key") == "auditlog.record"
+            and isinstance(fields, dict)
+            and isinstance(fields.get("name"), str)
+        ):
             return str(fields["name"])
     return None
 
@@ -70,19 +80,35 @@ def verify_run_index(store: EventStore, run_id: str, report: VerifyReport) -> No
     """Report a run whose index row is missing or disagrees with its chained ``run_started``."""
     row = store.run_row(run_id)
     if row is None:
-        report.problems.append(Problem(
-            run_id, 0, 1, None, None, "run has events but its row in the runs index was deleted"))
+        report.problems.append(
+            Problem(
+                run_id, 0, 1, None, None, "run has events but its row in the runs index was deleted"
+            )
+        )
         return
     # One whose payload is past the limits or no JSON object: the chain check names it.
-    started = [e for e in store.iter_events(run_id, kinds=["run_started"], rare=True)
-               if isinstance(e.get("stream"), int) and past_limits(e.get("payload")) is None
-               and payload_object(e.get("payload"), strict=False)]
+    started = [
+        e
+        for e in store.iter_events(run_id, kinds=["run_started"], rare=True)
+        if isinstance(e.get("stream"), int)
+        and past_limits(e.get("payload")) is None
+        and payload_object(e.get("payload"), strict=False)
+    ]
     if not started:
         return  # no (readable) run_started at all: the chain check reports the stream's first event
     first = started[0]
     stream = int(first["stream"])
-    for column, indexed, chained in index_mismatches(row, started, chained_name(store, run_id, started)):
-        report.problems.append(Problem(
-            run_id, stream, 1, first.get("id"), "run_started",
-            f"runs index row differs from the chained run_started: {column} is {indexed!r} in the "
-            f"index, {chained!r} in the record (the index was edited)"))
+    for column, indexed, chained in index_mismatches(
+        row, started, chained_name(store, run_id, started)
+    ):
+        report.problems.append(
+            Problem(
+                run_id,
+                stream,
+                1,
+                first.get("id"),
+                "run_started",
+                f"runs index row differs from the chained run_started: {column} is {indexed!r} in the "
+                f"index, {chained!r} in the record (the index was edited)",
+            )
+        )

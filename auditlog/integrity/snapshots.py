@@ -37,11 +37,17 @@ class SnapshotProblem:
     def place(self) -> str:
         """``file snapshots/<h[:2]>/<h>.parquet``, or the recorded value where it is not a
         content hash (no file is named, none was opened)."""
-        return f"file snapshots/{self.file}" if self.file else f"content hash {shown_hash(self.sha256)}"
+        return (
+            f"file snapshots/{self.file}"
+            if self.file
+            else f"content hash {shown_hash(self.sha256)}"
+        )
 
     def describe(self) -> str:
-        return (f"seq {self.seq} (event id {self.event_id}): snapshot of {self.tensor} "
-                f"[{shown_hash(self.sha256)}], {self.place}: {self.what}")
+        return (
+            f"seq {self.seq} (event id {self.event_id}): snapshot of {self.tensor} "
+            f"[{shown_hash(self.sha256)}], {self.place}: {self.what}"
+        )
 
 
 def _referenced(store: EventStore, run_id: str) -> Iterator[tuple[int, int, int, str]]:
@@ -50,7 +56,9 @@ def _referenced(store: EventStore, run_id: str) -> Iterator[tuple[int, int, int,
     for seq, event_id, kind, text in rows:
         # A malformed event is the chain check's to report; here it is skipped.
         try:
-            payload = payload_object(text, strict=False)  # past the limits: the chain check names it
+            payload = payload_object(
+                text, strict=False
+            )  # past the limits: the chain check names it
             if kind == "snapshot_taken":
                 items = (payload.get("snapshot") or {}).get("tensors", [])
             elif payload.get("stored"):
@@ -58,7 +66,10 @@ def _referenced(store: EventStore, run_id: str) -> Iterator[tuple[int, int, int,
             else:
                 continue
             # A value that is not a content hash stays a finding (hash_text keeps it printable, never a path).
-            found = [(int(seq), int(event_id), int(i["tensor_id"]), str(hash_text(i["sha256"]))) for i in items]
+            found = [
+                (int(seq), int(event_id), int(i["tensor_id"]), str(hash_text(i["sha256"])))
+                for i in items
+            ]
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
             continue
         yield from found
@@ -86,7 +97,16 @@ def verify_snapshots(store: EventStore, run_id: str) -> tuple[int, list[Snapshot
             names = _tensor_names(store, run_id)
         label = ", ".join(names.get(tensor_id, [])) or f"tensor #{tensor_id}"
         for what in verdict[sha]:
-            problems.append(SnapshotProblem(seq, event_id, label, sha, files.relpath(sha) if is_content_hash(sha) else None, what))
+            problems.append(
+                SnapshotProblem(
+                    seq,
+                    event_id,
+                    label,
+                    sha,
+                    files.relpath(sha) if is_content_hash(sha) else None,
+                    what,
+                )
+            )
     return len(verdict), problems
 
 

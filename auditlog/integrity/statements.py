@@ -122,8 +122,12 @@ class Checkpoint:
             "signature": self.signature,
         }
         if self.is_tree_head:
-            row.update(format=self.format, tree_root=self.tree_root, ended=int(self.ended),
-                       world_size=self.world_size)
+            row.update(
+                format=self.format,
+                tree_root=self.tree_root,
+                ended=int(self.ended),
+                world_size=self.world_size,
+            )
         return row
 
     @classmethod
@@ -274,7 +278,10 @@ class HeadStatement:
 
     def to_json(self) -> str:
         """The file's text: indented for people, sorted keys, one trailing newline."""
-        return json.dumps({**self.unsigned(), "signature": self.signature}, indent=2, sort_keys=True) + "\n"
+        return (
+            json.dumps({**self.unsigned(), "signature": self.signature}, indent=2, sort_keys=True)
+            + "\n"
+        )
 
     @classmethod
     def parse(cls, text: str, source: str) -> HeadStatement:
@@ -282,9 +289,13 @@ class HeadStatement:
         try:
             data = loads_bounded(text)
         except ValueError as exc:
-            raise StatementError(f"{source!r} is not an auditlog head statement (not JSON: {exc})") from exc
+            raise StatementError(
+                f"{source!r} is not an auditlog head statement (not JSON: {exc})"
+            ) from exc
         if not isinstance(data, dict):
-            raise StatementError(f"{source!r} is not an auditlog head statement (not a JSON object)")
+            raise StatementError(
+                f"{source!r} is not an auditlog head statement (not a JSON object)"
+            )
         return cls.from_object(data, source)
 
     @classmethod
@@ -297,12 +308,22 @@ class HeadStatement:
                 f"(format {version!r}, expected {HEAD_FORMAT!r})"
             )
         v2 = version == HEAD_FORMAT
-        expected = {"format", "store_id", "run_id", "created_ns", "heads", "key_fingerprint", "signature"}
+        expected = {
+            "format",
+            "store_id",
+            "run_id",
+            "created_ns",
+            "heads",
+            "key_fingerprint",
+            "signature",
+        }
         if v2:
             expected.add("world_size")
         if set(data) != expected:
             odd = sorted(set(data) ^ expected)
-            raise StatementError(f"{source!r}: malformed head statement (unexpected or missing fields: {', '.join(odd)})")
+            raise StatementError(
+                f"{source!r}: malformed head statement (unexpected or missing fields: {', '.join(odd)})"
+            )
 
         def bad(what: str) -> StatementError:
             return StatementError(f"{source!r}: malformed head statement ({what})")
@@ -314,13 +335,19 @@ class HeadStatement:
             raise bad("created_ns must be an integer")
         if v2 and (not _is_int(data["world_size"]) or data["world_size"] < 1):
             raise bad("world_size must be a positive integer")
-        if not isinstance(data["key_fingerprint"], str) or not _HEX64.fullmatch(data["key_fingerprint"]):
+        if not isinstance(data["key_fingerprint"], str) or not _HEX64.fullmatch(
+            data["key_fingerprint"]
+        ):
             raise bad("key_fingerprint must be 64 lowercase hex digits")
         if not isinstance(data["signature"], str) or not _HEX128.fullmatch(data["signature"]):
             raise bad("signature must be 128 lowercase hex digits")
         if not isinstance(data["heads"], list) or not data["heads"]:
             raise bad("heads must be a non-empty list")
-        fields = {"stream", "seq", "head_hash", "tree_root", "ended"} if v2 else {"stream", "seq", "head_hash"}
+        fields = (
+            {"stream", "seq", "head_hash", "tree_root", "ended"}
+            if v2
+            else {"stream", "seq", "head_hash"}
+        )
         heads: list[StreamHead] = []
         for item in data["heads"]:
             if not isinstance(item, dict) or set(item) != fields:
@@ -331,12 +358,21 @@ class HeadStatement:
                 raise bad("seq must be a positive integer")
             if not isinstance(item["head_hash"], str) or not _HEX64.fullmatch(item["head_hash"]):
                 raise bad("head_hash must be 64 lowercase hex digits")
-            if v2 and (not isinstance(item["tree_root"], str) or not _HEX64.fullmatch(item["tree_root"])):
+            if v2 and (
+                not isinstance(item["tree_root"], str) or not _HEX64.fullmatch(item["tree_root"])
+            ):
                 raise bad("tree_root must be 64 lowercase hex digits")
             if v2 and not isinstance(item["ended"], bool):
                 raise bad("ended must be true or false")
-            heads.append(StreamHead(item["stream"], item["seq"], item["head_hash"],
-                                    item.get("tree_root"), bool(item.get("ended", False))))
+            heads.append(
+                StreamHead(
+                    item["stream"],
+                    item["seq"],
+                    item["head_hash"],
+                    item.get("tree_root"),
+                    bool(item.get("ended", False)),
+                )
+            )
         if len({h.stream for h in heads}) != len(heads):
             raise bad("a stream is listed twice")
         return cls(

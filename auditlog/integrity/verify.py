@@ -45,7 +45,14 @@ from auditlog.integrity.runindex import verify_run_index
 from auditlog.integrity.snapshots import verify_snapshots
 from auditlog.store.eventstore import EventStore
 
-__all__ = ["Problem", "SourcedStatement", "StreamTip", "VerifyReport", "verify_run", "verify_stream"]
+__all__ = [
+    "Problem",
+    "SourcedStatement",
+    "StreamTip",
+    "VerifyReport",
+    "verify_run",
+    "verify_stream",
+]
 
 WINDOW = 32
 
@@ -97,7 +104,9 @@ def verify_stream(
     checked in two processes, ``integrity.parallel``).
     """
     check = StreamCheck(run_id, stream, report, sizes, leaves)
-    split = split_point(count) if count is not None and store.location.database is not None else None
+    split = (
+        split_point(count) if count is not None and store.location.database is not None else None
+    )
     if split is not None:  # a long stream of a SQLite file: its second half in a forked process
         check_split(store, check, split, progress)
     else:
@@ -106,19 +115,39 @@ def verify_stream(
     mismatched, after_end, tip = check.mismatched, check.after_end, check.tip
     for row in mismatched[:50]:
         report.problems.append(
-            Problem(run_id, stream, int(row["seq"]), row["id"], row["kind"], _explain_mismatch(store, row))
+            Problem(
+                run_id,
+                stream,
+                int(row["seq"]),
+                row["id"],
+                row["kind"],
+                _explain_mismatch(store, row),
+            )
         )
     if len(mismatched) > 50:
         report.problems.append(
-            Problem(run_id, stream, int(mismatched[50]["seq"]), None, None,
-                    f"and {len(mismatched) - 50} more events whose hash does not match")
+            Problem(
+                run_id,
+                stream,
+                int(mismatched[50]["seq"]),
+                None,
+                None,
+                f"and {len(mismatched) - 50} more events whose hash does not match",
+            )
         )
     if after_end:
         first = after_end[0]
-        report.problems.append(Problem(
-            run_id, stream, int(first["seq"]), first["id"], first["kind"],
-            f"{len(after_end)} event(s) after the stream's run_ended at seq {tip.ended_at} "
-            "(a stream ends at its run_ended: events were appended to a finished stream)"))
+        report.problems.append(
+            Problem(
+                run_id,
+                stream,
+                int(first["seq"]),
+                first["id"],
+                first["kind"],
+                f"{len(after_end)} event(s) after the stream's run_ended at seq {tip.ended_at} "
+                "(a stream ends at its run_ended: events were appended to a finished stream)",
+            )
+        )
     tip.tree_root = check.tree.root().hex()
     report.streams[stream] = check.count
     report.events += check.count
@@ -135,8 +164,14 @@ def _streams(store: EventStore, run_id: str, report: VerifyReport) -> dict[int, 
             streams[value] = int(count)
         else:
             report.problems.append(
-                Problem(run_id, 0, 0, None, None,
-                        f"{count} event(s) have stream {short(value)}, not a number (garbled)")
+                Problem(
+                    run_id,
+                    0,
+                    0,
+                    None,
+                    None,
+                    f"{count} event(s) have stream {short(value)}, not a number (garbled)",
+                )
             )
             report.events += int(count)
     return dict(sorted(streams.items()))
@@ -169,14 +204,28 @@ def verify_run(
     sizes = signed_sizes(rows, [st for _, st in mine])
     leaves: dict[int, PackedLeaves] = {}
     for stream, count in _streams(store, run_id, report).items():
-        kept = leaves.setdefault(stream, PackedLeaves()) if keep_leaves or _needs_leaves(mine, stream) else None
-        verify_stream(store, run_id, stream, report, progress,
-                      sizes=frozenset(sizes.get(stream, ())), leaves=kept, count=count)
+        kept = (
+            leaves.setdefault(stream, PackedLeaves())
+            if keep_leaves or _needs_leaves(mine, stream)
+            else None
+        )
+        verify_stream(
+            store,
+            run_id,
+            stream,
+            report,
+            progress,
+            sizes=frozenset(sizes.get(stream, ())),
+            leaves=kept,
+            count=count,
+        )
     _check_streams(report)
     if report.events == 0:
         # A run known only from a statement: the statement's problem says it better.
         if not mine or store.has_run_row(run_id):
-            report.problems.append(Problem(run_id, 0, 1, None, None, "run has no events (all deleted)"))
+            report.problems.append(
+                Problem(run_id, 0, 1, None, None, "run has no events (all deleted)")
+            )
     else:
         verify_run_index(store, run_id, report)
     explicit = keys is not None
@@ -199,7 +248,9 @@ def verify_run(
 
 def _needs_leaves(statements: Sequence[SourcedStatement], stream: int) -> bool:
     """A consistency proof is made for a stream an exported tree head names."""
-    return any(st.is_tree_head and any(h.stream == stream for h in st.heads) for _, st in statements)
+    return any(
+        st.is_tree_head and any(h.stream == stream for h in st.heads) for _, st in statements
+    )
 
 
 def _check_streams(report: VerifyReport) -> None:
@@ -218,10 +269,17 @@ def _check_streams(report: VerifyReport) -> None:
             lowest = min(declared)
             for stream, size in sorted(declared.items()):
                 if size != declared[lowest]:
-                    report.problems.append(Problem(
-                        report.run_id, stream, 1, None, "run_started",
-                        f"run_started says world_size {size}, stream {lowest}'s says {declared[lowest]} "
-                        "(a stream was added or its run_started replaced)"))
+                    report.problems.append(
+                        Problem(
+                            report.run_id,
+                            stream,
+                            1,
+                            None,
+                            "run_started",
+                            f"run_started says world_size {size}, stream {lowest}'s says {declared[lowest]} "
+                            "(a stream was added or its run_started replaced)",
+                        )
+                    )
             continue
         if not declared:
             continue
@@ -230,16 +288,24 @@ def _check_streams(report: VerifyReport) -> None:
         ranks = {split_stream(s)[1]: s for s in members}
         for rank, stream in sorted(ranks.items()):
             if rank >= world:
-                report.problems.append(Problem(
-                    report.run_id, stream, 1, None, None,
-                    f"stream {stream} is not a stream of this run: its run_started declares world_size "
-                    f"{world} (ranks 0..{world - 1}; a stream was added)"))
+                report.problems.append(
+                    Problem(
+                        report.run_id,
+                        stream,
+                        1,
+                        None,
+                        None,
+                        f"stream {stream} is not a stream of this run: its run_started declares world_size "
+                        f"{world} (ranks 0..{world - 1}; a stream was added)",
+                    )
+                )
         missing = sorted(set(range(world)) - set(ranks))
         if missing:
             where = f" of segment {segment}" if segment else ""
             report.notes.append(
                 f"world_size {world}, but no events of rank(s) {', '.join(map(str, missing))}{where} "
-                "(ranks that were not recorded, or whose events were deleted)")
+                "(ranks that were not recorded, or whose events were deleted)"
+            )
 
 
 def _verify_snapshot_files(store: EventStore, run_id: str, report: VerifyReport) -> None:

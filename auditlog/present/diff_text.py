@@ -92,7 +92,9 @@ def render(result: RunDiff, values: ValuesDiff | None, out: Console) -> None:
     summary = _summary(result)
     if values is not None and values.first is not None:
         first = values.first
-        summary = "; ".join(p for p in (summary, f"values diverge at step {first.step} ({first.tensor})") if p)
+        summary = "; ".join(
+            p for p in (summary, f"values diverge at step {first.step} ({first.tensor})") if p
+        )
     out.print(line((summary or "no differences", "bold")), highlight=False)
 
 
@@ -134,17 +136,25 @@ def _render_values(out: Any, values: ValuesDiff) -> None:
         out.print(line("  ", (text, "dim")), highlight=False)
     first = values.first
     if first is None:
-        verdict = "no value differences" if values.steps_compared else "no step was snapshotted by both runs"
+        verdict = (
+            "no value differences"
+            if values.steps_compared
+            else "no step was snapshotted by both runs"
+        )
         out.print(line("  ", (verdict, "dim")), highlight=False)
         return
     named = first.tensor if first.a.name == first.b.name else f"{first.a.name} → {first.b.name}"
-    out.print(line("  ", (f"~ first divergence: step {first.step}, {named}", "yellow")), highlight=False)
+    out.print(
+        line("  ", (f"~ first divergence: step {first.step}, {named}", "yellow")), highlight=False
+    )
     if first.reason != "values":
         text = f"    {first.reason} {_short(getattr(first.a, first.reason))} → {_short(getattr(first.b, first.reason))}"
         out.print(line(text), highlight=False)
     for letter, side in (("A", first.a), ("B", first.b)):
         out.print(
-            line(f"    run {letter}: norm {_short(side.norm)}  mean {_short(side.mean)}  sha256 {side.sha256[:12]}"),
+            line(
+                f"    run {letter}: norm {_short(side.norm)}  mean {_short(side.mean)}  sha256 {side.sha256[:12]}"
+            ),
             highlight=False,
         )
     if first.max_abs_diff is not None:
@@ -178,7 +188,11 @@ def _render_code(out: Any, result: RunDiff, changes: list[Change]) -> None:
         width = max(len(key) for key in change.fields)
         for key, (a, b) in change.fields.items():
             out.print(
-                line("  ", (f"~ {key.ljust(width)}", "yellow"), f"  {_value(key, a)} → {_value(key, b)}"),
+                line(
+                    "  ",
+                    (f"~ {key.ljust(width)}", "yellow"),
+                    f"  {_value(key, a)} → {_value(key, b)}",
+                ),
                 highlight=False,
             )
 
@@ -228,7 +242,9 @@ def _lines(section: str, changes: list[Change]) -> list[Text]:
         else:
             name = change.name
         detail = _detail(section, change)
-        lines.append(line((f"{symbol} {name.ljust(width)}", color), f"  {detail}" if detail else ""))
+        lines.append(
+            line((f"{symbol} {name.ljust(width)}", color), f"  {detail}" if detail else "")
+        )
     return lines
 
 
@@ -256,8 +272,9 @@ def _detail(section: str, change: Change) -> str:
             return short_class(item.get("class"))
         return ""
     parts = [
-        f"files changed: {b}" if section == "data" and key == "files" else
-        f"{key + ' ' if key != change.name else ''}{_value(key, a)} → {_value(key, b)}"
+        f"files changed: {b}"
+        if section == "data" and key == "files"
+        else f"{key + ' ' if key != change.name else ''}{_value(key, a)} → {_value(key, b)}"
         for key, (a, b) in change.fields.items()
     ]
     if change.change == "renamed" and not parts:
@@ -268,7 +285,11 @@ def _detail(section: str, change: Change) -> str:
 
 def _value(key: str, value: Any) -> str:
     if key == "init" and isinstance(value, dict):
-        return "{" + ", ".join(f"{k} {_short(value.get(k))}" for k in ("mean", "std", "min", "max")) + "}"
+        return (
+            "{"
+            + ", ".join(f"{k} {_short(value.get(k))}" for k in ("mean", "std", "min", "max"))
+            + "}"
+        )
     if key == "class":
         return short_class(value) if isinstance(value, str) else _short(value)
     if key in ("commit", "diff_sha256") and isinstance(value, str):

@@ -58,7 +58,14 @@ def render_png(panels: list[Panel], title: str) -> bytes:
     axes = figure.subplots(len(panels), 1, squeeze=False, height_ratios=heights)[:, 0]
     for ax, panel in zip(axes, panels, strict=True):
         if panel.empty:
-            ax.text(0.5, 0.5, f"{_short(panel.title)}: nothing recorded", ha="center", va="center", transform=ax.transAxes)
+            ax.text(
+                0.5,
+                0.5,
+                f"{_short(panel.title)}: nothing recorded",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+            )
             ax.set_axis_off()
         elif panel.kind == "lines":
             _lines(ax, panel)
@@ -74,12 +81,24 @@ def _lines(ax: Any, panel: Panel) -> None:
     for name, points in panel.series.items():
         steps = [s for s, _ in points]
         values = [v if math.isfinite(v) else math.nan for _, v in points]
-        ax.plot(steps, values, label=_short(name), linewidth=1.2, marker="." if len(points) < 60 else None)
+        ax.plot(
+            steps,
+            values,
+            label=_short(name),
+            linewidth=1.2,
+            marker="." if len(points) < 60 else None,
+        )
         bad = [s for s, v in points if not math.isfinite(v)]
         if bad and (first_bad is None or bad[0] < first_bad):
             first_bad = bad[0]
     if first_bad is not None:
-        ax.axvline(first_bad, color="red", linewidth=1, linestyle="--", label=f"first NaN/Inf (step {first_bad})")
+        ax.axvline(
+            first_bad,
+            color="red",
+            linewidth=1,
+            linestyle="--",
+            label=f"first NaN/Inf (step {first_bad})",
+        )
     positive = [v for pts in panel.series.values() for _, v in pts if math.isfinite(v)]
     if positive and min(positive) > 0 and max(positive) / min(positive) > 100:
         ax.set_yscale("log")
@@ -118,12 +137,23 @@ def _heatmap(ax: Any, panel: Panel, figure: Any, matplotlib: Any, np: Any) -> No
     else:
         shown, cmap, norm = data, colors["viridis"], None
     cmap = cmap.with_extremes(bad="#dddddd")
-    image = ax.imshow(np.ma.masked_invalid(shown), aspect="auto", interpolation="nearest", cmap=cmap, norm=norm)
+    image = ax.imshow(
+        np.ma.masked_invalid(shown), aspect="auto", interpolation="nearest", cmap=cmap, norm=norm
+    )
     if bad.any():
         red = matplotlib.colors.ListedColormap(["#d62728"])
-        ax.imshow(np.ma.masked_where(~bad, np.ones_like(data)), aspect="auto", interpolation="nearest", cmap=red)
+        ax.imshow(
+            np.ma.masked_where(~bad, np.ones_like(data)),
+            aspect="auto",
+            interpolation="nearest",
+            cmap=red,
+        )
     figure.colorbar(image, ax=ax, label=label, fraction=0.03, pad=0.01)
-    ax.set_yticks(range(len(rows)), labels=[_short(r) for r in rows], fontsize=max(5, min(9, int(400 / max(1, len(rows))))))
+    ax.set_yticks(
+        range(len(rows)),
+        labels=[_short(r) for r in rows],
+        fontsize=max(5, min(9, int(400 / max(1, len(rows))))),
+    )
     ticks = list(range(0, len(steps), max(1, len(steps) // 12)))
     ax.set_xticks(ticks, labels=[str(steps[t]) for t in ticks], fontsize=8)
     ax.set_xlabel("step")

@@ -53,9 +53,13 @@ def run_report(run: Run) -> str:
     with questions(run) as q:
         facts = _facts(q)
     verdict = verify_verdict(run)
-    documented = documentation_facts(run, verification=Fact(
-        {"ok": verdict["ok"], "assurance": verdict["assurance"], "verdict": verdict["text"]},
-        [{"command": f"auditlog verify {run.run_id}"}]))
+    documented = documentation_facts(
+        run,
+        verification=Fact(
+            {"ok": verdict["ok"], "assurance": verdict["assurance"], "verdict": verdict["text"]},
+            [{"command": f"auditlog verify {run.run_id}"}],
+        ),
+    )
     info = facts["run"]
     metadata = facts["metadata"]
     status = str(info.get("status") or "unknown")
@@ -70,14 +74,26 @@ def run_report(run: Run) -> str:
         section("outcome", "Outcome", _outcome(info, facts)),
         section("model", "Model", _model(facts, metadata)),
         section("compute", "Compute", _compute(facts, info)),
-        section("data", "Data and annotations", _datasets(facts["datasets"]) + _annotations(facts["annotations"])),
+        section(
+            "data",
+            "Data and annotations",
+            _datasets(facts["datasets"]) + _annotations(facts["annotations"]),
+        ),
         section("training", "Training", _training(facts)),
         section("nonfinite", "Non-finite values", _nonfinite(facts["finding"])),
         section("techdoc", "Technical documentation (EU AI Act)", techdoc_section(documented)),
     ]
-    nav = [("summary", "Run"), ("integrity", "Integrity"), ("outcome", "Outcome"), ("model", "Model"),
-           ("compute", "Compute"), ("data", "Data"), ("training", "Training"), ("nonfinite", "NaN/Inf"),
-           ("techdoc", "Documentation")]
+    nav = [
+        ("summary", "Run"),
+        ("integrity", "Integrity"),
+        ("outcome", "Outcome"),
+        ("model", "Model"),
+        ("compute", "Compute"),
+        ("data", "Data"),
+        ("training", "Training"),
+        ("nonfinite", "NaN/Inf"),
+        ("techdoc", "Documentation"),
+    ]
     return page(f"auditlog report {run.run_id[:12]}", heading, nav, sections, _footer(run))
 
 
@@ -95,7 +111,9 @@ def _facts(q: ForensicQueries) -> dict[str, Any]:
         "metadata": metadata if isinstance(metadata, dict) else {},
         "modules": q.modules(),
         "totals": q.parameter_totals(),
-        "flops": [parse_payload(e["payload"], e) | {"step": e["step"]} for e in q.events_of("flops")],
+        "flops": [
+            parse_payload(e["payload"], e) | {"step": e["step"]} for e in q.events_of("flops")
+        ],
         "annotations": q.annotations(),
         "datasets": q.datasets(),
         "metric_columns": columns,
@@ -109,7 +127,11 @@ def _facts(q: ForensicQueries) -> dict[str, Any]:
 
 def _pictures(q: ForensicQueries, metric_columns: list[str]) -> list[tuple[str, list[Panel]]]:
     wanted = ["loss", "lr", "grad-norm"]
-    if any(c not in ("step", "loss", "eval_loss", "lr", "grad_norm", "raw_grad_norm", "nonfinite_grads") for c in metric_columns):
+    if any(
+        c
+        not in ("step", "loss", "eval_loss", "lr", "grad_norm", "raw_grad_norm", "nonfinite_grads")
+        for c in metric_columns
+    ):
         wanted.insert(1, "metrics")
     return [(what, panels(q, what)) for what in wanted]
 
@@ -120,8 +142,13 @@ def verify_verdict(run: Run) -> dict[str, Any]:
     try:
         report = run.verify()
     except AuditlogError as exc:
-        return {"ok": False, "assurance": "failed", "text": f"could not verify: {one_line(exc)}", "problems": [],
-                "checkpoints": 0}
+        return {
+            "ok": False,
+            "assurance": "failed",
+            "text": f"could not verify: {one_line(exc)}",
+            "problems": [],
+            "checkpoints": 0,
+        }
     counted = f"{report.events} events in {len(report.streams)} stream(s)"
     if report.checkpoints:
         counted += f", {report.checkpoints} signed checkpoint(s)"
@@ -158,14 +185,19 @@ def _summary(info: dict[str, Any], metadata: dict[str, Any]) -> str:
         ("ended (UTC)", info.get("ended")),
         ("duration", _duration(info.get("duration_s"))),
         ("host / user", f"{info.get('host') or '?'} / {info.get('user') or '?'}"),
-        ("python / torch / CUDA", f"{info.get('python')} / {info.get('torch')} / {info.get('cuda') or 'none'}"),
+        (
+            "python / torch / CUDA",
+            f"{info.get('python')} / {info.get('torch')} / {info.get('cuda') or 'none'}",
+        ),
         ("world size", info.get("world_size")),
         ("seed at start", info.get("seed")),
         ("recorded by", f"auditlog {metadata.get('auditlog') or '?'}"),
     ]
     policy = metadata.get("policy") or {}
     shown = ", ".join(f"{k}={v}" for k, v in policy.items() if k not in ("include", "exclude") or v)
-    return kv_table(rows) + (f'<p class="muted">Capture policy: <code>{esc(shown)}</code></p>' if shown else "")
+    return kv_table(rows) + (
+        f'<p class="muted">Capture policy: <code>{esc(shown)}</code></p>' if shown else ""
+    )
 
 
 def _duration(seconds: Any) -> str:
@@ -189,7 +221,11 @@ def _integrity(verdict: dict[str, Any]) -> str:
     head = badge(*BADGES[verdict["assurance"]])
     body = f"<p>{head} <code>auditlog verify</code>: {esc(verdict['text'])}</p>"
     if verdict["problems"]:
-        body += "<ul>" + "".join(f"<li><code>{esc(p)}</code></li>" for p in verdict["problems"]) + "</ul>"
+        body += (
+            "<ul>"
+            + "".join(f"<li><code>{esc(p)}</code></li>" for p in verdict["problems"])
+            + "</ul>"
+        )
     if verdict["assurance"] == "unsigned":
         body += f'<p class="muted">{esc(UNSIGNED_NOTE)}</p>'
     return body
@@ -223,7 +259,9 @@ def _outcome(info: dict[str, Any], facts: dict[str, Any]) -> str:
         rows.append(("crash detected by run", ended.get("detected_by")))
         rows.append(("last heartbeat", ended.get("last_seen")))
     if info.get("status") in ("running", "incomplete", "crashed") and not ended:
-        rows.append(("note", "the run has no run_ended event: the table shows how far the record goes"))
+        rows.append(
+            ("note", "the run has no run_ended event: the table shows how far the record goes")
+        )
     body = kv_table(rows)
     exception = ended.get("exception") or {}
     if exception:
@@ -275,8 +313,14 @@ def _tree(modules: list[dict[str, Any]], cwd: str) -> str:
             source = f' <span class="muted mono">{esc(path)}:{esc(m.get("source_line"))}{esc(mark)}</span>'
         count = total(m)
         own = int(m["own_parameters"])
-        params = f" <span class=\"muted\">{count:,} params" + (f", {own:,} own" if own and own != count else "") + "</span>"
-        label = f"<code>{esc(name)}</code> {esc(short_class(m.get('class') or '?'))}{params}{source}"
+        params = (
+            f' <span class="muted">{count:,} params'
+            + (f", {own:,} own" if own and own != count else "")
+            + "</span>"
+        )
+        label = (
+            f"<code>{esc(name)}</code> {esc(short_class(m.get('class') or '?'))}{params}{source}"
+        )
         kids = children.get(int(m["module_id"]), [])
         if not kids:
             return f"<li>{label}</li>"
@@ -309,7 +353,12 @@ def _compute(facts: dict[str, Any], info: dict[str, Any]) -> str:
         ("backward", str(measured.get("backward") or "")),
     ]
     if steps:
-        rows.append(("total, all steps", f"≈ {si(per_step * steps, 'FLOP')} ({steps} steps like the measured one)"))
+        rows.append(
+            (
+                "total, all steps",
+                f"≈ {si(per_step * steps, 'FLOP')} ({steps} steps like the measured one)",
+            )
+        )
     by_op = sorted((measured.get("by_operator") or {}).items(), key=lambda kv: -int(kv[1]))
     body = kv_table(rows)
     if by_op:
@@ -324,23 +373,54 @@ def _datasets(datasets: list[dict[str, Any]]) -> str:
     """The datasets the DataLoaders iterated (docs/data.md), or nothing when none was recorded."""
     if not datasets:
         return ""
-    rows = [(d["dataset_id"], short_class(str(d["class"])), d["length"], d["method"],
-             d["fingerprint"] or d["reason"] or "", d["epochs"], d["batches"], d["samples_drawn"],
-             d["distinct_samples"], d.get("hashed_batches") or 0, d.get("distinct_hashes") or 0)
-            for d in datasets]
-    return ("<p>Datasets the DataLoaders iterated (<code>auditlog data RUN</code> has the samples of each step; "
-            "an IterableDataset's batches have content hashes instead: <code>auditlog data RUN --batch-hash H</code>"
-            "):</p>"
-            + table(["id", "class", "length", "identified by", "fingerprint", "epochs", "batches", "samples drawn",
-                     "distinct", "batches hashed", "distinct hashes"],
-                    rows, [True, False, True, False, False, True, True, True, True, True, True]))
+    rows = [
+        (
+            d["dataset_id"],
+            short_class(str(d["class"])),
+            d["length"],
+            d["method"],
+            d["fingerprint"] or d["reason"] or "",
+            d["epochs"],
+            d["batches"],
+            d["samples_drawn"],
+            d["distinct_samples"],
+            d.get("hashed_batches") or 0,
+            d.get("distinct_hashes") or 0,
+        )
+        for d in datasets
+    ]
+    return (
+        "<p>Datasets the DataLoaders iterated (<code>auditlog data RUN</code> has the samples of each step; "
+        "an IterableDataset's batches have content hashes instead: <code>auditlog data RUN --batch-hash H</code>"
+        "):</p>"
+        + table(
+            [
+                "id",
+                "class",
+                "length",
+                "identified by",
+                "fingerprint",
+                "epochs",
+                "batches",
+                "samples drawn",
+                "distinct",
+                "batches hashed",
+                "distinct hashes",
+            ],
+            rows,
+            [True, False, True, False, False, True, True, True, True, True, True],
+        )
+    )
 
 
 def _annotations(annotations: list[dict[str, Any]]) -> str:
     if not annotations:
         return "<p>No annotations (record datasets and decisions with <code>run.annotate(key, **fields)</code>).</p>"
-    return table(["key", "step", "time (UTC)", "fields"],
-                 [(a["key"], a["step"], a["time"], a["fields"]) for a in annotations], [False, True, False, False])
+    return table(
+        ["key", "step", "time (UTC)", "fields"],
+        [(a["key"], a["step"], a["time"], a["fields"]) for a in annotations],
+        [False, True, False, False],
+    )
 
 
 def _training(facts: dict[str, Any]) -> str:
@@ -364,8 +444,14 @@ def _metric_table(columns: list[str], rows: list[dict[str, Any]]) -> str:
     if len(rows) > MAX_METRIC_ROWS:
         stride = len(rows) / MAX_METRIC_ROWS
         keep = {int(i * stride) for i in range(MAX_METRIC_ROWS)} | {len(rows) - 1}
-        bad = next((i for i, r in enumerate(rows) if any(
-            isinstance(v, float) and not finite(v) for v in r.values())), None)
+        bad = next(
+            (
+                i
+                for i, r in enumerate(rows)
+                if any(isinstance(v, float) and not finite(v) for v in r.values())
+            ),
+            None,
+        )
         if bad is not None:
             keep.add(bad)
         rows = [rows[i] for i in sorted(keep)]
@@ -384,12 +470,23 @@ def _nonfinite(finding: Finding) -> str:
     calls = []
     if finding.producer:
         calls.append(("producer", finding.producer))
-    calls += [("propagated", c) for c in finding.propagators] + [("enclosing", c) for c in finding.enclosing]
+    calls += [("propagated", c) for c in finding.propagators] + [
+        ("enclosing", c) for c in finding.enclosing
+    ]
     if calls:
-        body += table(["role", "module", "class", "built at"],
-                      [(role, c.get("module"), short_class(c.get("class") or "?"), c.get("source")) for role, c in calls])
+        body += table(
+            ["role", "module", "class", "built at"],
+            [
+                (role, c.get("module"), short_class(c.get("class") or "?"), c.get("source"))
+                for role, c in calls
+            ],
+        )
     if finding.parameters:
-        body += "<p>Non-finite gradients: " + esc(", ".join(str(p["parameter"]) for p in finding.parameters)) + "</p>"
+        body += (
+            "<p>Non-finite gradients: "
+            + esc(", ".join(str(p["parameter"]) for p in finding.parameters))
+            + "</p>"
+        )
     return body
 
 

@@ -85,7 +85,9 @@ def kv_table(rows: Iterable[tuple[str, Any]], raw: bool = False) -> str:
     return f'<table class="kv">{body}</table>'
 
 
-def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequence[bool] | None = None) -> str:
+def table(
+    columns: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequence[bool] | None = None
+) -> str:
     """A table of rows (each cell escaped; numbers right-aligned and formatted)."""
     numeric = numeric or [False] * len(columns)
     head = "".join(f"<th>{esc(c)}</th>" for c in columns)
@@ -115,7 +117,9 @@ def section(anchor: str, title: str, body: str) -> str:
     return f'<section id="{esc(anchor)}"><h2>{esc(title)}</h2>{body}</section>'
 
 
-def page(title: str, heading: str, nav: Sequence[tuple[str, str]], sections: Sequence[str], footer: str) -> str:
+def page(
+    title: str, heading: str, nav: Sequence[tuple[str, str]], sections: Sequence[str], footer: str
+) -> str:
     """The whole document: inline CSS, no script, in-page links only."""
     links = "".join(f'<a href="#{esc(anchor)}">{esc(label)}</a>' for anchor, label in nav)
     return (

@@ -22,12 +22,23 @@ from auditlog.read.docfacts import DocumentationFacts, Fact
 # (requirement, the facts that answer it, the report section that shows them in full)
 ANNEX_IV_2 = (
     ("2(a) methods and steps of development", ("code", "frameworks", "hyperparameters"), "summary"),
-    ("2(b) design specifications, key design choices", ("architecture", "hyperparameters"), "model"),
-    ("2(c) system architecture; computational resources to develop and train",
-     ("architecture", "training_compute", "hardware", "training_time"), "compute"),
+    (
+        "2(b) design specifications, key design choices",
+        ("architecture", "hyperparameters"),
+        "model",
+    ),
+    (
+        "2(c) system architecture; computational resources to develop and train",
+        ("architecture", "training_compute", "hardware", "training_time"),
+        "compute",
+    ),
     ("2(d) data requirements: training data, provenance, characteristics", ("datasets",), "data"),
     ("2(g) validation and testing: metrics, test logs", ("metrics", "evaluation"), "training"),
-    ("2(h) integrity of the record (cybersecurity of the evidence)", ("verification", "weights"), "integrity"),
+    (
+        "2(h) integrity of the record (cybersecurity of the evidence)",
+        ("verification", "weights"),
+        "integrity",
+    ),
 )
 ANNEX_XI_1 = (
     ("1.1(a) tasks the model is intended to perform", ("intended_purpose",), None),
@@ -35,36 +46,64 @@ ANNEX_XI_1 = (
     ("1.1(f) licence", ("license",), None),
     ("1.2(b) design specifications and training process", ("hyperparameters", "code"), "training"),
     ("1.2(c) data used for training: type, provenance, size", ("datasets",), "data"),
-    ("1.2(d) computational resources: FLOPs, training time", ("training_compute", "training_time"), "compute"),
+    (
+        "1.2(d) computational resources: FLOPs, training time",
+        ("training_compute", "training_time"),
+        "compute",
+    ),
     ("1.2(e) known or estimated energy consumption", ("energy",), "compute"),
 )
 
 
 def techdoc_section(facts: DocumentationFacts) -> str:
     """The section body: two tables (Annex IV 2, Annex XI 1) and the count of gaps."""
-    missing = sorted({name for rows in (ANNEX_IV_2, ANNEX_XI_1) for _, names, _ in rows for name in names
-                      if facts.facts[name].value in (None, [], {})})
+    missing = sorted(
+        {
+            name
+            for rows in (ANNEX_IV_2, ANNEX_XI_1)
+            for _, names, _ in rows
+            for name in names
+            if facts.facts[name].value in (None, [], {})
+        }
+    )
     intro = (
         "<p>The EU AI Act's technical documentation headings, answered from this record. "
         "Each answer names the events it came from; <code>auditlog bom --format json</code> gives the same "
         "facts as data, and <code>--format cyclonedx|spdx</code> as standard documents. "
-        + (f"{badge(f'{len(missing)} missing', 'warn')} " if missing else f"{badge('nothing missing', 'ok')} ")
+        + (
+            f"{badge(f'{len(missing)} missing', 'warn')} "
+            if missing
+            else f"{badge('nothing missing', 'ok')} "
+        )
         + "What the record cannot know is supplied with <code>run.annotate(name, text=...)</code>.</p>"
     )
-    return (intro + "<h3>Annex IV, point 2 (high-risk AI systems)</h3>" + _rows(facts, ANNEX_IV_2)
-            + "<h3>Annex XI, section 1 (general-purpose AI models)</h3>" + _rows(facts, ANNEX_XI_1))
+    return (
+        intro
+        + "<h3>Annex IV, point 2 (high-risk AI systems)</h3>"
+        + _rows(facts, ANNEX_IV_2)
+        + "<h3>Annex XI, section 1 (general-purpose AI models)</h3>"
+        + _rows(facts, ANNEX_XI_1)
+    )
 
 
-def _rows(facts: DocumentationFacts, rows: tuple[tuple[str, tuple[str, ...], str | None], ...]) -> str:
+def _rows(
+    facts: DocumentationFacts, rows: tuple[tuple[str, tuple[str, ...], str | None], ...]
+) -> str:
     body = []
     for requirement, names, anchor in rows:
         answers = [_answer(name, facts.facts[name]) for name in names]
         where = f' <a href="#{esc(anchor)}">(details)</a>' if anchor else ""
-        evidence = "; ".join(_evidence(facts.facts[name]) for name in names if facts.facts[name].evidence)
-        body.append(f"<tr><th>{esc(requirement)}{where}</th><td>{'<br>'.join(answers)}</td>"
-                    f"<td class=\"muted\">{esc(evidence)}</td></tr>")
-    return ("<table><thead><tr><th>requirement</th><th>from the record</th><th>evidence</th></tr></thead>"
-            f"<tbody>{''.join(body)}</tbody></table>")
+        evidence = "; ".join(
+            _evidence(facts.facts[name]) for name in names if facts.facts[name].evidence
+        )
+        body.append(
+            f"<tr><th>{esc(requirement)}{where}</th><td>{'<br>'.join(answers)}</td>"
+            f'<td class="muted">{esc(evidence)}</td></tr>'
+        )
+    return (
+        "<table><thead><tr><th>requirement</th><th>from the record</th><th>evidence</th></tr></thead>"
+        f"<tbody>{''.join(body)}</tbody></table>"
+    )
 
 
 def _answer(name: str, fact: Fact) -> str:
@@ -72,7 +111,8 @@ def _answer(name: str, fact: Fact) -> str:
     if fact.value in (None, [], {}):
         return f"<b>{esc(label)}</b>: {badge('missing', 'warn')} {esc(fact.note or '')}"
     return f"<b>{esc(label)}</b>: {esc(_summary(name, fact.value))}" + (
-        f' <span class="muted">({esc(fact.note)})</span>' if fact.note else "")
+        f' <span class="muted">({esc(fact.note)})</span>' if fact.note else ""
+    )
 
 
 def _summary(name: str, value: Any) -> str:
@@ -85,7 +125,9 @@ def _summary(name: str, value: Any) -> str:
     if name == "training_compute":
         return f"{value['total_flops']:,} FLOPs ({value['total_2sf']}): {value['method']}"
     if name == "training_time":
-        return f"{value['wall_s']:.1f} s wall, {value['started']} to {value['ended'] or 'not ended'}"
+        return (
+            f"{value['wall_s']:.1f} s wall, {value['started']} to {value['ended'] or 'not ended'}"
+        )
     if name == "energy":
         return f"{value['joules']:.1f} J ({value['kwh']:.6f} kWh)"
     if name == "datasets":

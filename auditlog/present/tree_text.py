@@ -17,7 +17,9 @@ if TYPE_CHECKING:
     from rich.tree import Tree
 
 
-def member_label(kind: str, t: dict[str, Any]) -> tuple[tuple[str, str], str, tuple[str, str] | str]:
+def member_label(
+    kind: str, t: dict[str, Any]
+) -> tuple[tuple[str, str], str, tuple[str, str] | str]:
     """A parameter's or buffer's line, as styled pieces (name, facts, content hash)."""
     flags = []
     if kind == "buffers":
@@ -31,13 +33,21 @@ def member_label(kind: str, t: dict[str, Any]) -> tuple[tuple[str, str], str, tu
 
 def child_label(child: dict[str, Any]) -> tuple[tuple[str, str], str, tuple[str, str] | str]:
     cls = (child["class"] or "?").rsplit(".", 1)[-1]
-    where = (f" {child['source']}{attached_mark(child.get('source_kind'))}", "dim") if child["source"] else ""
+    where = (
+        (f" {child['source']}{attached_mark(child.get('source_kind'))}", "dim")
+        if child["source"]
+        else ""
+    )
     return (child["name"], "bold"), f" ({cls})", where
 
 
 def root_label(item: dict[str, Any]) -> tuple[Any, ...]:
     cls = item["class"] or "?"
-    where = (f" {item['source']}{attached_mark(item.get('source_kind'))}", "dim") if item["source"] else ""
+    where = (
+        (f" {item['source']}{attached_mark(item.get('source_kind'))}", "dim")
+        if item["source"]
+        else ""
+    )
     wrapped = "".join(f" (in {w.rsplit('.', 1)[-1]})" for w in item["wrapped_by"])
     return (cls.rsplit(".", 1)[-1], "bold"), " ", (cls, "dim"), (wrapped, "dim"), where
 
@@ -65,7 +75,9 @@ def plain_lines(item: dict[str, Any], width: int) -> list[str] | None:
 
     def walk(data: dict[str, Any], indent: str) -> None:
         labels: list[tuple[str, dict[str, Any] | None]] = [
-            (_plain(member_label(kind, t)), None) for kind in ("parameters", "buffers") for t in data[kind]
+            (_plain(member_label(kind, t)), None)
+            for kind in ("parameters", "buffers")
+            for t in data[kind]
         ]
         labels += [(_plain(child_label(child)), child) for child in data["children"]]
         last = len(labels) - 1
@@ -76,7 +88,9 @@ def plain_lines(item: dict[str, Any], width: int) -> list[str] | None:
 
     walk(item, "")
     for line in out:
-        if not (line.isprintable() and (len(line) <= width if line.isascii() else _cells(line) <= width)):
+        if not (
+            line.isprintable() and (len(line) <= width if line.isascii() else _cells(line) <= width)
+        ):
             return None
     return out
 

@@ -109,10 +109,14 @@ class Store:
         reports = []
         for run_id in self._runs_to_verify(selector, statements):
             tick = progress(run_id) if progress is not None else None
-            reports.append(Run(store, run_id).verify(keys=keys, statements=statements, progress=tick))
+            reports.append(
+                Run(store, run_id).verify(keys=keys, statements=statements, progress=tick)
+            )
         return reports
 
-    def _runs_to_verify(self, selector: str | None, statements: Sequence[SourcedStatement]) -> list[str]:
+    def _runs_to_verify(
+        self, selector: str | None, statements: Sequence[SourcedStatement]
+    ) -> list[str]:
         stated = list(dict.fromkeys(s.run_id for _, s in statements))
         if selector == "all":
             return self._every_run(stated)
@@ -167,11 +171,17 @@ class Store:
         from auditlog.store.readmodel.session import QuerySession
 
         run_id = self.select(run) if run is not None else None
-        session, _report = QuerySession.open(ReadModel(self.event_store), run_id, progress, rank, rebuild)
+        session, _report = QuerySession.open(
+            ReadModel(self.event_store), run_id, progress, rank, rebuild
+        )
         return session
 
     def query(
-        self, sql: str, run: str | None = None, rank: int | None = None, timeout: float | None = None
+        self,
+        sql: str,
+        run: str | None = None,
+        rank: int | None = None,
+        timeout: float | None = None,
     ) -> list[dict[str, Any]]:
         """Rows of one read-only SQL statement over the views, as dicts.
 
@@ -181,7 +191,9 @@ class Store:
             result = session.execute(sql, timeout=timeout)
             return [dict(zip(result.columns, row, strict=True)) for row in result.rows]
 
-    def diff(self, run_a: str = "latest~1", run_b: str = "latest", progress: Progress | None = None) -> RunDiff:
+    def diff(
+        self, run_a: str = "latest~1", run_b: str = "latest", progress: Progress | None = None
+    ) -> RunDiff:
         """What differs between two runs: construction, hyperparameters, code and environment."""
         from auditlog.read.diff import diff_runs
 
@@ -198,7 +210,9 @@ class Store:
         """The first step and tensor where two runs' snapshotted values differ (needs torch)."""
         from auditlog.read.diff_values import first_divergence
 
-        return first_divergence(self.event_store, self.select(run_a), self.select(run_b), atol, rtol, progress)
+        return first_divergence(
+            self.event_store, self.select(run_a), self.select(run_b), atol, rtol, progress
+        )
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
@@ -225,7 +239,8 @@ def open_store(
     return Store(EventStore.open(spec, create=False, allow_old=allow_old))
 
 
-open = open_store  # ``auditlog.open``: the public name (``open_store`` inside the package, where ``open`` is the builtin)
+# ``auditlog.open``: the public name (``open_store`` inside the package, where ``open`` is the builtin)
+open = open_store
 
 
 # ----------------------------------------------------------------------------------------
@@ -233,8 +248,17 @@ open = open_store  # ``auditlog.open``: the public name (``open_store`` inside t
 # of views. Here rather than imported from ``auditlog.store`` by the CLI, so that the CLI
 # reaches the store only through this module (an import contract in pyproject.toml holds
 # it to that). Imports are inside the functions: ``auditlog runs`` never pays for them.
-__all__ = ["SHARDS_DIR", "Store", "head_revision", "open", "open_store", "resolve_store",
-           "upgrade", "views", "views_markdown"]
+__all__ = [
+    "SHARDS_DIR",
+    "Store",
+    "head_revision",
+    "open",
+    "open_store",
+    "resolve_store",
+    "upgrade",
+    "views",
+    "views_markdown",
+]
 
 
 def head_revision() -> str:

@@ -68,56 +68,98 @@ def cyclonedx_bom(facts: DocumentationFacts) -> dict[str, Any]:
     weights = f["weights"].value or {}
     tensors = [
         Component(
-            type=ComponentType.DATA, name=str(t["key"]), bom_ref=f"tensor-{i}",
-            hashes=[HashType(alg=HashAlgorithm.SHA_256, content=t["sha256"])] if t["sha256"] else None,
+            type=ComponentType.DATA,
+            name=str(t["key"]),
+            bom_ref=f"tensor-{i}",
+            hashes=[HashType(alg=HashAlgorithm.SHA_256, content=t["sha256"])]
+            if t["sha256"]
+            else None,
             description="a tensor of the model: its auditlog content hash (SHA-256 of dtype, shape and bytes)",
         )
         for i, t in enumerate(weights.get("tensors") or [])
     ]
     model = Component(
-        type=ComponentType.MACHINE_LEARNING_MODEL, name=str(model_info.get("name") or facts.run_id[:12]),
-        bom_ref=ref, version=f"{facts.run_id}@{weights.get('at') or 'end'}",
+        type=ComponentType.MACHINE_LEARNING_MODEL,
+        name=str(model_info.get("name") or facts.run_id[:12]),
+        bom_ref=ref,
+        version=f"{facts.run_id}@{weights.get('at') or 'end'}",
         description=f"model trained by run {facts.run_id} (recorded by auditlog), at {weights.get('at') or 'the end'}",
-        properties=_properties(facts, ("parameters", "training_compute", "training_time", "hardware", "energy",
-                                       "hyperparameters", "verification")),
+        properties=_properties(
+            facts,
+            (
+                "parameters",
+                "training_compute",
+                "training_time",
+                "hardware",
+                "energy",
+                "hyperparameters",
+                "verification",
+            ),
+        ),
         components=tensors,
     )
     bom = Bom()
     bom.metadata.component = model
-    bom.metadata.tools = ToolRepository(components=[Component(type=ComponentType.APPLICATION, name="auditlog",
-                                                              version=__version__)])
+    bom.metadata.tools = ToolRepository(
+        components=[Component(type=ComponentType.APPLICATION, name="auditlog", version=__version__)]
+    )
     datasets = []
     for i, data in enumerate(f["datasets"].value or []):
         sha = data.get("sha256") or data.get("fingerprint")
         component = Component(
-            type=ComponentType.DATA, name=str(data.get("name") or data.get("class") or f"dataset {i}"),
+            type=ComponentType.DATA,
+            name=str(data.get("name") or data.get("class") or f"dataset {i}"),
             bom_ref=f"dataset-{i}",
             hashes=[HashType(alg=HashAlgorithm.SHA_256, content=sha)] if _is_sha256(sha) else None,
-            properties=[Property(name=f"auditlog:dataset:{k}", value=_text(v)) for k, v in sorted(data.items())
-                        if v is not None],
+            properties=[
+                Property(name=f"auditlog:dataset:{k}", value=_text(v))
+                for k, v in sorted(data.items())
+                if v is not None
+            ],
         )
         datasets.append(component)
         bom.components.add(component)
     code = f["code"].value or {}
     if code.get("commit"):
-        bom.components.add(Component(
-            type=ComponentType.APPLICATION, name="training code", bom_ref="training-code", version=code["commit"],
-            properties=[Property(name="auditlog:git:dirty", value=_text(code.get("dirty"))),
-                        Property(name="auditlog:argv", value=_text(code.get("argv")))],
-        ))
+        bom.components.add(
+            Component(
+                type=ComponentType.APPLICATION,
+                name="training code",
+                bom_ref="training-code",
+                version=code["commit"],
+                properties=[
+                    Property(name="auditlog:git:dirty", value=_text(code.get("dirty"))),
+                    Property(name="auditlog:argv", value=_text(code.get("argv"))),
+                ],
+            )
+        )
     frameworks = f["frameworks"].value or {}
     if frameworks.get("torch"):
         from packageurl import PackageURL
 
-        bom.components.add(Component(type=ComponentType.FRAMEWORK, name="torch", bom_ref="torch",
-                                     version=str(frameworks["torch"]),
-                                     purl=PackageURL(type="pypi", name="torch", version=str(frameworks["torch"]))))
+        bom.components.add(
+            Component(
+                type=ComponentType.FRAMEWORK,
+                name="torch",
+                bom_ref="torch",
+                version=str(frameworks["torch"]),
+                purl=PackageURL(type="pypi", name="torch", version=str(frameworks["torch"])),
+            )
+        )
     if frameworks.get("python"):
-        bom.components.add(Component(type=ComponentType.PLATFORM, name="python", bom_ref="python",
-                                     version=str(frameworks["python"])))
+        bom.components.add(
+            Component(
+                type=ComponentType.PLATFORM,
+                name="python",
+                bom_ref="python",
+                version=str(frameworks["python"]),
+            )
+        )
     bom.register_dependency(model, list(bom.components))  # what the model was made from
     document: dict[str, Any] = json.loads(JsonV1Dot6(bom).output_as_string())
-    document["metadata"]["component"]["modelCard"] = _model_card(facts, [c.bom_ref.value for c in datasets])
+    document["metadata"]["component"]["modelCard"] = _model_card(
+        facts, [c.bom_ref.value for c in datasets]
+    )
     text = json.dumps(document)
     error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(text)
     if error is not None:  # a defect of ours: never write a document that does not validate
@@ -137,8 +179,10 @@ def _model_card(facts: DocumentationFacts, dataset_refs: list[str | None]) -> di
     }
     if dataset_refs:
         card["modelParameters"]["datasets"] = [{"ref": r} for r in dataset_refs if r]
-    metrics = [{"type": str(m["name"]), "value": _text(m["last"]), "slice": f"step {m['at_step']}"}
-               for m in f["metrics"].value or []]
+    metrics = [
+        {"type": str(m["name"]), "value": _text(m["last"]), "slice": f"step {m['at_step']}"}
+        for m in f["metrics"].value or []
+    ]
     if metrics:
         card["quantitativeAnalysis"] = {"performanceMetrics": metrics}
     considerations: dict[str, Any] = {}
@@ -157,8 +201,12 @@ def _properties(facts: DocumentationFacts, names: tuple[str, ...]) -> list[Any]:
     out = []
     for name in names:
         fact = facts.facts[name]
-        out.append(Property(name=f"auditlog:{name}", value=_text(fact.value if fact.value is not None else
-                                                                   f"not recorded: {fact.note}")))
+        out.append(
+            Property(
+                name=f"auditlog:{name}",
+                value=_text(fact.value if fact.value is not None else f"not recorded: {fact.note}"),
+            )
+        )
         if fact.evidence:
             out.append(Property(name=f"auditlog:{name}:evidence", value=_text(fact.evidence)))
     return out
@@ -177,24 +225,40 @@ def spdx_document(facts: DocumentationFacts) -> dict[str, Any]:
     # createdBy must be an Agent: the login that ran the recorded training (run_started's
     # user@host); the tool that wrote the document is createdUsing.
     who = facts.facts["model"].value
-    agent = spdx.Agent(_id=f"{base}/agent", name=f"{who.get('user') or 'unknown'}@{who.get('host') or 'unknown'}")
+    agent = spdx.Agent(
+        _id=f"{base}/agent", name=f"{who.get('user') or 'unknown'}@{who.get('host') or 'unknown'}"
+    )
     tool = spdx.Tool(_id=f"{base}/tool", name=f"auditlog {__version__}")
-    info = spdx.CreationInfo(specVersion="3.0.1", created=datetime.now(UTC), createdBy=[agent],
-                             createdUsing=[tool])
+    info = spdx.CreationInfo(
+        specVersion="3.0.1", created=datetime.now(UTC), createdBy=[agent], createdUsing=[tool]
+    )
     agent.creationInfo = tool.creationInfo = info
     objects.add(agent)
     objects.add(tool)
     model_info = f["model"].value
     weights = f["weights"].value or {}
     package = spdx.ai_AIPackage(
-        _id=f"{base}/model", creationInfo=info, name=str(model_info.get("name") or facts.run_id[:12]),
+        _id=f"{base}/model",
+        creationInfo=info,
+        name=str(model_info.get("name") or facts.run_id[:12]),
         software_packageVersion=f"{facts.run_id}@{weights.get('at') or 'end'}",
         software_downloadLocation="NOASSERTION",
         software_primaryPurpose=spdx.software_SoftwarePurpose.model,
         releaseTime=datetime.now(UTC),
         suppliedBy=agent,
-        ai_informationAboutTraining=_text({k: f[k].value for k in ("parameters", "training_compute", "training_time",
-                                                                   "hardware", "code", "frameworks")}),
+        ai_informationAboutTraining=_text(
+            {
+                k: f[k].value
+                for k in (
+                    "parameters",
+                    "training_compute",
+                    "training_time",
+                    "hardware",
+                    "code",
+                    "frameworks",
+                )
+            }
+        ),
         ai_typeOfModel=list((f["architecture"].value or {}).get("roots") or []),
         comment="auditlog evidence: " + _text({k: f[k].evidence for k in f}),
     )
@@ -202,20 +266,32 @@ def spdx_document(facts: DocumentationFacts) -> dict[str, Any]:
     for key, value in sorted(hyper.items()):
         package.ai_hyperparameter.append(spdx.DictionaryEntry(key=str(key), value=_text(value)))
     for metric in f["metrics"].value or []:
-        package.ai_metric.append(spdx.DictionaryEntry(key=str(metric["name"]), value=_text(metric["last"])))
+        package.ai_metric.append(
+            spdx.DictionaryEntry(key=str(metric["name"]), value=_text(metric["last"]))
+        )
     if f["limitations"].value is not None:
         package.ai_limitation = _plain(f["limitations"].value)
     if f["intended_purpose"].value is not None:
         package.ai_informationAboutApplication = _plain(f["intended_purpose"].value)
     energy = f["energy"].value
     if energy is not None:
-        package.ai_energyConsumption = spdx.ai_EnergyConsumption(ai_trainingEnergyConsumption=[
-            spdx.ai_EnergyConsumptionDescription(ai_energyQuantity=float(energy["kwh"]),
-                                                 ai_energyUnit=spdx.ai_EnergyUnitType.kilowattHour)])
+        package.ai_energyConsumption = spdx.ai_EnergyConsumption(
+            ai_trainingEnergyConsumption=[
+                spdx.ai_EnergyConsumptionDescription(
+                    ai_energyQuantity=float(energy["kwh"]),
+                    ai_energyUnit=spdx.ai_EnergyUnitType.kilowattHour,
+                )
+            ]
+        )
     for i, tensor in enumerate(weights.get("tensors") or []):
         if tensor["sha256"]:
-            package.verifiedUsing.append(spdx.Hash(algorithm=spdx.HashAlgorithm.sha256, hashValue=tensor["sha256"],
-                                                   comment=f"auditlog content hash of tensor {tensor['key']}"))
+            package.verifiedUsing.append(
+                spdx.Hash(
+                    algorithm=spdx.HashAlgorithm.sha256,
+                    hashValue=tensor["sha256"],
+                    comment=f"auditlog content hash of tensor {tensor['key']}",
+                )
+            )
         if i >= 10_000:  # a bound on the document's size; the record has them all
             break
     objects.add(package)
@@ -223,16 +299,22 @@ def spdx_document(facts: DocumentationFacts) -> dict[str, Any]:
     datasets: list[Any] = []
     for i, data in enumerate(f["datasets"].value or []):
         dataset = spdx.dataset_DatasetPackage(
-            _id=f"{base}/dataset/{i}", creationInfo=info, name=str(data.get("name") or data.get("class") or i),
-            software_downloadLocation=str(data.get("url") or "NOASSERTION"), releaseTime=info.created,
-            suppliedBy=agent, builtTime=info.created,
+            _id=f"{base}/dataset/{i}",
+            creationInfo=info,
+            name=str(data.get("name") or data.get("class") or i),
+            software_downloadLocation=str(data.get("url") or "NOASSERTION"),
+            releaseTime=info.created,
+            suppliedBy=agent,
+            builtTime=info.created,
             software_primaryPurpose=spdx.software_SoftwarePurpose.data,
             dataset_datasetType=[spdx.dataset_DatasetType.other],
             comment="auditlog: " + _text(data),
         )
         sha = data.get("sha256") or data.get("fingerprint")
         if _is_sha256(sha):
-            dataset.verifiedUsing.append(spdx.Hash(algorithm=spdx.HashAlgorithm.sha256, hashValue=sha))
+            dataset.verifiedUsing.append(
+                spdx.Hash(algorithm=spdx.HashAlgorithm.sha256, hashValue=sha)
+            )
         objects.add(dataset)
         datasets.append(dataset)
         elements.append(dataset)
@@ -242,28 +324,46 @@ def spdx_document(facts: DocumentationFacts) -> dict[str, Any]:
     license_ref: Any
     if license_text:
         license_info = spdx.simplelicensing_LicenseExpression(
-            _id=f"{base}/license", creationInfo=info, simplelicensing_licenseExpression=license_text)
+            _id=f"{base}/license", creationInfo=info, simplelicensing_licenseExpression=license_text
+        )
         objects.add(license_info)
         elements.append(license_info)
         license_ref = license_info
     else:
         license_ref = spdx.expandedlicensing_IndividualLicensingInfo.NoAssertionLicense
     for kind in ("hasConcludedLicense", "hasDeclaredLicense"):
-        relation = spdx.Relationship(_id=f"{base}/{kind}", creationInfo=info, from_=package,
-                                     relationshipType=getattr(spdx.RelationshipType, kind), to=[license_ref])
+        relation = spdx.Relationship(
+            _id=f"{base}/{kind}",
+            creationInfo=info,
+            from_=package,
+            relationshipType=getattr(spdx.RelationshipType, kind),
+            to=[license_ref],
+        )
         objects.add(relation)
         elements.append(relation)
     if datasets:
-        relation = spdx.Relationship(_id=f"{base}/trainedOn", creationInfo=info, from_=package,
-                                     relationshipType=spdx.RelationshipType.trainedOn, to=datasets)
+        relation = spdx.Relationship(
+            _id=f"{base}/trainedOn",
+            creationInfo=info,
+            from_=package,
+            relationshipType=spdx.RelationshipType.trainedOn,
+            to=datasets,
+        )
         objects.add(relation)
         elements.append(relation)
-    document = spdx.SpdxDocument(_id=f"{base}/document", creationInfo=info,
-                                 name=f"auditlog ML-BOM of run {facts.run_id}", rootElement=[package],
-                                 element=elements, profileConformance=[spdx.ProfileIdentifierType.core,
-                                                                       spdx.ProfileIdentifierType.software,
-                                                                       spdx.ProfileIdentifierType.ai,
-                                                                       spdx.ProfileIdentifierType.dataset])
+    document = spdx.SpdxDocument(
+        _id=f"{base}/document",
+        creationInfo=info,
+        name=f"auditlog ML-BOM of run {facts.run_id}",
+        rootElement=[package],
+        element=elements,
+        profileConformance=[
+            spdx.ProfileIdentifierType.core,
+            spdx.ProfileIdentifierType.software,
+            spdx.ProfileIdentifierType.ai,
+            spdx.ProfileIdentifierType.dataset,
+        ],
+    )
     objects.add(document)
     serialized: dict[str, Any] = spdx.JSONLDSerializer().serialize_data(objects)
     return serialized
@@ -282,4 +382,6 @@ def _plain(value: Any) -> str:
 
 
 def _is_sha256(value: Any) -> bool:
-    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    return (
+        isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    )

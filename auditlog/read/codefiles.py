@@ -18,12 +18,18 @@ def _files(git: dict[str, Any]) -> dict[str, dict[str, Any]]:
     listed = git.get("files")
     if not isinstance(listed, list):
         return {}
-    return {str(f["path"]): f for f in listed if isinstance(f, dict) and isinstance(f.get("path"), str)}
+    return {
+        str(f["path"]): f for f in listed if isinstance(f, dict) and isinstance(f.get("path"), str)
+    }
 
 
 def _unlisted(git: dict[str, Any]) -> int:
     total = git.get("files_total")
-    return max(0, total - len(_files(git))) if isinstance(total, int) and not isinstance(total, bool) else 0
+    return (
+        max(0, total - len(_files(git)))
+        if isinstance(total, int) and not isinstance(total, bool)
+        else 0
+    )
 
 
 def describe(entry: dict[str, Any], note: str = "") -> str:
@@ -51,7 +57,9 @@ def code_changes(
     """The ``code`` fields that differ between two runs' git records, and ``files``:
     per side, the changed files that are not the same in the other run (a path
     only one of them had changed, or changed to different content)."""
-    code = {key: (git_a.get(key), git_b.get(key)) for key in fields if git_a.get(key) != git_b.get(key)}
+    code = {
+        key: (git_a.get(key), git_b.get(key)) for key in fields if git_a.get(key) != git_b.get(key)
+    }
     files_a, files_b = _files(git_a), _files(git_b)
 
     def same(path: str) -> bool:

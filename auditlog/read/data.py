@@ -58,11 +58,31 @@ class DataSummary:
 # What a reader is shown of each dataset and loader: one presentation for the CLI's
 # table and the UI's run page.
 DATASET_COLUMNS = (
-    "rank", "dataset", "class", "length", "method", "fingerprint", "epochs", "batches", "samples",
-    "distinct", "coverage", "hashed",
+    "rank",
+    "dataset",
+    "class",
+    "length",
+    "method",
+    "fingerprint",
+    "epochs",
+    "batches",
+    "samples",
+    "distinct",
+    "coverage",
+    "hashed",
 )
-LOADER_COLUMNS = ("rank", "loader", "dataset", "epochs", "first_step", "batch_size", "shuffle", "workers",
-                  "sampler", "seed")
+LOADER_COLUMNS = (
+    "rank",
+    "loader",
+    "dataset",
+    "epochs",
+    "first_step",
+    "batch_size",
+    "shuffle",
+    "workers",
+    "sampler",
+    "seed",
+)
 
 
 def _short(name: Any) -> Any:
@@ -75,10 +95,17 @@ def dataset_row(d: dict[str, Any]) -> dict[str, Any]:
     batches hashed (iterable datasets)."""
     fingerprint = d.get("fingerprint")
     return {
-        "rank": d["rank"], "dataset": d["dataset_id"], "class": _short(d["class"]), "length": d["length"],
-        "method": d["method"] if d["method"] != "unidentified" else f"unidentified: {d.get('reason')}",
+        "rank": d["rank"],
+        "dataset": d["dataset_id"],
+        "class": _short(d["class"]),
+        "length": d["length"],
+        "method": d["method"]
+        if d["method"] != "unidentified"
+        else f"unidentified: {d.get('reason')}",
         "fingerprint": fingerprint[:16] if isinstance(fingerprint, str) else None,
-        "epochs": d["epochs"], "batches": d["batches"], "samples": d["samples_drawn"],
+        "epochs": d["epochs"],
+        "batches": d["batches"],
+        "samples": d["samples_drawn"],
         "distinct": d["distinct_samples"],
         "coverage": None if d["coverage"] is None else f"{100 * float(d['coverage']):.1f}%",
         "hashed": d.get("hashed_batches") or None,
@@ -95,9 +122,14 @@ def loader_row(entry: dict[str, Any]) -> dict[str, Any]:
     if seed is None and "seed" in state:
         seed = state["seed"]
     return {
-        "rank": entry["rank"], "loader": entry["loader_id"], "dataset": entry["dataset_id"],
-        "epochs": entry["epochs"], "first_step": entry["first_step"], "batch_size": config.get("batch_size"),
-        "shuffle": config.get("shuffle"), "workers": config.get("num_workers"),
+        "rank": entry["rank"],
+        "loader": entry["loader_id"],
+        "dataset": entry["dataset_id"],
+        "epochs": entry["epochs"],
+        "first_step": entry["first_step"],
+        "batch_size": config.get("batch_size"),
+        "shuffle": config.get("shuffle"),
+        "workers": config.get("num_workers"),
         "sampler": _short(config.get("sampler")),
         # a shuffling sampler without a generator seeds itself from torch's global RNG
         "seed": "global RNG" if seed is None and config.get("shuffle") else seed,
@@ -115,14 +147,24 @@ def data_summary(q: DataQueries) -> DataSummary:
     for start in q.loader_starts():
         key = (int(start["stream"]), int(start["loader_id"]))
         config = _json(start["config"]) or {}
-        entry = loaders.setdefault(key, {
-            "stream": start["stream"], "rank": start["rank"], "loader_id": start["loader_id"],
-            "dataset_id": start["dataset_id"], "loader_class": start["loader_class"], "epochs": 0,
-            "first_step": start["step"], "configs": [],
-        })
+        entry = loaders.setdefault(
+            key,
+            {
+                "stream": start["stream"],
+                "rank": start["rank"],
+                "loader_id": start["loader_id"],
+                "dataset_id": start["dataset_id"],
+                "loader_class": start["loader_class"],
+                "epochs": 0,
+                "first_step": start["step"],
+                "configs": [],
+            },
+        )
         entry["epochs"] += 1
         if not entry["configs"] or _without_epoch(entry["configs"][-1]) != _without_epoch(config):
-            entry["configs"].append(config)  # a configuration change (a DistributedSampler's epoch aside)
+            entry["configs"].append(
+                config
+            )  # a configuration change (a DistributedSampler's epoch aside)
         entry["config"] = config
     return DataSummary(datasets, list(loaders.values()))
 
@@ -155,10 +197,15 @@ class SampleHistory:
             lengths = [d["length"] for d in self.datasets]
             beyond = bool(lengths) and all(n is not None and self.sample >= n for n in lengths)
             return f"sample {self.sample} was never drawn" + (
-                f" (beyond every dataset's length: {', '.join(map(str, lengths))})" if beyond else ""
+                f" (beyond every dataset's length: {', '.join(map(str, lengths))})"
+                if beyond
+                else ""
             )
         ranked = len({d["rank"] for d in self.datasets}) > 1
-        return f"sample {self.sample} was drawn {times} time{'s' if times != 1 else ''}; trained at " + _where(steps, ranked)
+        return (
+            f"sample {self.sample} was drawn {times} time{'s' if times != 1 else ''}; trained at "
+            + _where(steps, ranked)
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -182,7 +229,9 @@ def _trained_steps(batches: list[dict[str, Any]]) -> list[tuple[int, int]]:
 def _where(steps: list[tuple[int, int]], ranked: bool) -> str:
     # Several ranks: every step names its rank (rank 0 too), so the line says who trained on it.
     ranked = ranked or any(r for r, _ in steps)
-    return ", ".join(f"step {s}" + (f" (rank {r})" if ranked else "") for r, s in steps) or "no step"
+    return (
+        ", ".join(f"step {s}" + (f" (rank {r})" if ranked else "") for r, s in steps) or "no step"
+    )
 
 
 @dataclass
@@ -204,12 +253,16 @@ class BatchHistory:
         shown = self.digest[:16]
         if not self.batches:
             if not self.hashed:
-                return (f"batch {shown} was never drawn: no batch of this run has a content hash (an "
-                        "IterableDataset's batches are hashed under policy batch_hash_every > 0)")
+                return (
+                    f"batch {shown} was never drawn: no batch of this run has a content hash (an "
+                    "IterableDataset's batches are hashed under policy batch_hash_every > 0)"
+                )
             return f"batch {shown} was never drawn ({self.hashed} batches hashed in this run)"
         times = len(self.batches)
         where = _where(self.trained_steps, self.ranks > 1)
-        return f"batch {shown} was drawn {times} time{'s' if times != 1 else ''}; trained at {where}"
+        return (
+            f"batch {shown} was drawn {times} time{'s' if times != 1 else ''}; trained at {where}"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -234,7 +287,9 @@ def batch_history(q: DataQueries, digest: str) -> BatchHistory:
     rows = q.batch_hash(text)
     found = {r["hash"] for r in rows}
     if len(found) > 1:
-        raise UsageError(f"batch hash prefix {digest!r} matches {len(found)} hashes; give more digits")
+        raise UsageError(
+            f"batch hash prefix {digest!r} matches {len(found)} hashes; give more digits"
+        )
     hashed, ranks = q.hash_counts()
     return BatchHistory(found.pop() if found else text, hashed, ranks, rows)
 
@@ -250,9 +305,14 @@ def select_datasets(rows: list[dict[str, Any]], wanted: str | None) -> list[dict
     if text.isdigit():
         found = [r for r in rows if r["dataset_id"] == int(text)]
     else:
-        found = [r for r in rows if str(r["class"]).rsplit(".", 1)[-1] == text or text in str(r["class"])]
+        found = [
+            r for r in rows if str(r["class"]).rsplit(".", 1)[-1] == text or text in str(r["class"])
+        ]
     if not found:
-        have = ", ".join(f"{r['dataset_id']} ({str(r['class']).rsplit('.', 1)[-1]})" for r in rows) or "none"
+        have = (
+            ", ".join(f"{r['dataset_id']} ({str(r['class']).rsplit('.', 1)[-1]})" for r in rows)
+            or "none"
+        )
         raise UsageError(f"no dataset {wanted!r} in this run; its datasets: {have}")
     return found
 
@@ -266,12 +326,19 @@ def sample_history(q: DataQueries, index: int, dataset: str | None = None) -> Sa
     iterable = [r for r in (chosen if dataset is not None else rows) if r.get("kind") == "iterable"]
     if iterable and (dataset is not None or not chosen):
         name = str(iterable[0]["class"]).rsplit(".", 1)[-1]
-        raise UsageError(f"dataset {iterable[0]['dataset_id']} ({name}) is an IterableDataset: its samples have "
-                         "no index; ask which steps trained on one of its batches with --batch-hash H")
+        raise UsageError(
+            f"dataset {iterable[0]['dataset_id']} ({name}) is an IterableDataset: its samples have "
+            "no index; ask which steps trained on one of its batches with --batch-hash H"
+        )
     keys = [(int(r["stream"]), int(r["dataset_id"])) for r in chosen]
     shown = [
-        {"rank": r["rank"], "dataset_id": r["dataset_id"], "class": r["class"], "length": r["length"],
-         "fingerprint": r["fingerprint"]}
+        {
+            "rank": r["rank"],
+            "dataset_id": r["dataset_id"],
+            "class": r["class"],
+            "length": r["length"],
+            "fingerprint": r["fingerprint"],
+        }
         for r in chosen
     ]
     return SampleHistory(index, shown, q.sample(index, keys))

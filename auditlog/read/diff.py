@@ -94,7 +94,9 @@ class Change:
         out: dict[str, Any] = {"change": self.change, "name": self.name}
         if self.new_name is not None:
             out["new_name"] = self.new_name
-        out["fields"] = {k: {"a": jsonable(a), "b": jsonable(b)} for k, (a, b) in self.fields.items()}
+        out["fields"] = {
+            k: {"a": jsonable(a), "b": jsonable(b)} for k, (a, b) in self.fields.items()
+        }
         out["a"] = jsonable(self.a)
         out["b"] = jsonable(self.b)
         return out
@@ -139,7 +141,11 @@ class RunDiff:
 
     def as_dict(self) -> dict[str, Any]:
         """The ``--format json`` document (documented in the README)."""
-        out: dict[str, Any] = {"a": self.a.as_dict(), "b": self.b.as_dict(), "identical": self.identical}
+        out: dict[str, Any] = {
+            "a": self.a.as_dict(),
+            "b": self.b.as_dict(),
+            "identical": self.identical,
+        }
         for section in SECTIONS:
             out[section] = [c.as_dict() for c in self.section(section)]
         out["init_values_differ"] = list(self.init_values_differ)
@@ -299,7 +305,6 @@ def _init_summary(sha256: str | None, stats: dict[str, Any] | None) -> dict[str,
     }
 
 
-
 def distribution_changed(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two initial values come from different distributions, judging by their statistics.
 
@@ -329,16 +334,22 @@ def distribution_changed(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 # --------------------------------------------------------------------------- renames
-def _subtree_signature(facts: RunFacts, modules: dict[str, dict[str, Any]], label: str) -> tuple[Any, ...]:
+def _subtree_signature(
+    facts: RunFacts, modules: dict[str, dict[str, Any]], label: str
+) -> tuple[Any, ...]:
     """Class, source file/function and the contents (relative names, classes, shapes) of a module."""
     prefix = label + "."
     own = modules[label]
     inner = tuple(
-        sorted((name[len(prefix):], item["class"]) for name, item in modules.items() if name.startswith(prefix))
+        sorted(
+            (name[len(prefix) :], item["class"])
+            for name, item in modules.items()
+            if name.startswith(prefix)
+        )
     )
     tensors = tuple(
         sorted(
-            (t.label[len(prefix):], t.role, tuple(t.info.shape or ()), t.info.dtype)
+            (t.label[len(prefix) :], t.role, tuple(t.info.shape or ()), t.info.dtype)
             for t in facts.labels.tensors.values()
             if t.label.startswith(prefix)
         )
@@ -350,7 +361,9 @@ def _subtree_signature(facts: RunFacts, modules: dict[str, dict[str, Any]], labe
 def _topmost(names: list[str]) -> list[str]:
     """Names none of whose ancestors is in ``names``."""
     chosen = set(names)
-    return [n for n in names if not any(n.startswith(other + ".") for other in chosen if other != n)]
+    return [
+        n for n in names if not any(n.startswith(other + ".") for other in chosen if other != n)
+    ]
 
 
 def find_renames(
@@ -381,7 +394,7 @@ def renamed_label(name: str, renames: dict[str, str]) -> str:
         if name == old:
             return new
         if name.startswith(old + "."):
-            return new + name[len(old):]
+            return new + name[len(old) :]
     return name
 
 
@@ -410,7 +423,9 @@ def _compare_items(
         if init_values_differ is not None:
             _compare_init(new_name, item_a, item_b, fields, init_values_differ, same_content)
         if old_name != new_name and section == "modules" and old_name in renames:
-            changes.append(Change(section, old_name, "renamed", fields, item_a, item_b, new_name=new_name))
+            changes.append(
+                Change(section, old_name, "renamed", fields, item_a, item_b, new_name=new_name)
+            )
         elif fields:
             kind = "moved" if _only_moved(fields) else "changed"
             changes.append(Change(section, new_name, kind, fields, item_a, item_b))
@@ -440,7 +455,12 @@ def _compare_init(
     if not init_a or not init_b or "shape" in fields or "dtype" in fields:
         return
     sha_a, sha_b = init_a.get("sha256"), init_b.get("sha256")
-    if sha_a == sha_b or (same_content and isinstance(sha_a, str) and isinstance(sha_b, str) and same_content(sha_a, sha_b)):
+    if sha_a == sha_b or (
+        same_content
+        and isinstance(sha_a, str)
+        and isinstance(sha_b, str)
+        and same_content(sha_a, sha_b)
+    ):
         return
     if distribution_changed(init_a, init_b):
         fields["init"] = (init_a, init_b)
@@ -513,12 +533,16 @@ def _compare_metadata(a: RunFacts, b: RunFacts) -> list[Change]:
         value_a, value_b = _dotted(a.started, key), _dotted(b.started, key)
         if value_a == value_b:
             continue
-        if isinstance(value_a, dict) and isinstance(value_b, dict):  # the policy: only the keys that differ
+        if isinstance(value_a, dict) and isinstance(
+            value_b, dict
+        ):  # the policy: only the keys that differ
             keys = [k for k in {**value_a, **value_b} if value_a.get(k) != value_b.get(k)]
             fields = {k: (value_a.get(k), value_b.get(k)) for k in keys}
         else:
             fields = {key: (value_a, value_b)}
-        changes.append(Change("metadata", key, "changed", fields, a={key: value_a}, b={key: value_b}))
+        changes.append(
+            Change("metadata", key, "changed", fields, a={key: value_a}, b={key: value_b})
+        )
     for key in METADATA_ENDED:
         value_a, value_b = _dotted(a.ended, key), _dotted(b.ended, key)
         if value_a != value_b:
@@ -529,13 +553,18 @@ def _compare_metadata(a: RunFacts, b: RunFacts) -> list[Change]:
     git_a, git_b = a.started.get("git") or {}, b.started.get("git") or {}
     code = code_changes(git_a, git_b, CODE_FIELDS)  # and which files differ (codefiles.py)
     if code:
-        changes.insert(0, Change("code", "git", "changed", code, dict(git_a) or None, dict(git_b) or None))
+        changes.insert(
+            0, Change("code", "git", "changed", code, dict(git_a) or None, dict(git_b) or None)
+        )
     return changes
 
 
-def diff_runs(store: EventStore, run_a: str, run_b: str, progress: Progress | None = None) -> RunDiff:
+def diff_runs(
+    store: EventStore, run_a: str, run_b: str, progress: Progress | None = None
+) -> RunDiff:
     """Compare two runs (ids already resolved) of one store."""
     from auditlog.read.diff_data import data_changes  # it builds this module's Change
+
     kinds = ("run_started", "run_ended", "optimizer_step", *CONSTRUCTION_KINDS)
     total = store.count_events(run_a, kinds) + store.count_events(run_b, kinds)
     done = 0
@@ -556,7 +585,9 @@ def diff_runs(store: EventStore, run_a: str, run_b: str, progress: Progress | No
     # Runs of two content hash versions (one recorded before v2): a differing hash of a
     # large tensor may still be one content, told by the stored values.
     versions = {content_hash_version(a.started), content_hash_version(b.started)}
-    same_content = SnapshotStore(store.location.snapshots).same_content if len(versions) > 1 else None
+    same_content = (
+        SnapshotStore(store.location.snapshots).same_content if len(versions) > 1 else None
+    )
     changes = _compare_metadata(a, b)
     code = [c for c in changes if c.section == "code"]
     metadata = [c for c in changes if c.section == "metadata"]

@@ -51,7 +51,9 @@ def _draws(store: EventStore, run_id: str) -> dict[int, list[Draw]]:
             count = int(p.get("count") or 0)
             listed = p.get("hashes")
             hashes: list[Any] = listed if isinstance(listed, list) else [None] * count
-            into += [(epoch, first + i, h if isinstance(h, str) else None) for i, h in enumerate(hashes)]
+            into += [
+                (epoch, first + i, h if isinstance(h, str) else None) for i, h in enumerate(hashes)
+            ]
             continue
         flat = iter(_ints(p.get("indices")))
         sizes = _ints(p.get("sizes")) or [0] * int(p.get("count") or 0)
@@ -97,18 +99,34 @@ def data_changes(store: EventStore, run_a: str, run_b: str) -> list[Change]:
         a, b = seen_a.get(key), seen_b.get(key)
         if a is None or b is None:
             present = a or b or {}
-            changes.append(Change("data", _label(present), "removed" if b is None else "added",
-                                  a=None if a is None else _facts(a), b=None if b is None else _facts(b)))
+            changes.append(
+                Change(
+                    "data",
+                    _label(present),
+                    "removed" if b is None else "added",
+                    a=None if a is None else _facts(a),
+                    b=None if b is None else _facts(b),
+                )
+            )
             continue
         facts_a, facts_b = _facts(a), _facts(b)
         fields = {k: (facts_a[k], facts_b[k]) for k in facts_a if facts_a[k] != facts_b[k]}
-        if facts_a["fingerprint"] is None and facts_b["fingerprint"] is None and facts_a["method"] == "unidentified":
-            fields.setdefault("fingerprint", ("unidentified", "unidentified"))  # cannot say it is the same
+        if (
+            facts_a["fingerprint"] is None
+            and facts_b["fingerprint"] is None
+            and facts_a["method"] == "unidentified"
+        ):
+            fields.setdefault(
+                "fingerprint", ("unidentified", "unidentified")
+            )  # cannot say it is the same
         if "fingerprint" in fields:
             files = _changed_files(a.get("identity") or {}, b.get("identity") or {})
             if files:
                 more = len(files) - FILES_NAMED
-                fields["files"] = (None, ", ".join(files[:FILES_NAMED]) + (f" and {more} more" if more > 0 else ""))
+                fields["files"] = (
+                    None,
+                    ", ".join(files[:FILES_NAMED]) + (f" and {more} more" if more > 0 else ""),
+                )
         if fields:
             changes.append(Change("data", _label(a), "changed", fields, a=facts_a, b=facts_b))
     starts_a: dict[int, dict[str, Any]] = {}
@@ -120,11 +138,18 @@ def data_changes(store: EventStore, run_a: str, run_b: str) -> list[Change]:
     draws_a, draws_b = _draws(store, run_a), _draws(store, run_b)
     for key in sorted(starts_a.keys() & starts_b.keys()):
         config_a, config_b = _config(starts_a[key]), _config(starts_b[key])
-        fields = {k: (config_a.get(k), config_b.get(k)) for k in {**config_a, **config_b}
-                  if config_a.get(k) != config_b.get(k)}
+        fields = {
+            k: (config_a.get(k), config_b.get(k))
+            for k in {**config_a, **config_b}
+            if config_a.get(k) != config_b.get(k)
+        }
         a_draws, b_draws = draws_a.get(key, []), draws_b.get(key, [])
         iterable = any(isinstance(d[2], str) for d in a_draws + b_draws)
-        first = _first_hash_difference(a_draws, b_draws) if iterable else _first_difference(a_draws, b_draws)
+        first = (
+            _first_hash_difference(a_draws, b_draws)
+            if iterable
+            else _first_difference(a_draws, b_draws)
+        )
         if first is not None:
             fields["batch_hashes" if iterable else "sampling"] = first
         if fields:

@@ -166,7 +166,9 @@ def _as_float64(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    return a.dtype == b.dtype and torch.equal(
+        a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)
+    )
 
 
 def _side_stats(name: str, blob: BlobInfo, tensor: torch.Tensor | None) -> TensorSide:
@@ -230,7 +232,9 @@ def first_divergence(
             if sha_a == sha_b:
                 result.equal_hashes += 1
                 continue
-            found = _compare(snapshots, store, step, name_a, name_b, sha_a, sha_b, tolerant, atol_f, rtol_f)
+            found = _compare(
+                snapshots, store, step, name_a, name_b, sha_a, sha_b, tolerant, atol_f, rtol_f
+            )
             if found is not None:
                 result.first = found
                 if progress is not None:

@@ -30,7 +30,9 @@ if TYPE_CHECKING:
     from auditlog.read.run import Run
     from auditlog.store.readmodel.forensics import ForensicQueries
 
-BACKWARD_FACTOR = 2  # the recorded FLOP count estimates the backward as twice the forward (``flops`` events)
+BACKWARD_FACTOR = (
+    2  # the recorded FLOP count estimates the backward as twice the forward (``flops`` events)
+)
 
 # Annotation keys a user sets for what the record cannot see (docs/compliance.md).
 USER_SUPPLIED = {
@@ -59,20 +61,38 @@ class DocumentationFacts:
     facts: dict[str, Fact]
 
     def as_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "step": self.step, "facts": {k: asdict(v) for k, v in self.facts.items()}}
+        return {
+            "run_id": self.run_id,
+            "step": self.step,
+            "facts": {k: asdict(v) for k, v in self.facts.items()},
+        }
 
     def value(self, name: str) -> Any:
         return self.facts[name].value
 
 
 FACT_NAMES = (
-    "model", "architecture", "parameters", "training_compute", "training_time", "hardware", "energy",
-    "datasets", "code", "frameworks", "hyperparameters", "metrics", "weights", "verification",
+    "model",
+    "architecture",
+    "parameters",
+    "training_compute",
+    "training_time",
+    "hardware",
+    "energy",
+    "datasets",
+    "code",
+    "frameworks",
+    "hyperparameters",
+    "metrics",
+    "weights",
+    "verification",
     *USER_SUPPLIED,
 )
 
 
-def documentation_facts(run: Run, step: int | None = None, verification: Fact | None = None) -> DocumentationFacts:
+def documentation_facts(
+    run: Run, step: int | None = None, verification: Fact | None = None
+) -> DocumentationFacts:
     """The facts of ``run`` at ``step`` (its weights then; every other fact is of the whole run).
 
     ``verification``: the verdict when the caller has verified already (the report), else
@@ -85,31 +105,70 @@ def documentation_facts(run: Run, step: int | None = None, verification: Fact | 
     info = run.info()
     with questions(run) as q:
         facts: dict[str, Fact] = {}
-        facts["model"] = Fact({"run_id": run.run_id, "name": info.name, "status": info.status, "steps": info.steps,
-                               "user": meta.get("user"), "host": meta.get("host")}, start_ref)
+        facts["model"] = Fact(
+            {
+                "run_id": run.run_id,
+                "name": info.name,
+                "status": info.status,
+                "steps": info.steps,
+                "user": meta.get("user"),
+                "host": meta.get("host"),
+            },
+            start_ref,
+        )
         facts["architecture"], facts["parameters"] = _structure(q)
         facts["training_compute"] = _compute(q, info.steps)
         ended = q.events_of("run_ended")
         facts["training_time"] = Fact(
-            {"wall_s": round(info.duration_s, 3), "started": _iso(info.started_ns), "ended": _iso(info.ended_ns),
-             "per_stream": [{"stream": int(r["stream"]), "wall_s": round(float(r["wall_s"]), 3),
-                             **next(({"rank": k.get("rank"), "segment": k.get("segment"), "status": k.get("status")}
-                                     for k in info.ranks if k.get("stream") == r["stream"]), {})}
-                            for r in q.stream_spans()]},
+            {
+                "wall_s": round(info.duration_s, 3),
+                "started": _iso(info.started_ns),
+                "ended": _iso(info.ended_ns),
+                "per_stream": [
+                    {
+                        "stream": int(r["stream"]),
+                        "wall_s": round(float(r["wall_s"]), 3),
+                        **next(
+                            (
+                                {
+                                    "rank": k.get("rank"),
+                                    "segment": k.get("segment"),
+                                    "status": k.get("status"),
+                                }
+                                for k in info.ranks
+                                if k.get("stream") == r["stream"]
+                            ),
+                            {},
+                        ),
+                    }
+                    for r in q.stream_spans()
+                ],
+            },
             [*start_ref, *(_view_ref(e, "run_ended") for e in ended[:8])],
-            None if info.ended_ns else "the run has not ended: the time is to its last sign of life",
+            None
+            if info.ended_ns
+            else "the run has not ended: the time is to its last sign of life",
         )
         facts["hardware"] = _hardware(q, meta, start_ref)
         facts["energy"] = _energy(meta, ended, start_ref)
         facts["datasets"] = _datasets(q)
         git = meta.get("git") if isinstance(meta.get("git"), dict) else None
         facts["code"] = Fact(
-            None if git is None else {k: git.get(k) for k in ("commit", "branch", "dirty", "diff_sha256")}
-            | {"changed_files": [f.get("path") for f in (git.get("files") or [])][:100], "argv": meta.get("argv")},
+            None
+            if git is None
+            else {k: git.get(k) for k in ("commit", "branch", "dirty", "diff_sha256")}
+            | {
+                "changed_files": [f.get("path") for f in (git.get("files") or [])][:100],
+                "argv": meta.get("argv"),
+            },
             start_ref,
-            None if git else f"the code was not in a git repository (command line: {' '.join(meta.get('argv') or [])})",
+            None
+            if git
+            else f"the code was not in a git repository (command line: {' '.join(meta.get('argv') or [])})",
         )
-        facts["frameworks"] = Fact({k: meta.get(k) for k in ("python", "torch", "cuda", "platform")}, start_ref)
+        facts["frameworks"] = Fact(
+            {k: meta.get(k) for k in ("python", "torch", "cuda", "platform")}, start_ref
+        )
         facts["hyperparameters"] = _hyperparameters(q)
         facts["metrics"] = _metrics(q)
         annotations = {a["key"]: a for a in q.annotations()}
@@ -119,8 +178,10 @@ def documentation_facts(run: Run, step: int | None = None, verification: Fact | 
         found = annotations.get(key)
         facts[key] = (
             Fact(_fields(found), [{"kind": "annotation", "key": key, "step": found["step"]}])
-            if found is not None else
-            Fact(None, [], f"not in the record: {what}; add it with run.annotate({key!r}, ...)")
+            if found is not None
+            else Fact(
+                None, [], f"not in the record: {what}; add it with run.annotate({key!r}, ...)"
+            )
         )
     return DocumentationFacts(run.run_id, step, {name: facts[name] for name in FACT_NAMES})
 
@@ -142,18 +203,34 @@ def _structure(q: ForensicQueries) -> tuple[Fact, Fact]:
     layers: dict[str, int] = {}
     for m in modules:
         layers[str(m["class_name"])] = layers.get(str(m["class_name"]), 0) + 1
-    tree = [{"module": m["module"], "class": m["class"], "depth": m["depth"], "parameters": int(m["own_parameters"])}
-            for m in modules]
+    tree = [
+        {
+            "module": m["module"],
+            "class": m["class"],
+            "depth": m["depth"],
+            "parameters": int(m["own_parameters"]),
+        }
+        for m in modules
+    ]
     evidence = [{"view": "modules", "kinds": ["module_registered"]}]
     architecture = Fact(
-        {"roots": [m["class"] for m in roots], "modules": len(modules),
-         "layer_types": dict(sorted(layers.items(), key=lambda kv: (-kv[1], kv[0]))), "tree": tree},
-        evidence, None if modules else "no module was recorded",
+        {
+            "roots": [m["class"] for m in roots],
+            "modules": len(modules),
+            "layer_types": dict(sorted(layers.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "tree": tree,
+        },
+        evidence,
+        None if modules else "no module was recorded",
     )
     totals = q.parameter_totals()
     parameters = Fact(
-        {"total": totals["total"], "trainable": totals["trainable"], "tensors": totals["tensors"],
-         "total_2sf": two_significant(totals["total"])},
+        {
+            "total": totals["total"],
+            "trainable": totals["trainable"],
+            "tensors": totals["tensors"],
+            "total_2sf": two_significant(totals["total"]),
+        },
         [{"view": "parameters", "kinds": ["parameter_registered"]}],
         "tied weights counted once; rank 0's (stream 0) model",
     )
@@ -161,20 +238,32 @@ def _structure(q: ForensicQueries) -> tuple[Fact, Fact]:
 
 
 def _compute(q: ForensicQueries, steps: int) -> Fact:
-    measured = [json.loads(e["payload"]) | {"_ref": _view_ref(e, "flops")} for e in q.events_of("flops")]
+    measured = [
+        json.loads(e["payload"]) | {"_ref": _view_ref(e, "flops")} for e in q.events_of("flops")
+    ]
     if not measured:
-        return Fact(None, [], "not measured: no FLOP count was recorded (policy flops=false, or no forward "
-                    "with gradients while recording)")
+        return Fact(
+            None,
+            [],
+            "not measured: no FLOP count was recorded (policy flops=false, or no forward "
+            "with gradients while recording)",
+        )
     first = measured[0]
     if first.get("skipped"):
         return Fact(None, [first["_ref"]], f"not measured: {first['skipped']}")
     per_step = int(first.get("flops") or 0)
     return Fact(
-        {"flops_per_step": per_step, "forward_flops": int(first.get("forward_flops") or 0), "steps": steps,
-         "total_flops": per_step * steps, "total_2sf": two_significant(per_step * steps),
-         "method": f"one forward counted with torch.utils.flop_counter.FlopCounterMode at step {first['_ref']['step']}, "
-                   f"the backward estimated as {BACKWARD_FACTOR} x the forward, times the optimizer steps; "
-                   "the optimizer update and evaluation not included"},
+        {
+            "flops_per_step": per_step,
+            "forward_flops": int(first.get("forward_flops") or 0),
+            "steps": steps,
+            "total_flops": per_step * steps,
+            "total_2sf": two_significant(per_step * steps),
+            "method": "one forward counted with torch.utils.flop_counter.FlopCounterMode "
+            f"at step {first['_ref']['step']}, "
+            f"the backward estimated as {BACKWARD_FACTOR} x the forward, times the optimizer steps; "
+            "the optimizer update and evaluation not included",
+        },
         [first["_ref"]],
     )
 
@@ -186,18 +275,28 @@ def _hardware(q: ForensicQueries, meta: dict[str, Any], start_ref: list[dict[str
         per_rank.setdefault(int(row["stream"]), {})[str(row["device"])] = int(row["tensors"])
     types = sorted({device.split(":")[0] for devices in per_rank.values() for device in devices})
     return Fact(
-        {"host": meta.get("host"), "world_size": meta.get("world_size"), "device_types": types,
-         "devices_per_stream": {str(k): v for k, v in per_rank.items()}},
+        {
+            "host": meta.get("host"),
+            "world_size": meta.get("world_size"),
+            "device_types": types,
+            "devices_per_stream": {str(k): v for k, v in per_rank.items()},
+        },
         [*start_ref, {"view": "parameters", "kinds": ["parameter_registered"]}],
         "the devices the model's parameters were on, per stream (rank); device models are not recorded",
     )
 
 
-def _energy(meta: dict[str, Any], ended: list[dict[str, Any]], start_ref: list[dict[str, Any]]) -> Fact:
+def _energy(
+    meta: dict[str, Any], ended: list[dict[str, Any]], start_ref: list[dict[str, Any]]
+) -> Fact:
     start = meta.get("energy")
     end = json.loads(ended[0]["payload"]).get("energy") if ended else None
     if not isinstance(start, dict) or not isinstance(end, dict):
-        why = "no energy counter could be read on this machine" if start is None else "the run did not end"
+        why = (
+            "no energy counter could be read on this machine"
+            if start is None
+            else "the run did not end"
+        )
         return Fact(None, start_ref, f"not measured: {why} (RAPL under /sys/class/powercap)")
     joules = 0.0
     zones = []
@@ -211,7 +310,12 @@ def _energy(meta: dict[str, Any], ended: list[dict[str, Any]], start_ref: list[d
         joules += used / 1e6
         zones.append({"zone": zone, "name": begin.get("name"), "joules": round(used / 1e6, 6)})
     return Fact(
-        {"joules": round(joules, 6), "kwh": joules / 3.6e6, "zones": zones, "source": start.get("source")},
+        {
+            "joules": round(joules, 6),
+            "kwh": joules / 3.6e6,
+            "zones": zones,
+            "source": start.get("source"),
+        },
         [*start_ref, _view_ref(ended[0], "run_ended")],
         "CPU package and DRAM counters of the host, all processes on it included; GPUs not included",
     )
@@ -223,18 +327,34 @@ def _datasets(q: ForensicQueries) -> Fact:
     for event in q.events_of("dataset_seen"):
         payload = json.loads(event["payload"])
         identity = payload.get("identity") if isinstance(payload.get("identity"), dict) else {}
-        found.append({"source": "recorded", "dataset_id": payload.get("dataset_id"), "class": payload.get("class"),
-                      "kind": payload.get("kind"), "length": payload.get("length"),
-                      "method": identity.get("method"), "fingerprint": identity.get("fingerprint"),
-                      **{k: identity[k] for k in ("files_total", "bytes_total", "hf_fingerprint", "reason")
-                         if k in identity}})
+        found.append(
+            {
+                "source": "recorded",
+                "dataset_id": payload.get("dataset_id"),
+                "class": payload.get("class"),
+                "kind": payload.get("kind"),
+                "length": payload.get("length"),
+                "method": identity.get("method"),
+                "fingerprint": identity.get("fingerprint"),
+                **{
+                    k: identity[k]
+                    for k in ("files_total", "bytes_total", "hf_fingerprint", "reason")
+                    if k in identity
+                },
+            }
+        )
         evidence.append(_view_ref(event, "dataset_seen"))
     for row in q.annotations():
         if str(row["key"]).lower() in ("dataset", "data", "datasets"):
             found.append({"source": "annotation", **_fields(row)})
             evidence.append({"kind": "annotation", "key": row["key"], "step": row["step"]})
-    return Fact(found, evidence, None if found else
-                "no dataset was recorded or annotated (run.annotate('dataset', name=..., sha256=...))")
+    return Fact(
+        found,
+        evidence,
+        None
+        if found
+        else "no dataset was recorded or annotated (run.annotate('dataset', name=..., sha256=...))",
+    )
 
 
 def _hyperparameters(q: ForensicQueries) -> Fact:
@@ -245,10 +365,16 @@ def _hyperparameters(q: ForensicQueries) -> Fact:
         payload = json.loads(event["payload"])
         key = payload.get("optimizer_id")
         if key not in first:
-            groups = [{k: v for k, v in g.items() if k != "params"} for g in payload.get("param_groups") or []
-                      if isinstance(g, dict)]
-            first[key] = {"optimizer": payload.get("optimizer_class"), "param_groups": groups,
-                          "_ref": _view_ref(event, "optimizer_step")}
+            groups = [
+                {k: v for k, v in g.items() if k != "params"}
+                for g in payload.get("param_groups") or []
+                if isinstance(g, dict)
+            ]
+            first[key] = {
+                "optimizer": payload.get("optimizer_class"),
+                "param_groups": groups,
+                "_ref": _view_ref(event, "optimizer_step"),
+            }
     if not first:
         return Fact(None, [], "no optimizer step was recorded")
     steps = q.optimizer_steps()
@@ -260,17 +386,37 @@ def _hyperparameters(q: ForensicQueries) -> Fact:
     }
     if len(first) == 1:  # the common case, flat: what a model card lists as hyperparameters
         (only,) = first.values()
-        value.update({k: v for k, v in (only["param_groups"][0] if only["param_groups"] else {}).items()
-                      if isinstance(v, (int, float, str, bool, list))})
-    return Fact(value, [*(o["_ref"] for o in first.values()), {"view": "steps", "kinds": ["optimizer_step"]}])
+        value.update(
+            {
+                k: v
+                for k, v in (only["param_groups"][0] if only["param_groups"] else {}).items()
+                if isinstance(v, (int, float, str, bool, list))
+            }
+        )
+    return Fact(
+        value,
+        [*(o["_ref"] for o in first.values()), {"view": "steps", "kinds": ["optimizer_step"]}],
+    )
 
 
 def _metrics(q: ForensicQueries) -> Fact:
     rows = q.metric_summary()
-    values = [{"name": r["name"], "last": r["last"], "min": r["min"], "max": r["max"], "at_step": r["step"],
-               "count": int(r["n"])} for r in rows]
-    return Fact(values, [{"view": "metrics", "kinds": ["metrics", "activity", "optimizer_step"]}],
-                None if values else "no loss or metric was recorded (auditlog.log(loss=...))")
+    values = [
+        {
+            "name": r["name"],
+            "last": r["last"],
+            "min": r["min"],
+            "max": r["max"],
+            "at_step": r["step"],
+            "count": int(r["n"]),
+        }
+        for r in rows
+    ]
+    return Fact(
+        values,
+        [{"view": "metrics", "kinds": ["metrics", "activity", "optimizer_step"]}],
+        None if values else "no loss or metric was recorded (auditlog.log(loss=...))",
+    )
 
 
 def _weights(run: Run, step: int | None) -> Fact:
@@ -287,11 +433,17 @@ def _weights(run: Run, step: int | None) -> Fact:
     when = f"step {step}" if step is not None else "the end of the run"
     notes = [f"{len(missing)} tensor(s) had no snapshot at {when}"] if missing else []
     if crafted:
-        notes.append(f"{len(crafted)} tensor(s) name a value that is not a content hash (record edited): "
-                     f"{', '.join(crafted[:5])}")
+        notes.append(
+            f"{len(crafted)} tensor(s) name a value that is not a content hash (record edited): "
+            f"{', '.join(crafted[:5])}"
+        )
     return Fact(
-        {"at": when, "tensors": hashes, "algorithm": "auditlog tensor content hash (SHA-256 of dtype, shape and "
-         "C-order bytes; docs/integrity.md)"},
+        {
+            "at": when,
+            "tensors": hashes,
+            "algorithm": "auditlog tensor content hash (SHA-256 of dtype, shape and "
+            "C-order bytes; docs/integrity.md)",
+        },
         [{"kinds": ["snapshot_taken", "construction_sealed"], "view": "snapshots"}],
         "; ".join(notes) or None,
     )
@@ -305,8 +457,13 @@ def _verification(run: Run) -> Fact:
     except AuditlogError as exc:
         return Fact({"ok": False, "assurance": "failed"}, [], f"could not verify: {exc}")
     return Fact(
-        {"ok": report.ok, "assurance": report.assurance, "verdict": report.verdict, "events": report.events,
-         "checkpoints": report.checkpoints},
+        {
+            "ok": report.ok,
+            "assurance": report.assurance,
+            "verdict": report.verdict,
+            "events": report.events,
+            "checkpoints": report.checkpoints,
+        },
         [{"command": f"auditlog verify {run.run_id}"}],
     )
 

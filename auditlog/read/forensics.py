@@ -164,7 +164,12 @@ def _call(row: dict[str, Any]) -> dict[str, Any]:
     source = None
     if row.get("source_file"):
         source = f"{row['source_file']}:{row['source_line']}{attached_mark(row.get('source_kind'))}"
-    out = {"module": row.get("module"), "class": row.get("class"), "source": source, "call": row.get("call")}
+    out = {
+        "module": row.get("module"),
+        "class": row.get("class"),
+        "source": source,
+        "call": row.get("call"),
+    }
     for key in ("nan", "inf", "input_nonfinite", "output_nonfinite", "mechanism"):
         if key in row:
             out[key] = row[key]
@@ -204,7 +209,11 @@ def find_nonfinite(q: ForensicQueries) -> Finding:
     activity = q.activity_steps()
     if not evidence:
         sampled = activity["forward"]
-        where = "the loss or metrics" if q.has_loss() else "the metrics (no loss was recorded: " + NO_LOSS_HINT + ")"
+        where = (
+            "the loss or metrics"
+            if q.has_loss()
+            else "the metrics (no loss was recorded: " + NO_LOSS_HINT + ")"
+        )
         text = [
             f"no NaN or infinity was recorded: not in {where}, nor in the gradient, update "
             "or parameter norms of any optimizer step"
@@ -254,11 +263,17 @@ def _forward(finding: Finding, calls: list[dict[str, Any]], first: int, tree: _T
     name = producer["module"]
     where = f" ({built_at(shown['source'])})" if shown.get("source") else ""
     unmeasured = culprit.get("input_nonfinite") is None
-    finding.decided = role in ("module", "own_code", "input") and not (role == "module" and unmeasured)
+    finding.decided = role in ("module", "own_code", "input") and not (
+        role == "module" and unmeasured
+    )
     if role == "module":
         finding.explanation.append(
             f"step {finding.step}, forward: {name}{where} returned NaN/Inf"
-            + (" from finite inputs" if not unmeasured else " (its inputs were not measured: positional tensors only)")
+            + (
+                " from finite inputs"
+                if not unmeasured
+                else " (its inputs were not measured: positional tensors only)"
+            )
             + "; it produced it."
         )
     elif role == "own_code":
@@ -286,7 +301,11 @@ def _backward(
     finding: Finding, q: ForensicQueries, step: int, forward: list[dict[str, Any]], tree: _Tree
 ) -> bool:
     entries = q.backward_calls(step)
-    bad = [i for i, e in enumerate(entries) if int(e["output_nonfinite"] or 0) + int(e["input_nonfinite"] or 0) > 0]
+    bad = [
+        i
+        for i, e in enumerate(entries)
+        if int(e["output_nonfinite"] or 0) + int(e["input_nonfinite"] or 0) > 0
+    ]
     if not bad:
         return False
     finding.phase = "backward"
@@ -337,7 +356,9 @@ def _consumer(forward: list[dict[str, Any]], module_id: int, tree: _Tree) -> dic
     return next((c for c in forward[last + 1 :] if c["module_id"] not in ancestors), None)
 
 
-def _without_activity(finding: Finding, q: ForensicQueries, step: int, activity: dict[str, list[int]]) -> None:
+def _without_activity(
+    finding: Finding, q: ForensicQueries, step: int, activity: dict[str, list[int]]
+) -> None:
     """The step had no (usable) module activity: say what is known, and what to record."""
     evidence = finding.evidence
     losses = [m for m in q.metrics_at(step) if m["name"] == "loss"]
@@ -347,7 +368,8 @@ def _without_activity(finding: Finding, q: ForensicQueries, step: int, activity:
     if caught is not None and not finding.parameters:
         names = q.parameter_names()
         ids = caught.get("parameters") or [
-            g["tensor_id"] for g in caught.get("gradients") or []
+            g["tensor_id"]
+            for g in caught.get("gradients") or []
             if int((g.get("stats") or {}).get("nan", 0)) + int((g.get("stats") or {}).get("inf", 0))
         ]
         finding.parameters = [{"parameter": names.get(int(i), f"tensor {i}")} for i in ids]
@@ -360,8 +382,10 @@ def _without_activity(finding: Finding, q: ForensicQueries, step: int, activity:
             "computation (a function, or code after the last module call) produced it."
         )
         return
-    through_update = evidence.get("gradients") is None and evidence.get("loss") is None and (
-        evidence.get("parameters") == step or evidence.get("updates") == step
+    through_update = (
+        evidence.get("gradients") is None
+        and evidence.get("loss") is None
+        and (evidence.get("parameters") == step or evidence.get("updates") == step)
     )
     if through_update or (caught is not None and caught.get("where") == "parameters"):
         finding.phase = "update"
@@ -371,7 +395,9 @@ def _without_activity(finding: Finding, q: ForensicQueries, step: int, activity:
             "non-finite (a learning rate or update too large for the values)."
         )
         return
-    bad_gradients = evidence.get("gradients") == step or (caught is not None and caught.get("where") == "gradients")
+    bad_gradients = evidence.get("gradients") == step or (
+        caught is not None and caught.get("where") == "gradients"
+    )
     if loss_bad or (caught is not None and caught.get("where") == "loss"):
         finding.phase, what_bad = "forward", "the loss"
     elif bad_gradients:

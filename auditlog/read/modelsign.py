@@ -31,7 +31,9 @@ from typing import Any
 from auditlog.core.errors import AuditlogError, IntegrityError
 
 MISSING_EXTRA = "OpenSSF model signing needs the optional extra: pip install 'auditlog[compliance]'"
-SIGNATURE_ANNOTATION = "OpenSSF Model Signing bundle (Sigstore bundle, in-toto statement) of the model file"
+SIGNATURE_ANNOTATION = (
+    "OpenSSF Model Signing bundle (Sigstore bundle, in-toto statement) of the model file"
+)
 
 
 def _library() -> Any:
@@ -46,10 +48,14 @@ def sign_file(model: Path, signature: Path, private_key: Path) -> None:
     """Sign ``model`` (a file) in the OpenSSF format with an ECDSA private key (PEM)."""
     library = _library()
     try:
-        library.signing.Config().use_elliptic_key_signer(private_key=private_key).sign(model, signature)
+        library.signing.Config().use_elliptic_key_signer(private_key=private_key).sign(
+            model, signature
+        )
     except ValueError as exc:  # the library's word for an unsupported or unreadable key
-        raise AuditlogError(f"cannot sign with {str(private_key)!r}: {exc} (make a pair with "
-                            "`auditlog keygen --model-signing`)") from None
+        raise AuditlogError(
+            f"cannot sign with {str(private_key)!r}: {exc} (make a pair with "
+            "`auditlog keygen --model-signing`)"
+        ) from None
 
 
 def check_model_signature(model: Path, signature: Path, public_key: Path) -> str:
@@ -57,28 +63,39 @@ def check_model_signature(model: Path, signature: Path, public_key: Path) -> str
     ``IntegrityError`` when it does not verify (a changed byte, another key)."""
     library = _library()
     try:
-        library.verifying.Config().use_elliptic_key_verifier(public_key=public_key).verify(model, signature)
+        library.verifying.Config().use_elliptic_key_verifier(public_key=public_key).verify(
+            model, signature
+        )
     except Exception as exc:  # the library raises ValueError and its own errors alike
-        raise IntegrityError(f"the OpenSSF model signature {signature.name} does not verify for {model.name}: "
-                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        raise IntegrityError(
+            f"the OpenSSF model signature {signature.name} does not verify for {model.name}: "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
     digest = _covered_digest(signature)
     actual = hashlib.sha256(model.read_bytes()).hexdigest()
     if digest != actual:  # the library checked it too; this names the digest the tie compares
-        raise IntegrityError(f"the OpenSSF model signature covers sha256 {digest}, not {model.name}'s {actual}")
+        raise IntegrityError(
+            f"the OpenSSF model signature covers sha256 {digest}, not {model.name}'s {actual}"
+        )
     return actual
 
 
 def signature_subject(signature: Path) -> dict[str, Any]:
     """The attestation subject naming the bundle (its file's SHA-256)."""
-    return {"name": f"openssf-model-signature:{signature.name}",
-            "digest": {"sha256": hashlib.sha256(signature.read_bytes()).hexdigest()},
-            "annotations": {"kind": SIGNATURE_ANNOTATION}}
+    return {
+        "name": f"openssf-model-signature:{signature.name}",
+        "digest": {"sha256": hashlib.sha256(signature.read_bytes()).hexdigest()},
+        "annotations": {"kind": SIGNATURE_ANNOTATION},
+    }
 
 
 def attested_signature(document: dict[str, Any]) -> dict[str, Any] | None:
     """The bundle subject of an attestation's statement, if it has one."""
     for subject in document.get("subject") or []:
-        if isinstance(subject, dict) and (subject.get("annotations") or {}).get("kind") == SIGNATURE_ANNOTATION:
+        if (
+            isinstance(subject, dict)
+            and (subject.get("annotations") or {}).get("kind") == SIGNATURE_ANNOTATION
+        ):
             return subject
     return None
 

@@ -27,7 +27,9 @@ from auditlog.integrity.statements import Checkpoint
 from auditlog.store.eventstore import EventStore
 
 
-def stream_leaves(store: EventStore, run_id: str, stream: int, seq: int | None = None) -> tuple[PackedLeaves, dict[str, Any] | None]:
+def stream_leaves(
+    store: EventStore, run_id: str, stream: int, seq: int | None = None
+) -> tuple[PackedLeaves, dict[str, Any] | None]:
     """Every leaf hash of a stream, and the stored event at ``seq`` (when asked)."""
     leaves = PackedLeaves()
     found = None
@@ -39,7 +41,11 @@ def stream_leaves(store: EventStore, run_id: str, stream: int, seq: int | None =
 
 
 def _newest_tree_head(store: EventStore, run_id: str, stream: int, covering: int = 1) -> Checkpoint:
-    heads = [c for c in checkpoints_for(store, run_id) if c.is_tree_head and c.stream == stream and c.seq >= covering]
+    heads = [
+        c
+        for c in checkpoints_for(store, run_id)
+        if c.is_tree_head and c.stream == stream and c.seq >= covering
+    ]
     if not heads:
         raise AuditlogError(
             f"no signed tree head of run {run_id[:12]} stream {stream} covers seq {covering} "
@@ -72,7 +78,9 @@ def prove_inclusion(store: EventStore, run_id: str, seq: int, stream: int = 0) -
     return inclusion_document(event, seq - 1, head.seq, path, _signed(store, head))
 
 
-def prove_consistency(store: EventStore, run_id: str, old_statement: dict[str, Any], stream: int = 0) -> dict[str, Any]:
+def prove_consistency(
+    store: EventStore, run_id: str, old_statement: dict[str, Any], stream: int = 0
+) -> dict[str, Any]:
     """A consistency proof from an older signed tree head (an exported head, say) to the newest stored one."""
     problems: list[str] = []
     old = signed_tree_head(old_statement, stream, KeyRing(), problems, "the old head")
@@ -86,4 +94,6 @@ def prove_consistency(store: EventStore, run_id: str, old_statement: dict[str, A
     assert new.tree_root is not None
     _require_root(leaves, new.seq, new.tree_root, "its newest signed tree head", run_id)
     proof = consistency_proof(leaves, old.size, new.seq)
-    return consistency_document(run_id, stream, old_statement, _signed(store, new), old.size, new.seq, proof)
+    return consistency_document(
+        run_id, stream, old_statement, _signed(store, new), old.size, new.seq, proof
+    )

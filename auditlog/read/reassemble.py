@@ -35,7 +35,9 @@ def sharded_state_dict(
     from auditlog.read.run import Run
 
     if seq is not None:
-        raise UsageError("a sharded state_dict is restored at a step (or the end): a seq names one rank's event")
+        raise UsageError(
+            "a sharded state_dict is restored at a step (or the end): a seq names one rank's event"
+        )
     segment = split_stream(run.stream)[0]
     streams = [s for s in run.streams() if split_stream(s)[0] == segment]
     pieces: dict[str, list[Piece]] = {}
@@ -61,12 +63,16 @@ def sharded_state_dict(
         if all(sha is None for _, sha, _ in found):
             if allow_partial:
                 continue
-            raise AuditlogError(f"no snapshot of {key} at {when} on any rank (record with snapshot_every)")
+            raise AuditlogError(
+                f"no snapshot of {key} at {when} on any rank (record with snapshot_every)"
+            )
         out[key] = _assemble(key, when, found, rows, store)
     return out
 
 
-def _load(sha: str, key: str, rows: dict[str, dict[str, Any]], store: SnapshotStore) -> torch.Tensor:
+def _load(
+    sha: str, key: str, rows: dict[str, dict[str, Any]], store: SnapshotStore
+) -> torch.Tensor:
     if sha not in rows:
         raise SnapshotError(f"snapshot {sha[:16]}... of {key} is not in the catalog")
     return store.read_verified(sha, key)  # its content hash checked: a changed file is refused
@@ -106,11 +112,17 @@ def _assemble(
             dtype = local.dtype
             out = torch.empty(global_shape, dtype=local.dtype)
         elif local.dtype != dtype:
-            raise AuditlogError(f"cannot reassemble {key}: rank {rank}'s shard is {local.dtype}, not {dtype}")
-        region = tuple(slice(o, o + n) for o, n in zip(facts["offset"], facts["local_shape"], strict=True))
+            raise AuditlogError(
+                f"cannot reassemble {key}: rank {rank}'s shard is {local.dtype}, not {dtype}"
+            )
+        region = tuple(
+            slice(o, o + n) for o, n in zip(facts["offset"], facts["local_shape"], strict=True)
+        )
         seen = covered[region]
         if bool(seen.any()) and not _same_bits(out[region][seen], local[seen]):
-            raise AuditlogError(f"cannot reassemble {key} at {when}: replicas of its values differ on rank {rank}")
+            raise AuditlogError(
+                f"cannot reassemble {key} at {when}: replicas of its values differ on rank {rank}"
+            )
         out[region] = local
         covered[region] = True
     assert out is not None
@@ -129,4 +141,3 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
     return bool(torch.equal(a.view(torch.uint8), b.view(torch.uint8))) if a.numel() else True
-

@@ -36,15 +36,30 @@ if TYPE_CHECKING:
 # write, up to this many bytes of content: each is then opened once, not twice.
 LOADED_BYTES = 256 * 1024 * 1024
 
-KEY_ORDER = "auditlog.key_order"  # safetensors metadata: the state_dict's key order (its header sorts keys)
+KEY_ORDER = (
+    "auditlog.key_order"  # safetensors metadata: the state_dict's key order (its header sorts keys)
+)
 
 # dtype name -> safetensors dtype code (safetensors' format; others go through save_file, which says why not).
 SAFETENSORS_DTYPES = {
-    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
-    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8",
-    "uint64": "U64", "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL",
-    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "float8_e4m3fnuz": "F8_E4M3FNUZ",
-    "float8_e5m2fnuz": "F8_E5M2FNUZ", "complex64": "C64",
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint64": "U64",
+    "uint32": "U32",
+    "uint16": "U16",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "float8_e4m3fnuz": "F8_E4M3FNUZ",
+    "float8_e5m2fnuz": "F8_E5M2FNUZ",
+    "complex64": "C64",
 }
 
 
@@ -69,18 +84,26 @@ def write_restored(
         for key, sha in plan:
             if sha in facts:
                 continue
-            got = files.verified_bytes(sha, f"{key} at {when}", whole_only=True) if budget > 0 else None
+            got = (
+                files.verified_bytes(sha, f"{key} at {when}", whole_only=True)
+                if budget > 0
+                else None
+            )
             if got is None:
                 facts[sha] = _facts(files, sha, key, when)
             else:
                 facts[sha], loaded[sha] = got
                 budget -= facts[sha].nbytes
         if all(info.dtype in SAFETENSORS_DTYPES for info in facts.values()):
-            _stream_safetensors(files, plan, facts, loaded, target, {"auditlog.run": run.run_id}, when)
+            _stream_safetensors(
+                files, plan, facts, loaded, target, {"auditlog.run": run.run_id}, when
+            )
             return len(plan)
     # A wrapper subclass as its first inner tensor: the class is not imported here
     # (``read.wrappers``), and safetensors holds plain tensors only; the CLI says so.
-    state = run.state_dict(step=step, seq=seq, root=root, allow_partial=allow_partial, wrappers="first")
+    state = run.state_dict(
+        step=step, seq=seq, root=root, allow_partial=allow_partial, wrappers="first"
+    )
     if kind == "safetensors":
         from safetensors.torch import save_file
 
@@ -129,13 +152,19 @@ def _stream_safetensors(
     keys_of: dict[str, list[str]] = {}
     for key, sha in plan:
         keys_of.setdefault(sha, []).append(key)
-    header: dict[str, Any] = {"__metadata__": {**metadata, KEY_ORDER: json.dumps([key for key, _ in plan])}}
+    header: dict[str, Any] = {
+        "__metadata__": {**metadata, KEY_ORDER: json.dumps([key for key, _ in plan])}
+    }
     offset = 0
-    for sha, keys in keys_of.items():  # each content's keys side by side: read once, written per key
+    for (
+        sha,
+        keys,
+    ) in keys_of.items():  # each content's keys side by side: read once, written per key
         info = facts[sha]
         for key in keys:
             header[key] = {
-                "dtype": SAFETENSORS_DTYPES[info.dtype], "shape": info.shape,
+                "dtype": SAFETENSORS_DTYPES[info.dtype],
+                "shape": info.shape,
                 "data_offsets": [offset, offset + info.nbytes],
             }
             offset += info.nbytes

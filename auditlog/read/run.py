@@ -47,7 +47,9 @@ class Run:
             assert run.verify().ok
     """
 
-    def __init__(self, store: EventStore, run_id: str, rank: int | None = None, stream: int | None = None) -> None:
+    def __init__(
+        self, store: EventStore, run_id: str, rank: int | None = None, stream: int | None = None
+    ) -> None:
         self.store = store
         self.run_id = run_id
         self.rank = rank
@@ -127,15 +129,18 @@ class Run:
             streams = list(self.rank_streams())
         else:
             streams = [None]  # one query, every stream in (stream, seq) order
-        if module is not None and not any(self.modules_matching(module, s) for s in streams if s is not None):
+        if module is not None and not any(
+            self.modules_matching(module, s) for s in streams if s is not None
+        ):
             raise AuditlogError(f"no module of run {self.run_id[:12]} matches {module!r}")
         for one in streams:
             wanted = None if module is None or one is None else self.modules_matching(module, one)
             if check_chain:
                 from auditlog.integrity.chaincheck import links_to
             # (not bound to a name: a local would keep the cursor open in the traceback of an error)
-            for row in self.store.iter_events(self.run_id, kinds=kinds, step_range=step_range, stream=one,
-                                              prev_hash=check_chain):
+            for row in self.store.iter_events(
+                self.run_id, kinds=kinds, step_range=step_range, stream=one, prev_hash=check_chain
+            ):
                 prev = row.pop("prev_hash", None)
                 event = decode_event(row, shown)
                 if check_chain:
@@ -146,7 +151,9 @@ class Run:
     def modules_matching(self, pattern: str, stream: int | None = None) -> set[int]:
         """Ids of the modules whose qualified name (any of them) matches the glob ``pattern``."""
         names = self.model_state(stream=stream).module_names()
-        return {m for m, found in names.items() if any(fnmatch.fnmatchcase(n, pattern) for n in found)}
+        return {
+            m for m, found in names.items() if any(fnmatch.fnmatchcase(n, pattern) for n in found)
+        }
 
     def module_calls(
         self,
@@ -181,13 +188,18 @@ class Run:
     def labels(self, stream: int | None = None) -> Labels:
         """Every module's and tensor's name at the end of the run, by the one rule that
         the views, ``diff`` and ``events`` share (``auditlog.core.naming``)."""
-        construction = list(self.events(kinds=CONSTRUCTION_KINDS, stream=self.stream if stream is None else stream))
+        construction = list(
+            self.events(kinds=CONSTRUCTION_KINDS, stream=self.stream if stream is None else stream)
+        )
         return label_state(self._replay(iter(construction), None), attached_ids(construction))
 
     def model_state(self, upto_seq: int | None = None, stream: int | None = None) -> ModelState:
         """The module forest as of ``upto_seq`` (default: the end of the run) in one
         stream (default: ``self.stream``)."""
-        return self._replay(self.events(kinds=CONSTRUCTION_KINDS, stream=self.stream if stream is None else stream), upto_seq)
+        return self._replay(
+            self.events(kinds=CONSTRUCTION_KINDS, stream=self.stream if stream is None else stream),
+            upto_seq,
+        )
 
     def _replay(self, events: Iterator[dict[str, Any]], upto_seq: int | None) -> ModelState:
         try:
@@ -204,7 +216,9 @@ class Run:
             if close is not None:
                 close()
 
-    def boundary(self, step: int | None = None, seq: int | None = None, stream: int | None = None) -> int | None:
+    def boundary(
+        self, step: int | None = None, seq: int | None = None, stream: int | None = None
+    ) -> int | None:
         """The last seq of "the state right after the N-th optimizer.step() returned".
 
         Step 0 is the sealed initial state: every event before the first one of
@@ -218,7 +232,9 @@ class Run:
                 raise UsageError(f"bad seq {seq}: sequence numbers start at 1")
             last_seq = self.store.last_seq(self.run_id, stream) or 0
             if seq > last_seq:
-                raise UsageError(f"run {self.run_id[:12]} has no seq {seq} (its events are seq 1..{last_seq})")
+                raise UsageError(
+                    f"run {self.run_id[:12]} has no seq {seq} (its events are seq 1..{last_seq})"
+                )
             return seq
         if step is None:
             return None
@@ -231,7 +247,9 @@ class Run:
         if found is None:
             self.check_steps((step, step), stream)
             last = self.store.max_step(self.run_id, stream) or 0
-            raise UsageError(f"run {self.run_id[:12]} has no step {step} (it recorded steps 0..{last})")
+            raise UsageError(
+                f"run {self.run_id[:12]} has no step {step} (it recorded steps 0..{last})"
+            )
         return found
 
     def check_steps(self, step_range: tuple[int | None, int | None], stream: int = 0) -> None:
@@ -245,7 +263,9 @@ class Run:
             return
         last = self.store.max_step(self.run_id, stream) or 0
         if low > last:
-            raise UsageError(f"run {self.run_id[:12]} has no step {low} (it recorded steps 0..{last})")
+            raise UsageError(
+                f"run {self.run_id[:12]} has no step {low} (it recorded steps 0..{last})"
+            )
 
     def state_at(self, step: int | None = None, seq: int | None = None) -> ModelState:
         """The module forest as of a step or a seq (see ``boundary``)."""
@@ -318,12 +338,18 @@ class Run:
         missing = [key for key, sha, _ in items if sha is None]
         when = _when(step, seq)
         if missing and not allow_partial:
-            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            shown = ", ".join(missing[:5]) + (
+                f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            )
             raise AuditlogError(
                 f"no snapshot of {shown} at {when} (record with snapshot_every, or allow a partial state_dict)"
             )
         if len(missing) == len(items):
-            what = f"no tensor of run {self.run_id[:12]} was snapshotted" if items else "the model has no parameters or buffers"
+            what = (
+                f"no tensor of run {self.run_id[:12]} was snapshotted"
+                if items
+                else "the model has no parameters or buffers"
+            )
             raise AuditlogError(f"{what} at {when}; nothing to restore")
         return [(key, sha) for key, sha, _ in items if sha is not None]
 
@@ -342,11 +368,15 @@ class Run:
         from auditlog.integrity.verify import verify_run
 
         keys = KeyRing(default_keys())
-        report = verify_run(self.store, self.run_id, keys=keys, require_signed=False, snapshot_files=False)
+        report = verify_run(
+            self.store, self.run_id, keys=keys, require_signed=False, snapshot_files=False
+        )
         altered = next((p for p in report.problems if p.altered), None)
         if altered is not None:
-            raise IntegrityError(f"refusing to restore from run {self.run_id[:12]}: record altered: "
-                                 f"{altered.describe()}")
+            raise IntegrityError(
+                f"refusing to restore from run {self.run_id[:12]}: record altered: "
+                f"{altered.describe()}"
+            )
         lost = lost_signatures(report, keys) if keys else None
         if lost is not None:
             raise IntegrityError(f"refusing to restore from run {self.run_id[:12]}: {lost}")
@@ -371,7 +401,11 @@ class Run:
         """The state_dict keys whose value was a wrapper tensor subclass (TwoTensor,
         Float8-like) at a step/seq, with its stored representation (``subclass`` of the
         snapshot entry: type, inner attribute -> sha256, ctx, shape, stride)."""
-        return {key: wrapper for key, _, _, wrapper in self._picked(step, seq, root) if wrapper is not None}
+        return {
+            key: wrapper
+            for key, _, _, wrapper in self._picked(step, seq, root)
+            if wrapper is not None
+        }
 
     def _picked(
         self, step: int | None, seq: int | None, root: str | None
@@ -386,7 +420,9 @@ class Run:
         except KeyError:
             raise UsageError(f"no root module {root!r} in run {self.run_id[:12]}") from None
         end = upto if upto is not None else full.last_seq
-        limit = self.store.step_seq(self.run_id, self.stream, step + 1) if step is not None else None
+        limit = (
+            self.store.step_seq(self.run_id, self.stream, step + 1) if step is not None else None
+        )
         plan: list[tuple[str, str | None, dict[str, Any] | None, dict[str, Any] | None]] = []
         for key, tensor_id in state.state_dict_keys(root_id):
             info = full.tensors.get(tensor_id)
@@ -394,7 +430,9 @@ class Run:
             if picked is None or info is None:
                 plan.append((key, None, None, None))
             else:
-                plan.append((key, picked[1], info.shards.get(picked[0]), info.wrappers.get(picked[0])))
+                plan.append(
+                    (key, picked[1], info.shards.get(picked[0]), info.wrappers.get(picked[0]))
+                )
         self._last_pick = ((step, seq, root), plan)
         return plan
 
@@ -429,7 +467,9 @@ class Run:
 
         return verify_run(self.store, self.run_id, progress, keys=keys, statements=statements)
 
-    def checkpoint(self, key: Ed25519PrivateKey, told: Callable[[str], None] | None = None) -> list[SignedHead]:
+    def checkpoint(
+        self, key: Ed25519PrivateKey, told: Callable[[str], None] | None = None
+    ) -> list[SignedHead]:
         """Sign every stream's current head with ``key`` and store the checkpoints.
 
         Refuses (``IntegrityError``) a record proven altered, or recorded for
@@ -441,7 +481,9 @@ class Run:
 
         return checkpoint_run(self.store, self.run_id, key, told)
 
-    def export_head(self, key: Ed25519PrivateKey, told: Callable[[str], None] | None = None) -> HeadStatement:
+    def export_head(
+        self, key: Ed25519PrivateKey, told: Callable[[str], None] | None = None
+    ) -> HeadStatement:
         """A signed statement of every stream's current head, to keep outside the store
         (refused as ``checkpoint`` is; ``told`` as there)."""
         from auditlog.integrity.checkpoints import export_intact_heads
@@ -460,6 +502,7 @@ class Run:
         from auditlog.read.proofs import prove_consistency
 
         return prove_consistency(self.store, self.run_id, old_head, stream)
+
     # ------------------------------------------------------------------ forensics
     def metrics(self) -> tuple[list[str], list[dict[str, Any]]]:
         """Columns and one row per step: losses and logged metrics, learning rate, gradient norm
@@ -494,6 +537,7 @@ class Run:
     def batch(self, digest: str) -> BatchHistory:
         """The batches hashed ``digest`` (or a prefix) and their steps (``data --batch-hash``)."""
         from auditlog.read.data import batch_history, data_questions
+
         with data_questions(self) as q:
             return batch_history(q, digest)
 
@@ -517,7 +561,9 @@ def _when(step: int | None, seq: int | None) -> str:
     return f"step {step}" if step is not None else (f"seq {seq}" if seq is not None else "the end")
 
 
-def pick_snapshot(history: list[tuple[int, int, str]], step: int | None, end: int, limit: int | None) -> str | None:
+def pick_snapshot(
+    history: list[tuple[int, int, str]], step: int | None, end: int, limit: int | None
+) -> str | None:
     """The snapshot hash that holds a tensor's value at the boundary ``end``."""
     picked = pick_entry(history, step, end, limit)
     return None if picked is None else picked[1]

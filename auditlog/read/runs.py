@@ -56,7 +56,9 @@ class RunInfo:
         if self.world_size <= 1 and self.streams <= 1:
             return []
         last = max((r["segment"] for r in self.ranks), default=0)
-        return sorted(r["rank"] for r in self.ranks if r["segment"] == last and r["status"] == self.status)
+        return sorted(
+            r["rank"] for r in self.ranks if r["segment"] == last and r["status"] == self.status
+        )
 
     @property
     def duration_s(self) -> float:
@@ -121,7 +123,9 @@ def chained_runs(store: EventStore) -> list[ChainedRun]:
             continue  # garbled: verify names it
         known = found.get(run_id)
         if known is None or stream < known.stream:
-            found[run_id] = ChainedRun(run_id, stream, ts, payload_object(event.get("payload"), event, strict=False))
+            found[run_id] = ChainedRun(
+                run_id, stream, ts, payload_object(event.get("payload"), event, strict=False)
+            )
     for run_id, first in store.run_first_times().items():
         if run_id not in found:
             found[run_id] = ChainedRun(run_id, 0, first, {})
@@ -135,7 +139,9 @@ def chained_runs(store: EventStore) -> list[ChainedRun]:
         if known is not None and known.name is None and payload.get("key") == "auditlog.record":
             name = fields.get("name")
             if isinstance(name, str):
-                found[known.run_id] = ChainedRun(known.run_id, known.stream, known.started_ns, {**known.meta, "name": name})
+                found[known.run_id] = ChainedRun(
+                    known.run_id, known.stream, known.started_ns, {**known.meta, "name": name}
+                )
     return sorted(found.values(), key=lambda r: (r.started_ns, r.run_id))
 
 
@@ -166,12 +172,20 @@ def list_runs(store: EventStore) -> list[RunInfo]:
     started: dict[str, dict[int, dict[str, Any]]] = {}
     for event in store.events_of_kind("run_started"):
         if isinstance(event["run_id"], str) and isinstance(event["stream"], int):
-            started.setdefault(event["run_id"], {})[event["stream"]] = payload_object(event["payload"], event)
+            started.setdefault(event["run_id"], {})[event["stream"]] = payload_object(
+                event["payload"], event
+            )
     ended: dict[str, dict[int, dict[str, Any]]] = {}
     ended_at: dict[str, dict[int, int]] = {}
     for event in store.events_of_kind("run_ended"):
-        if isinstance(event["run_id"], str) and isinstance(event["stream"], int) and isinstance(event["ts_ns"], int):
-            ended.setdefault(event["run_id"], {})[event["stream"]] = payload_object(event["payload"], event)
+        if (
+            isinstance(event["run_id"], str)
+            and isinstance(event["stream"], int)
+            and isinstance(event["ts_ns"], int)
+        ):
+            ended.setdefault(event["run_id"], {})[event["stream"]] = payload_object(
+                event["payload"], event
+            )
             ended_at.setdefault(event["run_id"], {})[event["stream"]] = event["ts_ns"]
     index = {str(r["run_id"]): r for r in store.run_rows()}
     out: list[RunInfo] = []
@@ -189,12 +203,16 @@ def list_runs(store: EventStore) -> list[RunInfo]:
         live = run_liveness(row, begun, finished)
         last = live.streams[-1].segment if live.streams else 0
         ends = [ended_at.get(run_id, {}).get(s.stream) for s in live.streams if s.segment == last]
-        cause = next((s for s in live.streams if s.rank in live.ranks and s.status == live.status), None)
+        cause = next(
+            (s for s in live.streams if s.rank in live.ranks and s.status == live.status), None
+        )
         deciding = finished.get(cause.stream) if cause is not None else finished.get(run.stream)
         git_value = meta.get("git")
         git: dict[str, Any] = git_value if isinstance(git_value, dict) else {}
         n_events, max_step = counts.get(run_id, (0, None))
-        steps = max([_int((e or {}).get("steps")) for e in finished.values()] + [0]) or max_step or 0
+        steps = (
+            max([_int((e or {}).get("steps")) for e in finished.values()] + [0]) or max_step or 0
+        )
         argv = meta.get("argv")
         out.append(
             RunInfo(
@@ -218,7 +236,13 @@ def list_runs(store: EventStore) -> list[RunInfo]:
                 status_detail=live.detail,
                 seed=start_seed(meta),
                 ranks=[
-                    {"stream": s.stream, "rank": s.rank, "segment": s.segment, "status": s.status, "host": s.host}
+                    {
+                        "stream": s.stream,
+                        "rank": s.rank,
+                        "segment": s.segment,
+                        "status": s.status,
+                        "host": s.host,
+                    }
                     for s in live.streams
                 ],
             )
@@ -253,7 +277,9 @@ def select_run(store: EventStore, selector: str) -> str:
         return matches[0]
     if len(matches) > 1:
         shown = ", ".join(m[:12] for m in matches[:5])
-        raise RunNotFoundError(f"run prefix {selector!r} is ambiguous: matches {len(matches)} runs ({shown})")
+        raise RunNotFoundError(
+            f"run prefix {selector!r} is ambiguous: matches {len(matches)} runs ({shown})"
+        )
     named = [r.run_id for r in rows if r.name == selector]
     if len(named) == 1:
         return named[0]
@@ -263,4 +289,6 @@ def select_run(store: EventStore, selector: str) -> str:
             f"run name {selector!r} is ambiguous: {len(named)} runs have it ({shown}, newest last); "
             "select one by id"
         )
-    raise RunNotFoundError(f"no run matches {selector!r} (use an id, a unique id prefix, a name or 'latest')")
+    raise RunNotFoundError(
+        f"no run matches {selector!r} (use an id, a unique id prefix, a name or 'latest')"
+    )

@@ -161,11 +161,15 @@ def _heatmap(
     steps = sorted({s for _, s in grouped})
     note = ""
     if depth == 0:
-        note = f"{len(names)} modules grouped into {len(rows)} rows of consecutive top-level modules"
+        note = (
+            f"{len(names)} modules grouped into {len(rows)} rows of consecutive top-level modules"
+        )
     elif depth is not None:
         note = f"{len(names)} modules grouped by name prefix at depth {depth} into {len(rows)} rows"
     cells = {key: combine(members) for key, members in grouped.items()}
-    return Panel(title, "heatmap", ylabel=ylabel, scale=scale, rows=rows, steps=steps, cells=cells, note=note)
+    return Panel(
+        title, "heatmap", ylabel=ylabel, scale=scale, rows=rows, steps=steps, cells=cells, note=note
+    )
 
 
 def l2(members: list[float]) -> float:
@@ -224,31 +228,68 @@ def panels(q: ForensicQueries, what: str, max_rows: int = MAX_ROWS) -> list[Pane
                 if key in bottom.cells and bottom.cells[key] != 0.0
             }
             steps = sorted({s for _, s in cells})
-            return [Panel("Update / parameter norm", "heatmap", scale="log", rows=top.rows, steps=steps,
-                          cells=cells, note=top.note)]
+            return [
+                Panel(
+                    "Update / parameter norm",
+                    "heatmap",
+                    scale="log",
+                    rows=top.rows,
+                    steps=steps,
+                    cells=cells,
+                    note=top.note,
+                )
+            ]
         column = "grad_norm" if what == "grad-norm" else "param_norm"
         title = "Gradient norm" if what == "grad-norm" else "Parameter norm"
-        heatmap = _heatmap(title, [(r["module"], int(r["step"]), r[column]) for r in norms], l2, max_rows, "log",
-                           order=order)
+        heatmap = _heatmap(
+            title,
+            [(r["module"], int(r["step"]), r[column]) for r in norms],
+            l2,
+            max_rows,
+            "log",
+            order=order,
+        )
         if what == "param-norm":
             return [heatmap]
         return [heatmap, total_grad_norms(q)]
     if what == "activations":
         acts = q.activations()
         return [
-            _heatmap("Activation mean", [(r["module"], int(r["step"]), r["mean"]) for r in acts], mean,
-                     max_rows, "diverging", order=order),
-            _heatmap("Activation std", [(r["module"], int(r["step"]), r["std"]) for r in acts], mean,
-                     max_rows, "log", order=order),
+            _heatmap(
+                "Activation mean",
+                [(r["module"], int(r["step"]), r["mean"]) for r in acts],
+                mean,
+                max_rows,
+                "diverging",
+                order=order,
+            ),
+            _heatmap(
+                "Activation std",
+                [(r["module"], int(r["step"]), r["std"]) for r in acts],
+                mean,
+                max_rows,
+                "log",
+                order=order,
+            ),
         ]
     if what == "dead-units":
         acts = q.activations()
-        return [_heatmap("Dead units (fraction)", [(r["module"], int(r["step"]), r["dead_fraction"]) for r in acts],
-                         mean, max_rows, "fraction", order=order)]
+        return [
+            _heatmap(
+                "Dead units (fraction)",
+                [(r["module"], int(r["step"]), r["dead_fraction"]) for r in acts],
+                mean,
+                max_rows,
+                "fraction",
+                order=order,
+            )
+        ]
     raise ValueError(f"unknown plot {what!r}")
 
 
-def _mean_per_step(series: dict[str, list[tuple[int, float]]]) -> dict[str, list[tuple[int, float]]]:
+def _mean_per_step(
+    series: dict[str, list[tuple[int, float]]],
+) -> dict[str, list[tuple[int, float]]]:
     """Several values of one name at one step (gradient accumulation): their mean."""
     out: dict[str, list[tuple[int, float]]] = {}
     for name, points in series.items():

@@ -30,7 +30,9 @@ def run_labels(run: Run) -> Labels:
     """``run.labels()``, kept while the run's stream ends at the same event."""
     store, stream = run.store, run.stream
     last = store.last_seq(run.run_id, stream)
-    head = store.hashes_between(run.run_id, stream, last, last).get(last) if last is not None else None
+    head = (
+        store.hashes_between(run.run_id, stream, last, last).get(last) if last is not None else None
+    )
     key = (store.location.display(), run.run_id, stream, last, head)
     with _lock:
         found = _kept.get(key)
@@ -49,13 +51,17 @@ def snapshot_rows(run: Run) -> tuple[list[dict[str, Any]], int]:
     """``Run.snapshots``: the rows and the distinct bytes stored."""
     events = list(run.events(kinds=["snapshot_taken", "construction_sealed"]))
     labels = run_labels(run)
-    catalog = run.store.blob_rows(sorted({t["sha256"] for e in events for t in _snapshot_tensors(e)}))
+    catalog = run.store.blob_rows(
+        sorted({t["sha256"] for e in events for t in _snapshot_tensors(e)})
+    )
     rows: list[dict[str, Any]] = []
     for event in events:
         tensors = _snapshot_tensors(event)
         if not tensors:
             continue
-        logical = sum(int(catalog[t["sha256"]]["nbytes"]) for t in tensors if t["sha256"] in catalog)
+        logical = sum(
+            int(catalog[t["sha256"]]["nbytes"]) for t in tensors if t["sha256"] in catalog
+        )
         payload = event["payload"]
         sealed = event["kind"] == "construction_sealed"
         new = int((payload.get("snapshot") or {}).get("new_bytes", logical if sealed else 0))
@@ -76,8 +82,9 @@ def snapshot_rows(run: Run) -> tuple[list[dict[str, Any]], int]:
     return rows, sum(int(r["nbytes"]) for r in catalog.values())
 
 
-
-def _snapshot_owner(module_id: int | None, tensors: list[dict[str, Any]], labels: Labels) -> str | None:
+def _snapshot_owner(
+    module_id: int | None, tensors: list[dict[str, Any]], labels: Labels
+) -> str | None:
     """The module a snapshot is of; for a seal at an optimizer step (no module of its
     own), the root(s) its tensors belong to."""
     if module_id is not None:

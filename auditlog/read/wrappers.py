@@ -30,14 +30,19 @@ if TYPE_CHECKING:
 
 
 def rebuild_wrappers(
-    state: dict[str, torch.Tensor], wrappers: dict[str, dict[str, Any]], files: SnapshotStore, when: str
+    state: dict[str, torch.Tensor],
+    wrappers: dict[str, dict[str, Any]],
+    files: SnapshotStore,
+    when: str,
 ) -> None:
     """Replace each wrapper key's first inner tensor in ``state`` by the rebuilt wrapper."""
     for key, facts in wrappers.items():
         if key not in state:
             continue
         cls = wrapper_class(key, facts)
-        inner_shas = {name: str(hash_text(sha)) for name, sha in facts["inner"].items()}  # never a dict as a key
+        inner_shas = {
+            name: str(hash_text(sha)) for name, sha in facts["inner"].items()
+        }  # never a dict as a key
         wanted = [(sha, f"{key}.{name} at {when}") for name, sha in inner_shas.items()]
         loaded = files.read_many(wanted)
         inner = {name: loaded[sha] for name, sha in inner_shas.items()}
@@ -52,8 +57,10 @@ def rebuild_wrappers(
         try:
             state[key] = cls.__tensor_unflatten__(inner, None, tuple(shape), tuple(stride))
         except Exception as exc:
-            raise AuditlogError(f"cannot rebuild {key} at {when}: {facts['type']}.__tensor_unflatten__ "
-                                f"failed ({type(exc).__name__}: {exc})") from None
+            raise AuditlogError(
+                f"cannot rebuild {key} at {when}: {facts['type']}.__tensor_unflatten__ "
+                f"failed ({type(exc).__name__}: {exc})"
+            ) from None
 
 
 def wrapper_class(key: str, facts: dict[str, Any]) -> Any:
@@ -62,14 +69,20 @@ def wrapper_class(key: str, facts: dict[str, Any]) -> Any:
 
     name = facts.get("type")
     if not isinstance(name, str) or not isinstance(facts.get("inner"), dict) or not facts["inner"]:
-        raise AuditlogError(f"cannot rebuild {key}: its snapshot entry names no wrapper class and inner tensors")
+        raise AuditlogError(
+            f"cannot rebuild {key}: its snapshot entry names no wrapper class and inner tensors"
+        )
     if facts.get("ctx") is not None:
         raise AuditlogError(
             f"cannot rebuild {key}: {name}'s flatten context was stored as text only ({str(facts['ctx'])[:80]}); "
             "restore with wrappers='first' for its first inner tensor, or rebuild it from Run.wrappers_at()"
         )
     found = _imported(name)
-    if not (isinstance(found, type) and issubclass(found, torch.Tensor) and hasattr(found, "__tensor_unflatten__")):
+    if not (
+        isinstance(found, type)
+        and issubclass(found, torch.Tensor)
+        and hasattr(found, "__tensor_unflatten__")
+    ):
         raise AuditlogError(
             f"cannot rebuild {key}: {name} is no tensor subclass imported in this process (auditlog never "
             "imports code a store names); import it first, or restore with wrappers='first' for its first inner tensor"

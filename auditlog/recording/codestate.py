@@ -65,8 +65,13 @@ def git(root: Path, *args: str) -> bytes | None:
     with tempfile.TemporaryFile() as out:
         try:
             done = subprocess.run(
-                [executable, "-C", str(root), *args], stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.DEVNULL, timeout=GIT_TIMEOUT, check=False, close_fds=False,
+                [executable, "-C", str(root), *args],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.DEVNULL,
+                timeout=GIT_TIMEOUT,
+                check=False,
+                close_fds=False,
             )
         except (OSError, subprocess.SubprocessError):
             return None
@@ -80,7 +85,13 @@ def _state(code: str) -> str:
     """A porcelain ``XY`` code as one word."""
     if code == "??":
         return "untracked"
-    for letter, word in (("D", "deleted"), ("R", "renamed"), ("C", "copied"), ("A", "added"), ("U", "unmerged")):
+    for letter, word in (
+        ("D", "deleted"),
+        ("R", "renamed"),
+        ("C", "copied"),
+        ("A", "added"),
+        ("U", "unmerged"),
+    ):
         if letter in code:
             return word
     return "modified"
@@ -136,7 +147,9 @@ def identify(path: Path, budget: _Budget) -> tuple[str, str, bool]:
         digest = hashlib.sha256()
         try:
             # O_NONBLOCK: should the path have become a FIFO since lstat, open must not wait.
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0))
+            fd = os.open(
+                path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+            )
             with os.fdopen(fd, "rb") as handle:
                 read = 0
                 while read <= FILE_LIMIT and (block := handle.read(CHUNK)):
@@ -163,12 +176,19 @@ def code_state(root: Path, spec: list[str]) -> dict[str, Any]:
     files: list[dict[str, Any]] = []
     methods: dict[str, int] = {}
     for state, path, old in paths:
-        method, identity, executable = ("deleted", "", False) if state == "deleted" else identify(root / path, budget)
+        method, identity, executable = (
+            ("deleted", "", False) if state == "deleted" else identify(root / path, budget)
+        )
         methods[method] = methods.get(method, 0) + 1
         for part in (state, path, old or "", method, identity, "x" if executable else "-"):
             digest.update(part.encode(errors="replace") + b"\0")
         if len(files) < FILES_LISTED:
-            entry: dict[str, Any] = {"path": path, "state": state, "method": method, "identity": identity}
+            entry: dict[str, Any] = {
+                "path": path,
+                "state": state,
+                "method": method,
+                "identity": identity,
+            }
             if old is not None:
                 entry["from"] = old
             if executable:

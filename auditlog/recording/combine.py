@@ -111,7 +111,9 @@ def combine(
     return report
 
 
-def _combine_one(into: EventStore, target_id: str | None, shard: str | Path, keys: KeyRing | None) -> ShardResult:
+def _combine_one(
+    into: EventStore, target_id: str | None, shard: str | Path, keys: KeyRing | None
+) -> ShardResult:
     result = ShardResult(str(shard))
     try:
         source = EventStore.open(resolve_store(shard), create=False)
@@ -169,7 +171,9 @@ def _copy_run(into: EventStore, source: EventStore, run_id: str, result: ShardRe
             result.events_added += len(batch)
 
 
-def _first_missing(into: EventStore, source: EventStore, run_id: str, stream: int, result: ShardResult) -> int | None:
+def _first_missing(
+    into: EventStore, source: EventStore, run_id: str, stream: int, result: ShardResult
+) -> int | None:
     """The first seq of the shard's stream the target lacks; None when there is nothing
     to copy (all present) or the two records disagree (a conflict, reported).
 
@@ -202,7 +206,10 @@ def _copy_blobs(into: EventStore, source: EventStore, run_id: str, result: Shard
         return
     catalog = source.blob_rows(sorted(wanted))
     have = into.blob_rows(sorted(wanted))
-    files_from, files_to = SnapshotStore(source.location.snapshots), SnapshotStore(into.location.snapshots)
+    files_from, files_to = (
+        SnapshotStore(source.location.snapshots),
+        SnapshotStore(into.location.snapshots),
+    )
     new_rows = []
     for sha, row in sorted(catalog.items()):
         target = files_to.path(sha)
@@ -215,9 +222,13 @@ def _copy_blobs(into: EventStore, source: EventStore, run_id: str, result: Shard
             partial.unlink(missing_ok=True)
             try:
                 verify_file(files_from.root, sha)  # the content hash, recomputed (no torch)
-                copy_regular(origin, files_from.relpath(sha), partial)  # a regular file, as verify_file found it
+                copy_regular(
+                    origin, files_from.relpath(sha), partial
+                )  # a regular file, as verify_file found it
             except SnapshotError as exc:
-                raise StoreError(f"snapshot file snapshots/{files_from.relpath(sha)} is missing or damaged ({exc})") from exc
+                raise StoreError(
+                    f"snapshot file snapshots/{files_from.relpath(sha)} is missing or damaged ({exc})"
+                ) from exc
             partial.replace(target)
         if sha not in have:
             new_rows.append(blob_from_row(row).as_row())
@@ -228,7 +239,11 @@ def _copy_blobs(into: EventStore, source: EventStore, run_id: str, result: Shard
 
 def _hashes(text: Any) -> set[str]:
     payload = payload_object(text)
-    items = (payload.get("snapshot") or {}).get("tensors") if "snapshot" in payload else payload.get("tensors")
+    items = (
+        (payload.get("snapshot") or {}).get("tensors")
+        if "snapshot" in payload
+        else payload.get("tensors")
+    )
     found = set()
     for item in items or []:
         if isinstance(item, dict) and isinstance(item.get("sha256"), str):

@@ -28,7 +28,11 @@ def stream_process(started: dict[str, Any], row: dict[str, Any] | None) -> tuple
     row = row or {}
     host = started.get("host", row.get("host"))
     pid = started.get("pid", row.get("pid"))
-    proc_start = started.get("proc_start", row.get("proc_start")) if "pid" in started else row.get("proc_start")
+    proc_start = (
+        started.get("proc_start", row.get("proc_start"))
+        if "pid" in started
+        else row.get("proc_start")
+    )
     return host, pid, proc_start
 
 
@@ -63,7 +67,9 @@ def close_crashed_runs(store: EventStore, detected_by: str) -> list[str]:
     return closed
 
 
-def _close(store: EventStore, run_id: str, stream: int, detected_by: str, row: dict[str, Any] | None) -> bool:
+def _close(
+    store: EventStore, run_id: str, stream: int, detected_by: str, row: dict[str, Any] | None
+) -> bool:
     head = store.chain_head(run_id, stream)
     if head is None:
         return False

@@ -37,7 +37,7 @@ def energy_counters() -> dict[str, Any] | None:
     for zone in candidates:
         try:
             energy = int((zone / "energy_uj").read_text().strip())
-            top = (zone / "max_energy_range_uj")
+            top = zone / "max_energy_range_uj"
             max_range = int(top.read_text().strip()) if top.exists() else None
             name = (zone / "name").read_text().strip()[:64] if (zone / "name").exists() else None
         except (OSError, ValueError):

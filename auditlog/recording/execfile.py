@@ -55,7 +55,9 @@ def find_module(name: str) -> importlib.machinery.ModuleSpec:
     for depth in range(1, len(parts) + 1):
         full = ".".join(parts[:depth])
         if search is None:
-            raise AuditlogError(f"no module named {name}; {'.'.join(parts[: depth - 1])!r} is not a package")
+            raise AuditlogError(
+                f"no module named {name}; {'.'.join(parts[: depth - 1])!r} is not a package"
+            )
         spec = importlib.machinery.PathFinder.find_spec(full, search)
         if spec is None and depth == 1:
             spec = _builtin_spec(full)  # built-in and frozen modules have no path

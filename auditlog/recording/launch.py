@@ -96,7 +96,9 @@ def detect_launch(env: Mapping[str, str] | None = None) -> Launch:
         node_rank=max(0, _int(env, "GROUP_RANK", 0)),
         restart=max(0, _int(env, "TORCHELASTIC_RESTART_COUNT", 0)),
         max_restarts=max(0, _int(env, "TORCHELASTIC_MAX_RESTARTS", 0)),
-        launcher="torchrun" if torchrun else ("env" if "RANK" in env and "WORLD_SIZE" in env else None),
+        launcher="torchrun"
+        if torchrun
+        else ("env" if "RANK" in env and "WORLD_SIZE" in env else None),
         rdzv_id=env.get("TORCHELASTIC_RUN_ID"),
         master_addr=env.get("MASTER_ADDR"),
         master_port=int(port) if port and port.isdigit() else None,
@@ -106,7 +108,13 @@ def detect_launch(env: Mapping[str, str] | None = None) -> Launch:
 
 def derive_run_id(launch: Launch, nonce: str) -> str:
     """The run id every worker of one torchrun launch computes (module docstring)."""
-    parts = [RUN_ID_FORMAT, launch.rdzv_id or "", launch.master_addr or "", str(launch.master_port or ""), nonce]
+    parts = [
+        RUN_ID_FORMAT,
+        launch.rdzv_id or "",
+        launch.master_addr or "",
+        str(launch.master_port or ""),
+        nonce,
+    ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
@@ -162,4 +170,3 @@ def choose_run_id(
             return RunIdentity(derive_run_id(launch, agreed), "torchrun agent store")
         return RunIdentity(derive_run_id(launch, ""), "torchrun environment")
     return RunIdentity(uuid.uuid4().hex, "random")
-

@@ -95,7 +95,9 @@ class Recording(contextlib.ContextDecorator):
         joinable: bool = False,
         **overrides: Any,
     ) -> None:
-        self.store_spec = store if isinstance(store, StoreLocation) or store is None else os.fspath(store)
+        self.store_spec = (
+            store if isinstance(store, StoreLocation) or store is None else os.fspath(store)
+        )
         self.name = name
         self.policy = make_policy(policy, **overrides)
         self.code_path = Path(code_path) if code_path is not None else None
@@ -112,7 +114,9 @@ class Recording(contextlib.ContextDecorator):
         self.launch: Launch | None = None
         self.store: EventStore | None = None
         self.disabled: str | None = None
-        self.signing_key: str | None = None  # the key's fingerprint when the run is signed as recorded
+        self.signing_key: str | None = (
+            None  # the key's fingerprint when the run is signed as recorded
+        )
         self.recorder: Recorder | None = None
         self.writer: Writer | None = None
         self._previous_sigterm: Any = None
@@ -148,15 +152,25 @@ class Recording(contextlib.ContextDecorator):
             run_id = identity.run_id
             static = static_metadata(self.name, self.code_path, self._policy(), self.argv, launch)
             try:
-                location = resolve_store(self.store_spec) if not isinstance(self.store_spec, StoreLocation) else self.store_spec
+                location = (
+                    resolve_store(self.store_spec)
+                    if not isinstance(self.store_spec, StoreLocation)
+                    else self.store_spec
+                )
                 if sharding(self.shard, location, launch):
-                    location = shard_location(location, run_id, launch.rank, static["host"], static["pid"])
+                    location = shard_location(
+                        location, run_id, launch.rank, static["host"], static["pid"]
+                    )
                 store = EventStore.open(
                     location, create=True, synchronous=SYNCHRONOUS[self.policy.durability]
                 )
                 closed = close_crashed_runs(store, detected_by=run_id)
                 store.create_run(
-                    run_id, self.name, static["host"], static["pid"], process_start_ticks(os.getpid())
+                    run_id,
+                    self.name,
+                    static["host"],
+                    static["pid"],
+                    process_start_ticks(os.getpid()),
                 )
                 stream = free_stream(store, run_id, launch.rank, launch.restart)
             except StoreUnavailableError as exc:
@@ -165,7 +179,9 @@ class Recording(contextlib.ContextDecorator):
                 # The store is unusable (read-only, disk full, ...): the program runs
                 # unrecorded rather than failing because of its recorder.
                 self.disabled = str(exc)
-                _warn_once(f"auditlog: cannot record: {exc}; running without recording (on_error=continue)")
+                _warn_once(
+                    f"auditlog: cannot record: {exc}; running without recording (on_error=continue)"
+                )
                 return self
             static.update(segment=split_stream(stream)[0], run_id_source=identity.source)
             key = configured_private_key()  # $AUDITLOG_KEY or the keygen default; None: no signing
@@ -178,12 +194,19 @@ class Recording(contextlib.ContextDecorator):
                 _sign_closed(store, key, closed)
             buffer = RecordBuffer()
             writer = Writer(
-                store, run_id, stream, buffer, on_error=self.policy.on_error, sign=sign,
+                store,
+                run_id,
+                stream,
+                buffer,
+                on_error=self.policy.on_error,
+                sign=sign,
                 durable=self.policy.durability == "strict",  # snapshot files fsynced too
             )
             recorder = Recorder(buffer, self.policy)
             if self.policy.durability != "fast":
-                recorder.step_barrier = writer.flush  # the step's events are committed before training goes on
+                recorder.step_barrier = (
+                    writer.flush
+                )  # the step's events are committed before training goes on
             recorder.failure = lambda: writer.failure
             code_path = self.code_path or Path(os.getcwd())
             recorder.emit(
@@ -215,11 +238,18 @@ class Recording(contextlib.ContextDecorator):
         self.run_id, self.stream, self.store = outer.run_id, outer.stream, outer.store
         self.recorder, self.writer, self._ended = outer.recorder, outer.writer, False
         notes = []
-        if self.name is not None and outer.name is None and outer.recorder is not None and outer.store is not None:
+        if (
+            self.name is not None
+            and outer.name is None
+            and outer.recorder is not None
+            and outer.store is not None
+        ):
             outer.name = self.name
             with contextlib.suppress(AuditlogError):  # a store failure is the writer's to report
                 outer.store.rename_run(outer.run_id or "", self.name)
-            outer.recorder.emit("annotation", payload={"key": "auditlog.record", "fields": {"name": self.name}})
+            outer.recorder.emit(
+                "annotation", payload={"key": "auditlog.record", "fields": {"name": self.name}}
+            )
             notes.append(f"named {self.name!r}")
         elif self.name is not None and self.name != outer.name:
             notes.append(f"name {self.name!r} ignored (the run is named {outer.name!r})")
@@ -252,7 +282,9 @@ class Recording(contextlib.ContextDecorator):
             except Exception as fault:
                 recorder.fault("run_end_seal", fault)
             ending = _outcome(exc)
-            ending.update(steps=recorder.step, seeds=seeds(), dropped=writer.dropped, energy=energy_counters())
+            ending.update(
+                steps=recorder.step, seeds=seeds(), dropped=writer.dropped, energy=energy_counters()
+            )
             recorder.emit("run_ended", payload=ending)
             writer.close()
             writer.sign_final()
@@ -267,7 +299,9 @@ class Recording(contextlib.ContextDecorator):
         if self.policy.on_error == "fail" and writer.failure is not None and exc is None:
             # The store failed after the last step (say, while flushing at the end):
             # a compliance run must still not end as if it had been recorded.
-            raise RecordingFailedError(f"recording failed ({one_line(writer.failure)}); on_error=fail")
+            raise RecordingFailedError(
+                f"recording failed ({one_line(writer.failure)}); on_error=fail"
+            )
 
     def _at_exit(self) -> None:
         """Interpreter exit with the recording still open: close it with what we know."""
@@ -299,7 +333,9 @@ class Recording(contextlib.ContextDecorator):
         try:
             json.dumps(fields)
         except (TypeError, ValueError) as exc:
-            raise AuditlogError(f"annotation {key!r}: fields must be JSON-encodable ({exc})") from exc
+            raise AuditlogError(
+                f"annotation {key!r}: fields must be JSON-encodable ({exc})"
+            ) from exc
         recorder.emit("annotation", payload={"key": key, "fields": fields})
 
     def log(self, step: int | None = None, **metrics: Any) -> None:
@@ -380,7 +416,9 @@ def _checked_metrics(metrics: dict[str, Any], step: int | None) -> dict[str, Any
     return checked
 
 
-def _sign_head(store: EventStore, key: Any, run_id: str, stream: int, world: int, tip: StreamTip) -> None:
+def _sign_head(
+    store: EventStore, key: Any, run_id: str, stream: int, world: int, tip: StreamTip
+) -> None:
     checkpoint_head(store, key, run_id, stream, tip, world)
 
 
@@ -409,9 +447,19 @@ def _outcome(exc: BaseException | None) -> dict[str, Any]:
     if exc is None:
         return {"status": "completed", "exit_code": 0, "exception": None, "signal": None}
     if isinstance(exc, Terminated):
-        return {"status": "interrupted", "exit_code": exc.code, "exception": None, "signal": "SIGTERM"}
+        return {
+            "status": "interrupted",
+            "exit_code": exc.code,
+            "exception": None,
+            "signal": "SIGTERM",
+        }
     if isinstance(exc, KeyboardInterrupt):  # the traceback python prints for Ctrl-C, kept too
-        return {"status": "interrupted", "exit_code": 130, "exception": _described(exc), "signal": "SIGINT"}
+        return {
+            "status": "interrupted",
+            "exit_code": 130,
+            "exception": _described(exc),
+            "signal": "SIGINT",
+        }
     if isinstance(exc, SystemExit):
         status = exit_status(exc)
         if status == 0:

@@ -50,7 +50,9 @@ def sharding(requested: bool | None, location: StoreLocation, launch: Launch) ->
     return launch.launcher == "torchrun" and launch.local_world_size < launch.world_size
 
 
-def shard_location(location: StoreLocation, run_id: str, rank: int, host: str, pid: int) -> StoreLocation:
+def shard_location(
+    location: StoreLocation, run_id: str, rank: int, host: str, pid: int
+) -> StoreLocation:
     """The shard directory store of this process under the store directory ``location``."""
     assert location.directory is not None
     name = f"{_UNSAFE.sub('_', run_id)}.{rank}.{_UNSAFE.sub('_', host)}.{pid}"
@@ -64,5 +66,3 @@ def free_stream(store: EventStore, run_id: str, rank: int, segment: int) -> int:
     while stream_number(rank, segment) in taken:
         segment += 1
     return stream_number(rank, segment)
-
-

@@ -60,7 +60,14 @@ def materialize(value: Any, writer: Writer | None = None) -> Any:
     are not walked.
     """
     kind = type(value)
-    if kind is Clean or kind is CleanList or kind is str or kind is int or kind is bool or value is None:
+    if (
+        kind is Clean
+        or kind is CleanList
+        or kind is str
+        or kind is int
+        or kind is bool
+        or value is None
+    ):
         return value
     if kind is float:
         return value if value - value == 0.0 else finite_or_text(value)
@@ -92,12 +99,16 @@ def _check_limits(kind: str, text: str) -> None:
     levels, whatever the model) and its text the biggest of every step: only its size is
     measured."""
     problem = (
-        limit_problem(text) if kind != "activity"
+        limit_problem(text)
+        if kind != "activity"
         else f"is {len(text):,} characters long, over the limit of {MAX_PAYLOAD_BYTES:,} bytes"
-        if len(text) > MAX_PAYLOAD_BYTES else None
+        if len(text) > MAX_PAYLOAD_BYTES
+        else None
     )
     if problem is not None:
-        raise PayloadLimitError(f"the {kind} payload {problem}; it was not recorded (limits: docs/events.md)")
+        raise PayloadLimitError(
+            f"the {kind} payload {problem}; it was not recorded (limits: docs/events.md)"
+        )
 
 
 class Writer:
@@ -273,11 +284,24 @@ class Writer:
         except Exception as exc:  # a payload that cannot be read (or is past the limits) becomes the recorder's fault
             kind = "recorder_error"
             text = canonical_payload(
-                {"where": f"writer ({record[0]})", "type": type(exc).__name__, "message": str(exc)[:2000]}
+                {
+                    "where": f"writer ({record[0]})",
+                    "type": type(exc).__name__,
+                    "message": str(exc)[:2000],
+                }
             )
         self.seq += 1
         row, encoded = chained_row(
-            self.head, self.run_id, self.stream, self.seq, ts_ns, kind, step, module_id, tensor_id, text,
+            self.head,
+            self.run_id,
+            self.stream,
+            self.seq,
+            ts_ns,
+            kind,
+            step,
+            module_id,
+            tensor_id,
+            text,
             self._row_prefix,
         )
         self.head = row["hash"]
@@ -339,10 +363,15 @@ class Writer:
         try:
             assert self.tree is not None
             # The head of what was just committed; ended when it is the stream's run_ended.
-            self.sign(StreamTip(
-                self.stream, self.seq, self.head, self.tree.root().hex(),
-                self.seq if self.last_kind == "run_ended" else None,
-            ))
+            self.sign(
+                StreamTip(
+                    self.stream,
+                    self.seq,
+                    self.head,
+                    self.tree.root().hex(),
+                    self.seq if self.last_kind == "run_ended" else None,
+                )
+            )
             self._signed_seq, self._signed_at = self.seq, time.monotonic()
         except Exception as exc:  # a signing fault must not stop recording; say it once
             if not self._sign_warned:
@@ -364,7 +393,11 @@ class Writer:
         try:
             print(
                 f"auditlog: cannot write to store {self.store.location.display()!r} ({cause}); "
-                + ("recording stopped" if self.on_error == "fail" else "recording stopped, training continues"),
+                + (
+                    "recording stopped"
+                    if self.on_error == "fail"
+                    else "recording stopped, training continues"
+                ),
                 file=sys.stderr,
             )
         except Exception:

@@ -45,7 +45,9 @@ from auditlog.store.blobpaths import fd_digest, read_at
 FRAMING_PREFIX = b"auditlog-framing-v1\0"
 
 
-def framing_digest(read: Callable[[int, int], bytes], size: int, spans: list[tuple[int, int]]) -> str:
+def framing_digest(
+    read: Callable[[int, int], bytes], size: int, spans: list[tuple[int, int]]
+) -> str:
     """SHA-256 over ``FRAMING_PREFIX``, the compact JSON ``[size, spans]``, a NUL byte,
     then every byte of the file outside ``spans`` in file order (``read(offset,
     length)`` reads them).
@@ -71,7 +73,9 @@ def framing_digest(read: Callable[[int, int], bytes], size: int, spans: list[tup
 
 
 def _framing_of_fd(fd: int, spans: list[tuple[int, int]]) -> str:
-    return framing_digest(lambda offset, length: read_at(fd, offset, length), os.fstat(fd).st_size, spans)
+    return framing_digest(
+        lambda offset, length: read_at(fd, offset, length), os.fstat(fd).st_size, spans
+    )
 
 
 def written_digest(path: Path, dtype: str, numel: int) -> str:
@@ -89,11 +93,17 @@ def stored_digest(found: SnapshotFile) -> str:
     """What the catalog's ``file_sha256`` of an open file should be, by the file's own
     marking: the framing digest, or the SHA-256 of every byte."""
     if not found.framed:
-        return hashlib.sha256(found.data).hexdigest() if found.data is not None else fd_digest(found.fd)
+        return (
+            hashlib.sha256(found.data).hexdigest()
+            if found.data is not None
+            else fd_digest(found.fd)
+        )
     spans = value_spans(found.reader.metadata, found.dtype, found.numel) or []
     if found.data is not None:
         data = found.data
-        return framing_digest(lambda offset, length: data[offset : offset + length], len(data), spans)
+        return framing_digest(
+            lambda offset, length: data[offset : offset + length], len(data), spans
+        )
     return _framing_of_fd(found.fd, spans)
 
 
@@ -112,12 +122,16 @@ def verify_file(root: Path, sha256: str) -> BlobInfo:
             _check_content(found)
             return dataclasses.replace(found.info(), file_sha256=stored_digest(found))
         with ThreadPoolExecutor(1, thread_name_prefix="auditlog-digest") as pool:
-            whole = pool.submit(fd_digest, found.fd)  # pread: pyarrow's reads meanwhile are not disturbed
+            whole = pool.submit(
+                fd_digest, found.fd
+            )  # pread: pyarrow's reads meanwhile are not disturbed
             _check_content(found)
             try:
                 file_sha256 = whole.result()
             except OSError as exc:
-                raise SnapshotError(f"snapshot file {found.relpath!r} is unreadable: {exc}") from exc
+                raise SnapshotError(
+                    f"snapshot file {found.relpath!r} is unreadable: {exc}"
+                ) from exc
         return dataclasses.replace(found.info(), file_sha256=file_sha256)
 
 
@@ -138,7 +152,9 @@ def _check_content(found: SnapshotFile) -> None:
     """``SnapshotError`` unless the decoded content hashes to the file's name."""
     actual = decoded_hash(found, None)
     if actual != found.sha256:
-        raise SnapshotError(f"content hash {actual[:16]}... does not match its name (file modified)")
+        raise SnapshotError(
+            f"content hash {actual[:16]}... does not match its name (file modified)"
+        )
 
 
 def decoded_hash(found: SnapshotFile, keep: list[memoryview] | None) -> str:

@@ -69,14 +69,35 @@ _READ_AHEAD = 32 * 1024 * 1024
 
 # Element size of every torch dtype, by name (tests/test_snapshots.py checks it against torch).
 ITEMSIZE: dict[str, int] = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
-    "complex128": 16, "complex64": 8, "complex32": 4,
-    "int64": 8, "int32": 4, "int16": 2, "int8": 1,
-    "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1, "bool": 1,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
-    "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1,
-    "bits16": 2, "bits8": 1, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1,
-    **{f"int{n}": 1 for n in range(1, 8)}, **{f"uint{n}": 1 for n in range(1, 8)},
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "complex128": 16,
+    "complex64": 8,
+    "complex32": 4,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint64": 8,
+    "uint32": 4,
+    "uint16": 2,
+    "uint8": 1,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1,
+    "float4_e2m1fn_x2": 1,
+    "bits16": 2,
+    "bits8": 1,
+    "bits1x8": 1,
+    "bits2x4": 1,
+    "bits4x2": 1,
+    **{f"int{n}": 1 for n in range(1, 8)},
+    **{f"uint{n}": 1 for n in range(1, 8)},
 }
 
 # dtypes stored natively (a ``value`` column DuckDB reads): name -> (numpy dtype, arrow type).
@@ -199,7 +220,9 @@ def legacy_row_groups(dtype: str, numel: int) -> int:
         return legacy_chunks(dtype, numel)
     per_chunk = max(1, LEGACY_CHUNK_BYTES // itemsize(dtype))
     full, rest = divmod(numel, per_chunk)
-    return full * -(-per_chunk // _LEGACY_GROUP_ROWS) + (-(-rest // _LEGACY_GROUP_ROWS) if rest else 0)
+    return full * -(-per_chunk // _LEGACY_GROUP_ROWS) + (
+        -(-rest // _LEGACY_GROUP_ROWS) if rest else 0
+    )
 
 
 def codec_for(dtype: str) -> tuple[str, int | None]:
@@ -270,7 +293,9 @@ class SnapshotFile:
                 self.data = read_at(self.fd, 0, self.size)
                 self._handle = pa.BufferReader(self.data)
             else:
-                self._handle = pa.PythonFile(io.FileIO(os.dup(self.fd), "r", closefd=True), mode="r")
+                self._handle = pa.PythonFile(
+                    io.FileIO(os.dup(self.fd), "r", closefd=True), mode="r"
+                )
         except (OSError, pa.ArrowException) as exc:
             self.close()
             raise SnapshotError(f"snapshot file {self.relpath!r} is unreadable: {exc}") from exc
@@ -298,12 +323,25 @@ class SnapshotFile:
             self.nbytes = self.numel * itemsize(self.dtype)
             # Before any reader allocates ``nbytes`` (blobshape): a shape the file cannot hold is refused.
             check_extent(
-                self.reader.metadata, self.size, self.layout, self.dtype, itemsize(self.dtype), self.numel, self.relpath
+                self.reader.metadata,
+                self.size,
+                self.layout,
+                self.dtype,
+                itemsize(self.dtype),
+                self.numel,
+                self.relpath,
             )
         except SnapshotError:
             self.close()
             raise
-        except (AttributeError, ValueError, TypeError, OverflowError, IndexError, pa.ArrowException) as exc:
+        except (
+            AttributeError,
+            ValueError,
+            TypeError,
+            OverflowError,
+            IndexError,
+            pa.ArrowException,
+        ) as exc:
             self.close()
             raise SnapshotError(f"snapshot file {self.relpath!r} is unreadable: {exc}") from exc
 
@@ -323,8 +361,14 @@ class SnapshotFile:
 
     def info(self) -> BlobInfo:
         return BlobInfo(
-            sha256=self.sha256, file=self.relpath, dtype=self.dtype, shape=self.shape, numel=self.numel,
-            nbytes=self.nbytes, layout=self.layout, row_groups=self.row_groups,
+            sha256=self.sha256,
+            file=self.relpath,
+            dtype=self.dtype,
+            shape=self.shape,
+            numel=self.numel,
+            nbytes=self.nbytes,
+            layout=self.layout,
+            row_groups=self.row_groups,
         )
 
     def _row_group(self, index: int) -> pa.ChunkedArray:
@@ -418,7 +462,9 @@ class SnapshotFile:
             return None
         return value_spans(self.reader.metadata, self.dtype, self.numel)
 
-    def _read_spans(self, target: np.ndarray[Any, Any], spans: list[tuple[int, int]], digest: Any) -> None:
+    def _read_spans(
+        self, target: np.ndarray[Any, Any], spans: list[tuple[int, int]], digest: Any
+    ) -> None:
         """``preadv`` each span into its place in ``target`` on a reader thread, in
         pieces of ``_READ_PIECE``, while this thread hashes the pieces already read."""
         view = memoryview(target.data).cast("B")
@@ -432,9 +478,13 @@ class SnapshotFile:
                     _read_ahead(fd, offset + start, size)
                     got = 0
                     while got < size:
-                        read = os.preadv(fd, [view[position + got : position + size]], offset + start + got)
+                        read = os.preadv(
+                            fd, [view[position + got : position + size]], offset + start + got
+                        )
                         if read <= 0:
-                            raise SnapshotError(f"snapshot file {self.relpath!r} is shorter than its metadata says")
+                            raise SnapshotError(
+                                f"snapshot file {self.relpath!r} is shorter than its metadata says"
+                            )
                         got += read
                     ready(position, position + size)
                     position += size
@@ -454,11 +504,15 @@ class SnapshotFile:
             if not len(chunk):
                 continue
             if chunk.null_count:
-                raise SnapshotError(f"snapshot file {self.relpath!r} is unreadable: it holds null values")
+                raise SnapshotError(
+                    f"snapshot file {self.relpath!r} is unreadable: it holds null values"
+                )
             if self.layout == "raw":
                 for index in range(len(chunk)):
                     yield memoryview(chunk[index].as_buffer())
-            elif chunk.type == pa.bool_():  # bit-packed in Arrow: one byte (0/1) per element, as torch
+            elif (
+                chunk.type == pa.bool_()
+            ):  # bit-packed in Arrow: one byte (0/1) per element, as torch
                 yield memoryview(chunk.to_numpy(zero_copy_only=False).view(np.uint8))
             else:
                 width = chunk.type.bit_width // 8
@@ -491,7 +545,10 @@ def value_spans(metadata: Any, dtype: str, numel: int) -> list[tuple[int, int]] 
             return None
         for index in range(metadata.num_row_groups):
             column = metadata.row_group(index).column(0)
-            if column.has_dictionary_page or column.total_compressed_size != column.total_uncompressed_size:
+            if (
+                column.has_dictionary_page
+                or column.total_compressed_size != column.total_uncompressed_size
+            ):
                 return None
             length = min(per, numel - index * per) * width
             header = column.total_compressed_size - length
@@ -533,7 +590,9 @@ def _hash_while_filling(
         while (piece := done.get()) is not None:
             if isinstance(piece, BaseException):
                 if isinstance(piece, OSError):
-                    raise SnapshotError(f"snapshot file {relpath!r} is unreadable: {piece}") from piece
+                    raise SnapshotError(
+                        f"snapshot file {relpath!r} is unreadable: {piece}"
+                    ) from piece
                 raise piece
             if digest is not None:
                 digest.update(view[piece[0] : piece[1]])
@@ -555,7 +614,11 @@ def reason(exc: SnapshotError) -> str:
     if text.endswith(" is missing"):
         return "missing"
     if " is not a regular file (" in text:
-        return "not a regular file (" + text.split(" is not a regular file (", 1)[1] + ": refused unread (file replaced)"
+        return (
+            "not a regular file ("
+            + text.split(" is not a regular file (", 1)[1]
+            + ": refused unread (file replaced)"
+        )
     if " is unreadable: " in text:
         return "unreadable (file modified or damaged): " + text.split(" is unreadable: ", 1)[1]
     if " has columns " in text:

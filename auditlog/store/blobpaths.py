@@ -33,8 +33,11 @@ from auditlog.core.hashing import is_content_hash, shown_hash
 
 # O_NOFOLLOW and O_NONBLOCK are POSIX; where a platform lacks one, the fstat check still refuses what is opened.
 _OPEN_FLAGS = (
-    os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
-    | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    os.O_RDONLY
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_BINARY", 0)
 )
 
 _KINDS = (
@@ -101,7 +104,9 @@ def open_regular(path: Path, shown: str) -> int:
         except OSError:
             mode = stat.S_IFREG
         if not stat.S_ISREG(mode):
-            raise SnapshotError(f"snapshot file {shown!r} is not a regular file ({kind_of(mode)})") from None
+            raise SnapshotError(
+                f"snapshot file {shown!r} is not a regular file ({kind_of(mode)})"
+            ) from None
         raise SnapshotError(f"snapshot file {shown!r} is unreadable: {exc}") from exc
     except ValueError as exc:  # a NUL in a path that did not come through relpath
         raise SnapshotError(f"snapshot file {shown!r} is unreadable: {exc}") from exc

@@ -152,7 +152,9 @@ class SnapshotStore:
             tensors = list(pool.map(lambda item: self.read_verified(*item), distinct))
         return {sha: tensor for (sha, _), tensor in zip(distinct, tensors, strict=True)}
 
-    def verified_bytes(self, sha256: str, what: str, whole_only: bool = False) -> tuple[BlobInfo, Any] | None:
+    def verified_bytes(
+        self, sha256: str, what: str, whole_only: bool = False
+    ) -> tuple[BlobInfo, Any] | None:
         """Torch-free ``read_verified``: the file's facts and its content's C-order bytes
         (a bytes-like object), checked against ``sha256`` with the same errors.
 
@@ -188,7 +190,9 @@ class SnapshotStore:
             return True
         try:
             info_a, info_b = self.describe(sha_a), self.describe(sha_b)
-            if (info_a.dtype, info_a.shape) != (info_b.dtype, info_b.shape) or not is_tree(info_a.nbytes):
+            if (info_a.dtype, info_a.shape) != (info_b.dtype, info_b.shape) or not is_tree(
+                info_a.nbytes
+            ):
                 return False
             value_a = self.verified_bytes(sha_a, "a tensor")
             value_b = self.verified_bytes(sha_b, "a tensor")
@@ -215,7 +219,9 @@ class SnapshotStore:
         bytes written there, taken as they arrive (``SnapshotFile.read_hashed``)."""
         import torch
 
-        out = _allocated(lambda: torch.empty(found.numel, dtype=dtype_from_name(found.dtype)), found)
+        out = _allocated(
+            lambda: torch.empty(found.numel, dtype=dtype_from_name(found.dtype)), found
+        )
         actual = found.read_hashed(out.view(torch.uint8).numpy())
         return out.reshape(found.shape), actual
 
@@ -248,7 +254,16 @@ class SnapshotStore:
         except (KeyError, TypeError, ValueError) as exc:
             return [f"catalog row is garbled ({exc})"]
         problems = []
-        for field in ("file", "dtype", "shape", "numel", "nbytes", "layout", "row_groups", "file_sha256"):
+        for field in (
+            "file",
+            "dtype",
+            "shape",
+            "numel",
+            "nbytes",
+            "layout",
+            "row_groups",
+            "file_sha256",
+        ):
             mine, theirs = getattr(listed, field), getattr(found, field)
             if field == "row_groups" and mine != theirs and _legacy_groups(listed, theirs):
                 continue
@@ -283,6 +298,6 @@ def _legacy_groups(listed: BlobInfo, in_file: int) -> bool:
     split chunks of more than 1Mi rows into several row groups in the file."""
     from auditlog.store.blobformat import legacy_chunks
 
-    return listed.row_groups == legacy_chunks(listed.dtype, listed.numel) and in_file == legacy_row_groups(
+    return listed.row_groups == legacy_chunks(
         listed.dtype, listed.numel
-    )
+    ) and in_file == legacy_row_groups(listed.dtype, listed.numel)

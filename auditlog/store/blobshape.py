@@ -53,7 +53,9 @@ def parse_shape(value: Any, relpath: str) -> list[int]:
     return value
 
 
-def check_extent(metadata: Any, size: int, layout: str, dtype: str, width: int, numel: int, relpath: str) -> None:
+def check_extent(
+    metadata: Any, size: int, layout: str, dtype: str, width: int, numel: int, relpath: str
+) -> None:
     """``SnapshotError`` unless ``numel`` elements of ``dtype`` (``width`` bytes each) can
     be what a file of ``size`` bytes with this footer holds (module docstring)."""
     nbytes = numel * width
@@ -68,7 +70,10 @@ def check_extent(metadata: Any, size: int, layout: str, dtype: str, width: int, 
     bound = 0
     for index in range(int(metadata.num_row_groups)):
         column = metadata.row_group(index).column(0)
-        compressed, uncompressed = int(column.total_compressed_size), int(column.total_uncompressed_size)
+        compressed, uncompressed = (
+            int(column.total_compressed_size),
+            int(column.total_uncompressed_size),
+        )
         start = int(column.data_page_offset)
         if column.has_dictionary_page and column.dictionary_page_offset is not None:
             start = min(start, int(column.dictionary_page_offset))

@@ -111,7 +111,11 @@ class BlobWriter:
     """Stores host copies as snapshot files (``store``), on a pool it owns."""
 
     def __init__(
-        self, files: SnapshotStore, workers: int = WORKERS, durable: bool = False, hashers: int | None = None
+        self,
+        files: SnapshotStore,
+        workers: int = WORKERS,
+        durable: bool = False,
+        hashers: int | None = None,
     ) -> None:
         self.files = files
         self.workers = workers
@@ -137,7 +141,9 @@ class BlobWriter:
 
     def _submit(self, job: _Job) -> Future[BlobInfo | None]:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="auditlog-snapshot")
+            self._pool = ThreadPoolExecutor(
+                max_workers=self.workers, thread_name_prefix="auditlog-snapshot"
+            )
         return self._pool.submit(self._write, job)
 
     # ------------------------------------------------------------------ the pipeline
@@ -176,7 +182,10 @@ class BlobWriter:
             for index, (key, _) in enumerate(items):
                 tensor = hosts[index]
                 job: _Job | None = None
-                if tensor.numel() * tensor.element_size() >= OVERLAP_BYTES and not self._unchanged.get(key, False):
+                if (
+                    tensor.numel() * tensor.element_size() >= OVERLAP_BYTES
+                    and not self._unchanged.get(key, False)
+                ):
                     job = _Job(tensor)  # overlapped: written while it is hashed
                     jobs.append((index, job, self._submit(job)))
                 digest = early.get(index)
@@ -291,7 +300,9 @@ class BlobWriter:
             raise
         return dataclasses.replace(describe_tensor(tensor, job.sha256), file_sha256=file_sha256)
 
-    def _write_small(self, job: _Job, dtype: str, schema: pa.Schema, compression: str, level: int | None) -> BlobInfo | None:
+    def _write_small(
+        self, job: _Job, dtype: str, schema: pa.Schema, compression: str, level: int | None
+    ) -> BlobInfo | None:
         """``_write`` for a small tensor: encoded in memory, digested whole in one call
         (not framed: the bytes are in hand), written once with one ``write``.
 
@@ -325,13 +336,22 @@ class BlobWriter:
 
     @staticmethod
     def _encode(
-        job: _Job, dtype: str, schema: pa.Schema, compression: str, level: int | None, sink: Any, framed: bool = False
+        job: _Job,
+        dtype: str,
+        schema: pa.Schema,
+        compression: str,
+        level: int | None,
+        sink: Any,
+        framed: bool = False,
     ) -> None:
         """The Parquet file of ``job``'s tensor into ``sink``, chunk by chunk, until it is
         written or abandoned; the hash goes into its metadata once decided, with the
         framed marking (``blobcheck``) when ``framed``."""
         options: dict[str, Any] = {
-            "compression": compression, "compression_level": level, "use_dictionary": False, "write_statistics": False,
+            "compression": compression,
+            "compression_level": level,
+            "use_dictionary": False,
+            "write_statistics": False,
         }
         try:
             parquet = pq.ParquetWriter(sink, schema, **options, **page_options(dtype))
@@ -342,9 +362,14 @@ class BlobWriter:
             for column in _columns(job.tensor, dtype):
                 if job.abandoned:
                     break
-                writer.write_table(pa.Table.from_arrays([column], schema=schema), row_group_size=max(1, len(column)))
+                writer.write_table(
+                    pa.Table.from_arrays([column], schema=schema),
+                    row_group_size=max(1, len(column)),
+                )
                 wrote = True
-            if not wrote and not job.abandoned:  # an empty tensor: one empty row group keeps the schema
+            if (
+                not wrote and not job.abandoned
+            ):  # an empty tensor: one empty row group keeps the schema
                 writer.write_table(schema.empty_table())
             job.decided.wait()
             if job.sha256 is not None:
@@ -380,7 +405,9 @@ def _columns(tensor: torch.Tensor, dtype: str) -> Any:
     for start in range(0, flat.numel(), per_chunk):
         part = raw[start * width : (start + per_chunk) * width]
         offsets = pa.py_buffer(np.array([0, part.nbytes], dtype=np.int64))
-        yield pa.LargeBinaryArray.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(part)])
+        yield pa.LargeBinaryArray.from_buffers(
+            pa.large_binary(), 1, [None, offsets, pa.py_buffer(part)]
+        )
 
 
 def describe_tensor(tensor: torch.Tensor, sha256: str) -> BlobInfo:

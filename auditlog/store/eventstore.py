@@ -125,7 +125,9 @@ class EventStore(EventQueries):
         if shared and not location.snapshots_given:
             recorded = opened.meta().get(SNAPSHOTS_META)
             if recorded:
-                opened.location = dataclasses.replace(location, snapshots=Path(recorded), snapshots_given=True)
+                opened.location = dataclasses.replace(
+                    location, snapshots=Path(recorded), snapshots_given=True
+                )
         return opened
 
     def sqlite_read_uri(self) -> str:
@@ -204,7 +206,9 @@ class EventStore(EventQueries):
         values = {c.name: row.get(c.name) for c in runs.columns}
         try:
             with self.guard("registering a run"), self.engine.begin() as conn:
-                if conn.execute(select(runs.c.run_id).where(runs.c.run_id == values["run_id"])).first():
+                if conn.execute(
+                    select(runs.c.run_id).where(runs.c.run_id == values["run_id"])
+                ).first():
                     return False
                 conn.execute(runs.insert().values(**values))
         except StoreError as exc:
@@ -225,7 +229,11 @@ class EventStore(EventQueries):
 
         runs = schema.runs
         with self.guard("naming a run"), self.engine.begin() as conn:
-            conn.execute(runs.update().where(runs.c.run_id == run_id, runs.c.name.is_(None)).values(name=name))
+            conn.execute(
+                runs.update()
+                .where(runs.c.run_id == run_id, runs.c.name.is_(None))
+                .values(name=name)
+            )
 
     def add_blobs(self, rows: Sequence[dict[str, Any]]) -> None:
         """Add catalog rows; a row another process added first is left as it is.
@@ -249,7 +257,12 @@ class EventStore(EventQueries):
                 present: set[str] = set()
                 for start in range(0, len(hashes), 500):
                     chunk = hashes[start : start + 500]
-                    present.update(r[0] for r in conn.execute(select(blobs.c.sha256).where(blobs.c.sha256.in_(chunk))))
+                    present.update(
+                        r[0]
+                        for r in conn.execute(
+                            select(blobs.c.sha256).where(blobs.c.sha256.in_(chunk))
+                        )
+                    )
                 fresh: dict[str, dict[str, Any]] = {}
                 for row in rows:
                     if row["sha256"] not in present:
@@ -262,7 +275,9 @@ class EventStore(EventQueries):
         for row in rows:
             try:
                 with self.engine.begin() as conn:
-                    exists = conn.execute(select(blobs.c.sha256).where(blobs.c.sha256 == row["sha256"])).first()
+                    exists = conn.execute(
+                        select(blobs.c.sha256).where(blobs.c.sha256 == row["sha256"])
+                    ).first()
                     if exists is None:
                         conn.execute(blobs.insert().values(**row, created_ns=now))
             except IntegrityError:
@@ -287,7 +302,9 @@ class EventStore(EventQueries):
             kind = _store_error(exc)
             if kind is None:
                 raise
-            raise kind(f"store {self.location.display()!r}: error while {doing}: {one_line(exc)}") from exc
+            raise kind(
+                f"store {self.location.display()!r}: error while {doing}: {one_line(exc)}"
+            ) from exc
 
     @property
     def insert_sql(self) -> str:

@@ -93,11 +93,13 @@ def _from_config(path: Path, snapshots: str | os.PathLike[str] | None) -> StoreL
         raise UsageError(f"store config {str(path)!r} cannot be read: {exc}") from exc
     section = document.get("store")
     if not isinstance(section, dict) or not isinstance(section.get("url"), str):
-        raise UsageError(f"store config {str(path)!r} has no [store] url = \"...\"")
+        raise UsageError(f'store config {str(path)!r} has no [store] url = "..."')
     given = snapshots if snapshots is not None else section.get("snapshots")
     if given is not None and not isinstance(given, str):
         raise UsageError(f"store config {str(path)!r}: snapshots must be a path")
-    location = resolve_store(section["url"], snapshots=None if given is None else snapshot_path(given, path.parent))
+    location = resolve_store(
+        section["url"], snapshots=None if given is None else snapshot_path(given, path.parent)
+    )
     return location
 
 
@@ -108,7 +110,9 @@ def resolve_store(
 
     ``snapshots``: ``--snapshots`` (else ``AUDITLOG_SNAPSHOTS``), for database URLs.
     """
-    raw = os.fspath(value) if value is not None else os.environ.get("AUDITLOG_STORE") or DEFAULT_STORE
+    raw = (
+        os.fspath(value) if value is not None else os.environ.get("AUDITLOG_STORE") or DEFAULT_STORE
+    )
     if "://" not in raw and raw.endswith(CONFIG_SUFFIX) and Path(raw).expanduser().is_file():
         return _from_config(Path(raw).expanduser().absolute(), snapshots)
     if "://" in raw:
@@ -126,7 +130,9 @@ def resolve_store(
             url=raw,
             directory=None,
             database=None,
-            snapshots=snapshot_path(given) if given else Path(DEFAULT_STORE, SNAPSHOTS_DIR).absolute(),
+            snapshots=snapshot_path(given)
+            if given
+            else Path(DEFAULT_STORE, SNAPSHOTS_DIR).absolute(),
             snapshots_given=given is not None,
         )
     directory = Path(raw).expanduser().absolute()

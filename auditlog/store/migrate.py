@@ -87,7 +87,9 @@ def _upgrade_locked(location: StoreLocation, new: bool) -> None:
                     rows.append({"key": SNAPSHOTS_META, "value": str(location.snapshots)})
                 conn.execute(insert(schema.auditlog_meta), rows)
     except SQLAlchemyError as exc:
-        raise StoreUnavailableError(f"cannot write store {location.display()!r}: {one_line(exc)}") from exc
+        raise StoreUnavailableError(
+            f"cannot write store {location.display()!r}: {one_line(exc)}"
+        ) from exc
     finally:
         engine.dispose()
 
@@ -119,7 +121,9 @@ def create_store(location: StoreLocation) -> None:
         except FileExistsError:
             pass  # another process created the store first: use theirs
         except OSError as exc:
-            raise StoreUnavailableError(f"cannot create store {str(target)!r}: {exc.strerror or exc}") from exc
+            raise StoreUnavailableError(
+                f"cannot create store {str(target)!r}: {exc.strerror or exc}"
+            ) from exc
     finally:
         for leftover in (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm")):
             leftover.unlink(missing_ok=True)

@@ -57,18 +57,24 @@ def sqlite_revision(path: Path, shown: str) -> str:
     sidecars = [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
     immutable = not any(p.exists() for p in sidecars)
     params = _read_only_params(path, shown)  # a read-only directory: what SQLite can do there
-    uri = f"file:{quote(str(path))}?" + (params or ("mode=ro&immutable=1" if immutable else "mode=ro"))
+    uri = f"file:{quote(str(path))}?" + (
+        params or ("mode=ro&immutable=1" if immutable else "mode=ro")
+    )
     try:
         conn = sqlite3.connect(uri, uri=True)
         try:
-            tables = {row[0] for row in conn.execute("select name from sqlite_master where type='table'")}
+            tables = {
+                row[0] for row in conn.execute("select name from sqlite_master where type='table'")
+            }
             if "auditlog_meta" not in tables or "alembic_version" not in tables:
                 raise NotAStoreError(
                     f"{shown!r} is a foreign SQLite database, not an auditlog store (no auditlog tables)"
                 )
             meta = dict(conn.execute("select key, value from auditlog_meta").fetchall())
             if meta.get("format") != revisions.STORE_FORMAT:
-                raise NotAStoreError(f"{shown!r} is not an auditlog store (format {meta.get('format')!r})")
+                raise NotAStoreError(
+                    f"{shown!r} is not an auditlog store (format {meta.get('format')!r})"
+                )
             row = conn.execute("select version_num from alembic_version").fetchone()
         finally:
             conn.close()
@@ -82,11 +88,15 @@ def sqlite_revision(path: Path, shown: str) -> str:
 def _check_not_truncated(path: Path, header: bytes, size: int, shown: str) -> None:
     """A cut-off file is refused up front: SQLite only notices when it reads the lost pages."""
     if len(header) < 100:
-        raise StoreError(f"store {shown!r} is corrupt or unreadable: file is truncated ({size} bytes)")
+        raise StoreError(
+            f"store {shown!r} is corrupt or unreadable: file is truncated ({size} bytes)"
+        )
     page_size = int.from_bytes(header[16:18], "big")
     page_size = 65536 if page_size == 1 else page_size
     if page_size < 512 or size % page_size:
-        raise StoreError(f"store {shown!r} is corrupt or unreadable: size {size} is not a whole number of pages")
+        raise StoreError(
+            f"store {shown!r} is corrupt or unreadable: size {size} is not a whole number of pages"
+        )
     wal = path.with_name(path.name + "-wal")
     header_valid = header[24:28] == header[92:96]  # the in-header page count is current
     pages = int.from_bytes(header[28:32], "big")
@@ -140,7 +150,9 @@ def check_revision(revision: str, shown: str, allow_old: bool = False) -> None:
         )
 
 
-def make_engine(location: StoreLocation, synchronous: str = "NORMAL", read_only: str | None = None) -> Engine:
+def make_engine(
+    location: StoreLocation, synchronous: str = "NORMAL", read_only: str | None = None
+) -> Engine:
     """A SQLAlchemy engine with the SQLite pragmas (the only dialect-specific SQL).
 
     WAL with ``synchronous=NORMAL`` survives a process crash (committed
@@ -234,7 +246,6 @@ def existing_revision(location: StoreLocation, shown: str, create: bool) -> str 
     return url_revision(location, shown, create)
 
 
-
 def url_revision(location: StoreLocation, shown: str, create: bool) -> str | None:
     """Revision of a store behind a non-file URL (PostgreSQL); None if the database is empty."""
     from sqlalchemy import inspect, text
@@ -246,7 +257,9 @@ def url_revision(location: StoreLocation, shown: str, create: bool) -> str | Non
             tables = set(inspect(conn).get_table_names())
             if not tables:
                 if not create:
-                    raise StoreMissingError(f"no auditlog store at {shown!r} (the database is empty)")
+                    raise StoreMissingError(
+                        f"no auditlog store at {shown!r} (the database is empty)"
+                    )
                 return None
             if "auditlog_meta" not in tables or "alembic_version" not in tables:
                 raise NotAStoreError(f"{shown!r} holds a foreign database, not an auditlog store")

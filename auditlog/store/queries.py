@@ -13,7 +13,6 @@ have edited, and deciding what a garbled value means is the caller's job
 (``rows.decode_event`` for readers, ``integrity.verify`` for verification).
 """
 
-
 from __future__ import annotations
 
 import contextlib
@@ -31,11 +30,30 @@ from auditlog.store.sqlread import ReadConnection, Reads, in_list
 EVENT_FIELDS = ALL_COLUMNS
 RUN_FIELDS = ("run_id", "name", "started_ns", "host", "pid", "proc_start", "last_seen_ns")
 CHECKPOINT_FIELDS = (
-    "id", "run_id", "stream", "seq", "head_hash", "created_ns", "key_fingerprint", "signature", "format",
-    "tree_root", "ended", "world_size",
+    "id",
+    "run_id",
+    "stream",
+    "seq",
+    "head_hash",
+    "created_ns",
+    "key_fingerprint",
+    "signature",
+    "format",
+    "tree_root",
+    "ended",
+    "world_size",
 )
 BLOB_FIELDS = (
-    "sha256", "file", "dtype", "shape", "numel", "nbytes", "layout", "row_groups", "file_sha256", "created_ns",
+    "sha256",
+    "file",
+    "dtype",
+    "shape",
+    "numel",
+    "nbytes",
+    "layout",
+    "row_groups",
+    "file_sha256",
+    "created_ns",
 )
 
 # The columns ``event_tuples`` returns, in order (``core.eventrow``: a stream's rows).
@@ -61,7 +79,9 @@ class EventQueries:
 
     reads: Reads
 
-    def guard(self, doing: str) -> contextlib.AbstractContextManager[None]:  # provided by EventStore
+    def guard(
+        self, doing: str
+    ) -> contextlib.AbstractContextManager[None]:  # provided by EventStore
         raise NotImplementedError
 
     @contextlib.contextmanager
@@ -70,12 +90,19 @@ class EventQueries:
         with self.guard(doing), self.reads.connection() as conn:
             yield conn
 
-    def _rows(self, doing: str, sql: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    def _rows(
+        self, doing: str, sql: str, params: dict[str, Any] | None = None
+    ) -> list[tuple[Any, ...]]:
         with self.reading(doing) as conn:
             return conn.rows(sql, params)
 
-    def _dicts(self, doing: str, sql: str, fields: Sequence[str], params: dict[str, Any] | None = None,
-               ) -> list[dict[str, Any]]:
+    def _dicts(
+        self,
+        doing: str,
+        sql: str,
+        fields: Sequence[str],
+        params: dict[str, Any] | None = None,
+    ) -> list[dict[str, Any]]:
         return [dict(zip(fields, row, strict=True)) for row in self._rows(doing, sql, params)]
 
     def _scalar(self, doing: str, sql: str, params: dict[str, Any] | None = None) -> Any:
@@ -85,7 +112,10 @@ class EventQueries:
     # ------------------------------------------------------------------ store
     def meta(self) -> dict[str, str]:
         """The store's identity and provenance (``auditlog_meta``: format, store_id, created_...)."""
-        return {r[0]: r[1] for r in self._rows("reading store metadata", "SELECT key, value FROM auditlog_meta")}
+        return {
+            r[0]: r[1]
+            for r in self._rows("reading store metadata", "SELECT key, value FROM auditlog_meta")
+        }
 
     def check_file(self, shown: str) -> None:
         """Raise ``StoreError`` when SQLite finds the database file damaged (other dialects: nothing).
@@ -98,7 +128,10 @@ class EventQueries:
         """
         if self.reads.dialect != "sqlite":
             return
-        messages = [str(r[0]) for r in self._rows("checking the database file", "PRAGMA integrity_check(10)")]
+        messages = [
+            str(r[0])
+            for r in self._rows("checking the database file", "PRAGMA integrity_check(10)")
+        ]
         if messages != ["ok"]:
             raise StoreError(
                 f"store {shown!r} is corrupt (SQLite integrity_check: "
@@ -112,7 +145,9 @@ class EventQueries:
 
     def event_hash(self, event_id: int) -> str | None:
         """The chain hash of the event with this ``id``, or None if there is none."""
-        value = self._scalar("reading an event hash", "SELECT hash FROM events WHERE id = :id", {"id": event_id})
+        value = self._scalar(
+            "reading an event hash", "SELECT hash FROM events WHERE id = :id", {"id": event_id}
+        )
         return None if value is None else str(value)
 
     # ------------------------------------------------------------------ runs
@@ -129,8 +164,10 @@ class EventQueries:
 
     def run_started_event(self, run_id: str) -> dict[str, Any] | None:
         """The run's first ``run_started`` event (lowest stream), exactly as stored."""
-        sql = (f"SELECT {_EVENTS} FROM events WHERE run_id = :run_id AND kind = 'run_started' "
-               "ORDER BY stream, seq LIMIT 1")
+        sql = (
+            f"SELECT {_EVENTS} FROM events WHERE run_id = :run_id AND kind = 'run_started' "
+            "ORDER BY stream, seq LIMIT 1"
+        )
         rows = self._dicts("reading run_started", sql, EVENT_FIELDS, {"run_id": run_id})
         return rows[0] if rows else None
 
@@ -146,7 +183,9 @@ class EventQueries:
 
     def run_event_counts(self) -> dict[str, tuple[int, int | None]]:
         """``run_id -> (number of events, highest step)``."""
-        rows = self._rows("counting events", "SELECT run_id, count(*), max(step) FROM events GROUP BY run_id")
+        rows = self._rows(
+            "counting events", "SELECT run_id, count(*), max(step) FROM events GROUP BY run_id"
+        )
         return {r[0]: (int(r[1]), _int_or_none(r[2])) for r in rows}
 
     def run_first_times(self) -> dict[str, int]:
@@ -159,7 +198,9 @@ class EventQueries:
         was last seen doing something; its ``run_ended`` is written later, by whoever noticed)."""
         sql = "SELECT run_id, max(ts_ns) FROM events WHERE kind != 'run_ended' GROUP BY run_id"
         found = {str(r[0]): _int_or_none(r[1]) for r in self._rows("reading event times", sql)}
-        return {run_id: ns for run_id, ns in found.items() if ns is not None}  # damaged rows: verify's to name
+        return {
+            run_id: ns for run_id, ns in found.items() if ns is not None
+        }  # damaged rows: verify's to name
 
     def events_of_kind(self, kind: str) -> list[dict[str, Any]]:
         """Every event of one kind across runs (run_started/run_ended summaries)."""
@@ -168,14 +209,19 @@ class EventQueries:
 
     def ended_streams(self) -> set[tuple[str, int]]:
         """``(run_id, stream)`` pairs that have a ``run_ended`` event."""
-        rows = self._rows("reading run ends", "SELECT run_id, stream FROM events WHERE kind = 'run_ended'")
+        rows = self._rows(
+            "reading run ends", "SELECT run_id, stream FROM events WHERE kind = 'run_ended'"
+        )
         return {(str(r[0]), int(r[1])) for r in rows}
 
     # ------------------------------------------------------------------ streams
     def streams(self, run_id: str) -> list[int]:
         """The stream numbers (ranks) a run has events in."""
-        rows = self._rows("listing streams", "SELECT DISTINCT stream FROM events WHERE run_id = :run_id",
-                          {"run_id": run_id})
+        rows = self._rows(
+            "listing streams",
+            "SELECT DISTINCT stream FROM events WHERE run_id = :run_id",
+            {"run_id": run_id},
+        )
         # A garbled stream value (not a number) is not a stream: verify names it.
         return sorted(int(r[0]) for r in rows if _int_or_none(r[0]) is not None)
 
@@ -190,7 +236,9 @@ class EventQueries:
         rows = self._rows("reading the chain head", sql, {"run_id": run_id, "stream": stream})
         return None if not rows else (int(rows[0][0]), str(rows[0][1]))
 
-    def stream_head_hashes(self, heads: Sequence[tuple[str, int, int]]) -> dict[tuple[str, int, int], str]:
+    def stream_head_hashes(
+        self, heads: Sequence[tuple[str, int, int]]
+    ) -> dict[tuple[str, int, int], str]:
         """``(run_id, stream, seq) -> stored hash`` for each event named (absent when gone)."""
         out: dict[tuple[str, int, int], str] = {}
         wanted = list(heads)
@@ -203,19 +251,27 @@ class EventQueries:
                     params.update({f"r{i}": run_id, f"s{i}": stream, f"q{i}": seq})
                     keys.append(f"(:r{i}, :s{i}, :q{i})")
                 sql = f"SELECT run_id, stream, seq, hash FROM events WHERE (run_id, stream, seq) IN ({', '.join(keys)})"
-                out.update({(str(r[0]), int(r[1]), int(r[2])): str(r[3]) for r in conn.rows(sql, params)})
+                out.update(
+                    {(str(r[0]), int(r[1]), int(r[2])): str(r[3]) for r in conn.rows(sql, params)}
+                )
         return out
 
     def last_seq(self, run_id: str, stream: int) -> int | None:
         """The highest seq stored in a stream (None when empty or garbled)."""
         sql = "SELECT max(seq) FROM events WHERE run_id = :run_id AND stream = :stream"
-        return _int_or_none(self._scalar("reading the chain head", sql, {"run_id": run_id, "stream": stream}))
+        return _int_or_none(
+            self._scalar("reading the chain head", sql, {"run_id": run_id, "stream": stream})
+        )
 
     def hashes_between(self, run_id: str, stream: int, low: int, high: int) -> dict[int, str]:
         """``seq -> stored hash`` for ``low <= seq <= high`` of a stream."""
-        sql = ("SELECT seq, hash FROM events WHERE run_id = :run_id AND stream = :stream "
-               "AND seq >= :low AND seq <= :high")
-        rows = self._rows("verifying", sql, {"run_id": run_id, "stream": stream, "low": low, "high": high})
+        sql = (
+            "SELECT seq, hash FROM events WHERE run_id = :run_id AND stream = :stream "
+            "AND seq >= :low AND seq <= :high"
+        )
+        rows = self._rows(
+            "verifying", sql, {"run_id": run_id, "stream": stream, "low": low, "high": high}
+        )
         return {int(r[0]): str(r[1]) for r in rows}
 
     def iter_events(
@@ -242,8 +298,10 @@ class EventQueries:
         """
         columns = _columns(EVENT_FIELDS, "events.")
         if prev_hash:
-            columns += (", (SELECT prior.hash FROM events AS prior WHERE prior.run_id = events.run_id"
-                        " AND prior.stream = events.stream AND prior.seq = events.seq - 1 LIMIT 1) AS prev_hash")
+            columns += (
+                ", (SELECT prior.hash FROM events AS prior WHERE prior.run_id = events.run_id"
+                " AND prior.stream = events.stream AND prior.seq = events.seq - 1 LIMIT 1) AS prev_hash"
+            )
         where = ["events.run_id = :run_id"]
         params: dict[str, Any] = {"run_id": run_id}
         if kinds:
@@ -261,8 +319,11 @@ class EventQueries:
             if high is not None:
                 where.append("events.step <= :high")
                 params["high"] = high
-        order = ("events.stream + 0, events.seq + 0, events.id" if rare and kinds
-                 else "events.stream, events.seq")
+        order = (
+            "events.stream + 0, events.seq + 0, events.id"
+            if rare and kinds
+            else "events.stream, events.seq"
+        )
         sql = f"SELECT {columns} FROM events WHERE {' AND '.join(where)} ORDER BY {order}"
         with self.reading("reading events") as conn:
             keys, parts = conn.batches(sql, params, batch)
@@ -271,8 +332,14 @@ class EventQueries:
                     yield dict(zip(keys, row, strict=True))
 
     def event_tuples(
-        self, run_id: str, stream: int, batch: int = 20_000, *, upto: int | None = None,
-        after: int | None = None, resume: tuple[int, int] | None = None,
+        self,
+        run_id: str,
+        stream: int,
+        batch: int = 20_000,
+        *,
+        upto: int | None = None,
+        after: int | None = None,
+        resume: tuple[int, int] | None = None,
     ) -> Iterator[list[tuple[Any, ...]]]:
         """One stream's events in (seq, id) order as the driver returns them: batches of
         plain tuples of ``TUPLE_COLUMNS`` (``verify`` reads a million); only those with
@@ -294,13 +361,21 @@ class EventQueries:
         """How many events of these kinds one stream of a run has (uses the (run, kind) index)."""
         listed, params = in_list("kind", list(kinds))
         sql = f"SELECT count(*) FROM events WHERE run_id = :run_id AND stream = :stream AND kind IN {listed}"
-        return int(self._scalar("counting events", sql, {"run_id": run_id, "stream": stream, **params}) or 0)
+        return int(
+            self._scalar("counting events", sql, {"run_id": run_id, "stream": stream, **params})
+            or 0
+        )
 
     def snapshot_references(self, run_id: str) -> list[tuple[Any, Any, Any, Any]]:
         """``(seq, event id, kind, payload text)`` of every event that names stored tensor values."""
-        sql = ("SELECT seq, id, kind, payload FROM events WHERE run_id = :run_id "
-               f"AND kind IN ('snapshot_taken', 'construction_sealed') ORDER BY {_BY_KIND_ORDER}")
-        return [(r[0], r[1], r[2], r[3]) for r in self._rows("reading snapshot events", sql, {"run_id": run_id})]
+        sql = (
+            "SELECT seq, id, kind, payload FROM events WHERE run_id = :run_id "
+            f"AND kind IN ('snapshot_taken', 'construction_sealed') ORDER BY {_BY_KIND_ORDER}"
+        )
+        return [
+            (r[0], r[1], r[2], r[3])
+            for r in self._rows("reading snapshot events", sql, {"run_id": run_id})
+        ]
 
     # ------------------------------------------------------------------ steps
     def max_step(self, run_id: str, stream: int) -> int | None:
@@ -311,9 +386,13 @@ class EventQueries:
 
     def step_seq(self, run_id: str, stream: int, step: int) -> int | None:
         """The seq of the ``optimizer_step`` event that ended step ``step`` in a stream."""
-        sql = ("SELECT seq FROM events WHERE run_id = :run_id AND stream = :stream "
-               "AND kind = 'optimizer_step' AND step = :step")
-        found = self._scalar("finding a step", sql, {"run_id": run_id, "stream": stream, "step": step})
+        sql = (
+            "SELECT seq FROM events WHERE run_id = :run_id AND stream = :stream "
+            "AND kind = 'optimizer_step' AND step = :step"
+        )
+        found = self._scalar(
+            "finding a step", sql, {"run_id": run_id, "stream": stream, "step": step}
+        )
         return None if found is None else int(found)
 
     def step_seqs(self, run_id: str, stream: int) -> dict[int, int]:
@@ -325,7 +404,9 @@ class EventQueries:
     def first_seq_from_step(self, run_id: str, stream: int, step: int) -> int | None:
         """The first seq of a stream whose event happened at step ``step`` or later."""
         sql = "SELECT min(seq) FROM events WHERE run_id = :run_id AND stream = :stream AND step >= :step"
-        return _int_or_none(self._scalar("finding a step", sql, {"run_id": run_id, "stream": stream, "step": step}))
+        return _int_or_none(
+            self._scalar("finding a step", sql, {"run_id": run_id, "stream": stream, "step": step})
+        )
 
     # ------------------------------------------------------------------ snapshot catalog
     def has_blob(self, sha256: str) -> bool:
@@ -340,7 +421,12 @@ class EventQueries:
         with self.reading("reading the snapshot catalog") as conn:
             for start in range(0, len(wanted), 500):
                 listed, params = in_list("h", wanted[start : start + 500])
-                found.update(r[0] for r in conn.rows(f"SELECT sha256 FROM snapshot_blobs WHERE sha256 IN {listed}", params))
+                found.update(
+                    r[0]
+                    for r in conn.rows(
+                        f"SELECT sha256 FROM snapshot_blobs WHERE sha256 IN {listed}", params
+                    )
+                )
         return found
 
     def blob_rows(self, hashes: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -367,8 +453,15 @@ class EventQueries:
         return sorted(str(r[0]) for r in rows)
 
 
-def _tuple_query(run_id: str, stream: int, *, upto: int | None = None, since: int | None = None,
-                 after: int | None = None, resume: tuple[int, int] | None = None) -> tuple[str, dict[str, Any]]:
+def _tuple_query(
+    run_id: str,
+    stream: int,
+    *,
+    upto: int | None = None,
+    since: int | None = None,
+    after: int | None = None,
+    resume: tuple[int, int] | None = None,
+) -> tuple[str, dict[str, Any]]:
     """The select of ``EventQueries.event_tuples``: ``TUPLE_COLUMNS`` of one stream in
     (seq, id) order (id breaks ties, so that two reads of a stream agree row for row)."""
     where = ["run_id = :run_id", "stream = :stream"]
@@ -385,7 +478,10 @@ def _tuple_query(run_id: str, stream: int, *, upto: int | None = None, since: in
     if resume is not None:  # the rows after (seq, id) in (seq, id) order
         where.append("(seq > :resume_seq OR (seq = :resume_seq AND id > :resume_id))")
         params.update(resume_seq=resume[0], resume_id=resume[1])
-    return f"SELECT {_columns(TUPLE_COLUMNS)} FROM events WHERE {' AND '.join(where)} ORDER BY seq, id", params
+    return (
+        f"SELECT {_columns(TUPLE_COLUMNS)} FROM events WHERE {' AND '.join(where)} ORDER BY seq, id",
+        params,
+    )
 
 
 def sqlite_tuple_statement(run_id: str, stream: int, since: int) -> tuple[str, dict[str, Any]]:
@@ -394,7 +490,9 @@ def sqlite_tuple_statement(run_id: str, stream: int, since: int) -> tuple[str, d
     return _tuple_query(run_id, stream, since=since)
 
 
-def sqlite_event_tuples(uri: str, statement: tuple[str, dict[str, Any]], batch: int = 20_000) -> Iterator[list[tuple[Any, ...]]]:
+def sqlite_event_tuples(
+    uri: str, statement: tuple[str, dict[str, Any]], batch: int = 20_000
+) -> Iterator[list[tuple[Any, ...]]]:
     """The rows of ``statement`` (``sqlite_tuple_statement``) in batches, on a connection of
     its own to the SQLite file at ``uri`` (read-only): what a process forked to check part of
     a stream reads (``integrity.parallel``); it must not touch its parent's connections."""

@@ -29,7 +29,8 @@ def decode_event(row: dict[str, Any], shown: str = "") -> dict[str, Any]:
     """A copy of ``row`` with the payload parsed; raises ``CorruptRecordError`` if malformed.
 
     Packed per-parameter vectors and tensor id lists of ``optimizer_step`` events,
-    and the packed steps, sizes and indices of ``batches`` events, come back as the lists they stand for (``core.packed``), so readers see one
+    and the packed steps, sizes and indices of ``batches`` events, come back as the lists they
+    stand for (``core.packed``), so readers see one
     form whatever the record's age; ``verify`` hashes the stored text, never this.
     A payload past the size or depth limit (``core.payloadlimits``) raises
     ``PayloadLimitError`` (exit 4) naming the event, before it is parsed.
@@ -86,7 +87,11 @@ def _unpack_ids(payload: dict[str, Any], bad: Callable[[str], CorruptRecordError
     where: list[tuple[dict[str, Any], str, str]] = [(payload, "tensor_ids", "tensor_ids")]
     groups = payload.get("param_groups")
     if isinstance(groups, list):
-        where += [(g, "params", f"param_groups[{i}].params") for i, g in enumerate(groups) if isinstance(g, dict)]
+        where += [
+            (g, "params", f"param_groups[{i}].params")
+            for i, g in enumerate(groups)
+            if isinstance(g, dict)
+        ]
     for holder, key, shown in where:
         value = holder.get(key)
         if isinstance(value, dict) and packed_ints_key(value) is not None:

@@ -72,7 +72,11 @@ def _sql_type(sql: str) -> TypeEngine[Any]:
     """The SQLAlchemy type of a portable SQL type name of ``core.eventrow``."""
     if sql.startswith("VARCHAR("):
         return String(int(sql[len("VARCHAR(") : -1]))
-    types: dict[str, TypeEngine[Any]] = {"INTEGER": Integer(), "BIGINT": BigInteger(), "TEXT": Text()}
+    types: dict[str, TypeEngine[Any]] = {
+        "INTEGER": Integer(),
+        "BIGINT": BigInteger(),
+        "TEXT": Text(),
+    }
     return types[sql]
 
 

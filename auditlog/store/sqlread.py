@@ -113,7 +113,11 @@ class SqliteReads:
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(
-            self.target, uri=self.uri, timeout=BUSY_TIMEOUT_S, check_same_thread=False, isolation_level=None
+            self.target,
+            uri=self.uri,
+            timeout=BUSY_TIMEOUT_S,
+            check_same_thread=False,
+            isolation_level=None,
         )
 
     @contextlib.contextmanager

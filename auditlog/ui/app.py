@@ -74,20 +74,28 @@ class Guard:
             await self.app(scope, receive, send)
             return
         if scope["method"] not in ("GET", "HEAD"):
-            refused = PlainTextResponse("read-only: only GET is answered", 405, headers={"allow": "GET, HEAD"})
+            refused = PlainTextResponse(
+                "read-only: only GET is answered", 405, headers={"allow": "GET, HEAD"}
+            )
             await self._secured(refused, scope, receive, send)
             return
 
         async def send_secured(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", []) if k.decode().lower() not in HEADERS]
+                headers = [
+                    (k, v)
+                    for k, v in message.get("headers", [])
+                    if k.decode().lower() not in HEADERS
+                ]
                 headers += [(k.encode(), v.encode()) for k, v in HEADERS.items()]
                 message = {**message, "headers": headers}
             await send(message)
 
         await self.app(scope, receive, send_secured)
 
-    async def _secured(self, response: Response, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _secured(
+        self, response: Response, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         for key, value in HEADERS.items():
             response.headers[key] = value
         await response(scope, receive, send)
@@ -131,8 +139,12 @@ def create_app(store: Store, hosts: list[str] | None = None) -> Starlette:
     def runs(request: Request) -> Any:
         params = request.query_params
         return data.runs_page(
-            store, params.get("q", ""), params.get("status", ""), params.get("sort", "started"),
-            params.get("order", "desc") != "asc", number(request, "offset", 0) or 0,
+            store,
+            params.get("q", ""),
+            params.get("status", ""),
+            params.get("sort", "started"),
+            params.get("order", "desc") != "asc",
+            number(request, "offset", 0) or 0,
             number(request, "limit", 100) or 100,
         )
 

@@ -61,7 +61,9 @@ def plain(value: Any) -> Any:
 
 def dumps(value: Any) -> bytes:
     """The response body: ``plain`` JSON (``allow_nan=False``: a NaN that slipped through is a bug)."""
-    return json.dumps(plain(value), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    return json.dumps(
+        plain(value), ensure_ascii=False, allow_nan=False, separators=(",", ":")
+    ).encode()
 
 
 # ---------------------------------------------------------------------------- runs
@@ -87,15 +89,22 @@ def run_row(info: RunInfo, signed: bool) -> dict[str, Any]:
 
 def _sort_key(sort: str) -> Any:
     def key(row: dict[str, Any]) -> Any:
-        value = row["duration_s" if sort == "duration" else "git_commit" if sort == "commit" else sort]
+        value = row[
+            "duration_s" if sort == "duration" else "git_commit" if sort == "commit" else sort
+        ]
         return (value is None, value if value is not None else 0)
 
     return key
 
 
 def runs_page(
-    store: Store, text: str = "", status: str = "", sort: str = "started", descending: bool = True,
-    offset: int = 0, limit: int = 100,
+    store: Store,
+    text: str = "",
+    status: str = "",
+    sort: str = "started",
+    descending: bool = True,
+    offset: int = 0,
+    limit: int = 100,
 ) -> dict[str, Any]:
     """A page of the runs, filtered (``text`` in the name, id or commit; ``status``) and
     sorted, with how many match: the page asks for the rows it shows, never all of them."""
@@ -108,12 +117,21 @@ def runs_page(
     statuses = sorted({str(r["status"]) for r in rows})
     needle = text.strip().lower()
     if needle:
-        rows = [r for r in rows if any(needle in str(r[k] or "").lower() for k in ("name", "run_id", "git_commit"))]
+        rows = [
+            r
+            for r in rows
+            if any(needle in str(r[k] or "").lower() for k in ("name", "run_id", "git_commit"))
+        ]
     if status:
         rows = [r for r in rows if r["status"] == status]
     rows.sort(key=_sort_key(sort), reverse=descending)
-    return {"total": len(rows), "offset": offset, "limit": limit, "statuses": statuses,
-            "rows": rows[offset : offset + limit]}
+    return {
+        "total": len(rows),
+        "offset": offset,
+        "limit": limit,
+        "statuses": statuses,
+        "rows": rows[offset : offset + limit],
+    }
 
 
 # ---------------------------------------------------------------------------- one run
@@ -139,8 +157,11 @@ def run_summary(store: Store, run: Run) -> dict[str, Any]:
     return {
         # The runs view's row: the facts of `auditlog runs`, status derived the same way.
         "run": {k: v for k, v in row.items() if k != "metadata"} | {"run_id": run.run_id},
-        "metadata": {k: metadata.get(k) for k in ("cwd", "code_path", "policy", "auditlog", "git")
-                     if isinstance(metadata, dict)},
+        "metadata": {
+            k: metadata.get(k)
+            for k in ("cwd", "code_path", "policy", "auditlog", "git")
+            if isinstance(metadata, dict)
+        },
         "totals": totals,
         "annotations": [a | {"fields": _json_or_text(a["fields"])} for a in annotations],
         "data": {
@@ -177,7 +198,11 @@ def verdict(run: Run) -> dict[str, Any]:
     """``auditlog verify`` of the run as the report words it, with its badge."""
     found = verify_verdict(run)
     label, tone = BADGES[found["assurance"]]
-    return found | {"badge": label, "tone": tone, "note": UNSIGNED_NOTE if found["assurance"] == "unsigned" else None}
+    return found | {
+        "badge": label,
+        "tone": tone,
+        "note": UNSIGNED_NOTE if found["assurance"] == "unsigned" else None,
+    }
 
 
 def tree_at(run: Run, step: int | None) -> dict[str, Any]:
@@ -191,14 +216,20 @@ def tree_at(run: Run, step: int | None) -> dict[str, Any]:
     roots.sort(key=lambda r: r["module_id"] != main)
     for root in roots:
         _count(root)
-    return {"step": step, "roots": roots, "modules": sum(_modules(r) for r in roots),
-            "parameters": sum(int(r["total_parameters"]) for r in roots)}
+    return {
+        "step": step,
+        "roots": roots,
+        "modules": sum(_modules(r) for r in roots),
+        "parameters": sum(int(r["total_parameters"]) for r in roots),
+    }
 
 
 def _count(node: dict[str, Any]) -> dict[int, int]:
     """Fill ``own_parameters`` and ``total_parameters`` (elements); return tensor id -> size
     of every parameter in the subtree (by id: a tied weight counts once)."""
-    sizes = {int(t["tensor_id"]): math.prod(int(d) for d in t["shape"] or []) for t in node["parameters"]}
+    sizes = {
+        int(t["tensor_id"]): math.prod(int(d) for d in t["shape"] or []) for t in node["parameters"]
+    }
     node["own_parameters"] = sum(sizes.values())
     for child in node["children"]:
         sizes.update(_count(child))
@@ -212,8 +243,13 @@ def _modules(node: dict[str, Any]) -> int:
 
 def panel_json(panel: Panel) -> dict[str, Any]:
     """A panel for the page: lines as ``{name: [[step, value], ...]}``, heatmaps as rows x steps."""
-    out: dict[str, Any] = {"title": panel.title, "kind": panel.kind, "ylabel": panel.ylabel,
-                           "scale": panel.scale, "note": panel.note}
+    out: dict[str, Any] = {
+        "title": panel.title,
+        "kind": panel.kind,
+        "ylabel": panel.ylabel,
+        "scale": panel.scale,
+        "note": panel.note,
+    }
     if panel.kind == "lines":
         out["series"] = {name: [[s, v] for s, v in points] for name, points in panel.series.items()}
     else:
@@ -251,9 +287,21 @@ def compare(store: Store, selectors: list[str]) -> dict[str, Any]:
         with questions(run) as q:
             loss, lr, grad = panels(q, "loss")[0], panels(q, "lr")[0], total_grad_norms(q)
         info = run.info()
-        runs.append({"run_id": run_id, "name": info.name, "status": info.status, "steps": info.steps,
-                     "git_commit": info.git_commit, "git_dirty": info.git_dirty,
-                     "curves": {"loss": panel_json(loss), "lr": panel_json(lr), "grad_norm": panel_json(grad)}})
+        runs.append(
+            {
+                "run_id": run_id,
+                "name": info.name,
+                "status": info.status,
+                "steps": info.steps,
+                "git_commit": info.git_commit,
+                "git_dirty": info.git_dirty,
+                "curves": {
+                    "loss": panel_json(loss),
+                    "lr": panel_json(lr),
+                    "grad_norm": panel_json(grad),
+                },
+            }
+        )
     diffs = [store.diff(ids[0], other).as_dict() for other in ids[1:]]
     return {"runs": runs, "diffs": diffs}
 
@@ -286,5 +334,11 @@ def schema() -> list[dict[str, Any]]:
     """The views a query reads (``auditlog schema``)."""
     from auditlog.store.readmodel.views import VIEWS
 
-    return [{"view": v.name, "doc": v.doc, "columns": [{"name": c.name, "type": c.type} for c in v.columns]}
-            for v in VIEWS]
+    return [
+        {
+            "view": v.name,
+            "doc": v.doc,
+            "columns": [{"name": c.name, "type": c.type} for c in v.columns],
+        }
+        for v in VIEWS
+    ]

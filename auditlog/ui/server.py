@@ -14,7 +14,9 @@ from collections.abc import Callable
 from auditlog.core.errors import AuditlogError, UsageError
 from auditlog.read.api import Store
 
-INSTALL_HINT = "the web UI needs the optional extra: pip install 'auditlog[ui]' (starlette and uvicorn)"
+INSTALL_HINT = (
+    "the web UI needs the optional extra: pip install 'auditlog[ui]' (starlette and uvicorn)"
+)
 
 
 def check_installed() -> None:
@@ -62,15 +64,18 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{shown}:{port}/"
 
 
-def serve(store: Store, sock: socket.socket, hosts: list[str], started: Callable[[str], None]) -> None:
+def serve(
+    store: Store, sock: socket.socket, hosts: list[str], started: Callable[[str], None]
+) -> None:
     """Answer on ``sock`` until interrupted; ``started(url)`` once it is listening."""
     import uvicorn
 
     from auditlog.ui.app import create_app
 
     app = create_app(store, hosts)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", server_header=False,
-                            ws="none")
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="off", server_header=False, ws="none"
+    )
     server = uvicorn.Server(config)
     started(url_of(sock))
     server.run(sockets=[sock])

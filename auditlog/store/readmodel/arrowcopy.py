@@ -108,12 +108,16 @@ def _normalize(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=EVENT_SCHEMA)
 
 
-def _adbc_sqlite_batches(store: EventStore, after_id: int, upto_id: int) -> Iterator[pa.RecordBatch]:
+def _adbc_sqlite_batches(
+    store: EventStore, after_id: int, upto_id: int
+) -> Iterator[pa.RecordBatch]:
     import adbc_driver_sqlite.dbapi as adbc_sqlite
 
     # Read-only URI: the copy must never be able to write the record.
     uri = store.sqlite_read_uri()
-    wanted = ", ".join(f"coalesce({c}, '') AS {c}" if c in _NULLABLE_TEXT else c for c in EVENT_COLUMNS)
+    wanted = ", ".join(
+        f"coalesce({c}, '') AS {c}" if c in _NULLABLE_TEXT else c for c in EVENT_COLUMNS
+    )
     query = f"SELECT {wanted} FROM events WHERE id > ? AND id <= ? ORDER BY id"
     try:
         conn = adbc_sqlite.connect(uri)
@@ -142,7 +146,9 @@ def libpq_uri(store: EventStore) -> str:
     return url.render_as_string(hide_password=False)
 
 
-def _adbc_postgres_batches(store: EventStore, after_id: int, upto_id: int) -> Iterator[pa.RecordBatch]:
+def _adbc_postgres_batches(
+    store: EventStore, after_id: int, upto_id: int
+) -> Iterator[pa.RecordBatch]:
     """PostgreSQL's binary COPY protocol straight into Arrow, in a read-only transaction."""
     import adbc_driver_postgresql.dbapi as adbc_pg
 
@@ -190,13 +196,17 @@ def sqlalchemy_batches(store: EventStore, after_id: int, upto_id: int) -> Iterat
             for row in rows:
                 for i, value in enumerate(row):
                     columns[i].append(value)
-            arrays = [pa.array(col, type=t) for col, t in zip(columns, EVENT_SCHEMA.types, strict=True)]
+            arrays = [
+                pa.array(col, type=t) for col, t in zip(columns, EVENT_SCHEMA.types, strict=True)
+            ]
             yield pa.RecordBatch.from_arrays(arrays, schema=EVENT_SCHEMA)
 
 
 def _store_error(store: EventStore, exc: BaseException) -> StoreError:
     cause = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return StoreError(f"store {store.location.display()!r}: error while copying events to the read model: {cause}")
+    return StoreError(
+        f"store {store.location.display()!r}: error while copying events to the read model: {cause}"
+    )
 
 
 # --------------------------------------------------------------------------- snapshot catalog
@@ -254,8 +264,12 @@ def catalog_batches(store: EventStore, hashes: list[str]) -> Iterator[pa.RecordB
     for start in range(0, len(hashes), CATALOG_BATCH):
         wanted = hashes[start : start + CATALOG_BATCH]
         with store.guard("copying the snapshot catalog"), store.engine.connect() as conn:
-            rows = [dict(r) for r in conn.execute(select(blobs).where(blobs.c.sha256.in_(wanted))).mappings()]
+            rows = [
+                dict(r)
+                for r in conn.execute(select(blobs).where(blobs.c.sha256.in_(wanted))).mappings()
+            ]
         if rows:
             yield pa.RecordBatch.from_pylist(
-                [{name: row.get(name) for name in CATALOG_SCHEMA.names} for row in rows], schema=CATALOG_SCHEMA
+                [{name: row.get(name) for name in CATALOG_SCHEMA.names} for row in rows],
+                schema=CATALOG_SCHEMA,
             )

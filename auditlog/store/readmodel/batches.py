@@ -78,7 +78,12 @@ def new_batches(table: pa.Table) -> pa.Table:
         count = len(steps)
         sizes = decode_ids(payload.get("sizes"))
         flat = decode_ids(payload.get("indices"))
-        if sizes is not None and (flat is None or len(sizes) != count or (sizes < 0).any() or int(sizes.sum()) != len(flat)):
+        if sizes is not None and (
+            flat is None
+            or len(sizes) != count
+            or (sizes < 0).any()
+            or int(sizes.sum()) != len(flat)
+        ):
             continue
         has = np.zeros(count, dtype=bool) if sizes is None else np.ones(count, dtype=bool)
         has[sorted(_positions(payload.get("opaque"), count))] = False
@@ -101,7 +106,8 @@ def new_batches(table: pa.Table) -> pa.Table:
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     mask = ~joined(valid, bool)
     indices = pa.LargeListArray.from_arrays(
-        pa.array(offsets, type=pa.int64()), pa.array(joined(flats, np.int64), type=pa.int64()),
+        pa.array(offsets, type=pa.int64()),
+        pa.array(joined(flats, np.int64), type=pa.int64()),
         mask=pa.array(mask, type=pa.bool_()),
     ).cast(pa.list_(pa.int64()))
     arrays = [

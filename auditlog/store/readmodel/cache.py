@@ -135,7 +135,11 @@ def default_path(store: EventStore) -> Path:
         candidate = location.directory / PROJECTION_FILE
     elif location.database is not None:
         # sqlite:////dir/events.db is the same store as the directory form: share its projection.
-        name = PROJECTION_FILE if location.database.name == EVENTS_FILE else location.database.name + "." + PROJECTION_FILE
+        name = (
+            PROJECTION_FILE
+            if location.database.name == EVENTS_FILE
+            else location.database.name + "." + PROJECTION_FILE
+        )
         candidate = location.database.with_name(name)
     if candidate is not None and os.access(candidate.parent, os.W_OK):
         return candidate
@@ -233,9 +237,7 @@ class ReadModel:
         return unchecked == 0
 
     # ------------------------------------------------------------------ refresh
-    def refresh(
-        self, progress: Progress | None = None, *, rebuild: bool = False
-    ) -> RefreshReport:
+    def refresh(self, progress: Progress | None = None, *, rebuild: bool = False) -> RefreshReport:
         """Bring the projection up to date with the store; rebuild it when it cannot be
         continued (or when ``rebuild``), and seal what it was built from."""
         start = time.perf_counter()
@@ -243,14 +245,19 @@ class ReadModel:
             con, rebuilt, reason = self._open_for_refresh(rebuild)
             try:
                 report = self._refresh(con, rebuilt, reason, start, progress)
-                heads = [[str(r), int(s), int(q), str(h)] for r, s, q, h in con.execute(tables.STREAM_HEADS).fetchall()]
+                heads = [
+                    [str(r), int(s), int(q), str(h)]
+                    for r, s, q, h in con.execute(tables.STREAM_HEADS).fetchall()
+                ]
             finally:
                 con.close()
             # Sealed after the connection closed: DuckDB writes its checkpoint on close.
             write_seal(self.path, self.store_id, heads)
             return report
 
-    def _open_for_refresh(self, rebuild: bool = False) -> tuple[duckdb.DuckDBPyConnection, bool, str | None]:
+    def _open_for_refresh(
+        self, rebuild: bool = False
+    ) -> tuple[duckdb.DuckDBPyConnection, bool, str | None]:
         reason: str | None = None
         con: duckdb.DuckDBPyConnection | None = None
         if rebuild:
@@ -273,10 +280,20 @@ class ReadModel:
             con = connect(self.path, read_only=False)
             for ddl in tables.TABLES:
                 con.execute(ddl)
-            self._write_meta(con, {"format": tables.FORMAT, "store_id": self.store_id, "last_id": "0",
-                                   "last_hash": "", "created_ns": str(time.time_ns())})
+            self._write_meta(
+                con,
+                {
+                    "format": tables.FORMAT,
+                    "store_id": self.store_id,
+                    "last_id": "0",
+                    "last_hash": "",
+                    "created_ns": str(time.time_ns()),
+                },
+            )
         except duckdb.Error as exc:
-            raise StoreError(f"cannot create read model {str(self.path)!r}: {one_line(exc)}") from exc
+            raise StoreError(
+                f"cannot create read model {str(self.path)!r}: {one_line(exc)}"
+            ) from exc
         return con, True, reason
 
     def _remove_files(self) -> None:
@@ -286,7 +303,11 @@ class ReadModel:
                 f"{str(self.path)!r} exists and is not an auditlog read model (not a DuckDB file); "
                 "refusing to overwrite it (set AUDITLOG_READMODEL to another path)"
             )
-        for target in (self.path, self.path.with_name(self.path.name + ".wal"), seal_path(self.path)):
+        for target in (
+            self.path,
+            self.path.with_name(self.path.name + ".wal"),
+            seal_path(self.path),
+        ):
             with contextlib.suppress(FileNotFoundError):
                 target.unlink()
 
@@ -317,7 +338,10 @@ class ReadModel:
         if progress is not None:
             progress(0, total)
         # The chain head of every stream held so far: each copied event must link to it.
-        heads: Heads = {(str(r), int(s)): (int(q), str(h)) for r, s, q, h in con.execute(tables.STREAM_HEADS).fetchall()}
+        heads: Heads = {
+            (str(r), int(s)): (int(q), str(h))
+            for r, s, q, h in con.execute(tables.STREAM_HEADS).fetchall()
+        }
         self._link_seconds = 0.0
         if upto > lower:
             pending: list[pa.RecordBatch] = []
@@ -355,7 +379,11 @@ class ReadModel:
         )
 
     def _apply_chunk(
-        self, con: duckdb.DuckDBPyConnection, batches: list[pa.RecordBatch], lower: int, heads: Heads
+        self,
+        con: duckdb.DuckDBPyConnection,
+        batches: list[pa.RecordBatch],
+        lower: int,
+        heads: Heads,
     ) -> tuple[int, int]:
         """Check, derive, store and name one chunk of events in one transaction; returns (rows, streams).
 
@@ -399,17 +427,27 @@ class ReadModel:
             ).fetchone()
             assert mark is not None
             self._write_meta(
-                con, {"last_id": str(mark[0]), "last_hash": str(mark[1]), "refreshed_ns": str(time.time_ns())}
+                con,
+                {
+                    "last_id": str(mark[0]),
+                    "last_hash": str(mark[1]),
+                    "refreshed_ns": str(time.time_ns()),
+                },
             )
             con.commit()
-        except (IntegrityError, CorruptRecordError):  # a row that fails its link, its limits or is no JSON
+        except (
+            IntegrityError,
+            CorruptRecordError,
+        ):  # a row that fails its link, its limits or is no JSON
             with contextlib.suppress(duckdb.Error):
                 con.rollback()
             raise
         except duckdb.Error as exc:
             with contextlib.suppress(duckdb.Error):
                 con.rollback()
-            raise StoreError(f"cannot refresh read model {str(self.path)!r}: {one_line(exc)}") from exc
+            raise StoreError(
+                f"cannot refresh read model {str(self.path)!r}: {one_line(exc)}"
+            ) from exc
         return table.num_rows, len(touched)
 
     def _verify_blobs(self, con: duckdb.DuckDBPyConnection) -> None:
@@ -436,12 +474,16 @@ class ReadModel:
                 finally:
                     con.unregister("new_blobs")
             if bad:
-                con.executemany(f"INSERT OR REPLACE INTO {tables.SCHEMA}.rejected_blobs VALUES (?, ?)", bad)
+                con.executemany(
+                    f"INSERT OR REPLACE INTO {tables.SCHEMA}.rejected_blobs VALUES (?, ?)", bad
+                )
             con.commit()
         except duckdb.Error as exc:
             with contextlib.suppress(duckdb.Error):
                 con.rollback()
-            raise StoreError(f"cannot refresh read model {str(self.path)!r}: {one_line(exc)}") from exc
+            raise StoreError(
+                f"cannot refresh read model {str(self.path)!r}: {one_line(exc)}"
+            ) from exc
 
     @staticmethod
     def _drop_known(con: duckdb.DuckDBPyConnection, table: pa.Table, lower: int) -> pa.Table:
@@ -455,7 +497,9 @@ class ReadModel:
         ).fetchall()
         if not known:
             return table
-        mask = pc.invert(pc.is_in(table.column("id"), value_set=pa.array([r[0] for r in known], pa.int64())))
+        mask = pc.invert(
+            pc.is_in(table.column("id"), value_set=pa.array([r[0] for r in known], pa.int64()))
+        )
         return table.filter(mask)
 
     # ------------------------------------------------------------------ names
@@ -471,7 +515,12 @@ class ReadModel:
         from auditlog.store.readmodel import names
         from auditlog.store.readmodel.names import MODULE_SCHEMA, TENSOR_SCHEMA
 
-        keys = pa.table({"run_id": [r for r, _ in streams], "stream": pa.array([s for _, s in streams], pa.int64())})
+        keys = pa.table(
+            {
+                "run_id": [r for r, _ in streams],
+                "stream": pa.array([s for _, s in streams], pa.int64()),
+            }
+        )
         con.register("touched_streams", keys)
         kinds = ", ".join(f"'{k}'" for k in CONSTRUCTION_KINDS)
         columns = "e.run_id, e.stream, e.seq, e.kind, e.module_id, e.tensor_id, e.payload"
@@ -489,7 +538,13 @@ class ReadModel:
             if not rows:
                 break
             for run_id, stream, seq, kind, module_id, tensor_id, payload in rows:
-                event = {"seq": seq, "kind": kind, "module_id": module_id, "tensor_id": tensor_id, "payload": payload}
+                event = {
+                    "seq": seq,
+                    "kind": kind,
+                    "module_id": module_id,
+                    "tensor_id": tensor_id,
+                    "payload": payload,
+                }
                 apply(states[(run_id, stream)], event)
                 attached[(run_id, stream)] |= attached_ids([event])
         schema_ = tables.SCHEMA
@@ -537,7 +592,9 @@ class ReadModel:
                     ON o.run_id = n.run_id AND o.stream = n.stream AND o.tensor_id = n.tensor_id
                 WHERE o.name IS DISTINCT FROM n.name OR o.module IS DISTINCT FROM n.module"""
         )
-        counts = con.execute("SELECT (SELECT count(*) FROM changed_modules), (SELECT count(*) FROM changed_tensors)").fetchone()
+        counts = con.execute(
+            "SELECT (SELECT count(*) FROM changed_modules), (SELECT count(*) FROM changed_tensors)"
+        ).fetchone()
         if counts is not None and (counts[0] or counts[1]):
             for sql in tables.RELABEL:
                 con.execute(sql)

@@ -32,5 +32,9 @@ _STREAM = _c("stream", "INTEGER", "stream (distributed rank) the event was recor
 _SEQ = _c("seq", "BIGINT", "sequence number of the event in its stream")
 _STEP = _c("step", "BIGINT", "optimizer steps completed when the event happened")
 _MODULE_ID = _c("module_id", "BIGINT", "module identity within the run's stream")
-_CALL = _c("call", "INTEGER", "position of the module call in its step's activity event (call order, 0-based)")
+_CALL = _c(
+    "call",
+    "INTEGER",
+    "position of the module call in its step's activity event (call order, 0-based)",
+)
 _MODULE = _c("module", "VARCHAR", "qualified module name from replay (roots: (Class))")

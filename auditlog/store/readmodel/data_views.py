@@ -25,10 +25,17 @@ DATA_VIEWS: tuple[View, ...] = (
             _c("class", "VARCHAR", "qualified class name"),
             _c("kind", "VARCHAR", "map | iterable"),
             _c("length", "BIGINT", "len(dataset), null when it has none"),
-            _c("method", "VARCHAR", "how it is identified: tensors | files | hf_datasets | subset | concat | "
-               "unidentified"),
-            _c("fingerprint", "VARCHAR", "SHA-256 over its identity (null when unidentified): equal data, "
-               "equal fingerprint"),
+            _c(
+                "method",
+                "VARCHAR",
+                "how it is identified: tensors | files | hf_datasets | subset | concat | "
+                "unidentified",
+            ),
+            _c(
+                "fingerprint",
+                "VARCHAR",
+                "SHA-256 over its identity (null when unidentified): equal data, equal fingerprint",
+            ),
             _c("reason", "VARCHAR", "why it is unidentified (or not hashed)"),
             _c("files", "BIGINT", "files it lists (files, hf_datasets)"),
             _c("bytes", "BIGINT", "bytes of its files or tensors"),
@@ -38,8 +45,11 @@ DATA_VIEWS: tuple[View, ...] = (
             _c("samples_drawn", "BIGINT", "indices drawn, repeats counted"),
             _c("distinct_samples", "BIGINT", "distinct indices drawn"),
             _c("coverage", "DOUBLE", "distinct_samples / length (null without a length)"),
-            _c("hashed_batches", "BIGINT", "batches with a content hash (iterable datasets: policy "
-               "batch_hash_every)"),
+            _c(
+                "hashed_batches",
+                "BIGINT",
+                "batches with a content hash (iterable datasets: policy batch_hash_every)",
+            ),
             _c("distinct_hashes", "BIGINT", "distinct batch content hashes"),
         ),
         f"""
@@ -87,10 +97,18 @@ DATA_VIEWS: tuple[View, ...] = (
         (
             _RUN,
             _STREAM,
-            _c("rank", "INTEGER", "the rank that recorded the stream (DistributedSampler: its shard)"),
+            _c(
+                "rank",
+                "INTEGER",
+                "the rank that recorded the stream (DistributedSampler: its shard)",
+            ),
             _c("seq", "BIGINT", "sequence number of the batches event holding it"),
-            _c("step", "BIGINT", "the optimizer step that trained on it: the first to complete after it left "
-               "the loader (after_step + 1); null when no step completed after it"),
+            _c(
+                "step",
+                "BIGINT",
+                "the optimizer step that trained on it: the first to complete after it left "
+                "the loader (after_step + 1); null when no step completed after it",
+            ),
             _c("after_step", "BIGINT", "optimizer steps completed when it left the loader"),
             _TIME,
             _c("loader_id", "BIGINT", "per-run id of the DataLoader"),
@@ -98,11 +116,23 @@ DATA_VIEWS: tuple[View, ...] = (
             _c("epoch", "BIGINT", "the loader's iteration (0-based, per loader)"),
             _c("batch", "BIGINT", "position of the batch in its epoch (0-based)"),
             _c("size", "BIGINT", "number of indices (null for iterable datasets)"),
-            _c("indices", "BIGINT[]", "the sample indices, in the order the sampler yielded them (null for "
-               "iterable datasets and indices that were not integers)"),
-            _c("no_grad", "BOOLEAN", "it left the loader with gradients disabled (an evaluation loop)"),
-            _c("hash", "VARCHAR", "an iterable dataset's batch: its content hash (auditlog.batch_hash, SHA-256 "
-               "hex; null when the policy did not sample it or it could not be hashed)"),
+            _c(
+                "indices",
+                "BIGINT[]",
+                "the sample indices, in the order the sampler yielded them (null for "
+                "iterable datasets and indices that were not integers)",
+            ),
+            _c(
+                "no_grad",
+                "BOOLEAN",
+                "it left the loader with gradients disabled (an evaluation loop)",
+            ),
+            _c(
+                "hash",
+                "VARCHAR",
+                "an iterable dataset's batch: its content hash (auditlog.batch_hash, SHA-256 "
+                "hex; null when the policy did not sample it or it could not be hashed)",
+            ),
         ),
         f"""
         WITH last AS (

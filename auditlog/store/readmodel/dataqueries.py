@@ -46,7 +46,9 @@ class DataQueries(ForensicQueries):
 
     def hash_counts(self) -> tuple[int, int]:
         """(batches with a content hash, streams that recorded batches) of the run."""
-        row = self.rows("SELECT count(hash) AS hashed, count(DISTINCT stream) AS streams FROM batches")[0]
+        row = self.rows(
+            "SELECT count(hash) AS hashed, count(DISTINCT stream) AS streams FROM batches"
+        )[0]
         return int(row["hashed"]), int(row["streams"])
 
     def sample(self, index: int, dataset_ids: list[tuple[int, int]] | None) -> list[dict[str, Any]]:
@@ -57,7 +59,9 @@ class DataQueries(ForensicQueries):
         if dataset_ids is not None:
             if not dataset_ids:
                 return []
-            where = " AND (" + " OR ".join("(stream = ? AND dataset_id = ?)" for _ in dataset_ids) + ")"
+            where = (
+                " AND (" + " OR ".join("(stream = ? AND dataset_id = ?)" for _ in dataset_ids) + ")"
+            )
             params += [v for pair in dataset_ids for v in pair]
         return self.rows(
             "SELECT stream, rank, dataset_id, loader_id, epoch, batch, step, after_step, no_grad, "

@@ -51,7 +51,9 @@ class ForensicQueries:
         return found[0] if found else None
 
     def annotations(self) -> list[dict[str, Any]]:
-        return self.rows('SELECT step, time, "key", fields::VARCHAR AS fields FROM annotations ORDER BY seq')
+        return self.rows(
+            'SELECT step, time, "key", fields::VARCHAR AS fields FROM annotations ORDER BY seq'
+        )
 
     def events_of(self, kind: str) -> list[dict[str, Any]]:
         """Payloads (JSON text) of every event of one kind, in order."""
@@ -62,7 +64,10 @@ class ForensicQueries:
         )
 
     def kind_counts(self) -> dict[str, int]:
-        return {str(r["kind"]): int(r["n"]) for r in self.rows("SELECT kind, count(*) AS n FROM events GROUP BY kind")}
+        return {
+            str(r["kind"]): int(r["n"])
+            for r in self.rows("SELECT kind, count(*) AS n FROM events GROUP BY kind")
+        }
 
     # ------------------------------------------------------------------ structure
     def modules(self) -> list[dict[str, Any]]:
@@ -87,7 +92,9 @@ class ForensicQueries:
         """Module name -> its position in the model's order (``modules.ordinal``, stream 0),
         the order of heatmap rows; every name a module has (its aliases too)."""
         order: dict[str, int] = {}
-        for row in self.rows("SELECT module, aliases, ordinal FROM modules WHERE stream = 0 ORDER BY ordinal"):
+        for row in self.rows(
+            "SELECT module, aliases, ordinal FROM modules WHERE stream = 0 ORDER BY ordinal"
+        ):
             for name in [row["module"], *(row["aliases"] or [])]:
                 order.setdefault(str(name), int(row["ordinal"]))
         return order
@@ -102,19 +109,25 @@ class ForensicQueries:
 
     def stream_spans(self) -> list[dict[str, Any]]:
         """Per stream (rank and segment): its first and last event time, seconds between them."""
-        return self.rows("SELECT stream, min(ts_ns) AS first_ns, max(ts_ns) AS last_ns, "
-                         "(max(ts_ns) - min(ts_ns)) / 1e9 AS wall_s FROM events GROUP BY stream ORDER BY stream")
+        return self.rows(
+            "SELECT stream, min(ts_ns) AS first_ns, max(ts_ns) AS last_ns, "
+            "(max(ts_ns) - min(ts_ns)) / 1e9 AS wall_s FROM events GROUP BY stream ORDER BY stream"
+        )
 
     def datasets(self) -> list[dict[str, Any]]:
         """The datasets view of the run (stream 0): identity and how much of each was drawn."""
-        return self.rows("SELECT dataset_id, class, kind, length, method, fingerprint, reason, files, bytes, epochs, "
-                         "batches, samples_drawn, distinct_samples, hashed_batches, distinct_hashes FROM datasets WHERE stream = 0 "
-                         "ORDER BY dataset_id")
+        return self.rows(
+            "SELECT dataset_id, class, kind, length, method, fingerprint, reason, files, bytes, epochs, "
+            "batches, samples_drawn, distinct_samples, hashed_batches, distinct_hashes FROM datasets WHERE stream = 0 "
+            "ORDER BY dataset_id"
+        )
 
     def parameter_devices(self) -> list[dict[str, Any]]:
         """Per stream (rank) and device: how many parameters lie there (the documentation's hardware)."""
-        return self.rows("SELECT stream, device, count(*) AS tensors FROM parameters GROUP BY stream, device "
-                         "ORDER BY stream, device")
+        return self.rows(
+            "SELECT stream, device, count(*) AS tensors FROM parameters GROUP BY stream, device "
+            "ORDER BY stream, device"
+        )
 
     # ------------------------------------------------------------------ curves
     def metric_summary(self) -> list[dict[str, Any]]:
@@ -154,7 +167,9 @@ class ForensicQueries:
 
     def skipped_steps(self) -> list[dict[str, Any]]:
         """Optimizer steps that did not happen (a GradScaler skipped them), in order."""
-        return self.rows("SELECT step, optimizer_id, reason, scale FROM skipped_steps WHERE stream = 0 ORDER BY seq")
+        return self.rows(
+            "SELECT step, optimizer_id, reason, scale FROM skipped_steps WHERE stream = 0 ORDER BY seq"
+        )
 
     def learning_rates(self) -> list[dict[str, Any]]:
         """Per optimizer step and param group: the learning rate."""
@@ -201,8 +216,14 @@ class ForensicQueries:
 
     def activity_steps(self) -> dict[str, list[int]]:
         """Steps whose forward and backward module activity was recorded."""
-        forward = [int(r["step"]) for r in self.rows("SELECT DISTINCT step FROM forward_stats ORDER BY step")]
-        backward = [int(r["step"]) for r in self.rows("SELECT DISTINCT step FROM backward_stats ORDER BY step")]
+        forward = [
+            int(r["step"])
+            for r in self.rows("SELECT DISTINCT step FROM forward_stats ORDER BY step")
+        ]
+        backward = [
+            int(r["step"])
+            for r in self.rows("SELECT DISTINCT step FROM backward_stats ORDER BY step")
+        ]
         return {"forward": forward, "backward": backward}
 
     def last_step(self) -> int:
@@ -260,10 +281,13 @@ class ForensicQueries:
 
     def parameter_names(self) -> dict[int, str]:
         """Parameter names by tensor id."""
-        return {int(r["tensor_id"]): str(r["parameter"]) for r in self.rows(
-            "SELECT tensor_id, parameter FROM parameters WHERE stream = 0")}
+        return {
+            int(r["tensor_id"]): str(r["parameter"])
+            for r in self.rows("SELECT tensor_id, parameter FROM parameters WHERE stream = 0")
+        }
 
     def metrics_at(self, step: int) -> list[dict[str, Any]]:
         return self.rows(
-            "SELECT name, value, origin, module FROM metrics WHERE run_step = ? ORDER BY seq, position", [step]
+            "SELECT name, value, origin, module FROM metrics WHERE run_step = ? ORDER BY seq, position",
+            [step],
         )

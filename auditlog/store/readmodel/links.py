@@ -63,7 +63,9 @@ def check_links(table: pa.Table, heads: Heads, shown: str = "") -> None:
     for offset in range(0, table.num_rows, SLICE_ROWS):
         part = table.slice(offset, SLICE_ROWS)
         columns = [part.column(name).to_pylist() for name in _COLUMNS]
-        for eid, run_id, stream, seq, ts, kind, step, mid, tid, snap, payload, stored in zip(*columns, strict=True):
+        for eid, run_id, stream, seq, ts, kind, step, mid, tid, snap, payload, stored in zip(
+            *columns, strict=True
+        ):
             key = (run_id, stream)
             head = heads.get(key)
             if head is None:
@@ -71,23 +73,56 @@ def check_links(table: pa.Table, heads: Heads, shown: str = "") -> None:
             else:
                 prev_seq, prev = head
             if seq != prev_seq + 1:
-                _refuse(shown, eid, run_id, stream, seq, kind,
-                        f" follows seq {prev_seq} of its stream (events deleted, inserted or reordered)")
+                _refuse(
+                    shown,
+                    eid,
+                    run_id,
+                    stream,
+                    seq,
+                    kind,
+                    f" follows seq {prev_seq} of its stream (events deleted, inserted or reordered)",
+                )
             prefix = prefixes.get(key)
             if prefix is None:
                 prefix = prefixes[key] = row_prefix(run_id, stream).encode("ascii")
             if _plain(kind) and _plain(snap) and _plain(payload):
-                computed = sha256(b"%s\n%s%s" % (
-                    prev.encode(), prefix, dumps((seq, ts, kind, step, mid, tid, snap, payload))[1:]
-                )).hexdigest()
+                computed = sha256(
+                    b"%s\n%s%s"
+                    % (
+                        prev.encode(),
+                        prefix,
+                        dumps((seq, ts, kind, step, mid, tid, snap, payload))[1:],
+                    )
+                ).hexdigest()
             else:
-                row = {"run_id": run_id, "stream": stream, "seq": seq, "ts_ns": ts, "kind": kind, "step": step,
-                       "module_id": mid, "tensor_id": tid, "snapshot": snap, "payload": payload}
+                row = {
+                    "run_id": run_id,
+                    "stream": stream,
+                    "seq": seq,
+                    "ts_ns": ts,
+                    "kind": kind,
+                    "step": step,
+                    "module_id": mid,
+                    "tensor_id": tid,
+                    "snapshot": snap,
+                    "payload": payload,
+                }
                 computed = link_hash(prev, canonical_row(row))
             if computed != stored:
-                _refuse(shown, eid, run_id, stream, seq, kind,
-                        ": its content does not match its recorded hash (the event or its hash was modified)")
-            _check_limits(payload, shown, {"id": eid, "run_id": run_id, "stream": stream, "seq": seq, "kind": kind})
+                _refuse(
+                    shown,
+                    eid,
+                    run_id,
+                    stream,
+                    seq,
+                    kind,
+                    ": its content does not match its recorded hash (the event or its hash was modified)",
+                )
+            _check_limits(
+                payload,
+                shown,
+                {"id": eid, "run_id": run_id, "stream": stream, "seq": seq, "kind": kind},
+            )
             heads[key] = (seq, stored)
 
 
@@ -98,9 +133,12 @@ def _check_limits(payload: Any, shown: str, event: dict[str, Any]) -> None:
         return
     try:
         problem = limit_problem(payload)
-    except ValueError as exc:  # its quotes or brackets do not pair: malformed, as readers say (exit 3)
+    except (
+        ValueError
+    ) as exc:  # its quotes or brackets do not pair: malformed, as readers say (exit 3)
         raise CorruptRecordError(
-            f"{event_label(event, shown)}: its payload is not JSON ({exc}); run `auditlog verify`") from None
+            f"{event_label(event, shown)}: its payload is not JSON ({exc}); run `auditlog verify`"
+        ) from None
     if problem is not None:
         raise limit_error(problem, event, shown)
 

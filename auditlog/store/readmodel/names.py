@@ -83,13 +83,14 @@ def _source_fields(source: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-
 def _stat_int(value: Any) -> int | None:
     number = stat_float(value)
     return None if number is None or not math.isfinite(number) else int(number)
 
 
-def module_rows(run_id: str, stream: int, state: ModelState, labels: Labels) -> Iterator[dict[str, Any]]:
+def module_rows(
+    run_id: str, stream: int, state: ModelState, labels: Labels
+) -> Iterator[dict[str, Any]]:
     # ``labels.modules`` is in the model's order (naming._walk: roots in order of
     # first appearance, each depth-first with children in registration order, as
     # named_modules() and ``auditlog tree`` list them): ``ordinal`` keeps it.

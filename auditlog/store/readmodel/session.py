@@ -151,7 +151,9 @@ def _object(payload: Any) -> dict[str, Any]:
 class QuerySession:
     """A read-only, locked-down DuckDB connection to a fresh projection, with the views."""
 
-    def __init__(self, readmodel: ReadModel, run_id: str | None = None, rank: int | None = None) -> None:
+    def __init__(
+        self, readmodel: ReadModel, run_id: str | None = None, rank: int | None = None
+    ) -> None:
         if run_id is not None and not _RUN_ID.match(run_id):
             raise UsageError(f"bad run id {run_id!r}")
         if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
@@ -167,7 +169,9 @@ class QuerySession:
             try:
                 self.con = connect(readmodel.path, read_only=True)
             except duckdb.Error as exc:
-                raise QueryError(f"cannot open read model {str(readmodel.path)!r}: {one_line(exc)}") from exc
+                raise QueryError(
+                    f"cannot open read model {str(readmodel.path)!r}: {one_line(exc)}"
+                ) from exc
             resources.callback(self.con.close)
             self._set_up()
             self._resources = resources.pop_all()
@@ -200,7 +204,9 @@ class QuerySession:
         self._load_liveness()
         values = self._snapshot_values()
         for view in VIEWS:
-            self.con.execute(f'CREATE TEMP VIEW "{view.name}" AS {view_sql(view, self.run_id, values, self.rank)}')
+            self.con.execute(
+                f'CREATE TEMP VIEW "{view.name}" AS {view_sql(view, self.run_id, values, self.rank)}'
+            )
         directories = allowed_directories(self.readmodel.store.location)
         if directories:
             self.con.execute("SET allowed_directories = ?", [directories])
@@ -218,7 +224,9 @@ class QuerySession:
         rejected = f"SELECT sha256, problem FROM {tables.SCHEMA}.rejected_blobs"
         params: list[str] = []
         if self.run_id is not None:
-            rejected += f" WHERE sha256 IN (SELECT sha256 FROM {tables.SCHEMA}.snapshots WHERE run_id = ?)"
+            rejected += (
+                f" WHERE sha256 IN (SELECT sha256 FROM {tables.SCHEMA}.snapshots WHERE run_id = ?)"
+            )
             params.append(self.run_id)
         for sha, problem in self.con.execute(rejected, params).fetchall():
             self.left_out[str(sha)] = str(problem)
@@ -235,7 +243,10 @@ class QuerySession:
         Name, start, host and pid come from the chain; the runs index gives
         only liveness (heartbeat, process start time), which status needs.
         """
-        payloads: dict[str, dict[str, dict[int, dict[str, Any]]]] = {"run_started": {}, "run_ended": {}}
+        payloads: dict[str, dict[str, dict[int, dict[str, Any]]]] = {
+            "run_started": {},
+            "run_ended": {},
+        }
         for table_name, found in payloads.items():
             for run_id, stream, payload in self.con.execute(
                 f"SELECT run_id, stream, payload FROM projection.{table_name}"
@@ -255,12 +266,21 @@ class QuerySession:
             indexed = index.get(run_id) or {}
             seen = indexed.get("last_seen_ns")
             pid = first.get("pid")
-            facts = {"host": str(first.get("host") or ""), "pid": pid if isinstance(pid, int) else 0,
-                     "proc_start": indexed.get("proc_start"),
-                     "last_seen_ns": seen if isinstance(seen, int) else int(ts_ns)}
+            facts = {
+                "host": str(first.get("host") or ""),
+                "pid": pid if isinstance(pid, int) else 0,
+                "proc_start": indexed.get("proc_start"),
+                "last_seen_ns": seen if isinstance(seen, int) else int(ts_ns),
+            }
             name = first.get("name")
-            rows.append({"run_id": run_id, "name": name if isinstance(name, str) else None,
-                         "started_ns": int(ts_ns), **facts})
+            rows.append(
+                {
+                    "run_id": run_id,
+                    "name": name if isinstance(name, str) else None,
+                    "started_ns": int(ts_ns),
+                    **facts,
+                }
+            )
             live.append(run_liveness(facts, begun, payloads["run_ended"].get(run_id, {})))
         # Handed to DuckDB as one list per column: a pyarrow table built from Python
         # lists makes pyarrow import pandas, which cost more than the rest of the session.
@@ -296,7 +316,9 @@ class QuerySession:
         try:
             cursor = self._watched(lambda: self.con.execute(statement), deadline, timeout)
         except duckdb.PermissionException as exc:
-            raise QueryError(f"{one_line(exc)} (queries read the record's views, no other files)") from exc
+            raise QueryError(
+                f"{one_line(exc)} (queries read the record's views, no other files)"
+            ) from exc
         except duckdb.Error as exc:
             raise QueryError(one_line(exc)) from exc
         description = cursor.description or []
@@ -339,7 +361,9 @@ class QuerySession:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     self._cancel(finished)
-                    raise QueryTimeoutError(f"query cancelled: it ran past its time limit of {timeout:g} s")
+                    raise QueryTimeoutError(
+                        f"query cancelled: it ran past its time limit of {timeout:g} s"
+                    )
                 finished.wait(0.1 if left is None else min(0.1, left))
         except KeyboardInterrupt:
             self._cancel(finished)

@@ -135,6 +135,7 @@ TABLES: tuple[str, ...] = (
     f"""CREATE TABLE {SCHEMA}.rejected_blobs (sha256 VARCHAR PRIMARY KEY, problem VARCHAR NOT NULL)""",
 )
 
+
 # SQL run once per chunk over ``new_events`` (the chunk's Arrow table), in order.
 def _vector(name: str) -> str:
     """A per-parameter vector of an ``optimizer_step`` as ``DOUBLE[]``: decoded from

@@ -19,20 +19,44 @@ TRAINING_VIEWS: tuple[View, ...] = (
             _RUN,
             _STREAM,
             _c("rank", "INTEGER", "the rank that recorded the stream (stream % 1000000)"),
-            _c("segment", "INTEGER", "0 for the first launch, then one per elastic restart (stream // 1000000)"),
+            _c(
+                "segment",
+                "INTEGER",
+                "0 for the first launch, then one per elastic restart (stream // 1000000)",
+            ),
             _c("step", "BIGINT", "the rank's step count after this step (1-based)"),
             _TIME,
-            _c("grad_norm", "DOUBLE", "total L2 norm of the rank's gradients at this step (all parameters)"),
-            _c("param_norm", "DOUBLE", "total L2 norm of the rank's parameters after the step (steps with "
-               "norms, see norms_every)"),
-            _c("loss", "DOUBLE", "the step's training loss: the mean loss of the metrics view for the "
-               "iteration this step ended, else annotate('loss', value=...) made at this step count, else "
-               "the scalar output of a loss module in the step's sampled activity; null otherwise"),
+            _c(
+                "grad_norm",
+                "DOUBLE",
+                "total L2 norm of the rank's gradients at this step (all parameters)",
+            ),
+            _c(
+                "param_norm",
+                "DOUBLE",
+                "total L2 norm of the rank's parameters after the step (steps with "
+                "norms, see norms_every)",
+            ),
+            _c(
+                "loss",
+                "DOUBLE",
+                "the step's training loss: the mean loss of the metrics view for the "
+                "iteration this step ended, else annotate('loss', value=...) made at this step count, else "
+                "the scalar output of a loss module in the step's sampled activity; null otherwise",
+            ),
             _c("ranks", "BIGINT", "ranks of the same segment that recorded this step"),
             _c("grad_norm_min", "DOUBLE", "smallest grad_norm of any rank at this step"),
             _c("grad_norm_max", "DOUBLE", "largest grad_norm of any rank at this step"),
-            _c("grad_norm_spread", "DOUBLE", "(max - min) / max of grad_norm across ranks (0: in sync)"),
-            _c("param_norm_spread", "DOUBLE", "(max - min) / max of param_norm across ranks (0: in sync)"),
+            _c(
+                "grad_norm_spread",
+                "DOUBLE",
+                "(max - min) / max of grad_norm across ranks (0: in sync)",
+            ),
+            _c(
+                "param_norm_spread",
+                "DOUBLE",
+                "(max - min) / max of param_norm across ranks (0: in sync)",
+            ),
             _c("loss_mean", "DOUBLE", "mean loss across ranks at this step"),
             _c("loss_spread", "DOUBLE", "(max - min) / max(|loss|) across ranks"),
         ),
@@ -95,21 +119,37 @@ TRAINING_VIEWS: tuple[View, ...] = (
             _RUN,
             _STREAM,
             _SEQ,
-            _c("step", "BIGINT", "the step the value belongs to: the user's step= when given, else the "
-               "optimizer steps completed when it was computed (the first iteration's loss is step 0)"),
+            _c(
+                "step",
+                "BIGINT",
+                "the step the value belongs to: the user's step= when given, else the "
+                "optimizer steps completed when it was computed (the first iteration's loss is step 0)",
+            ),
             _TIME,
-            _c("name", "VARCHAR", "loss | eval_loss (computed without grad) | backward_loss (the scalar "
-               "backward() started from, when it was not the recorded loss itself: divided for "
-               "accumulation, a sum of losses) | the name given to auditlog.log"),
+            _c(
+                "name",
+                "VARCHAR",
+                "loss | eval_loss (computed without grad) | backward_loss (the scalar "
+                "backward() started from, when it was not the recorded loss itself: divided for "
+                "accumulation, a sum of losses) | the name given to auditlog.log",
+            ),
             _c("value", "DOUBLE", "the value (NaN/inf when it was not finite)"),
-            _c("origin", "VARCHAR", "loss_module | model_output | backward (the scalar a backward() "
-               "started from; unscaled when a GradScaler scaled it) | user"),
+            _c(
+                "origin",
+                "VARCHAR",
+                "loss_module | model_output | backward (the scalar a backward() "
+                "started from; unscaled when a GradScaler scaled it) | user",
+            ),
             _MODULE_ID,
             _c("module", "VARCHAR", "the module whose output it was (null for user values)"),
             _c("run_step", "BIGINT", "optimizer steps completed when it was recorded"),
             _c("position", "INTEGER", "position in its event (0-based)"),
-            _c("skipped", "BOOLEAN", "the value belongs to an iteration whose optimizer step was skipped "
-               "(see skipped_steps): not counted as that step's loss"),
+            _c(
+                "skipped",
+                "BOOLEAN",
+                "the value belongs to an iteration whose optimizer step was skipped "
+                "(see skipped_steps): not counted as that step's loss",
+            ),
         ),
         """
         SELECT m.run_id, m.stream, m.seq, coalesce(m.user_step, m.step) AS step,
@@ -126,12 +166,20 @@ TRAINING_VIEWS: tuple[View, ...] = (
             _RUN,
             _STREAM,
             _SEQ,
-            _c("step", "BIGINT", "the run's step count when it was skipped (the steps completed before)"),
+            _c(
+                "step",
+                "BIGINT",
+                "the run's step count when it was skipped (the steps completed before)",
+            ),
             _TIME,
             _c("optimizer_id", "BIGINT", "per-run id of the optimizer"),
             _c("optimizer_class", "VARCHAR", "qualified optimizer class"),
             _c("reason", "VARCHAR", "why the step was skipped"),
-            _c("scale", "DOUBLE", "the GradScaler's loss scale when it skipped (before its update lowers it)"),
+            _c(
+                "scale",
+                "DOUBLE",
+                "the GradScaler's loss scale when it skipped (before its update lowers it)",
+            ),
         ),
         """
         SELECT e.run_id, e.stream, e.seq, e.step, make_timestamp(e.ts_ns // 1000) AS time,

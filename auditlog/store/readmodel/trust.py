@@ -130,7 +130,9 @@ def seal_problem(projection: Path, store: EventStore, store_id: str) -> str | No
     if not isinstance(data, dict):
         return "the read model has no valid seal"
     fields = {k: v for k, v in data.items() if k != "mac"}
-    if not isinstance(data.get("mac"), str) or not hmac.compare_digest(data["mac"], _mac(key, fields)):
+    if not isinstance(data.get("mac"), str) or not hmac.compare_digest(
+        data["mac"], _mac(key, fields)
+    ):
         return "the read model's seal does not verify (edited, or sealed by another user)"
     if fields.get("format") != SEAL_FORMAT:
         return "the read model was sealed by another auditlog version (its rows are checked against the chain again)"
@@ -143,11 +145,15 @@ def seal_problem(projection: Path, store: EventStore, store_id: str) -> str | No
     heads = fields.get("heads")
     if not isinstance(heads, list):
         return "the read model has no valid seal"
-    found = store.stream_head_hashes([(h[0], h[1], h[2]) for h in heads if isinstance(h, list) and len(h) == 4])
+    found = store.stream_head_hashes(
+        [(h[0], h[1], h[2]) for h in heads if isinstance(h, list) and len(h) == 4]
+    )
     for run_id, stream, seq, head_hash in heads:
         if found.get((run_id, stream, seq)) != head_hash:
-            return (f"the store no longer holds the chain head the read model was built from "
-                    f"(run {str(run_id)[:12]} stream {stream} seq {seq}: rewritten or cut off)")
+            return (
+                f"the store no longer holds the chain head the read model was built from "
+                f"(run {str(run_id)[:12]} stream {stream} seq {seq}: rewritten or cut off)"
+            )
     return None
 
 
@@ -184,11 +190,25 @@ def check_blobs(snapshots: Path, hashes: list[str]) -> list[CheckedBlob]:
             out.append(CheckedBlob(sha, None, f"{place} cannot be used: {why}"))
             continue
         identity = file_identity(snapshots / info.file, follow=False) or [0, 0, 0, 0]
-        out.append(CheckedBlob(sha, {
-            "sha256": sha, "file": info.file, "dtype": info.dtype, "shape": info.shape, "numel": info.numel,
-            "nbytes": info.nbytes, "layout": info.layout, "row_groups": info.row_groups,
-            "file_sha256": info.file_sha256, "created_ns": time.time_ns(), "identity": identity,
-        }, None))
+        out.append(
+            CheckedBlob(
+                sha,
+                {
+                    "sha256": sha,
+                    "file": info.file,
+                    "dtype": info.dtype,
+                    "shape": info.shape,
+                    "numel": info.numel,
+                    "nbytes": info.nbytes,
+                    "layout": info.layout,
+                    "row_groups": info.row_groups,
+                    "file_sha256": info.file_sha256,
+                    "created_ns": time.time_ns(),
+                    "identity": identity,
+                },
+                None,
+            )
+        )
     return out
 
 
@@ -213,14 +233,21 @@ def changed_files(snapshots: Path, rows: list[tuple[str, str, list[int]]]) -> di
     from auditlog.store.blobpaths import relpath, where
 
     changed: dict[str, str] = {}
-    base = os.fspath(snapshots)  # strings, not Path objects: a session checks every file it may read
+    base = os.fspath(
+        snapshots
+    )  # strings, not Path objects: a session checks every file it may read
     for sha, digest, identity in rows:
         if not is_content_hash(sha):  # a projection edited to name another path: never read
             changed[sha] = f"{where(sha)} is not a content hash"
             continue
         try:
             st = os.lstat(os.path.join(base, relpath(sha)))
-            now: list[int] | None = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]  # file_identity
+            now: list[int] | None = [
+                st.st_size,
+                st.st_mtime_ns,
+                st.st_ctime_ns,
+                st.st_ino,
+            ]  # file_identity
         except OSError:
             now = None
         if now is None:

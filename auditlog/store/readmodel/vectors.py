@@ -41,7 +41,9 @@ def decode(value: Any) -> np.ndarray | None:
     """A packed vector as float64 values (NaN where absent, masked by the caller); None otherwise."""
     if not isinstance(value, dict) or not isinstance(value.get("f32"), str):
         return None
-    data = np.frombuffer(base64.b64decode(value["f32"], validate=True), dtype="<f4").astype(np.float64)
+    data = np.frombuffer(base64.b64decode(value["f32"], validate=True), dtype="<f4").astype(
+        np.float64
+    )
     return data
 
 

@@ -104,14 +104,30 @@ VIEWS: tuple[View, ...] = (
         (
             _RUN,
             _c("name", "VARCHAR", "user-given run name"),
-            _c("status", "VARCHAR", "completed | failed | interrupted | crashed | running | incomplete "
-               "(several ranks: every stream of the last segment counts, see docs/distributed.md)"),
-            _c("status_detail", "VARCHAR", "for multi-rank runs: the ranks that did not complete, and "
-               "earlier segments (elastic restarts); null otherwise"),
+            _c(
+                "status",
+                "VARCHAR",
+                "completed | failed | interrupted | crashed | running | incomplete "
+                "(several ranks: every stream of the last segment counts, see docs/distributed.md)",
+            ),
+            _c(
+                "status_detail",
+                "VARCHAR",
+                "for multi-rank runs: the ranks that did not complete, and "
+                "earlier segments (elastic restarts); null otherwise",
+            ),
             _c("started", "TIMESTAMP", "start time (UTC)"),
-            _c("ended", "TIMESTAMP", "end time (UTC; the last stream's end), null while running or after a crash"),
+            _c(
+                "ended",
+                "TIMESTAMP",
+                "end time (UTC; the last stream's end), null while running or after a crash",
+            ),
             _c("duration_s", "DOUBLE", "seconds from start to end (or to the last heartbeat)"),
-            _c("exit_code", "INTEGER", "process exit code when known (of the lowest rank with the run's status)"),
+            _c(
+                "exit_code",
+                "INTEGER",
+                "process exit code when known (of the lowest rank with the run's status)",
+            ),
             _c("steps", "BIGINT", "optimizer steps completed"),
             _c("events", "BIGINT", "events recorded, all streams"),
             _c("streams", "BIGINT", "streams (ranks) recorded"),
@@ -127,8 +143,12 @@ VIEWS: tuple[View, ...] = (
             _c("torch", "VARCHAR", "torch version"),
             _c("cuda", "VARCHAR", "CUDA version torch was built with"),
             _c("world_size", "INTEGER", "distributed world size"),
-            _c("seed", "UBIGINT", "torch.initial_seed() when the run started (unsigned 64-bit: torch seeds "
-               "reach 2^64 - 1)"),
+            _c(
+                "seed",
+                "UBIGINT",
+                "torch.initial_seed() when the run started (unsigned 64-bit: torch seeds "
+                "reach 2^64 - 1)",
+            ),
             _c("exception_type", "VARCHAR", "exception type of a failed run"),
             _c("exception_message", "VARCHAR", "exception message of a failed run"),
             _c("metadata", "JSON", "the whole run_started payload of stream 0"),
@@ -207,7 +227,11 @@ VIEWS: tuple[View, ...] = (
             _STREAM,
             _MODULE_ID,
             _MODULE,
-            _c("path", "VARCHAR", "name as named_modules() gives it within its root ('' for a root)"),
+            _c(
+                "path",
+                "VARCHAR",
+                "name as named_modules() gives it within its root ('' for a root)",
+            ),
             _c("root", "VARCHAR", "label of the root module, (Class)"),
             _c("class", "VARCHAR", "qualified class name"),
             _c("class_name", "VARCHAR", "class name without its module"),
@@ -215,17 +239,25 @@ VIEWS: tuple[View, ...] = (
             _c("parent", "VARCHAR", "qualified name of the parent"),
             _c("attr", "VARCHAR", "attribute name in the parent"),
             _c("depth", "INTEGER", "0 for roots, 1 for their children, ..."),
-            _c("ordinal", "INTEGER", "position in the model's order within the stream (0-based): roots in "
-               "order of first appearance, each depth-first with children in registration order, as "
-               "named_modules() and `auditlog tree` list them (ORDER BY ordinal)"),
+            _c(
+                "ordinal",
+                "INTEGER",
+                "position in the model's order within the stream (0-based): roots in "
+                "order of first appearance, each depth-first with children in registration order, as "
+                "named_modules() and `auditlog tree` list them (ORDER BY ordinal)",
+            ),
             _c("aliases", "VARCHAR[]", "other names of a module shared under several names"),
             _c("n_children", "INTEGER", "direct child modules"),
             _c("n_parameters", "INTEGER", "parameters registered directly on the module"),
             _c("n_buffers", "INTEGER", "buffers registered directly on the module"),
             *_source("module"),
-            _c("source_kind", "VARCHAR", "constructed: source_line called the module's constructor; "
-               "attached: its constructor was not seen (built before recording, a deepcopy, C++), "
-               "source_line attached it to its parent; null: recorded before sites had a kind"),
+            _c(
+                "source_kind",
+                "VARCHAR",
+                "constructed: source_line called the module's constructor; "
+                "attached: its constructor was not seen (built before recording, a deepcopy, C++), "
+                "source_line attached it to its parent; null: recorded before sites had a kind",
+            ),
         ),
         """
         SELECT m.run_id, m.stream, m.module_id, m.module, m.path, m.root, m.class,
@@ -252,7 +284,9 @@ VIEWS: tuple[View, ...] = (
             _c("attr", "VARCHAR", "attribute name in the module"),
             _c("shape", "BIGINT[]", "shape"),
             _c("numel", "BIGINT", "number of elements"),
-            _c("dtype", "VARCHAR", "dtype (as registered, or as a later structural check found it)"),
+            _c(
+                "dtype", "VARCHAR", "dtype (as registered, or as a later structural check found it)"
+            ),
             _c("device", "VARCHAR", "device (as registered or last found)"),
             _c("requires_grad", "BOOLEAN", "requires_grad (as registered or last found)"),
             *_source("module"),
@@ -274,7 +308,9 @@ VIEWS: tuple[View, ...] = (
             _c("attr", "VARCHAR", "attribute name in the module"),
             _c("shape", "BIGINT[]", "shape"),
             _c("numel", "BIGINT", "number of elements"),
-            _c("dtype", "VARCHAR", "dtype (as registered, or as a later structural check found it)"),
+            _c(
+                "dtype", "VARCHAR", "dtype (as registered, or as a later structural check found it)"
+            ),
             _c("device", "VARCHAR", "device (as registered or last found)"),
             _c("persistent", "BOOLEAN", "whether it is part of state_dict"),
             *_source("module"),
@@ -300,20 +336,36 @@ VIEWS: tuple[View, ...] = (
             _c("tensor_id", "BIGINT", "parameter identity"),
             _c("parameter", "VARCHAR", "qualified parameter name"),
             _c("module", "VARCHAR", "qualified name of the module holding the parameter"),
-            _c("grad_norm", "DOUBLE", "L2 norm of the gradient the update consumed (after any clipping or "
-               "unscaling; null if it had none)"),
-            _c("raw_grad_norm", "DOUBLE", "L2 norm of the gradient as the last backward() left it, before any "
-               "clipping or unscaling (equal to grad_norm when nothing changed it; null when no backward was "
-               "seen since the previous step, and in records made before this was measured)"),
-            _c("grads_modified", "BOOLEAN", "whether the step's gradients were changed between the last "
-               "backward() and the update (clipped, unscaled, replaced): true, false, or null when unknown"),
+            _c(
+                "grad_norm",
+                "DOUBLE",
+                "L2 norm of the gradient the update consumed (after any clipping or "
+                "unscaling; null if it had none)",
+            ),
+            _c(
+                "raw_grad_norm",
+                "DOUBLE",
+                "L2 norm of the gradient as the last backward() left it, before any "
+                "clipping or unscaling (equal to grad_norm when nothing changed it; null when no backward was "
+                "seen since the previous step, and in records made before this was measured)",
+            ),
+            _c(
+                "grads_modified",
+                "BOOLEAN",
+                "whether the step's gradients were changed between the last "
+                "backward() and the update (clipped, unscaled, replaced): true, false, or null when unknown",
+            ),
             _c("update_norm", "DOUBLE", "L2 norm of the change this step made"),
             _c("param_norm", "DOUBLE", "L2 norm of the parameter after the step"),
             _c("lr", "DOUBLE", "learning rate of the param group"),
             _c("weight_decay", "DOUBLE", "weight decay of the param group"),
-            _c("momentum", "DOUBLE", "momentum of the param group (null if the optimizer has none)"),
+            _c(
+                "momentum", "DOUBLE", "momentum of the param group (null if the optimizer has none)"
+            ),
             _c("hyperparameters", "JSON", "every hyperparameter of the param group"),
-            _c("nonfinite_grads", "BIGINT", "parameters of this step whose gradient was not finite"),
+            _c(
+                "nonfinite_grads", "BIGINT", "parameters of this step whose gradient was not finite"
+            ),
         ),
         """
         SELECT s.run_id, s.stream, s.seq, s.step, make_timestamp(s.ts_ns // 1000) AS time,
@@ -326,7 +378,8 @@ VIEWS: tuple[View, ...] = (
     ),
     View(
         "forward_stats",
-        "One row per recorded forward call and output tensor (the first 4 outputs of each call), from the step's `activity` event.",
+        "One row per recorded forward call and output tensor (the first 4 outputs of each call), "
+        "from the step's `activity` event.",
         (
             _RUN,
             _STREAM,
@@ -340,10 +393,22 @@ VIEWS: tuple[View, ...] = (
             _c("n_outputs", "BIGINT", "number of tensors the call returned"),
             *_stats("", "output"),
             _c("zeros", "BIGINT", "elements exactly 0 (policy stats=full)"),
-            _c("units", "BIGINT", "features of the output: its last dimension (2-D, 3-D) or dimension 1 (4-D on)"),
-            _c("dead_units", "BIGINT", "units that were exactly 0 throughout the batch (a ReLU that never fired)"),
-            _c("input_nonfinite", "BIGINT", "NaN/Inf elements in the call's first 4 positional input "
-               "tensors (the same for every output row of the call; null when it had none)"),
+            _c(
+                "units",
+                "BIGINT",
+                "features of the output: its last dimension (2-D, 3-D) or dimension 1 (4-D on)",
+            ),
+            _c(
+                "dead_units",
+                "BIGINT",
+                "units that were exactly 0 throughout the batch (a ReLU that never fired)",
+            ),
+            _c(
+                "input_nonfinite",
+                "BIGINT",
+                "NaN/Inf elements in the call's first 4 positional input "
+                "tensors (the same for every output row of the call; null when it had none)",
+            ),
         ),
         """
         SELECT f.run_id, f.stream, f.seq, f.step, make_timestamp(f.ts_ns // 1000) AS time,
@@ -440,8 +505,12 @@ VIEWS: tuple[View, ...] = (
         (
             _c("sha256", "VARCHAR", "content hash, as in snapshots.sha256"),
             _c("index", "BIGINT", "element index in C (row-major) order"),
-            _c("value", "DOUBLE", "the element as DOUBLE (bool as 0/1); null for dtypes stored as "
-               "raw bytes (bfloat16, float8, complex)"),
+            _c(
+                "value",
+                "DOUBLE",
+                "the element as DOUBLE (bool as 0/1); null for dtypes stored as "
+                "raw bytes (bfloat16, float8, complex)",
+            ),
         ),
         """
         SELECT v.sha256, v."index", v.value FROM {snapshot_values} v

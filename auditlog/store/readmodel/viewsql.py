@@ -38,7 +38,9 @@ UNSTREAMED = frozenset(("runs_live", "snapshot_catalog"))
 
 # The relation (sha256, index, value) that tensor_values reads, when no native
 # snapshot file exists (or the session has no snapshots directory).
-NO_VALUES = '(SELECT NULL::VARCHAR AS sha256, NULL::BIGINT AS "index", NULL::DOUBLE AS value WHERE false)'
+NO_VALUES = (
+    '(SELECT NULL::VARCHAR AS sha256, NULL::BIGINT AS "index", NULL::DOUBLE AS value WHERE false)'
+)
 
 
 def quote_literal(value: str) -> str:
