@@ -166,6 +166,7 @@ def pages() -> dict[str, str]:
         "events.md": HEADER
         + "# Event kinds\n\nWhat every event kind records, the payload fields of each with their types, "
         "and the columns of the event row: generated from the one definition, `auditlog/core/kinds.py` "
+        "(the kinds by subject in `kinds_model.py`, `kinds_training.py`, `kinds_data.py`) "
         "(and `core/eventrow.py` for the row).\n\n" + limits_markdown() + kinds_markdown(),
     }
 

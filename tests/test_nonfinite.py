@@ -29,8 +29,12 @@ def log_model() -> nn.Sequential:
     """fc1 (frozen, output 1.0) -> log -> ... : finite until fc1's bias is planted negative."""
     torch.manual_seed(0)
     model = nn.Sequential(
-        nn.Linear(4, 8), Log(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3)
-    )  # BUILT_LOG
+        nn.Linear(4, 8),
+        Log(),  # BUILT_LOG
+        nn.Linear(8, 8),
+        nn.Tanh(),
+        nn.Linear(8, 3),
+    )
     with torch.no_grad():
         model[0].weight.zero_()
         model[0].bias.fill_(1.0)

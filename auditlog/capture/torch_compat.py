@@ -25,6 +25,8 @@ from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 from torch.utils import _python_dispatch
 
+from auditlog.capture.flopkeys import flop_key as _flop_key
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 _is_compiling = torch.compiler.is_compiling
@@ -447,12 +449,10 @@ def flop_counting_mode() -> Any:
     class FlopCount(TorchDispatchMode):
         @classmethod
         def ignore_compile_internals(cls) -> bool:
-            # Dynamo refuses to compile while a mode without this is active ("non-infra
-            # torch dispatch mode present") and runs that code eagerly for the whole run
-            # (measured: a compiled child under an eager parent then trained with other
-            # numerics). With it, dynamo compiles as without the mode; the compiled code
-            # then dispatches only some of its ops through the mode (flops.py skips the
-            # count when it can see compiled modules).
+            # Without it dynamo runs the code eagerly for the whole run ("non-infra torch
+            # dispatch mode present"; a compiled child then trained with other numerics).
+            # With it, dynamo compiles as without the mode, and dispatches only some ops
+            # through it (flops.py skips the count when it sees compiled modules).
             return True
 
         def __init__(self) -> None:
@@ -480,45 +480,6 @@ def flop_counting_mode() -> Any:
 
     known: dict[Any, int] = {}
     return FlopCount()
-
-
-_PLAIN = (
-    int,
-    float,
-    bool,
-    str,
-    type(None),
-    torch.dtype,
-    torch.device,
-    torch.layout,
-    torch.memory_format,
-)
-
-
-def _flop_key_part(value: Any) -> Any:
-    """A hashable stand-in for one argument of a FLOP formula, or a ``KeyError``
-    for one the formula might read more of than we can key on."""
-    if isinstance(value, torch.Tensor):
-        return ("T", tuple(value.shape))
-    if isinstance(value, _PLAIN):
-        return (type(value), value)
-    if isinstance(value, (list, tuple)):
-        return (type(value), tuple(map(_flop_key_part, value)))
-    raise KeyError(type(value))
-
-
-def _flop_key(func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> Any:
-    """What a FLOP formula's answer depends on: the operator overload, the
-    arguments' shapes and plain values, the output's shape; None when unsure."""
-    try:
-        return (
-            func,
-            _flop_key_part(tuple(args)),
-            tuple(sorted((name, _flop_key_part(value)) for name, value in kwargs.items())),
-            _flop_key_part(out),
-        )
-    except (KeyError, TypeError):
-        return None
 
 
 # --------------------------------------------------------------------------- global hook state

@@ -16,15 +16,8 @@ from typing import Any
 
 import torch
 
-from auditlog.read.diff import (
-    Progress,
-    RunFacts,
-    find_renames,
-    jsonable,
-    module_items,
-    renamed_label,
-    run_facts,
-)
+from auditlog.read.diff import Progress, RunFacts, jsonable, module_items, run_facts
+from auditlog.read.diff_renames import find_renames, renamed_label
 from auditlog.read.run import Run, pick_snapshot
 from auditlog.store.blobs import BlobInfo, SnapshotStore
 from auditlog.store.eventstore import EventStore

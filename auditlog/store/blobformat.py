@@ -27,7 +27,6 @@ reader follows each file's own codec, and a null value is refused.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -45,10 +44,13 @@ import pyarrow.parquet as pq
 
 from auditlog.core.cpus import hash_threads
 from auditlog.core.hashing import TREE, TREE_KEY, Hasher, content_hasher
-
-# SnapshotError and relpath live in blobpaths; most readers import them from here.
-from auditlog.store.blobpaths import NOT_A_HASH, open_regular, read_at
 from auditlog.store.blobpaths import SnapshotError as SnapshotError
+from auditlog.store.blobpaths import check_size as check_size
+from auditlog.store.blobpaths import file_digest as file_digest
+
+# SnapshotError, its reasons and relpath live in blobpaths; most readers import them from here.
+from auditlog.store.blobpaths import open_regular, read_ahead, read_at
+from auditlog.store.blobpaths import reason as reason
 from auditlog.store.blobpaths import relpath as relpath
 from auditlog.store.blobshape import check_extent, element_count, parse_shape
 
@@ -65,7 +67,6 @@ _ONE_PAGE_HEADER = 64
 # Bytes read per ``preadv`` call when reading a file straight into its tensor: the
 # hash starts on the first piece while the next ones are read.
 _READ_PIECE = 4 * 1024 * 1024
-_READ_AHEAD = 32 * 1024 * 1024
 
 # Element size of every torch dtype, by name (tests/test_snapshots.py checks it against torch).
 ITEMSIZE: dict[str, int] = {
@@ -475,7 +476,7 @@ class SnapshotFile:
             for offset, length in spans:
                 for start in range(0, length, _READ_PIECE):
                     size = min(_READ_PIECE, length - start)
-                    _read_ahead(fd, offset + start, size)
+                    read_ahead(fd, offset + start, size)
                     got = 0
                     while got < size:
                         read = os.preadv(
@@ -560,15 +561,6 @@ def value_spans(metadata: Any, dtype: str, numel: int) -> list[tuple[int, int]] 
     return spans
 
 
-def _read_ahead(fd: int, offset: int, size: int) -> None:
-    """Ask the kernel to start reading the ``_READ_AHEAD`` bytes after this piece while it
-    is read: a cold file (last month's snapshot) then streams from the disk without
-    stalls between ``preadv`` calls, and no more than that is asked for at once
-    (a faster cold read: docs/performance.md)."""
-    if hasattr(os, "posix_fadvise"):
-        os.posix_fadvise(fd, offset + size, _READ_AHEAD, os.POSIX_FADV_WILLNEED)
-
-
 def _hash_while_filling(
     fill: Callable[[Callable[[int, int], None]], None], view: memoryview, digest: Any, relpath: str
 ) -> None:
@@ -598,40 +590,3 @@ def _hash_while_filling(
                 digest.update(view[piece[0] : piece[1]])
     finally:
         reader.join()
-
-
-def check_size(stored: int, expected: int, relpath: str) -> None:
-    """``SnapshotError`` unless a file held exactly the bytes its dtype and shape call for."""
-    if stored != expected:
-        raise SnapshotError(f"snapshot file {relpath!r} holds {stored} of {expected} bytes")
-
-
-def reason(exc: SnapshotError) -> str:
-    """A ``SnapshotError`` message without the file name (the caller names the file)."""
-    text = str(exc)
-    if text.endswith(NOT_A_HASH):
-        return "not a content hash (64 lowercase hex characters): event edited, no file read"
-    if text.endswith(" is missing"):
-        return "missing"
-    if " is not a regular file (" in text:
-        return (
-            "not a regular file ("
-            + text.split(" is not a regular file (", 1)[1]
-            + ": refused unread (file replaced)"
-        )
-    if " is unreadable: " in text:
-        return "unreadable (file modified or damaged): " + text.split(" is unreadable: ", 1)[1]
-    if " has columns " in text:
-        return "has columns " + text.split(" has columns ", 1)[1]
-    if " holds " in text and text.startswith("snapshot file "):
-        return "holds " + text.split(" holds ", 1)[1] + " (file modified)"
-    return text
-
-
-def file_digest(path: Path) -> str:
-    """SHA-256 of a file's bytes, read in 1 MiB blocks (archives and exports list them)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

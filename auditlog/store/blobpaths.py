@@ -166,3 +166,52 @@ def copy_regular(path: Path, shown: str, target: Path) -> None:
     fd = open_regular(path, shown)
     with os.fdopen(fd, "rb") as source, target.open("xb") as sink:
         shutil.copyfileobj(source, sink, 1 << 20)
+
+
+def check_size(stored: int, expected: int, relpath: str) -> None:
+    """``SnapshotError`` unless a file held exactly the bytes its dtype and shape call for."""
+    if stored != expected:
+        raise SnapshotError(f"snapshot file {relpath!r} holds {stored} of {expected} bytes")
+
+
+def reason(exc: SnapshotError) -> str:
+    """A ``SnapshotError`` message without the file name (the caller names the file)."""
+    text = str(exc)
+    if text.endswith(NOT_A_HASH):
+        return "not a content hash (64 lowercase hex characters): event edited, no file read"
+    if text.endswith(" is missing"):
+        return "missing"
+    if " is not a regular file (" in text:
+        return (
+            "not a regular file ("
+            + text.split(" is not a regular file (", 1)[1]
+            + ": refused unread (file replaced)"
+        )
+    if " is unreadable: " in text:
+        return "unreadable (file modified or damaged): " + text.split(" is unreadable: ", 1)[1]
+    if " has columns " in text:
+        return "has columns " + text.split(" has columns ", 1)[1]
+    if " holds " in text and text.startswith("snapshot file "):
+        return "holds " + text.split(" holds ", 1)[1] + " (file modified)"
+    return text
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB blocks (archives and exports list them)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+READ_AHEAD = 32 * 1024 * 1024  # bytes asked of the kernel ahead of a reader
+
+
+def read_ahead(fd: int, offset: int, size: int) -> None:
+    """Ask the kernel to start reading the ``READ_AHEAD`` bytes after this piece while it
+    is read: a cold file (last month's snapshot) then streams from the disk without
+    stalls between ``preadv`` calls, and no more than that is asked for at once
+    (a faster cold read: docs/performance.md)."""
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, offset + size, READ_AHEAD, os.POSIX_FADV_WILLNEED)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -49,8 +48,15 @@ from auditlog.core.errors import CorruptRecordError, IntegrityError, StoreError,
 from auditlog.core.naming import attached_ids, label_state
 from auditlog.core.replay import CONSTRUCTION_KINDS, ModelState, apply
 from auditlog.store.eventstore import EventStore
-from auditlog.store.location import EVENTS_FILE
 from auditlog.store.readmodel import tables
+from auditlog.store.readmodel.projection import (
+    DUCKDB_CONFIG as DUCKDB_CONFIG,
+)
+from auditlog.store.readmodel.projection import (
+    PROJECTION_FILE as PROJECTION_FILE,
+)
+from auditlog.store.readmodel.projection import connect as connect
+from auditlog.store.readmodel.projection import default_path, is_projection_file
 from auditlog.store.readmodel.trust import check_blobs, seal_path, seal_problem, write_seal
 
 if TYPE_CHECKING:  # the refresh imports pyarrow; a session on a fresh projection does not
@@ -58,7 +64,6 @@ if TYPE_CHECKING:  # the refresh imports pyarrow; a session on a fresh projectio
 
     from auditlog.store.readmodel.links import Heads
 
-PROJECTION_FILE = "readmodel.duckdb"
 CHUNK_ROWS = 1_000_000
 LOCK_TIMEOUT_S = 600.0
 
@@ -67,28 +72,6 @@ REBUILD_REQUESTED = "rebuild requested"
 
 Progress = Callable[[int, int], None]
 """``progress(done, total)``: events copied so far out of those to copy."""
-
-# DuckDB must never fetch anything: no extension installs or auto-loads (the
-# wheel bundles json and parquet, which is all the projection uses).
-DUCKDB_CONFIG: dict[str, Any] = {
-    "autoinstall_known_extensions": False,
-    "autoload_known_extensions": False,
-}
-
-
-def connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection to the projection, configured the one way auditlog uses it.
-
-    DuckDB's own progress bar is switched off (a per-connection setting): it
-    would print into pipes; auditlog draws its own, on terminals only.
-    """
-    con = duckdb.connect(str(path), read_only=read_only, config=DUCKDB_CONFIG)
-    try:
-        con.execute("SET enable_progress_bar = false")
-    except duckdb.Error:
-        con.close()
-        raise
-    return con
 
 
 @dataclass
@@ -117,34 +100,6 @@ class RefreshReport:
         if not self.rebuilt or self.reason in (None, NO_PROJECTION, REBUILD_REQUESTED):
             return None
         return f"auditlog: read model rebuilt from the store: {self.reason}"
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "auditlog" / "readmodel"
-
-
-def default_path(store: EventStore) -> Path:
-    """Where the projection of ``store`` lives (see the module docstring)."""
-    override = os.environ.get("AUDITLOG_READMODEL")
-    if override:
-        return Path(override).expanduser().absolute()
-    location = store.location
-    candidate: Path | None = None
-    if location.directory is not None:
-        candidate = location.directory / PROJECTION_FILE
-    elif location.database is not None:
-        # sqlite:////dir/events.db is the same store as the directory form: share its projection.
-        name = (
-            PROJECTION_FILE
-            if location.database.name == EVENTS_FILE
-            else location.database.name + "." + PROJECTION_FILE
-        )
-        candidate = location.database.with_name(name)
-    if candidate is not None and os.access(candidate.parent, os.W_OK):
-        return candidate
-    store_id = store.meta().get("store_id") or "unknown"
-    return _cache_dir() / f"{store_id}.duckdb"
 
 
 class ReadModel:
@@ -298,7 +253,7 @@ class ReadModel:
 
     def _remove_files(self) -> None:
         """Delete a stale projection, but never a file that is not one of ours."""
-        if self.path.exists() and not _is_projection_file(self.path):
+        if self.path.exists() and not is_projection_file(self.path):
             raise StoreError(
                 f"{str(self.path)!r} exists and is not an auditlog read model (not a DuckDB file); "
                 "refusing to overwrite it (set AUDITLOG_READMODEL to another path)"
@@ -630,17 +585,3 @@ def blob_schema() -> pa.Schema:
             ("identity", pa.list_(pa.int64())),
         ]
     )
-
-
-def _is_projection_file(path: Path) -> bool:
-    """A DuckDB file (magic at offset 8), an empty file, or a file named like ours."""
-    if not path.is_file():
-        return False
-    if path.name.endswith(".duckdb"):
-        return True
-    try:
-        with path.open("rb") as handle:
-            head = handle.read(12)
-    except OSError:
-        return False
-    return len(head) == 0 or head[8:12] == b"DUCK"
