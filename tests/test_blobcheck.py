@@ -15,6 +15,7 @@ from snapshot_support import same_bits, write_legacy
 
 from auditlog.core.errors import IntegrityError
 from auditlog.store import blobformat
+from auditlog.store.blobcatalog import KnownContents
 from auditlog.store.blobcheck import framing_digest, unchanged, verify_file
 from auditlog.store.blobformat import (
     FILE_DIGEST_KEY,
@@ -43,7 +44,7 @@ def framed_file(root: Path, monkeypatch: pytest.MonkeyPatch) -> Framed:
     monkeypatch.setattr(blobformat, "CHUNK_BYTES", 64 * 1024)
     files = SnapshotStore(root)
     with BlobWriter(files) as writer:
-        ((sha, info),) = writer.store([("w", torch.randn(100_000))], lambda _: False)
+        ((sha, info),) = writer.store([("w", torch.randn(100_000))], KnownContents())
     assert info is not None
     path = files.path(sha)
     metadata = pq.read_metadata(path)
@@ -74,7 +75,7 @@ def test_pool_files_are_framed_and_their_digest_leaves_out_exactly_the_values(
     )
     # small files (written in one piece) keep the digest of every byte
     with BlobWriter(files) as writer:
-        ((small, info),) = writer.store([("b", torch.randn(8))], lambda _: False)
+        ((small, info),) = writer.store([("b", torch.randn(8))], KnownContents())
     assert info is not None and info.file_sha256 == file_digest(files.path(small))
     assert FILE_DIGEST_KEY not in (pq.read_metadata(files.path(small)).metadata or {})
 

@@ -12,6 +12,7 @@ from snapshot_support import DTYPES, same_bits, sample
 
 from auditlog.core.tensors import tensor_hash
 from auditlog.store import blobformat, blobwriter
+from auditlog.store.blobcatalog import KnownContents
 from auditlog.store.blobcheck import verify_file
 from auditlog.store.blobformat import SnapshotError
 from auditlog.store.blobs import SnapshotStore
@@ -39,9 +40,7 @@ def test_overlapped_writes_round_trip_every_dtype_bitwise(
     big = sample(dtype).repeat(100, 20)  # 60,000 elements: several 4 KiB row groups
     tensors = [big, big.t(), big[::3, 1:], big[5, 7], big[:0], sample(dtype)]
     with BlobWriter(files, hashers=hashers) as writer:
-        stored = writer.store(
-            [(i, t.contiguous()) for i, t in enumerate(tensors)], lambda sha: False
-        )
+        stored = writer.store([(i, t.contiguous()) for i, t in enumerate(tensors)], KnownContents())
     for tensor, (sha, info) in zip(tensors, stored, strict=True):
         assert sha == tensor_hash(tensor)
         assert info is not None and verify_file(tmp_path, sha) == info
@@ -57,7 +56,7 @@ def test_each_content_is_written_once_and_abandoned_writes_leave_nothing(
     files = SnapshotStore(tmp_path)
     a, b = torch.randn(50_000), torch.randn(50_000)
     with BlobWriter(files, hashers=hashers) as writer:
-        first = writer.store([(1, a), (2, a.clone()), (3, b)], lambda sha: False)
+        first = writer.store([(1, a), (2, a.clone()), (3, b)], KnownContents())
         assert [info is not None for _, info in first] == [
             True,
             False,
@@ -67,11 +66,11 @@ def test_each_content_is_written_once_and_abandoned_writes_leave_nothing(
         assert len(on_disk) == 2 and leftovers(tmp_path) == []
         # the next snapshot: b unchanged (already stored: its overlapped write is dropped), a changed
         stored = {sha for sha, _ in first}
-        second = writer.store([(1, a + 1), (3, b)], lambda sha: sha in stored)
+        second = writer.store([(1, a + 1), (3, b)], KnownContents(stored))
         assert second[0][1] is not None and second[1][1] is None and second[1][0] == first[2][0]
         assert len(list(tmp_path.rglob("*.parquet"))) == 3 and leftovers(tmp_path) == []
         # b was unchanged last time: now it is hashed first, and still not written again
-        third = writer.store([(3, b)], lambda sha: True)
+        third = writer.store([(3, b)], KnownContents(stored))
         assert third == [(first[2][0], None)] and leftovers(tmp_path) == []
 
 
@@ -110,7 +109,7 @@ def test_large_tensors_are_hashed_on_several_threads_with_several_hashers(
         running[0] = overlapped[0] = 0
         threads.clear()
         with BlobWriter(SnapshotStore(tmp_path / str(hashers)), hashers=hashers) as writer:
-            outcomes[hashers] = writer.store(list(enumerate(tensors)), lambda sha: False)
+            outcomes[hashers] = writer.store(list(enumerate(tensors)), KnownContents())
         if hashers == 1:  # in turn, on the caller's thread
             assert threads == set() and overlapped[0] == 0
         else:
@@ -142,7 +141,7 @@ def test_a_failed_write_is_an_error_and_leaves_no_file(tmp_path: Path) -> None:
         BlobWriter(SnapshotStore(root)) as writer,
         pytest.raises(SnapshotError, match="cannot write a snapshot file"),
     ):
-        writer.store([(1, torch.randn(10)), (2, torch.randn(1 << 20))], lambda sha: False)
+        writer.store([(1, torch.randn(10)), (2, torch.randn(1 << 20))], KnownContents())
     assert root.read_text() == "not a directory"
     assert leftovers(tmp_path) == []
 
@@ -161,7 +160,7 @@ def test_a_write_failing_after_its_file_was_made_leaves_no_file(
     monkeypatch.setattr(blobwriter, "written_digest", unreadable)
     files = SnapshotStore(tmp_path)
     with BlobWriter(files) as writer, pytest.raises(SnapshotError, match="Input/output error"):
-        writer.store([(1, torch.randn(1 << 20))], lambda sha: False)
+        writer.store([(1, torch.randn(1 << 20))], KnownContents())
     assert leftovers(tmp_path) == [] and list(tmp_path.rglob("*.parquet")) == []
 
 
@@ -169,7 +168,7 @@ def test_cpu_and_non_contiguous_inputs_are_made_host_contiguous(tmp_path: Path) 
     files = SnapshotStore(tmp_path)
     tensor = torch.randn(40, 30).t()
     with BlobWriter(files) as writer:
-        ((sha, info),) = writer.store([(1, tensor)], lambda sha: False)
+        ((sha, info),) = writer.store([(1, tensor)], KnownContents())
     assert info is not None and sha == tensor_hash(tensor)
     assert torch.equal(files.read_verified(sha, "t"), tensor)
 
@@ -198,7 +197,7 @@ def test_durable_writes_fsync_every_new_file_and_the_directories_before_returnin
     small = [torch.randn(16) * i for i in range(3)]  # encoded in memory, written once
     with BlobWriter(files, durable=durable) as writer:
         stored = writer.store(
-            [("big", big)] + [(i, t) for i, t in enumerate(small)], lambda sha: False
+            [("big", big)] + [(i, t) for i, t in enumerate(small)], KnownContents()
         )
     if not durable:
         assert synced == []
@@ -220,7 +219,7 @@ def test_many_tensors_are_read_side_by_side_and_the_first_bad_one_is_the_error(
     files = SnapshotStore(tmp_path)
     tensors = [torch.randn(300_000) * i for i in range(1, 6)]  # 1.2 MB each: read from the file
     with BlobWriter(files) as writer:
-        shas = [sha for sha, _ in writer.store(list(enumerate(tensors)), lambda sha: False)]
+        shas = [sha for sha, _ in writer.store(list(enumerate(tensors)), KnownContents())]
     wanted = [(sha, f"t{i}") for i, sha in enumerate(shas)] + [(shas[0], "again")]
     loaded = files.read_many(wanted)
     assert list(loaded) == shas and all(

@@ -39,7 +39,7 @@ from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.hostbuffers import HostBuffers
 from auditlog.capture.ids import ObjectIds, TensorIds
 from auditlog.capture.norms import PlanCache
-from auditlog.capture.registrations import PENDING_MAX, REGISTRATIONS, Registrations
+from auditlog.capture.registrations import PENDING_MAX, Registrations
 from auditlog.capture.source import Site, construction_or_attach_site
 from auditlog.capture.torch_compat import buffers_of, parameters_of
 from auditlog.core.chain import Clean
@@ -253,7 +253,7 @@ class RecorderBase:
             count, self._pending_count = self._pending_count, 0
             batch = Registrations(flat, count)
             self._unfolded.append(batch)
-            self.buffer.put((REGISTRATIONS, batch))
+            self.buffer.put(batch)
         finally:
             self._settling = False
 

@@ -12,11 +12,10 @@ import collections
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
+from auditlog.capture.records import Record
+from auditlog.capture.registrations import Registrations
 from auditlog.core.packed import packed_count
-
-Record = tuple[Any, ...]
 
 
 def record_weight(record: Record) -> int:
@@ -25,6 +24,8 @@ def record_weight(record: Record) -> int:
     thousands), an ``optimizer_step`` one per 25 parameters (its size with three
     norm vectors, benchmarks/memory.py; docs/performance.md), a ``batches`` record
     one per KiB of batch contents it holds for hashing, others 1."""
+    if type(record) is not tuple:  # a control record (capture.records)
+        return max(1, len(record)) if isinstance(record, Registrations) else 1
     kind = record[0]
     if kind == "activity":
         payload = record[5]
@@ -35,8 +36,6 @@ def record_weight(record: Record) -> int:
         return weight if weight is not None else 1 + packed_count(payload.get("tensor_ids")) // 25
     if kind == "batches":  # the batch bytes it holds for hashing (capture/data.py)
         return 1 + int(getattr(record[5], "weight", 0))
-    if kind == "__registrations__":  # registrations.REGISTRATIONS: a batch of them
-        return max(1, len(record[1]))
     return 1
 
 

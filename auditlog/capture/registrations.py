@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,7 +32,9 @@ from auditlog.core.chain import Clean
 from auditlog.core.replay import ModelState, apply
 from auditlog.core.tensors import dtype_name
 
-REGISTRATIONS = "__registrations__"
+if TYPE_CHECKING:
+    from auditlog.capture.records import EventRecord
+
 # Pending values (~15-20 per registration, 8 bytes each) held before they go to
 # the writer anyway: a model built in a loop without steps must not grow memory
 # without bound.
@@ -107,10 +109,10 @@ def _walk(flat: list[Any]) -> Iterator[tuple[list[Any], list[Any] | None]]:
         yield fields, shape
 
 
-def parse(flat: list[Any]) -> list[tuple[Any, ...]]:
+def parse(flat: list[Any]) -> list[EventRecord]:
     """The ordinary records ``(kind, ts_ns, step, module_id, tensor_id, payload)``
     of a run of flat registrations, payloads exactly as docs/events.md gives them."""
-    out: list[tuple[Any, ...]] = []
+    out: list[EventRecord] = []
     for fields, shape in _walk(flat):
         kind = fields[0]
         if kind == "module_registered":
@@ -195,14 +197,14 @@ class Registrations:
 
     def __init__(self, flat: list[Any], count: int) -> None:
         self._flat: list[Any] | None = flat
-        self._records: list[tuple[Any, ...]] | None = None
+        self._records: list[EventRecord] | None = None
         self._lock = threading.Lock()
         self.count = count
 
     def __len__(self) -> int:
         return self.count
 
-    def records(self) -> list[tuple[Any, ...]]:
+    def records(self) -> list[EventRecord]:
         """The ordinary records ``(kind, ts_ns, step, module_id, tensor_id, payload)``."""
         records = self._records
         if records is None:

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from auditlog.capture.buffer import RecordBuffer
-from auditlog.capture.registrations import REGISTRATIONS
+from auditlog.capture.records import EventRecord, Flush
+from auditlog.capture.registrations import Registrations
 from auditlog.core.chain import (
     Clean,
     CleanList,
@@ -39,11 +40,11 @@ from auditlog.core.tensors import dtype_name
 from auditlog.core.values import finite_or_text
 from auditlog.integrity.merkle import Frontier, leaf_hash
 from auditlog.integrity.report import StreamTip
+from auditlog.store.blobcatalog import StoreCatalog
 from auditlog.store.blobs import SnapshotStore
 from auditlog.store.blobwriter import BlobWriter
 from auditlog.store.eventstore import EventStore
 
-FLUSH = "__flush__"
 # The run's liveness heartbeat (``runs.last_seen_ns``) is refreshed with a batch at
 # most this often, and by an otherwise idle writer this often: the read side calls
 # a run on another host stale after ``runs.STALE_AFTER_S`` (300 s). Refreshing it
@@ -162,8 +163,9 @@ class Writer:
         self.snapshots = SnapshotStore(store.location.snapshots)
         # its pool starts with the first snapshot; durable: files fsynced before their events
         self.blobs = BlobWriter(self.snapshots, durable=durable)
-        self._catalogued: set[str] = set()
-        self._new_blobs: list[dict[str, Any]] = []
+        # which contents the store holds, and the catalog rows of those written since
+        # the last batch (the store's bookkeeping: store/blobcatalog.py)
+        self.catalog = StoreCatalog(store, self.snapshots)
         self.failure: BaseException | None = None
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="auditlog-writer", daemon=True)
@@ -180,7 +182,7 @@ class Writer:
             self._drain_all()
             return True
         done = threading.Event()
-        self.buffer.put((FLUSH, done))
+        self.buffer.put(Flush(done))
         self.buffer.wakeup.set()
         return done.wait(timeout)
 
@@ -219,20 +221,19 @@ class Writer:
             return False
         rows: list[dict[str, Any]] = []
         waiters: list[threading.Event] = []
-        for record in records:
-            if record[0] == FLUSH:
-                waiters.append(record[1])
-                continue
-            if record[0] == REGISTRATIONS:  # a batch of deferred registrations, in order
+        for record in records:  # by type (capture.records)
+            if type(record) is tuple:  # an event
                 if self.failure is not None:
-                    self.dropped += len(record[1])
+                    self.dropped += 1
                     continue
-                rows.extend(map(self._encode, record[1].records()))
-                continue
-            if self.failure is not None:
-                self.dropped += 1
-                continue
-            rows.append(self._encode(record))
+                rows.append(self._encode(record))
+            elif isinstance(record, Registrations):  # deferred registrations, in order
+                if self.failure is not None:
+                    self.dropped += len(record)
+                    continue
+                rows.extend(map(self._encode, record.records()))
+            elif isinstance(record, Flush):
+                waiters.append(record.done)
         if rows and self.failure is None:
             self._write(rows)
         for waiter in waiters:
@@ -247,36 +248,11 @@ class Writer:
         when this returns; their catalog rows go in before the batch that holds
         the event naming them (``_write``).
         """
-        stored = self._blob_stored
-        out = []
-        for sha, info in self.blobs.store(list(items), stored, self._blobs_stored_among):
-            if info is not None:
-                self._catalogued.add(sha)
-                self._new_blobs.append(info.as_row())
-            out.append((sha, info.nbytes if info is not None else 0))
-        return out
-
-    def _blobs_stored_among(self, hashes: set[str]) -> set[str]:
-        """``_blob_stored`` for many hashes, with one catalog query per 500."""
-        known = hashes & self._catalogued
-        ask = hashes - known
-        if ask:
-            for sha256 in self.store.blobs_among(sorted(ask)):
-                if self.snapshots.path(sha256).exists():
-                    self._catalogued.add(sha256)
-                    known.add(sha256)
-        return known
-
-    def _blob_stored(self, sha256: str) -> bool:
-        if sha256 in self._catalogued:
-            return True
-        if self.store.has_blob(sha256) and self.snapshots.path(sha256).exists():
-            self._catalogued.add(sha256)
-            return True
-        return False
+        stored = self.blobs.store(list(items), self.catalog)
+        return [(sha, info.nbytes if info is not None else 0) for sha, info in stored]
 
     # ------------------------------------------------------------------ encode
-    def _encode(self, record: tuple[Any, ...]) -> dict[str, Any]:
+    def _encode(self, record: EventRecord) -> dict[str, Any]:
         kind, ts_ns, step, module_id, tensor_id, payload = record
         try:
             text = encode_clean(payload if type(payload) is Clean else materialize(payload, self))
@@ -320,11 +296,9 @@ class Writer:
         delay = 0.05
         for attempt in range(5):
             try:
-                if self._new_blobs:
-                    # Catalog rows first, in their own transaction: an event must
-                    # never reference a hash the catalog does not know.
-                    self.store.add_blobs(self._new_blobs)
-                    self._new_blobs = []
+                # Catalog rows first, in their own transaction: an event must never
+                # reference a hash the catalog does not know.
+                self.catalog.commit()
                 now = time.monotonic()
                 beat = now - self._heartbeat_at >= HEARTBEAT_S
                 self.store.append(rows, self.run_id, heartbeat=beat)

@@ -46,7 +46,7 @@ import hashlib
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +78,7 @@ from auditlog.store.blobformat import (
 )
 
 if TYPE_CHECKING:
+    from auditlog.store.blobcatalog import ContentCatalog
     from auditlog.store.blobs import SnapshotStore
 
 # Threads that encode and write files while the caller hashes.
@@ -150,17 +151,16 @@ class BlobWriter:
     def store(
         self,
         items: list[tuple[Hashable, torch.Tensor]],
-        stored: Callable[[str], bool],
-        stored_among: Callable[[set[str]], set[str]] | None = None,
+        catalog: ContentCatalog,
     ) -> list[tuple[str, BlobInfo | None]]:
-        """Hash every ``(key, host copy)`` and write the contents not ``stored`` yet.
+        """Hash every ``(key, host copy)`` and write the contents ``catalog`` does not hold.
 
         Returns ``(sha256, info)`` per item, in order; ``info`` is None where the
         content was stored already (by an earlier snapshot or an earlier item).
-        ``stored_among`` (optional): which of many hashes are stored, in one
-        question. Small tensors are hashed first and asked about together (a
-        one-row catalog query per tensor cost seconds on a wide model: docs/performance.md);
-        large ones are still overlapped with their writing and asked one by one.
+        Small tensors are hashed first and asked about together (``holds_among``: a
+        one-row catalog query per tensor cost seconds on a wide model:
+        docs/performance.md); large ones are still overlapped with their writing and
+        asked one by one. Each content written is told to the catalog (``added``).
         """
         out: list[tuple[str, BlobInfo | None]] = []
         jobs: list[tuple[int, _Job, Future[BlobInfo | None]]] = []
@@ -172,12 +172,11 @@ class BlobWriter:
             if tensor.device.type != "cpu" or not tensor.is_contiguous():
                 tensor = tensor.detach().to("cpu").contiguous()
             hosts.append(tensor)
-        if stored_among is not None:
-            for index, tensor in enumerate(hosts):
-                if tensor.numel() * tensor.element_size() < OVERLAP_BYTES:
-                    early[index] = tensor_hash(tensor)
-            if early:
-                known_early = stored_among(set(early.values()))
+        for index, tensor in enumerate(hosts):
+            if tensor.numel() * tensor.element_size() < OVERLAP_BYTES:
+                early[index] = tensor_hash(tensor)
+        if early:
+            known_early = catalog.holds_among(set(early.values()))
         try:
             for index, (key, _) in enumerate(items):
                 tensor = hosts[index]
@@ -193,7 +192,7 @@ class BlobWriter:
                     known = digest in seen or digest in known_early
                 else:
                     digest = tensor_hash(tensor, threads=self.hashers)
-                    known = digest in seen or stored(digest)
+                    known = digest in seen or catalog.holds(digest)
                 self._unchanged[key] = known
                 if job is not None:
                     job.decide(None if known else digest)
@@ -221,6 +220,9 @@ class BlobWriter:
             raise SnapshotError(f"cannot write a snapshot file: {failures[0]}") from failures[0]
         if self.durable:
             self._sync_directories()
+        for _, info in out:
+            if info is not None:
+                catalog.added(info)
         return out
 
     def _sync_directories(self) -> None:
@@ -245,7 +247,9 @@ class BlobWriter:
                 return self._existing(digest)
             except SnapshotError:
                 pass  # a damaged file under that name: written again
-        ((_, info),) = self.store([(None, tensor)], lambda sha: False)
+        from auditlog.store.blobcatalog import KnownContents
+
+        ((_, info),) = self.store([(None, tensor)], KnownContents())
         assert info is not None
         return info
 
