@@ -136,7 +136,7 @@ def test_optimizer_step_hyperparameters_are_stored_as_json_values() -> None:
     groups = [
         json.loads(encode_clean(materialize(r[5])))["param_groups"][0]
         for r in buffer.drain(10**9)
-        if r[0] == "optimizer_step"
+        if type(r) is tuple and r[0] == "optimizer_step"
     ]
     assert len(groups) == 4
     assert groups[0]["betas"] == [0.9, 0.999] and groups[0]["lr"] == 0.01
