@@ -4,7 +4,8 @@ without a recording open (``behaviour_support.run_twice``), with no recorder fau
 The compile behaviours return dynamo's own counters (frames compiled, graphs, graph
 breaks) and the warnings that mention auditlog as part of their outcome, so the twin
 harness checks that a recording changes none of them. Models are tiny and steps few:
-compiling costs seconds per graph on two CPUs.
+compiling costs seconds per graph on two CPUs. The compiled models train where
+``AUDITLOG_TEST_DEVICE`` says (inductor's Triton kernels on a device machine).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 from torch.nn.utils import parametrize
 from torch.testing._internal.two_tensor import TwoTensor
+from truth_support import DEVICE
 
 import auditlog
 from auditlog.store.blobs import SnapshotStore
@@ -68,14 +70,14 @@ def train_compiled(compile_root: bool, steps: int = 4) -> dict[str, Any]:
     counters.clear()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        model: nn.Module = Parent(compile_child=not compile_root)
+        model: nn.Module = Parent(compile_child=not compile_root).to(DEVICE)
         if compile_root:
             model = torch.compile(model)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         losses = []
         for _ in range(steps):
             opt.zero_grad()
-            loss = model(torch.randn(4, 8)).pow(2).mean()
+            loss = model(torch.randn(4, 8).to(DEVICE)).pow(2).mean()
             loss.backward()
             opt.step()
             losses.append(loss.detach())

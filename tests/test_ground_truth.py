@@ -19,17 +19,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from truth_support import Truth, compare, record
+from truth_support import DEVICE, Truth, compare, record
 
 POLICIES = ("minimal", "audit", "debug")
 
 
 def _model() -> nn.Module:
-    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)).to(DEVICE)
 
 
 def _batch(n: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.randn(n, 6), torch.randint(0, 3, (n,))
+    return torch.randn(n, 6).to(DEVICE), torch.randint(0, 3, (n,)).to(DEVICE)
 
 
 def plain_loop(truth: Truth) -> None:
@@ -131,11 +131,11 @@ def accumulation_with_clipping(truth: Truth) -> None:
 
 
 def grad_scaler(truth: Truth) -> None:
-    """A GradScaler (CPU): ``unscale_``, clipping, and a step it skips on an inf gradient."""
+    """A GradScaler (on DEVICE): ``unscale_``, clipping, and a step it skips on an inf gradient."""
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     truth.optimizers.append(opt)
-    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    scaler = torch.amp.GradScaler(DEVICE, init_scale=256.0)
     for i in range(5):
         x, y = _batch()
         opt.zero_grad()
@@ -163,7 +163,7 @@ def fused_with_scaler(truth: Truth) -> None:
     model = _model()
     opt = torch.optim.Adam(model.parameters(), lr=0.01, fused=True)
     truth.optimizers.append(opt)
-    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler = torch.amp.GradScaler(DEVICE, init_scale=1024.0)
     for _ in range(3):
         x, y = _batch()
         opt.zero_grad()
@@ -181,7 +181,7 @@ def fused_with_scaler(truth: Truth) -> None:
 
 def two_optimizers(truth: Truth) -> None:
     """Two models, two optimizers, one backward each (a GAN's shape)."""
-    a, b = _model(), nn.Linear(3, 1)
+    a, b = _model(), nn.Linear(3, 1).to(DEVICE)
     opt_a = torch.optim.SGD(a.parameters(), lr=0.1)
     opt_b = torch.optim.Adam(b.parameters(), lr=0.01)
     truth.optimizers.extend([opt_a, opt_b])
@@ -208,7 +208,7 @@ def two_optimizers(truth: Truth) -> None:
 
 def group_added(truth: Truth) -> None:
     """A param group added mid-run (unfreezing a head)."""
-    body, head = _model(), nn.Linear(3, 3)
+    body, head = _model(), nn.Linear(3, 3).to(DEVICE)
     opt = torch.optim.SGD(body.parameters(), lr=0.1)
     truth.optimizers.append(opt)
     for i in range(4):

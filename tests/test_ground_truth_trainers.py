@@ -3,8 +3,9 @@
 Both step with gradient accumulation and clipping; Lightning's automatic
 optimization always calls ``optimizer.step(closure)`` (the closure runs the
 training step, backward and clipping), the case the recorder got wrong before
-(it recorded the previous step's gradients). The truth is taken by the
-trainers' own callbacks at the moment the update reads the gradients: the HF
+(it recorded the previous step's gradients). They train where
+``AUDITLOG_TEST_DEVICE`` says (the CPU here; the GPU on a device machine). The
+truth is taken by the trainers' own callbacks at the moment the update reads the gradients: the HF
 Trainer's ``on_pre_optimizer_step`` (after its clipping; its logged
 ``grad_norm`` is the norm before clipping), Lightning's
 ``configure_gradient_clipping`` around ``clip_gradients``.
@@ -21,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from truth_support import Truth, compare, record
+from truth_support import DEVICE, Truth, compare, record
 
 POLICIES = ("minimal", "audit", "debug")
 
@@ -76,7 +77,7 @@ def test_lightning_automatic_optimization_with_accumulation_and_clipping(
             max_steps=4,
             accumulate_grad_batches=2,
             gradient_clip_val=0.05,
-            accelerator="cpu",
+            accelerator="gpu" if DEVICE == "cuda" else "cpu",
             devices=1,
             logger=False,
             enable_checkpointing=False,
@@ -143,7 +144,7 @@ def test_hf_trainer_with_accumulation_and_clipping(tmp_path: Path, policy: str) 
             max_grad_norm=0.05,
             logging_steps=1,
             report_to=[],
-            use_cpu=True,
+            use_cpu=DEVICE == "cpu",
             save_strategy="no",
             learning_rate=1e-3,
             disable_tqdm=True,
@@ -212,7 +213,7 @@ def test_lightning_manual_optimization(tmp_path: Path) -> None:
         data = torch.utils.data.TensorDataset(torch.randn(24, 6), torch.randint(0, 3, (24,)))
         trainer = pl.Trainer(
             max_steps=3,
-            accelerator="cpu",
+            accelerator="gpu" if DEVICE == "cuda" else "cpu",
             devices=1,
             logger=False,
             enable_checkpointing=False,
@@ -234,7 +235,7 @@ def test_accelerate_with_accumulation_and_clipping(tmp_path: Path) -> None:
     accelerate = pytest.importorskip("accelerate")
 
     def scenario(truth: Truth) -> None:
-        accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2)
+        accelerator = accelerate.Accelerator(cpu=DEVICE == "cpu", gradient_accumulation_steps=2)
         model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
         inner = torch.optim.SGD(model.parameters(), lr=0.1)
         truth.optimizers.append(inner)

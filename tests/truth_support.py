@@ -12,6 +12,7 @@ record itself: a recorder that takes a number at the wrong moment fails here.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,10 @@ import auditlog
 
 REL = 1e-5
 ABS = 1e-7
+
+# Where the scenarios train: the CPU here; a machine with a GPU runs the same scenarios
+# with AUDITLOG_TEST_DEVICE=cuda (docs/development.md, "Device checks").
+DEVICE = os.environ.get("AUDITLOG_TEST_DEVICE", "cpu")
 
 
 def grad_norms(params: list[torch.Tensor]) -> list[float | None]:

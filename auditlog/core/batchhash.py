@@ -39,6 +39,15 @@ and keeps a reference, with PyTorch's in-place version counter, to every other
 tensor; ``hexdigest()`` (on the writer) hashes, and raises ``BatchChanged`` when a
 referenced tensor was modified in place between the two. ``batch_hash`` is the
 two in one call: one definition, whoever computes it.
+
+A CUDA tensor referenced for later may still be being written by kernels queued on
+the training thread's current stream, which need not be the stream the writer
+copies on (a loop under ``torch.cuda.stream(s)``: torch's side streams do not wait
+for the default stream, nor it for them). So taking a batch records one CUDA event
+on the current stream of each device its tensors are on, and ``hexdigest`` waits
+for those events before it reads a byte: the bytes hashed are the ones the
+program's stream produced. An in-place change queued later bumps the version
+counter when it is queued, before its kernel runs, and is refused as above.
 """
 
 from __future__ import annotations
@@ -116,7 +125,7 @@ class BatchContent:
     so that a referenced tensor changed in place before it is hashed is refused
     (``BatchChanged``); None when it is hashed at once (``batch_hash``)."""
 
-    __slots__ = ("budget", "copied", "nbytes", "parts", "version")
+    __slots__ = ("budget", "copied", "events", "nbytes", "parts", "version")
 
     def __init__(
         self,
@@ -131,6 +140,8 @@ class BatchContent:
         self.nbytes = 0  # tensor bytes, copied or referenced (what holding this costs)
         self.copied = 0
         self.budget = items if items is not None else -1  # items left to walk (negative: no bound)
+        # per CUDA device index: an event recorded on its current stream when taken
+        self.events: dict[int, torch.cuda.Event] = {}
         self._walk(batch, copy_bytes, 0)
 
     def _walk(self, value: Any, copy_bytes: int, depth: int) -> None:
@@ -152,6 +163,9 @@ class BatchContent:
                 add(bytes(_tensor_bytes(value)))
             else:
                 add((value, version(value) if (version := self.version) is not None else 0))
+                if value.is_cuda and (index := value.get_device()) not in self.events:
+                    event = self.events[index] = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                    event.record(torch.cuda.current_stream(index))
         elif (
             type(value).__module__ == "numpy"
             and type(value).__name__ == "ndarray"
@@ -175,7 +189,7 @@ class BatchContent:
                     continue
                 encoded = BatchContent.__new__(BatchContent)
                 encoded.parts, encoded.nbytes, encoded.copied, encoded.budget = [], 0, 0, -1
-                encoded.version = None
+                encoded.version, encoded.events = None, {}
                 encoded._walk(key, 1 << 62, depth + 1)
                 items.append((b"".join(p for p in encoded.parts if isinstance(p, bytes)), item))
             items.sort(key=lambda kv: kv[0])
@@ -210,6 +224,9 @@ class BatchContent:
     def hexdigest(self) -> str:
         """SHA-256 of the encoding, in lowercase hex. Raises ``BatchChanged`` when a
         referenced tensor was modified in place since the batch was taken."""
+        for event in self.events.values():
+            event.synchronize()  # the program's stream has written the bytes (docstring)
+        self.events = {}
         digest = hashlib.sha256()
         for part in self.parts:
             if isinstance(part, bytes):
