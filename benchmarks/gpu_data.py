@@ -5,7 +5,8 @@ CPU suite).
    on a side stream (the loop runs under ``torch.cuda.stream(s)``): the recorded content
    hash of every batch equals ``auditlog.batch_hash`` computed by the script, and the step
    that trained on it is the script's. Without the stream event the writer's copy (on the
-   default stream) could read a batch before its kernels finished.
+   default stream) could read a batch before its kernels finished: the same loop with
+   the writer not waiting (``side_stream_without_events``) shows whether it does here.
 2. The same loop on the default stream with ``torch.cuda.set_sync_debug_mode("warn")``:
    synchronizations on the training thread with and without recording (recording must
    add none: batches are hashed on the writer).
@@ -96,6 +97,24 @@ def train_stream(store: Path | None, side: bool, batches: int, work: int) -> dic
         if (s, h) != (ts, th)
     ]
     return {"batches": len(truth), "recorded": len(got), "mismatched": wrong, "ok": not wrong}
+
+
+def without_stream_events(tmp: Path, batches: int, work: int) -> dict[str, Any]:
+    """The side-stream loop with the writer not waiting for the batch's stream (the code
+    before the fix): shows whether the race is real on this machine."""
+    from auditlog.core import batchhash
+
+    original = batchhash.BatchContent.hexdigest
+
+    def hexdigest(self: batchhash.BatchContent) -> str:
+        self.events = {}
+        return original(self)
+
+    batchhash.BatchContent.hexdigest = hexdigest  # type: ignore[method-assign]
+    try:
+        return train_stream(tmp / "unordered", True, batches, work)
+    finally:
+        batchhash.BatchContent.hexdigest = original  # type: ignore[method-assign]
 
 
 def count_syncs(store: Path | None, batches: int) -> Counter[str]:
@@ -218,6 +237,7 @@ def main() -> None:
     out: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     checks = (
         ("side_stream", lambda: train_stream(tmp / "side", True, args.batches, args.work)),
+        ("side_stream_without_events", lambda: without_stream_events(tmp, args.batches, args.work)),
         ("default_stream", lambda: train_stream(tmp / "default", False, args.batches, args.work)),
         ("syncs_bare", lambda: dict(count_syncs(None, args.batches))),
         ("syncs_recorded", lambda: dict(count_syncs(tmp / "syncs", args.batches))),
