@@ -30,9 +30,9 @@ run() {  # name, seconds, command...
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1 || { echo "$name: exit $?"; status=1; }
   echo "== $name ($((SECONDS - start)) s)"; tail -n 25 "$OUT/$name.log"
 }
-run gpu_data 150 python3 benchmarks/gpu_data.py --out "$OUT"
-run gpu_check 180 python3 benchmarks/gpu_check.py --out "$OUT"
-run gpu_forensics 150 python3 benchmarks/gpu_forensics.py --out "$OUT"
-AUDITLOG_TEST_DEVICE=cuda run pytest_cuda 240 python3 -m pytest -q -p no:cacheprovider -n 8 \
+run gpu_data 100 python3 benchmarks/gpu_data.py --out "$OUT"
+run gpu_check 150 python3 benchmarks/gpu_check.py --out "$OUT"
+run gpu_forensics 100 python3 benchmarks/gpu_forensics.py --out "$OUT"
+AUDITLOG_TEST_DEVICE=cuda run pytest_cuda 180 python3 -m pytest -q -p no:cacheprovider -n 8 \
   tests/test_ground_truth.py tests/test_ground_truth_trainers.py tests/test_behaviour_compiled.py
 exit $status
