@@ -191,7 +191,6 @@ def test_json_format_reports_ok_false_with_the_problem(store: Path, run_id: str)
         ("step", "coalesce(step, 0) + 1"),
         ("module_id", "coalesce(module_id, 0) + 1000"),
         ("tensor_id", "coalesce(tensor_id, 0) + 1000"),
-        ("snapshot", "'0123456789abcdef'"),
     ],
 )
 def test_every_hashed_column_is_covered(
