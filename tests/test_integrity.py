@@ -77,8 +77,8 @@ def shift_up_from(conn: sqlite3.Connection, run_id: str, seq: int) -> None:
 
 
 INSERT_COPY = (
-    "insert into events(run_id, stream, seq, ts_ns, kind, step, module_id, tensor_id, snapshot, payload, hash) "
-    "select run_id, stream, ?, ts_ns, kind, step, module_id, tensor_id, snapshot, payload, ? "
+    "insert into events(run_id, stream, seq, ts_ns, kind, step, module_id, tensor_id, payload, hash) "
+    "select run_id, stream, ?, ts_ns, kind, step, module_id, tensor_id, payload, ? "
     "from events where run_id=? and seq=?"
 )
 

@@ -77,11 +77,12 @@ def test_a_store_signed_before_tree_heads_upgrades_and_still_verifies(
             "values (?, 0, ?, ?, 123, ?, ?)",
             (run_id, seq, head, fingerprint(private), signature),
         )
+        conn.execute("alter table events add column snapshot varchar(64)")  # dropped by 0005
         conn.execute("update alembic_version set version_num='0003'")
     refused = invoke("verify", "--store", str(store))
     assert refused.exit_code == 3 and "auditlog db upgrade" in refused.stderr
     upgraded = invoke("db", "upgrade", "--store", str(store))
-    assert upgraded.exit_code == 0 and "from revision 0003 to 0004" in upgraded.stdout
+    assert upgraded.exit_code == 0 and "from revision 0003 to 0005" in upgraded.stdout
     result = invoke("verify", "--store", str(store), "--key", str(key.public_path))
     assert result.exit_code == 0, result.stdout + result.stderr
     assert "1 signed checkpoint(s): intact" in result.stdout

@@ -112,6 +112,22 @@ def stream_format(store: EventStore, run_id: str, stream: int) -> ChainFormat | 
     return None if row is None else first_event_format(row)
 
 
+class RowLinks:
+    """``links_to`` for the rows of one run, each in its stream's format (found once)."""
+
+    def __init__(self, store: EventStore, run_id: str) -> None:
+        self.store, self.run_id = store, run_id
+        self.formats: dict[Any, ChainFormat | None] = {}
+
+    def check(self, row: dict[str, Any], prev_hash: Any) -> bool:
+        stream = row["stream"]
+        if stream not in self.formats:
+            self.formats[stream] = (
+                stream_format(self.store, self.run_id, stream) if type(stream) is int else None
+            )
+        return links_to(row, prev_hash, self.formats[stream])
+
+
 def short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
