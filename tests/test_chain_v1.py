@@ -381,3 +381,45 @@ def test_a_proof_made_before_chain_v2_still_holds(upgraded: Path) -> None:
         assert (
             "does not lead from the event to the signed tree head" in result.stdout + result.stderr
         )
+
+
+# --------------------------------------------------------------------------- forgeries
+def test_a_v1_run_rewritten_in_v2_fails_against_its_signature(upgraded: Path) -> None:
+    """A forger without the key may rechain a whole stream in the other format: that is a
+    rewrite (every hash, the genesis too), and the signed checkpoint no longer holds."""
+    store = upgraded / "store"
+    run_id = _run_id(store, SIGNED)
+    with tamper(store) as conn:
+        rows = conn.execute(
+            f"select id, {', '.join(COLUMNS[1:])}, payload from events where run_id = ? "
+            "order by seq",
+            (run_id,),
+        ).fetchall()
+        prev = CHAIN_V2.genesis(run_id, 0)
+        for row in rows:
+            fields = dict(zip((*COLUMNS, "payload"), row, strict=True))
+            prev = chain_hash(prev, fields, chain=CHAIN_V2)
+            conn.execute("update events set hash = ? where id = ?", (prev, fields["id"]))
+    opened = EventStore.open(store)
+    try:
+        assert stream_format(opened, run_id, 0) is CHAIN_V2  # what its first event now says
+    finally:
+        opened.close()
+    result = invoke("verify", SIGNED, "--store", str(store), "--key", _key(upgraded))
+    assert result.exit_code == 4
+    assert "stream 0 seq 34 (checkpoint 1): signed head does not match the chain" in result.stdout
+
+
+def test_a_column_added_to_the_table_is_no_part_of_the_record(upgraded: Path) -> None:
+    """``snapshot`` put back into an upgraded table with values: no reader selects it, so it
+    changes no verdict and shows nowhere (the hashed rows are the record)."""
+    store = upgraded / "store"
+    with tamper(store) as conn:
+        conn.execute("alter table events add column snapshot varchar(64)")
+        conn.execute("update events set snapshot = 'forged'")
+    result = invoke("verify", SIGNED, "--store", str(store), "--key", _key(upgraded))
+    assert result.exit_code == 0, result.stdout
+    events = invoke("events", SIGNED, "--store", str(store), "--format", "json")
+    assert events.exit_code == 0 and "forged" not in events.stdout
+    query = invoke("query", "--store", str(store), "--format", "json", "select * from events")
+    assert query.exit_code == 0 and "forged" not in query.stdout
