@@ -301,6 +301,41 @@ def test_a_resumed_v1_run_gets_v2_streams_beside_its_v1_ones(upgraded: Path) -> 
     assert "intact" in checked.stdout
 
 
+def test_v1_streams_combine_as_they_are(upgraded: Path, tmp_path: Path) -> None:
+    """An old store (upgraded) as a shard: its v1 streams are copied with their hashes and
+    verify in the target; the crashed stream, closed later in v1, adds its one event."""
+    from auditlog.recording.combine import combine
+    from auditlog.recording.crashes import close_crashed_runs
+
+    _trust(upgraded)
+    shard, target = upgraded / "store", tmp_path / "target"
+    first = combine(str(target), [shard])
+    assert first.ok and first.events_added == 58, first.shards[0]
+    crashed = _run_id(shard, CRASHED)
+    opened = EventStore.open(shard)
+    try:
+        from auditlog.recording import crashes
+
+        host = json.loads((opened.first_event(crashed, 0) or {})["payload"])["host"]
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(crashes.socket, "gethostname", lambda: host)
+            patch.setattr(crashes, "process_alive", lambda pid, start: False)
+            assert close_crashed_runs(opened, "later") == [crashed]
+    finally:
+        opened.close()
+    again = combine(str(target), [shard])
+    assert again.ok and again.events_added == 1
+    # the signed run's checkpoint stays behind (its signature names the shard's store id)
+    result = invoke("verify", "all", "--store", str(target))
+    assert result.exit_code == 0, result.stdout
+    assert result.stdout.count("intact, unsigned") == 2
+    opened = EventStore.open(target)
+    try:
+        assert stream_format(opened, crashed, 0) is CHAIN_V1
+    finally:
+        opened.close()
+
+
 # --------------------------------------------------------------------------- archives and proofs
 def test_the_v1_archive_still_verifies(old: Path) -> None:
     archive = old / "archive"
