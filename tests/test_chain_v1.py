@@ -336,6 +336,57 @@ def test_v1_streams_combine_as_they_are(upgraded: Path, tmp_path: Path) -> None:
         opened.close()
 
 
+def test_an_old_exported_head_and_a_new_attestation_hold(upgraded: Path, tmp_path: Path) -> None:
+    """The head the older code exported (the archive's heads.json) still proves the upgraded
+    record (RFC 9162 consistency over v1 leaves); a v1 run can be attested and checked."""
+    store = upgraded / "store"
+    against = invoke(
+        "verify",
+        SIGNED,
+        "--store",
+        str(store),
+        "--key",
+        _key(upgraded),
+        "--against",
+        str(upgraded / "archive" / "heads.json"),
+        "--format",
+        "json",
+    )
+    assert against.exit_code == 0, against.stdout + against.stderr
+    assert json.loads(against.stdout)[0]["verdict"] == "signed-against-head"
+    key = generate_key_pair(tmp_path / "k" / "signing_key")
+    model = tmp_path / "model.safetensors"
+    restored = invoke("restore", CRASHED, "--store", str(store), "--step", "2", "-o", str(model))
+    assert restored.exit_code == 0, restored.stderr
+    envelope = tmp_path / "model.intoto.json"
+    attested = invoke(
+        "attest",
+        CRASHED,
+        "--store",
+        str(store),
+        "--step",
+        "2",
+        "--model",
+        str(model),
+        "--key",
+        str(key.private_path),
+        "-o",
+        str(envelope),
+    )
+    assert attested.exit_code == 0, attested.stderr
+    checked = invoke(
+        "verify-attestation",
+        str(envelope),
+        "--key",
+        str(key.public_path),
+        "--model",
+        str(model),
+        "--store",
+        str(store),
+    )
+    assert checked.exit_code == 0, checked.stdout + checked.stderr
+
+
 # --------------------------------------------------------------------------- archives and proofs
 def test_the_v1_archive_still_verifies(old: Path) -> None:
     archive = old / "archive"

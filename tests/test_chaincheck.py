@@ -213,6 +213,15 @@ def test_a_first_event_that_matches_no_format_leaves_it_to_the_next(chain: Chain
 
 
 @pytest.mark.parametrize("chain", FORMATS)
+def test_a_first_event_whose_hash_was_edited_is_reported_once(chain: ChainFormat) -> None:
+    rows = [list(r) for r in _stream([{"world_size": 1}] + [{"x": i} for i in range(3)], chain)]
+    rows[0][-1] = "0" * 64
+    fast, slow = _both([tuple(r) for r in rows])
+    _same(fast, slow)
+    assert [r["seq"] for r in fast.mismatched] == [1] and fast.chain is chain
+
+
+@pytest.mark.parametrize("chain", FORMATS)
 def test_a_given_format_is_the_streams(chain: ChainFormat) -> None:
     """The parallel check's child is given the format: rows of the other are mismatches."""
     rows = _stream([{"world_size": 1}] + [{"x": i} for i in range(3)], chain)

@@ -150,6 +150,7 @@ class StreamCheck:
         self.expected = 1
         # The stream's chain format: given, or fixed by its first event (``one``).
         self.chain = chain
+        self._recomputed_by: dict[ChainFormat, str] = {}  # a first event matching no format
         # prev: the stored hash of the previous event; recomputed: what that hash should
         # be given its own content. An event chained to either is intact, so editing
         # one event's hash column is reported once, not also at the next event.
@@ -411,9 +412,19 @@ class StreamCheck:
             self.chain = first_event_format(row)
             if self.chain is not None:
                 self.prev = self.recomputed = self.chain.genesis(self.run_id, self.stream)
+            elif row["seq"] == 1:  # its hash in each format, were only its hash column edited
+                self._recomputed_by = {
+                    f: chain_hash(f.genesis(self.run_id, self.stream), row, chain=f)
+                    for f in FORMATS
+                }
             return
         if row["seq"] != self.expected:
             return
-        self.chain = next(
-            (f for f in FORMATS if chain_hash(self.prev, row, chain=f) == row["hash"]), None
-        )
+        for chain in FORMATS:
+            if chain_hash(self.prev, row, chain=chain) == row["hash"]:
+                self.chain = chain
+                return
+            was = self._recomputed_by.get(chain)
+            if was is not None and chain_hash(was, row, chain=chain) == row["hash"]:
+                self.chain, self.recomputed = chain, was
+                return
