@@ -256,7 +256,6 @@ def stages(records: list[Record], scratch: Path) -> dict[str, float]:
             "step": step,
             "module_id": module_id,
             "tensor_id": tensor_id,
-            "snapshot": None,
             "payload": text,
         }
         head = row["hash"] = chain_hash(head, row, prefix)

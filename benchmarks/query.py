@@ -54,7 +54,7 @@ MODULES = 48
 PARAMS = 64
 CALLS_PER_STEP = 2 * MODULES  # forward + backward calls in a step's activity event
 STEPS_PER_RUN = 10_000
-COLUMNS = "run_id, stream, seq, ts_ns, kind, step, module_id, tensor_id, snapshot, payload, hash"
+COLUMNS = "run_id, stream, seq, ts_ns, kind, step, module_id, tensor_id, payload, hash"
 
 QUERIES: list[tuple[str, str, str]] = [
     (
@@ -164,7 +164,6 @@ def _construction(run_id: str, name: str, ts: int) -> list[tuple[Any, ...]]:
                 0,
                 module_id,
                 tensor_id,
-                None,
                 encode_clean(payload),
                 "",
             )
@@ -240,7 +239,6 @@ def _run_rows(
             step,
             None,
             None,
-            None,
             activity[rng.randrange(len(activity))],
             "",
         )
@@ -252,7 +250,6 @@ def _run_rows(
             ts + seq * 1000,
             "optimizer_step",
             step + 1,
-            None,
             None,
             None,
             steps[rng.randrange(len(steps))],
@@ -268,7 +265,6 @@ def _run_rows(
         n_steps,
         None,
         None,
-        None,
         encode_clean({"exit_code": 0, "status": "completed", "steps": n_steps}),
         "",
     )
@@ -280,9 +276,9 @@ def _chained(rows: Iterator[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
     for row in rows:
         if row[2] == 1:
             prev = genesis_hash(row[0], row[1])
-        fields = dict(zip(COLUMNS.split(", ")[:10], row[:10], strict=True))
+        fields = dict(zip(COLUMNS.split(", ")[:9], row[:9], strict=True))
         prev = link_hash(prev, canonical_row(fields))
-        yield (*row[:10], prev)
+        yield (*row[:9], prev)
 
 
 def generate(directory: Path, n_calls: int) -> tuple[float, int, int]:
@@ -296,7 +292,7 @@ def generate(directory: Path, n_calls: int) -> tuple[float, int, int]:
     n_steps = max(1, -(-n_calls // CALLS_PER_STEP))
     conn = sqlite3.connect(directory / "events.db")
     conn.execute("PRAGMA synchronous=OFF")
-    placeholders = ", ".join("?" * 11)
+    placeholders = ", ".join("?" * 10)
     made = stepped = run_index = 0
     while stepped < n_steps:
         run_id = f"{run_index:04d}" + "b" * 28

@@ -50,7 +50,6 @@ COLUMNS = [
     "step",
     "module_id",
     "tensor_id",
-    "snapshot",
     "payload",
 ]
 
@@ -92,7 +91,7 @@ def clone_runs(store: Path, source: str, copies: int) -> None:
             prev = link_hash(prev, canonical_row(fields))
             rows.append((*fields.values(), prev))
         conn.executemany(
-            f"INSERT INTO events ({', '.join(COLUMNS)}, hash) VALUES ({', '.join('?' * 11)})", rows
+            f"INSERT INTO events ({', '.join(COLUMNS)}, hash) VALUES ({', '.join('?' * 10)})", rows
         )
         conn.execute(
             "INSERT INTO runs (run_id, name, started_ns, host, pid, proc_start, last_seen_ns) "

@@ -18,6 +18,7 @@ Reported, each measured in this one process, side by side:
 
     python benchmarks/verify.py                    # 1M events: minutes on 2 cores
     python benchmarks/verify.py --events 20000     # quick look
+    python benchmarks/verify.py --chain 1          # a stream recorded before chain v2
 
 Target (issue 16): ``verify`` of a 1M-event run at >= 300,000 events/s.
 
@@ -35,7 +36,14 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from auditlog.core.chain import canonical_payload, canonical_row, genesis_hash, link_hash
+from auditlog.core.chain import (
+    CURRENT,
+    FORMATS,
+    ChainFormat,
+    canonical_payload,
+    canonical_row,
+    link_hash,
+)
 from auditlog.integrity import parallel
 from auditlog.integrity.checkpoints import checkpoint_head, store_id
 from auditlog.integrity.keys import KeyRing
@@ -95,19 +103,18 @@ def _rows(n: int) -> list[dict[str, object]]:
                 "step": seq // 2,
                 "module_id": None,
                 "tensor_id": None,
-                "snapshot": None,
                 "payload": payload,
             }
         )
     return rows
 
 
-def _fill(store: EventStore, rows: list[dict[str, object]]) -> None:
-    prev = genesis_hash(RUN_ID, 0)
+def _fill(store: EventStore, rows: list[dict[str, object]], chain: ChainFormat) -> None:
+    prev = chain.genesis(RUN_ID, 0)
     for start in range(0, len(rows), 20_000):
         batch = rows[start : start + 20_000]
         for row in batch:
-            prev = row["hash"] = link_hash(prev, canonical_row(row))
+            prev = row["hash"] = link_hash(prev, canonical_row(row, chain=chain))
         store.append(batch, RUN_ID, heartbeat=False)
 
 
@@ -118,7 +125,15 @@ def _rate(n: int, seconds: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument(
+        "--chain",
+        type=int,
+        choices=[f.number for f in FORMATS],
+        default=CURRENT.number,
+        help="the chain format of the stream (1: recorded before chain v2)",
+    )
     args = parser.parse_args()
+    chain = next(f for f in FORMATS if f.number == args.chain)
     n = max(4, args.events)
     key = Ed25519PrivateKey.generate()
     ring = KeyRing([key.public_key()])
@@ -127,25 +142,28 @@ def main() -> None:
         store.create_run(RUN_ID, "bench", "bench", 1, None)
         rows = _rows(n)
         t0 = time.perf_counter()
-        _fill(store, rows)
-        print(f"wrote {n:,} events in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        _fill(store, rows, chain)
+        print(
+            f"wrote {n:,} events ({chain.version}) in {time.perf_counter() - t0:.1f} s",
+            file=sys.stderr,
+        )
 
         half = n // 2
         t0 = time.perf_counter()
-        prev = genesis_hash(RUN_ID, 0)
+        prev = chain.genesis(RUN_ID, 0)
         for row in rows:
-            prev = link_hash(prev, canonical_row(row))
+            prev = link_hash(prev, canonical_row(row, chain=chain))
         chain_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         tree = Frontier()
         for row in rows:
-            tree.append(leaf_hash(canonical_row(row)))
+            tree.append(leaf_hash(canonical_row(row, chain=chain)))
         tree.root()
         tree_s = time.perf_counter() - t0
         # A head exported mid-run (the first half), as `auditlog export-head` would have signed it.
         half_tree = Frontier()
         for row in rows[:half]:
-            half_tree.append(leaf_hash(canonical_row(row)))
+            half_tree.append(leaf_hash(canonical_row(row, chain=chain)))
         mid = sign_heads(
             key,
             store_id(store),
@@ -182,7 +200,10 @@ def main() -> None:
         store.close()
 
     rate = n / verify_s
-    print(f"verify (chain + tree + signed heads + consistency), {n:,} events: {_rate(n, verify_s)}")
+    print(
+        f"verify (chain + tree + signed heads + consistency), {n:,} events ({chain.version}): "
+        f"{_rate(n, verify_s)}"
+    )
     print(
         f"  target >= {TARGET_RATE:,} events/s: {rate / TARGET_RATE:.2f}x of target, "
         f"{'met' if rate >= TARGET_RATE else 'MISSED'}"

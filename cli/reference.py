@@ -94,12 +94,15 @@ def kinds_markdown() -> str:
     out: list[str] = [
         "## The event row\n",
         "Every event is one row of the `events` table (`core/eventrow.py`). The chain hash covers "
-        "the hashed columns, in this order, as one compact JSON array (docs/integrity.md). "
-        "`snapshot` is always NULL: a snapshot's tensors are listed in the `snapshot_taken` "
-        "payload. The column stays because every stored event was hashed with it: dropping it "
-        "is a new chain format, whose verifier must keep the old one for the records already "
-        "written. It is carried, as NULL, by the writer's rows (`core/chain.py`), the read "
-        "model's copy (`store/readmodel/arrowcopy.py`) and the export (`archive/write.py`).\n",
+        "the hashed columns, in this order, as one compact JSON array (chain format "
+        "`auditlog-chain-v2`, docs/integrity.md). Events recorded before it (stores before "
+        "revision 0005) also had a `snapshot` column between `tensor_id` and `payload`, NULL in "
+        "every row (a snapshot's tensors are listed in the `snapshot_taken` payload), and were "
+        "hashed with it (`auditlog-chain-v1`). Revision 0005 (`auditlog db upgrade`) drops the "
+        "column (and refuses a store where any event holds a value there); those events keep "
+        "their format and verify with that NULL in its place, exactly as recorded. A stream's "
+        "format is fixed by its first event: whatever appends to an older stream continues it "
+        "in its own format (docs/integrity.md, the hash chain).\n",
         columns_markdown(),
         "## Payload fields\n",
         "Types are as stored: `number` may also be the text 'NaN', 'Infinity' or '-Infinity'; "

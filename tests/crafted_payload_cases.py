@@ -23,20 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from auditlog.core.chain import chain_hash, genesis_hash
+from auditlog.core.eventrow import HASHED_COLUMNS
 from auditlog.core.payloadlimits import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH
 
-CHAINED = (
-    "run_id",
-    "stream",
-    "seq",
-    "ts_ns",
-    "kind",
-    "step",
-    "module_id",
-    "tensor_id",
-    "snapshot",
-    "payload",
-)
+CHAINED = HASHED_COLUMNS  # the canonical row of the current chain format
 DEEP = 200_000  # levels: what stopped every reader with RecursionError before the limits
 
 

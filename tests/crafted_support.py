@@ -46,19 +46,10 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from auditlog.core.eventrow import HASHED_COLUMNS
+
 TESTS = Path(__file__).resolve().parent
-CHAINED = (
-    "run_id",
-    "stream",
-    "seq",
-    "ts_ns",
-    "kind",
-    "step",
-    "module_id",
-    "tensor_id",
-    "snapshot",
-    "payload",
-)
+CHAINED = HASHED_COLUMNS  # the canonical row of the current chain format
 COMMAND_SECONDS = 30  # a command still running after this long has hung (a real answer takes 1-5 s)
 
 

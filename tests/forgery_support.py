@@ -27,20 +27,10 @@ from torch import nn
 
 import auditlog
 from auditlog.core.chain import canonical_payload, chain_hash, genesis_hash
+from auditlog.core.eventrow import HASHED_COLUMNS
 from auditlog.integrity.keys import generate_key_pair
 
-CHAINED = (
-    "run_id",
-    "stream",
-    "seq",
-    "ts_ns",
-    "kind",
-    "step",
-    "module_id",
-    "tensor_id",
-    "snapshot",
-    "payload",
-)
+CHAINED = HASHED_COLUMNS  # the canonical row of the current chain format
 
 
 @dataclass(frozen=True)
@@ -145,7 +135,6 @@ def append_event(
         "step": existing[-1]["step"] if existing else 0,
         "module_id": None,
         "tensor_id": None,
-        "snapshot": None,
         "payload": canonical_payload(payload),
     }
     row["hash"] = chain_hash(prev, row)

@@ -15,19 +15,9 @@ import pytest
 from helpers import record_run, tamper  # noqa: F401  (re-exported for the integrity tests)
 
 from auditlog.core.chain import chain_hash, genesis_hash
+from auditlog.core.eventrow import HASHED_COLUMNS
 
-CHAINED = (
-    "run_id",
-    "stream",
-    "seq",
-    "ts_ns",
-    "kind",
-    "step",
-    "module_id",
-    "tensor_id",
-    "snapshot",
-    "payload",
-)
+CHAINED = HASHED_COLUMNS  # the canonical row of the current chain format
 
 
 def isolate_keys(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:

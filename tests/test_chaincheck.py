@@ -5,6 +5,9 @@
 two must agree on every problem, the tree head and the tip. Agreement alone would
 pass if both missed a damage, so each damaged stream must also be reported as the
 finding it is, and the fast encoder must give the bytes of its JSON definition.
+Every test runs on a stream of each chain format (``core.chain``): its first
+event fixes it, and every fifth event of ``_stream`` is hashed in the other
+format (formats never mix in a stream: both paths report each as a mismatch).
 """
 
 from __future__ import annotations
@@ -14,8 +17,14 @@ from typing import Any
 
 import pytest
 
-from auditlog.core.chain import canonical_payload, chained_row, genesis_hash
-from auditlog.core.eventrow import HASHED_COLUMNS
+from auditlog.core.chain import (
+    CHAIN_V1,
+    CHAIN_V2,
+    FORMATS,
+    ChainFormat,
+    canonical_payload,
+    chained_row,
+)
 from auditlog.integrity.chaincheck import StreamCheck
 from auditlog.integrity.report import VerifyReport
 from auditlog.store.queries import TUPLE_COLUMNS
@@ -23,8 +32,12 @@ from auditlog.store.queries import TUPLE_COLUMNS
 RUN = "c" * 32
 
 
-def _stream(payloads: list[Any], **overrides: Any) -> list[tuple[Any, ...]]:
-    prev = genesis_hash(RUN, 0)
+def _other(chain: ChainFormat) -> ChainFormat:
+    return CHAIN_V1 if chain is CHAIN_V2 else CHAIN_V2
+
+
+def _stream(payloads: list[Any], chain: ChainFormat) -> list[tuple[Any, ...]]:
+    prev = chain.genesis(RUN, 0)
     rows = []
     for index, payload in enumerate(payloads, start=1):
         kind = (
@@ -43,9 +56,9 @@ def _stream(payloads: list[Any], **overrides: Any) -> list[tuple[Any, ...]]:
             index if index % 3 else None,
             7 if index % 4 == 0 else None,
             canonical_payload(payload),
+            # every fifth in the other format: a mismatch, reported by both paths
+            chain=_other(chain) if index % 5 == 0 else chain,
         )
-        if index % 5 == 0:
-            row["snapshot"] = "ab" * 32  # not chained with it: reported as a mismatch by both paths
         prev = row["hash"]
         row["id"] = index * 2
         rows.append(tuple(row[c] for c in TUPLE_COLUMNS))
@@ -101,28 +114,30 @@ class _Counting(StreamCheck):
         super().one(row)
 
 
-def test_ordinary_rows_take_the_inline_path() -> None:
-    rows = _stream([{"world_size": 1}] + [{"x": i} for i in range(30)] + [{"status": "completed"}])
+@pytest.mark.parametrize("chain", FORMATS)
+def test_ordinary_rows_take_the_inline_path(chain: ChainFormat) -> None:
+    rows = _stream(
+        [{"world_size": 1}] + [{"x": i} for i in range(30)] + [{"status": "completed"}], chain
+    )
     check = _Counting(RUN, 0, VerifyReport(RUN))
     check.feed(rows)
-    # run_started, run_ended and the 6 rows whose snapshot column was set unchained: the rest inline
-    assert check.calls == 8
+    # run_started, run_ended and the 6 rows hashed in the other format: the rest inline
+    assert check.calls == 8 and check.chain is chain
     assert not check.report.problems and len(check.mismatched) == 6
 
 
-def test_intact_and_awkward_rows_agree() -> None:
-    rows = _stream(PAYLOADS)
+@pytest.mark.parametrize("chain", FORMATS)
+def test_intact_and_awkward_rows_agree(chain: ChainFormat) -> None:
+    rows = _stream(PAYLOADS, chain)
     _same(*_both(rows, frozenset({3, 7, 10})))
     fast, _ = _both(rows)
     assert [r["seq"] for r in fast.mismatched] == [5, 10]
 
 
-UNCHAINED = frozenset(
-    {5, 10, 15, 20, 25, 30}
-)  # seqs whose snapshot column ``_stream`` set unchained
+UNCHAINED = frozenset({5, 10, 15, 20, 25, 30})  # seqs ``_stream`` hashed in the other format
 
 # What each damage must be reported as: problems (seq, what), hash mismatches beyond
-# the unchained snapshot columns, and events found after run_ended.
+# the rows hashed in the other format, and events found after run_ended.
 FOUND: dict[str, tuple[list[tuple[int, str]], list[int], list[int]]] = {
     "edit": ([], [17], []),
     "delete": ([(14, "seqs 14..16 missing (events deleted)")], [], []),
@@ -149,19 +164,25 @@ def _found(check: StreamCheck) -> tuple[list[tuple[int, str]], list[int], list[i
     )
 
 
-def test_an_intact_stream_has_no_finding_beyond_the_unchained_columns() -> None:
-    fast, slow = _both(_stream(PAYLOADS * 3), frozenset({12, 20}))
+@pytest.mark.parametrize("chain", FORMATS)
+def test_an_intact_stream_has_no_finding_beyond_the_other_formats_rows(chain: ChainFormat) -> None:
+    fast, slow = _both(_stream(PAYLOADS * 3, chain), frozenset({12, 20}))
     assert _found(fast) == _found(slow) == ([], [], [])
     assert {r["seq"] for r in fast.mismatched} == UNCHAINED
+    assert fast.chain is slow.chain is chain
 
 
+PAYLOAD = TUPLE_COLUMNS.index("payload")
+
+
+@pytest.mark.parametrize("chain", FORMATS)
 @pytest.mark.parametrize("damage", sorted(FOUND))
-def test_each_damage_is_found_and_both_paths_agree(damage: str) -> None:
-    rows = [list(r) for r in _stream(PAYLOADS * 3)]
+def test_each_damage_is_found_and_both_paths_agree(damage: str, chain: ChainFormat) -> None:
+    rows = [list(r) for r in _stream(PAYLOADS * 3, chain)]
     if damage == "edit":
-        edited = rows[16][8].replace("plain", "plan")
-        assert edited != rows[16][8]  # the damage is real
-        rows[16][8] = edited
+        edited = rows[16][PAYLOAD].replace("plain", "plan")
+        assert edited != rows[16][PAYLOAD]  # the damage is real
+        rows[16][PAYLOAD] = edited
     elif damage == "delete":
         del rows[13:16]
     elif damage == "duplicate":
@@ -179,49 +200,84 @@ def test_each_damage_is_found_and_both_paths_agree(damage: str) -> None:
     assert _found(fast) == FOUND[damage]
 
 
+@pytest.mark.parametrize("chain", FORMATS)
+def test_a_first_event_that_matches_no_format_leaves_it_to_the_next(chain: ChainFormat) -> None:
+    """An edited first event is the stream's finding; the format is then the one its next
+    event links under, so the rest is checked as always (nothing else reported)."""
+    rows = [list(r) for r in _stream([{"world_size": 1}] + [{"x": i} for i in range(8)], chain)]
+    rows[0][PAYLOAD] = rows[0][PAYLOAD].replace("1", "2")
+    fast, slow = _both([tuple(r) for r in rows])
+    _same(fast, slow)
+    assert [r["seq"] for r in fast.mismatched] == [1, 5]  # the edit, and seq 5 (other format)
+    assert fast.chain is chain
+
+
+@pytest.mark.parametrize("chain", FORMATS)
+def test_a_first_event_whose_hash_was_edited_is_reported_once(chain: ChainFormat) -> None:
+    rows = [list(r) for r in _stream([{"world_size": 1}] + [{"x": i} for i in range(3)], chain)]
+    rows[0][-1] = "0" * 64
+    fast, slow = _both([tuple(r) for r in rows])
+    _same(fast, slow)
+    assert [r["seq"] for r in fast.mismatched] == [1] and fast.chain is chain
+
+
+@pytest.mark.parametrize("chain", FORMATS)
+def test_a_given_format_is_the_streams(chain: ChainFormat) -> None:
+    """The parallel check's child is given the format: rows of the other are mismatches."""
+    rows = _stream([{"world_size": 1}] + [{"x": i} for i in range(3)], chain)
+    wrong = StreamCheck(RUN, 0, VerifyReport(RUN), chain=_other(chain))
+    wrong.feed(rows)
+    assert [r["seq"] for r in wrong.mismatched] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("chain", FORMATS)
 @pytest.mark.parametrize(
     "text", ["plain", 'q"uote', "back\\slash", "nl\n tab\t cr\r", "\x00\x01\x1f\x1b", "/slash", ""]
 )
-def test_inline_encoding_is_the_canonical_row(text: str) -> None:
+def test_inline_encoding_is_the_canonical_row(text: str, chain: ChainFormat) -> None:
     from auditlog.core.chain import canonical_row, canonical_row_reference
 
-    for snapshot in (None, text):
-        row = {
-            "run_id": RUN,
-            "stream": 3,
-            "seq": 7,
-            "ts_ns": -5,
-            "kind": text or "k",
-            "step": None,
-            "module_id": 2**63 - 1,
-            "tensor_id": 0,
-            "snapshot": snapshot,
-            "payload": text,
-        }
-        fast, slow = _Counting(RUN, 3, VerifyReport(RUN)), StreamCheck(RUN, 3, VerifyReport(RUN))
-        prev = genesis_hash(RUN, 3)
-        first, _ = chained_row(prev, RUN, 3, 1, 1, "run_started", None, None, None, "{}")
-        stored, _ = chained_row(
-            first["hash"], RUN, 3, 2, row["ts_ns"], row["kind"], None, row["module_id"], 0, text
-        )
-        stored["snapshot"] = snapshot
-        stored["hash"] = _relinked(first["hash"], stored)
-        for encoded in (row, stored):  # the fast encoder writes the bytes its definition gives
-            assert canonical_row(encoded) == canonical_row_reference(encoded)
-            assert json.loads(canonical_row(encoded)) == [encoded[c] for c in HASHED_COLUMNS]
-        rows = [
-            tuple({**first, "id": 1}[c] for c in TUPLE_COLUMNS),
-            tuple({**stored, "id": 2}[c] for c in TUPLE_COLUMNS),
-        ]
-        fast.feed(rows)
-        for r in rows:
-            slow.one(slow._row(r))
-        assert not fast.mismatched and not slow.mismatched
-        assert fast.calls == 1  # run_started only: the event itself was checked inline
-        assert fast.tree.root() == slow.tree.root()
-
-
-def _relinked(prev: str, row: dict[str, Any]) -> str:
-    from auditlog.core.chain import chain_hash
-
-    return chain_hash(prev, row)
+    row = {
+        "run_id": RUN,
+        "stream": 3,
+        "seq": 7,
+        "ts_ns": -5,
+        "kind": text or "k",
+        "step": None,
+        "module_id": 2**63 - 1,
+        "tensor_id": 0,
+        "payload": text,
+    }
+    # a v1 row of an archive written before revision 0005 holds its ``snapshot``
+    for encoded in (row, {**row, "snapshot": None}, {**row, "snapshot": text}):
+        assert canonical_row(encoded, chain=chain) == canonical_row_reference(encoded, chain)
+        held = {"snapshot": None, **encoded}
+        assert json.loads(canonical_row(encoded, chain=chain)) == [held[c] for c in chain.columns]
+    fast, slow = _Counting(RUN, 3, VerifyReport(RUN)), StreamCheck(RUN, 3, VerifyReport(RUN))
+    first, _ = chained_row(
+        chain.genesis(RUN, 3), RUN, 3, 1, 1, "run_started", None, None, None, "{}", chain=chain
+    )
+    stored, _ = chained_row(
+        first["hash"],
+        RUN,
+        3,
+        2,
+        row["ts_ns"],
+        row["kind"],
+        None,
+        row["module_id"],
+        0,
+        text,
+        chain=chain,
+    )
+    rows = [
+        tuple({**first, "id": 1}[c] for c in TUPLE_COLUMNS),
+        tuple({**stored, "id": 2}[c] for c in TUPLE_COLUMNS),
+    ]
+    fast.feed(rows)
+    for r in rows:
+        slow.one(slow._row(r))
+    assert not fast.mismatched and not slow.mismatched
+    assert fast.calls == 1  # run_started only: the event itself was checked inline
+    assert fast.tree.root() == slow.tree.root()
+    assert fast.chain is slow.chain is chain

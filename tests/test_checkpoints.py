@@ -457,13 +457,12 @@ def test_an_event_appended_after_the_exported_end_is_caught(
             "step": 0,
             "module_id": None,
             "tensor_id": None,
-            "snapshot": None,
             "payload": canonical_payload({"key": "late", "fields": {}}),
         }
         row["hash"] = chain_hash(prev, row)
         conn.execute(
-            "insert into events(run_id, stream, seq, ts_ns, kind, step, module_id, tensor_id, snapshot, payload, hash) "
-            "values (:run_id, :stream, :seq, :ts_ns, :kind, :step, :module_id, :tensor_id, :snapshot, :payload, :hash)",
+            "insert into events(run_id, stream, seq, ts_ns, kind, step, module_id, tensor_id, payload, hash) "
+            "values (:run_id, :stream, :seq, :ts_ns, :kind, :step, :module_id, :tensor_id, :payload, :hash)",
             row,
         )
     assert_verify_fails(

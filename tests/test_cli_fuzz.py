@@ -423,7 +423,6 @@ _COLUMNS = [
     "step",
     "module_id",
     "tensor_id",
-    "snapshot",
     "payload",
     "hash",
 ]

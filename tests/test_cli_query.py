@@ -33,7 +33,6 @@ EVENT_COLUMNS = [
     "module",
     "tensor_id",
     "tensor",
-    "snapshot",
     "hash",
     "chain_ok",
     "payload",

@@ -100,7 +100,6 @@ def test_a_longer_shard_adds_only_its_new_events(tmp_path: Path) -> None:
             "step": 2,
             "module_id": None,
             "tensor_id": None,
-            "snapshot": None,
             "payload": canonical_payload(
                 {
                     "status": "crashed",

@@ -9,6 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from auditlog.core.chain import (
+    FORMATS,
+    ChainFormat,
     Clean,
     canonical_row,
     canonical_row_reference,
@@ -32,6 +34,8 @@ ints = st.integers(min_value=0, max_value=2**62)
     tensor=st.none() | ints,
     snapshot=st.none() | text,
     payload=text,
+    chain=st.sampled_from(FORMATS),
+    archived=st.booleans(),
 )
 def test_canonical_row_is_byte_for_byte_the_json_definition(
     run_id: str,
@@ -44,7 +48,11 @@ def test_canonical_row_is_byte_for_byte_the_json_definition(
     tensor: int | None,
     snapshot: str | None,
     payload: str,
+    chain: ChainFormat,
+    archived: bool,
 ) -> None:
+    """In every chain format; a row with ``snapshot`` is a v1 archive's (written before
+    revision 0005 dropped the column), one without it a stored row."""
     row = {
         "run_id": run_id,
         "stream": stream,
@@ -54,12 +62,17 @@ def test_canonical_row_is_byte_for_byte_the_json_definition(
         "step": step,
         "module_id": module,
         "tensor_id": tensor,
-        "snapshot": snapshot,
         "payload": payload,
     }
-    expected = canonical_row_reference(row)
-    assert canonical_row(row) == expected
-    assert canonical_row(row, row_prefix(run_id, stream)) == expected
+    if archived:
+        row["snapshot"] = snapshot
+    expected = canonical_row_reference(row, chain)
+    assert canonical_row(row, chain=chain) == expected
+    assert canonical_row(row, row_prefix(run_id, stream), chain) == expected
+    held = row.get("snapshot")
+    assert json.loads(expected)[-2 if chain.retired else -1 :] == (
+        [held, payload] if chain.retired else [payload]
+    )
 
 
 json_values = st.recursive(

@@ -77,8 +77,8 @@ def shift_up_from(conn: sqlite3.Connection, run_id: str, seq: int) -> None:
 
 
 INSERT_COPY = (
-    "insert into events(run_id, stream, seq, ts_ns, kind, step, module_id, tensor_id, snapshot, payload, hash) "
-    "select run_id, stream, ?, ts_ns, kind, step, module_id, tensor_id, snapshot, payload, ? "
+    "insert into events(run_id, stream, seq, ts_ns, kind, step, module_id, tensor_id, payload, hash) "
+    "select run_id, stream, ?, ts_ns, kind, step, module_id, tensor_id, payload, ? "
     "from events where run_id=? and seq=?"
 )
 
@@ -191,7 +191,6 @@ def test_json_format_reports_ok_false_with_the_problem(store: Path, run_id: str)
         ("step", "coalesce(step, 0) + 1"),
         ("module_id", "coalesce(module_id, 0) + 1000"),
         ("tensor_id", "coalesce(tensor_id, 0) + 1000"),
-        ("snapshot", "'0123456789abcdef'"),
     ],
 )
 def test_every_hashed_column_is_covered(

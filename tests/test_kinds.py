@@ -22,7 +22,7 @@ from torch.nn.modules import module as nn_module
 import auditlog
 from auditlog.archive.write import EVENTS_SCHEMA
 from auditlog.core import eventrow
-from auditlog.core.chain import chained_row, genesis_hash
+from auditlog.core.chain import CURRENT, chained_row, genesis_hash
 from auditlog.core.eventtypes import F32, INT, INTS, NULL, NUM, STR, ListOf, enum, obj
 from auditlog.core.kinds import KINDS
 from auditlog.integrity.chaincheck import EVENT_TYPES
@@ -30,6 +30,7 @@ from auditlog.store import schema
 from auditlog.store.eventstore import EventStore
 from auditlog.store.queries import TUPLE_COLUMNS
 from auditlog.store.readmodel.arrowcopy import EVENT_SCHEMA
+from auditlog.store.readmodel.tables import EVENT_COLUMNS_SQL
 
 
 class _Stream(torch.utils.data.IterableDataset[int]):
@@ -237,7 +238,10 @@ def test_every_list_of_event_columns_is_the_definition() -> None:
         genesis_hash("r" * 32, 0), "r" * 32, 0, 1, 1, "annotation", None, None, None, "{}"
     )
     assert tuple(row) == eventrow.STORED_COLUMNS
-    assert row["snapshot"] is None
+    assert "snapshot" not in row  # retired with chain v2 (revision 0005)
+    assert eventrow.hashed_columns(2) == eventrow.HASHED_COLUMNS == CURRENT.columns
+    assert eventrow.hashed_columns(1) == (*eventrow.HASHED_COLUMNS[:-1], "snapshot", "payload")
+    assert tuple(c.split()[0] for c in EVENT_COLUMNS_SQL.split(", ")) == eventrow.ALL_COLUMNS
     assert JSON_COLUMNS == (
         "run_id",
         "stream",
@@ -249,7 +253,6 @@ def test_every_list_of_event_columns_is_the_definition() -> None:
         "module",
         "tensor_id",
         "tensor",
-        "snapshot",
         "hash",
         "chain_ok",
         "payload",

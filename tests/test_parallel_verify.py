@@ -2,7 +2,9 @@
 
 The split is forced on a short stream (``MIN_EVENTS`` lowered); each damage is
 placed before, at and after the split point, and the report (problems, tips,
-tree heads at signed sizes, leaves) must be the one the sequential check makes.
+tree heads at signed sizes, leaves) must be the one the sequential check makes,
+for streams of either chain format (the child is given the format the first event
+fixes), and with an event hashed in the other format.
 """
 
 from __future__ import annotations
@@ -12,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from auditlog.core.chain import canonical_payload, chained_row, genesis_hash
+from auditlog.core.chain import (
+    CHAIN_V1,
+    CHAIN_V2,
+    CURRENT,
+    ChainFormat,
+    canonical_payload,
+    chained_row,
+)
 from auditlog.integrity import parallel
 from auditlog.integrity.merkle import Frontier, PackedLeaves, leaf_hash
 from auditlog.integrity.report import VerifyReport
@@ -23,10 +32,13 @@ RUN = "d" * 32
 EVENTS = 300  # split at 141
 
 
-def _store(path: Path) -> EventStore:
+def _store(path: Path, chain: ChainFormat = CURRENT, mixed: int | None = None) -> EventStore:
+    """A stream of ``EVENTS`` events in ``chain``; the event at seq ``mixed`` (and only it) in
+    the other format, the ones after it linked to it."""
     store = EventStore.open(str(path), create=True)
     store.create_run(RUN, "split", "host", 1, None)
-    prev, rows = genesis_hash(RUN, 0), []
+    other = CHAIN_V1 if chain is CHAIN_V2 else CHAIN_V2
+    prev, rows = chain.genesis(RUN, 0), []
     for seq in range(1, EVENTS + 1):
         kind = "run_started" if seq == 1 else ("run_ended" if seq == EVENTS else "annotation")
         row, _ = chained_row(
@@ -40,6 +52,7 @@ def _store(path: Path) -> EventStore:
             None,
             None,
             canonical_payload({"world_size": 1} if seq == 1 else {"n": seq, "t": 'x"y'}),
+            chain=other if seq == mixed else chain,
         )
         prev = row["hash"]
         rows.append(row)
@@ -84,7 +97,15 @@ DAMAGE = {
     "garble_ts": ["update events set ts_ns = 1.5 where seq = 258"],
     "moved_id": ["update events set id = id + 100000 where seq = 265"],
     "ended_early": ["update events set kind = 'run_ended' where seq = 200"],
+    "first_edited": [  # no format can be told from it: checked in one process
+        "update events set payload = replace(payload, '1}', '2}') where seq = 1"
+    ],
 }
+MIXED = {"mixed_before": 100, "mixed_at": 141, "mixed_after": 270}
+CASES = [
+    *((CURRENT, damage) for damage in [*DAMAGE, *MIXED]),
+    *((CHAIN_V1, damage) for damage in ("none", "edit_after", "first_edited", *MIXED)),
+]
 
 
 def _ran_in_a_clean_process(request: pytest.FixtureRequest) -> bool:
@@ -116,15 +137,19 @@ def _ran_in_a_clean_process(request: pytest.FixtureRequest) -> bool:
     return True
 
 
-@pytest.mark.parametrize("damage", list(DAMAGE))
+@pytest.mark.parametrize(("chain", "damage"), CASES, ids=[f"v{c.number}-{d}" for c, d in CASES])
 def test_split_check_agrees_with_sequential(
-    tmp_path: Path, damage: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+    tmp_path: Path,
+    chain: ChainFormat,
+    damage: str,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     if _ran_in_a_clean_process(request):
         return
-    store = _store(tmp_path / "store")
+    store = _store(tmp_path / "store", chain, MIXED.get(damage))
     with sqlite3.connect(tmp_path / "store" / "events.db") as conn:
-        for statement in DAMAGE[damage]:
+        for statement in DAMAGE.get(damage, []):
             conn.execute(statement)
     conn.close()
     joined: list[int] = []
@@ -134,8 +159,17 @@ def test_split_check_agrees_with_sequential(
     )
     split, split_leaves = _verify(store, True, monkeypatch)
     plain, plain_leaves = _verify(store, False, monkeypatch)
-    if damage in ("none", "edit_before", "edit_after", "garble_after", "moved_id"):
+    if damage in ("none", "edit_before", "edit_after", "garble_after", "moved_id", "mixed_before"):
         assert joined and joined[0] > 0  # the child's checked rows were taken
+    if damage == "first_edited":
+        assert not joined
+    if damage in MIXED:
+        assert [(p.seq, p.what.split(",")[0]) for p in plain.problems] == [
+            (
+                MIXED[damage],
+                f"event is hashed in chain format {'auditlog-chain-v2' if chain is CHAIN_V1 else 'auditlog-chain-v1'}",
+            )
+        ]
     assert split.problems == plain.problems
     assert (
         split.tips == plain.tips and split.events == plain.events and split.streams == plain.streams

@@ -180,3 +180,82 @@ def test_four_writer_processes_lose_nothing(
     verified = invoke("verify", "all", "--store", pg_url, "--key", str(key) + ".pub")
     assert verified.exit_code == 0, verified.stdout + verified.stderr
     assert verified.stdout.count("1 signed checkpoint(s): intact") == WORKERS
+
+
+# --------------------------------------------------------------------------- revision 0004 -> 0005
+def _store_at_0004(pg_url: str, tmp_path: Path) -> tuple[Path, str]:
+    """The chain-v1 fixture's store (tests/fixtures/chain_v1) as a PostgreSQL store at revision
+    0004: the tables as Alembic made them then, every row copied, ``snapshot`` NULL."""
+    import shutil
+    import sqlite3
+
+    from alembic import command
+
+    from auditlog.store.migrate import alembic_config
+    from auditlog.store.opening import make_engine
+
+    fixture = Path(__file__).resolve().parent / "fixtures" / "chain_v1"
+    snaps = Path(shutil.copytree(fixture / "store" / "snapshots", tmp_path / "snaps"))
+    engine = make_engine(resolve_store(pg_url, snaps))
+    try:
+        with engine.begin() as conn:
+            cfg = alembic_config()
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "0004")
+    finally:
+        engine.dispose()
+    source = sqlite3.connect(fixture / "store" / "events.db")
+    with psycopg.connect(_plain(pg_url)) as conn:
+        for table in ("auditlog_meta", "runs", "events", "checkpoints", "snapshot_blobs"):
+            cursor = source.execute(f"select * from {table}")
+            names = [d[0] for d in cursor.description]
+            rows = cursor.fetchall()
+            marks = ", ".join(["%s"] * len(names))
+            with conn.cursor() as cur:
+                cur.executemany(f"insert into {table} ({', '.join(names)}) values ({marks})", rows)
+        conn.execute("insert into auditlog_meta values ('snapshots', %s)", (str(snaps),))
+    source.close()
+    return fixture / "key" / "signing_key.pub", "v1-signed"
+
+
+def test_a_revision_0004_store_upgrades_in_postgres(pg_url: str, tmp_path: Path) -> None:
+    key, run = _store_at_0004(pg_url, tmp_path)
+    assert_one_line_error(invoke("runs", "--store", pg_url), 3, "0004", "auditlog db upgrade")
+    result = invoke("db", "upgrade", "--store", pg_url)
+    assert result.exit_code == 0, result.stderr
+    assert "from revision 0004 to 0005" in result.stdout
+    with psycopg.connect(_plain(pg_url)) as conn:
+        columns = [
+            r[0]
+            for r in conn.execute(
+                "select column_name from information_schema.columns "
+                "where table_name = 'events' order by ordinal_position"
+            )
+        ]
+    assert columns == [c.name for c in schema.events.columns]
+    verified = invoke("verify", run, "--store", pg_url, "--key", str(key))
+    assert verified.exit_code == 0, verified.stdout + verified.stderr
+    assert "intact, signed" in verified.stdout
+    with auditlog.open(pg_url) as store:
+        assert sorted(store.run(run).state_dict(step=4)) == sorted(
+            json.loads((key.parent.parent / "expected.json").read_text())["4"]
+        )
+    query = invoke(
+        "query", "--store", pg_url, "--format", "json", "select count(*) as n from events"
+    )
+    assert query.exit_code == 0, query.stderr
+    assert json.loads(query.stdout) == [{"n": 58}]
+
+
+def test_a_postgresql_store_holding_a_snapshot_value_is_refused_unchanged(
+    pg_url: str, tmp_path: Path
+) -> None:
+    _store_at_0004(pg_url, tmp_path)
+    with psycopg.connect(_plain(pg_url)) as conn:
+        conn.execute("update events set snapshot = 'forged' where id = 7")
+    assert_one_line_error(
+        invoke("db", "upgrade", "--store", pg_url), 3, "event id 7", "left unchanged"
+    )
+    with psycopg.connect(_plain(pg_url)) as conn:
+        assert conn.execute("select version_num from alembic_version").fetchone() == ("0004",)
+        assert conn.execute("select snapshot from events where id = 7").fetchone() == ("forged",)

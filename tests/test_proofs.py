@@ -54,6 +54,7 @@ def test_an_inclusion_proof_verifies_without_the_store(
     document = json.loads(proof.read_text())
     assert document["format"] == "auditlog-inclusion-proof-v1"
     assert document["leaf_index"] == seq - 1 and document["event"]["kind"] == "annotation"
+    assert "snapshot" not in document["event"]  # chain v2
     assert (
         document["tree_head"]["format"] == "auditlog-checkpoint-v2"
         and document["tree_head"]["ended"] is True
@@ -98,6 +99,12 @@ def _edits(document: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         ("tree head seq", changed(("tree_head", "seq"), lambda s: s + 1)),
         ("tree head signature", changed(("tree_head", "signature"), flip)),
         ("tree head run", changed(("tree_head", "run_id"), lambda r: "f" * 32)),
+        # a chain-v2 event given v1's field (a v1 canonical row is other bytes, whatever it holds)
+        ("event read as v1", {**document, "event": {**document["event"], "snapshot": None}}),
+        (
+            "event with a snapshot",
+            {**document, "event": {**document["event"], "snapshot": "a" * 64}},
+        ),
     ]
 
 

@@ -16,7 +16,14 @@ from forgery_support import train
 from helpers import REPO, invoke, tamper
 
 import auditlog
-from auditlog.core.chain import canonical_row, chain_hash, genesis_hash
+from auditlog.core.chain import (
+    FORMATS,
+    ChainFormat,
+    canonical_row,
+    chain_hash,
+    first_event_format,
+    genesis_hash,
+)
 from auditlog.integrity.keys import fingerprint, generate_key_pair, load_private_key
 from auditlog.integrity.merkle import leaf_hash, node_hash
 from auditlog.integrity.statements import Checkpoint
@@ -70,11 +77,12 @@ def test_a_store_signed_before_tree_heads_upgrades_and_still_verifies(
             "values (?, 0, ?, ?, 123, ?, ?)",
             (run_id, seq, head, fingerprint(private), signature),
         )
+        conn.execute("alter table events add column snapshot varchar(64)")  # dropped by 0005
         conn.execute("update alembic_version set version_num='0003'")
     refused = invoke("verify", "--store", str(store))
     assert refused.exit_code == 3 and "auditlog db upgrade" in refused.stderr
     upgraded = invoke("db", "upgrade", "--store", str(store))
-    assert upgraded.exit_code == 0 and "from revision 0003 to 0004" in upgraded.stdout
+    assert upgraded.exit_code == 0 and "from revision 0003 to 0005" in upgraded.stdout
     result = invoke("verify", "--store", str(store), "--key", str(key.public_path))
     assert result.exit_code == 0, result.stdout + result.stderr
     assert "1 signed checkpoint(s): intact" in result.stdout
@@ -89,7 +97,8 @@ def test_a_store_signed_before_tree_heads_upgrades_and_still_verifies(
     assert {"format", "tree_root", "ended", "world_size"} <= columns
 
 
-def test_the_documented_vectors_are_the_codes() -> None:
+@pytest.mark.parametrize("chain", FORMATS)
+def test_the_documented_vectors_are_the_codes(chain: ChainFormat) -> None:
     doc = (REPO / "docs" / "integrity.md").read_text()
     run_id = "0123456789abcdef0123456789abcdef"
     first = {
@@ -101,21 +110,21 @@ def test_the_documented_vectors_are_the_codes() -> None:
         "step": 0,
         "module_id": None,
         "tensor_id": None,
-        "snapshot": None,
         "payload": '{"fields":{"name":"clean-data"},"key":"dataset"}',
     }
     second = {**first, "seq": 2, "payload": '{"fields":{},"key":"second"}'}
-    genesis = genesis_hash(run_id, 0)
-    leaves = [leaf_hash(canonical_row(first)), leaf_hash(canonical_row(second))]
+    genesis = genesis_hash(run_id, 0, chain)
+    leaves = [leaf_hash(canonical_row(r, chain=chain)) for r in (first, second)]
     for value in (
-        canonical_row(first).decode(),
+        canonical_row(first, chain=chain).decode(),
         genesis,
-        chain_hash(genesis, first),
+        chain_hash(genesis, first, chain=chain),
         leaves[0].hex(),
         leaves[1].hex(),
         node_hash(*leaves).hex(),
     ):
         assert value in doc, value
+    assert first_event_format({**first, "hash": chain_hash(genesis, first, chain=chain)}) is chain
 
 
 def test_verify_names_the_consistency_proof_it_checked(

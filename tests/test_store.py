@@ -331,6 +331,7 @@ def test_older_schema_needs_db_upgrade_and_keeps_its_runs(store: Path, recorded:
     conn = sqlite3.connect(store / "events.db")
     conn.execute("drop table checkpoints")
     conn.execute("drop table snapshot_blobs")
+    conn.execute("alter table events add column snapshot varchar(64)")  # dropped by 0005
     conn.execute("update alembic_version set version_num='0001'")
     conn.commit()
     conn.close()

@@ -8,11 +8,18 @@ and seq:
 2. Every file the manifest lists has exactly its SHA-256 and size, and no
    unlisted file lies under ``events/``, ``snapshots/`` or ``tensors/`` (an
    added stream is a forgery too).
-3. Every stream's events are gap-free from seq 1 and chained (the algorithm of
-   ``auditlog.core.chain``), and end at the head the manifest lists.
+3. Every stream's event file has exactly the archive format's columns, and its
+   events are gap-free from seq 1 and chained (the algorithm of
+   ``auditlog.core.chain``, in the stream's chain format: the manifest's
+   ``chain`` of the stream, or of the run in an ``auditlog-archive-v1``, whose
+   streams are all v1 and whose files have the ``snapshot`` column), and end at
+   the head the manifest lists.
 4. ``heads.json`` (when present) is signed by a trusted key and names exactly
    those heads; each checkpoint in ``checkpoints.parquet`` is signed by a
-   trusted key for the manifest's store id and lies on its stream's chain.
+   trusted key for the manifest's store id and lies on its stream's chain (a
+   tree head: its root is the archived stream's). An ``auditlog-archive-v1``
+   holds a v2 checkpoint without its tree root, end and world size: they are
+   taken from the archived stream, and the signature must cover them.
 5. Every tensor content a chained event names is in the catalog, and its file
    holds the content its hash names (``SnapshotStore.check``).
 
@@ -27,25 +34,56 @@ Without a trusted key the signatures cannot be checked and ``ok`` is False, like
 
 from __future__ import annotations
 
+import dataclasses
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from auditlog.archive.write import ARCHIVE_FORMAT, manifest_digest
-from auditlog.core.chain import chain_hash, genesis_hash, row_prefix
+from auditlog.archive.write import ARCHIVE_FORMAT, ARCHIVE_FORMAT_V1, manifest_digest
+from auditlog.core import eventrow
+from auditlog.core.chain import CHAIN_V1, canonical_row, chain_format, link_hash, row_prefix
 from auditlog.core.hashing import shown_hash
 from auditlog.core.payloadlimits import loads_bounded
+from auditlog.integrity.chaincheck import short
 from auditlog.integrity.keys import KeyRing, Verdict
-from auditlog.integrity.statements import Checkpoint, HeadStatement, StatementError
+from auditlog.integrity.merkle import leaf_hash, root
+from auditlog.integrity.statements import (
+    CHECKPOINT_FORMAT,
+    Checkpoint,
+    HeadStatement,
+    StatementError,
+)
 from auditlog.store.blobformat import SnapshotError
 from auditlog.store.blobpaths import kind_of, regular_digest, where
 from auditlog.store.blobs import SnapshotStore
 from auditlog.store.rows import payload_object
 
 _CHECKED_DIRS = ("events", "snapshots", "tensors")
+
+
+def _schema(columns: tuple[str, ...]) -> pa.Schema:
+    return pa.schema([(name, pa.type_for_alias(eventrow.arrow_type(name))) for name in columns])
+
+
+# The event files' columns: the row of ``core.eventrow``; before (archive v1) with ``snapshot``.
+_EVENTS_SCHEMA = {
+    ARCHIVE_FORMAT: _schema(eventrow.ARCHIVE_COLUMNS),
+    ARCHIVE_FORMAT_V1: _schema(eventrow.archive_columns(CHAIN_V1.number)),
+}
+
+
+@dataclass
+class _Stream:
+    """What the archived events of one stream say: its leaves, hashes, end and world size."""
+
+    leaves: list[bytes] = field(default_factory=list)
+    hashes: dict[int, str] = field(default_factory=dict)
+    ended_at: int | None = None
+    world_size: int | None = None
 
 
 @dataclass
@@ -76,9 +114,10 @@ def verify_archive(directory: Path, keys: KeyRing) -> ArchiveReport:
     if not _files(directory, manifest, report):
         return report  # changed files: their contents cannot be trusted to say more
     named: set[str] = set()
-    heads = _chains(directory, manifest, report, named)
+    streams: dict[int, _Stream] = {}
+    heads = _chains(directory, manifest, report, named, streams)
     _signed_heads(directory, manifest, heads, keys, report)
-    _checkpoints(directory, manifest, heads, keys, report)
+    _checkpoints(directory, manifest, streams, keys, report)
     _tensors(directory, named, report)
     return report
 
@@ -122,8 +161,10 @@ def _manifest(directory: Path, keys: KeyRing, report: ArchiveReport) -> dict[str
     except (OSError, ValueError) as exc:
         report.problems.append(f"manifest.json is unreadable or not JSON ({exc})")
         return None
-    if not isinstance(manifest, dict) or manifest.get("format") != ARCHIVE_FORMAT:
-        report.problems.append(f"manifest.json is not an {ARCHIVE_FORMAT} manifest")
+    if not isinstance(manifest, dict) or manifest.get("format") not in _EVENTS_SCHEMA:
+        report.problems.append(
+            f"manifest.json is not an {ARCHIVE_FORMAT} (or {ARCHIVE_FORMAT_V1}) manifest"
+        )
         return None
     if manifest.get("digest") != manifest_digest(manifest):
         report.problems.append(
@@ -187,10 +228,15 @@ def _files(directory: Path, manifest: dict[str, Any], report: ArchiveReport) -> 
 
 
 def _chains(
-    directory: Path, manifest: dict[str, Any], report: ArchiveReport, named: set[str]
+    directory: Path,
+    manifest: dict[str, Any],
+    report: ArchiveReport,
+    named: set[str],
+    streams: dict[int, _Stream],
 ) -> dict[int, tuple[int, str]]:
-    """Check every stream's chain; returns the heads found, ``stream -> (seq, hash)``, and
-    adds the tensor contents the (chained) events name to ``named``."""
+    """Check every stream's chain; returns the heads found, ``stream -> (seq, hash)``, fills
+    ``streams`` with what each says, and adds the tensor contents the (chained) events
+    name to ``named``."""
     run_id = str(manifest["run_id"])
     heads: dict[int, tuple[int, str]] = {}
     if not _inside(f"run_id={run_id}") or "/" in run_id:
@@ -198,19 +244,38 @@ def _chains(
             f"manifest.json: run id {run_id[:40]!r} is not a run id (manifest edited)"
         )
         return heads
+    old = manifest["format"] == ARCHIVE_FORMAT_V1  # one chain (v1) for the whole run
     for entry in manifest.get("streams") or []:
         stream = int(entry["stream"])
-        path = directory / "events" / f"run_id={run_id}" / f"stream={stream}" / "part-0.parquet"
+        relative = f"events/run_id={run_id}/stream={stream}/part-0.parquet"
+        path = directory / relative
+        version = manifest.get("chain") if old else entry.get("chain")
+        chain = chain_format(version)
         why = _unusable(path)
-        if why is not None:
-            report.problems.append(
-                f"stream {stream}: events/run_id={run_id}/stream={stream}/part-0.parquet: {why}"
+        if chain is None or (old and chain != CHAIN_V1):
+            why = (
+                f"chain format {short(version)} is not one the archive format has (manifest edited)"
             )
+        if why is None:
+            try:
+                table = pq.read_table(path)
+            except (OSError, pa.ArrowException) as exc:
+                why = f"unreadable ({exc})"
+        if why is None and not table.schema.remove_metadata().equals(
+            _EVENTS_SCHEMA[manifest["format"]]
+        ):
+            why = (
+                f"its columns ({', '.join(table.schema.names)}) are not the archive format's "
+                "(file crafted)"
+            )
+        if why is not None:
+            report.problems.append(f"stream {stream}: {relative}: {why}")
             continue
-        table = pq.read_table(path)
-        prev = genesis_hash(run_id, stream)
+        assert chain is not None
+        prev = chain.genesis(run_id, stream)
         prefix = row_prefix(run_id, stream)
         expected = 1
+        facts = streams[stream] = _Stream()
         for row in table.to_pylist():
             row.update(run_id=run_id, stream=stream)
             where = f"stream {stream} seq {row['seq']}"
@@ -219,11 +284,19 @@ def _chains(
                     f"{where}: expected seq {expected} (events missing or reordered)"
                 )
                 expected = row["seq"]
-            if chain_hash(prev, row, prefix) != row["hash"]:
+            try:
+                encoded = canonical_row(row, prefix, chain)
+            except (TypeError, ValueError) as exc:
+                report.problems.append(f"{where}: garbled ({exc})")
+                encoded = b""
+            if link_hash(prev, encoded) != row["hash"]:
                 report.problems.append(
                     f"{where} ({row['kind']}): content does not match its recorded hash"
                 )
+            facts.leaves.append(leaf_hash(encoded))
             prev, expected = row["hash"], expected + 1
+            facts.hashes[expected - 1] = prev
+            _boundary(row, facts)
             if row["kind"] in ("snapshot_taken", "construction_sealed"):
                 named |= _named_tensors(row["payload"])
         count = table.num_rows
@@ -235,6 +308,17 @@ def _chains(
                 f"stream {stream}: ends at seq {expected - 1}, not at the manifest's head"
             )
     return heads
+
+
+def _boundary(row: dict[str, Any], facts: _Stream) -> None:
+    """A stream's end and world size, from its run_ended and run_started (what a v2
+    checkpoint signs: ``_checkpoints`` rebuilds the ones an archive v1 lacks)."""
+    if row["kind"] == "run_ended" and facts.ended_at is None:
+        facts.ended_at = row["seq"]
+    elif row["kind"] == "run_started" and row["seq"] == 1:
+        world = payload_object(row["payload"], strict=False).get("world_size")
+        if isinstance(world, int) and not isinstance(world, bool):
+            facts.world_size = world
 
 
 def _signed_heads(
@@ -277,7 +361,7 @@ def _signed_heads(
 def _checkpoints(
     directory: Path,
     manifest: dict[str, Any],
-    heads: dict[int, tuple[int, str]],
+    streams: dict[int, _Stream],
     keys: KeyRing,
     report: ArchiveReport,
 ) -> None:
@@ -288,7 +372,6 @@ def _checkpoints(
         report.problems.append(f"checkpoints.parquet: {_unusable(path)}")
         return
     run_id, store_id = str(manifest["run_id"]), str(manifest.get("store_id", ""))
-    hashes: dict[int, dict[int, str]] = {}
     for row in pq.read_table(path).to_pylist():
         try:
             checkpoint = Checkpoint.from_row(row)
@@ -296,9 +379,19 @@ def _checkpoints(
             report.problems.append(f"checkpoints.parquet: a row is garbled ({exc})")
             continue
         report.signatures += 1
+        facts = streams.get(checkpoint.stream, _Stream())
         verdict = keys.check(
             checkpoint.key_fingerprint, checkpoint.statement(store_id), checkpoint.signature
         )
+        if verdict is Verdict.INVALID and "format" not in row:
+            # an auditlog-archive-v1 file: a v2 checkpoint without the fields it signs
+            rebuilt = _tree_head(checkpoint, facts)
+            if rebuilt is not None:
+                again = keys.check(
+                    rebuilt.key_fingerprint, rebuilt.statement(store_id), rebuilt.signature
+                )
+                if again is not Verdict.INVALID:
+                    checkpoint, verdict = rebuilt, again
         where = f"checkpoint of stream {checkpoint.stream} seq {checkpoint.seq}"
         if checkpoint.run_id != run_id or verdict is Verdict.INVALID:
             report.problems.append(f"{where}: the signature does not verify")
@@ -307,18 +400,26 @@ def _checkpoints(
             report.problems.append(
                 f"{where}: signed by a key that is not trusted (pass its public key with --key)"
             )
-        if checkpoint.stream not in hashes:
-            hashes[checkpoint.stream] = _stream_hashes(directory, run_id, checkpoint.stream)
-        if hashes[checkpoint.stream].get(checkpoint.seq) != checkpoint.head_hash:
+        if facts.hashes.get(checkpoint.seq) != checkpoint.head_hash:
             report.problems.append(f"{where}: the signed head is not on the archived chain")
+        elif checkpoint.is_tree_head and _tree_head(checkpoint, facts) != checkpoint:
+            report.problems.append(
+                f"{where}: the signed tree head, end or world size is not the archived stream's"
+            )
 
 
-def _stream_hashes(directory: Path, run_id: str, stream: int) -> dict[int, str]:
-    path = directory / "events" / f"run_id={run_id}" / f"stream={stream}" / "part-0.parquet"
-    if _unusable(path) is not None:
-        return {}
-    table = pq.read_table(path, columns=["seq", "hash"])
-    return dict(zip(table.column("seq").to_pylist(), table.column("hash").to_pylist(), strict=True))
+def _tree_head(checkpoint: Checkpoint, facts: _Stream) -> Checkpoint | None:
+    """``checkpoint`` as a v2 checkpoint of the archived stream at its seq: the tree root,
+    end and world size the archived events give (None: the stream is shorter)."""
+    if not 1 <= checkpoint.seq <= len(facts.leaves) or facts.world_size is None:
+        return None
+    return dataclasses.replace(
+        checkpoint,
+        format=CHECKPOINT_FORMAT,
+        tree_root=root(facts.leaves, checkpoint.seq).hex(),
+        ended=facts.ended_at == checkpoint.seq,
+        world_size=facts.world_size,
+    )
 
 
 def _named_tensors(text: str) -> set[str]:

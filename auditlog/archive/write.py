@@ -6,7 +6,8 @@ DuckDB, Spark, Trino or pyarrow read without auditlog, and it carries what is
 needed to verify it without auditlog too (the chain algorithm is in its
 README.md). Layout of ``DIR``::
 
-    manifest.json            format, run, store id, streams with their heads, every file's SHA-256
+    manifest.json            format, run, store id, streams with their chain formats and heads,
+                             every file's SHA-256
     manifest.sig             Ed25519 signature of manifest.json (when a signing key is at hand)
     heads.json               signed statement of every stream's head (auditlog-head-v1)
     README.md                the layout and the chain algorithm, for readers without auditlog
@@ -15,6 +16,13 @@ README.md). Layout of ``DIR``::
     tensors/<h[:2]>/<h>.parquet                          tensor contents, by content hash (as in a store)
     catalog.parquet          one row per tensor content: dtype, shape, size, file hash
     checkpoints.parquet      the run's signed checkpoints (their signatures name the manifest's store_id)
+
+The event files hold the row of ``core.eventrow`` (no ``snapshot`` since store
+revision 0005); each stream's entry in the manifest names its chain format
+(``auditlog-chain-v1`` or ``-v2``, ``core.chain``): a v1 stream's rows are hashed
+with a NULL ``snapshot`` before the payload. Archives of ``auditlog-archive-v1``
+(before) have the ``snapshot`` column and one ``chain`` for the whole run (v1);
+``verify --archive`` checks both.
 
 ``events`` and ``snapshots`` are Hive-partitioned by run and stream (the
 partition columns are not repeated inside the files), e.g. in DuckDB::
@@ -41,11 +49,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from auditlog.core import eventrow
-from auditlog.core.chain import CHAIN_VERSION
+from auditlog.core.chain import CHAIN_V1, CHAIN_V2
 from auditlog.core.errors import AuditlogError, IntegrityError
 from auditlog.core.ranks import split_stream
 from auditlog.core.replay import CONSTRUCTION_KINDS, replay
 from auditlog.core.version import __version__
+from auditlog.integrity.chaincheck import stream_format
 from auditlog.integrity.checkpoints import export_heads, store_id
 from auditlog.integrity.keys import KeyRing
 from auditlog.integrity.statements import canonical_statement
@@ -59,7 +68,8 @@ from auditlog.store.rows import decode_event
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-ARCHIVE_FORMAT = "auditlog-archive-v1"
+ARCHIVE_FORMAT = "auditlog-archive-v2"  # v2: per-stream chain formats, no ``snapshot`` column
+ARCHIVE_FORMAT_V1 = "auditlog-archive-v1"
 ROW_GROUP = 65_536
 
 # The archive's event files: the stored row but for its partitions and the store's id (core.eventrow).
@@ -97,6 +107,10 @@ CHECKPOINT_COLUMNS = (
     "created_ns",
     "key_fingerprint",
     "signature",
+    "format",  # these four since auditlog-archive-v2: a v2 checkpoint's signed fields
+    "tree_root",
+    "ended",
+    "world_size",
 )
 
 
@@ -164,9 +178,16 @@ def _write(
         )
         files.append(_file(root, f"snapshots/{part}", len(refs)))
         segment, rank = split_stream(stream)
+        chain = stream_format(store, run_id, stream)
+        if chain is None:  # verified before: the store changed since
+            raise IntegrityError(
+                f"refusing to export run {run_id[:12]}: stream {stream}'s first event matches "
+                "no chain format (run `auditlog verify`)"
+            )
         streams.append(
             {
                 "stream": stream,
+                "chain": chain.version,
                 "rank": rank,
                 "segment": segment,
                 "events": count,
@@ -193,7 +214,6 @@ def _write(
         "format": ARCHIVE_FORMAT,
         "created_ns": time.time_ns(),
         "auditlog": __version__,
-        "chain": CHAIN_VERSION,
         "store_id": identity,
         "run_id": run_id,
         "run": info,
@@ -327,7 +347,13 @@ def _write_tensors(store: EventStore, root: Path, hashes: list[str]) -> list[dic
 
 
 def _checkpoint_table(rows: list[dict[str, Any]]) -> pa.Table:
-    types = {"stream": pa.int64(), "seq": pa.int64(), "created_ns": pa.int64()}
+    types = {
+        "stream": pa.int64(),
+        "seq": pa.int64(),
+        "created_ns": pa.int64(),
+        "ended": pa.int64(),
+        "world_size": pa.int64(),
+    }
     schema = pa.schema([(c, types.get(c, pa.string())) for c in CHECKPOINT_COLUMNS])
     return pa.Table.from_pylist(rows, schema=schema)
 
@@ -345,7 +371,8 @@ Written by auditlog {__version__} ({ARCHIVE_FORMAT}). Everything here is Parquet
   metadata repeats dtype and shape.
 - `catalog.parquet`: dtype, shape, size and the file's SHA-256 of every tensor content.
 - `checkpoints.parquet`, `heads.json`, `manifest.sig`: Ed25519 signatures (see below).
-- `manifest.json`: every file with its SHA-256; every stream with its last seq and hash.
+- `manifest.json`: every file with its SHA-256; every stream with its chain format (`chain`),
+  its last seq and hash.
 
 ## Verifying without auditlog
 
@@ -353,9 +380,12 @@ Written by auditlog {__version__} ({ARCHIVE_FORMAT}). Everything here is Parquet
    in `events/`, `snapshots/` and `tensors/`.
 2. Per stream, events have `seq` 1, 2, 3, ... without gaps, and each event's `hash` is
    `sha256(prev + "\\n" + row)` in hex, where `prev` is the previous event's `hash` (for
-   seq 1: `sha256("{CHAIN_VERSION}:<run_id>:<stream>")` in hex) and `row` is the compact
-   ASCII JSON array `[run_id, stream, seq, ts_ns, kind, step, module_id, tensor_id,
-   snapshot, payload]` (`json.dumps(row, separators=(",", ":"), ensure_ascii=True)`).
+   seq 1: `sha256("<chain>:<run_id>:<stream>")` in hex, `<chain>` the stream's `chain` in
+   the manifest) and `row` is the compact ASCII JSON array (`json.dumps(row, separators=(",",
+   ":"), ensure_ascii=True)`) `[run_id, stream, seq, ts_ns, kind, step, module_id,
+   tensor_id, payload]` for `{CHAIN_V2.version}`, and for `{CHAIN_V1.version}` (streams
+   recorded before it) `[run_id, stream, seq, ts_ns, kind, step, module_id, tensor_id,
+   null, payload]` (the `null`: the `snapshot` column those records had, always NULL).
 3. The last event's hash equals the stream's `head_hash` in the manifest and in `heads.json`,
    whose Ed25519 signature covers its canonical JSON without `signature` (sorted keys, no
    whitespace); `manifest.sig` signs the bytes of `manifest.json`.

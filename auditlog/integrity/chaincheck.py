@@ -11,6 +11,14 @@ the general rules, event by event, with their problem reports (they are
 ``verify``'s own, unchanged). Both paths encode exactly what
 ``auditlog.core.chain.canonical_row`` encodes (tests check they agree), and
 leaf hashes are added to the Merkle frontier a batch at a time.
+
+Each stream is checked in one chain format (``core.chain``): the one its first
+event links under from that format's genesis hash (``first_event_format``), or the
+one given (the parallel check's child, whose parent found it). An event of the
+stream hashed in another format is a mismatch like any edit (``verify`` says which
+format it was hashed in). Only when the first event matches no format (edited or
+deleted: the stream fails already) is the format taken from the first later event
+that links under one, for the reports that follow.
 """
 
 from __future__ import annotations
@@ -23,10 +31,21 @@ from typing import Any
 import orjson
 
 from auditlog.core import eventrow
-from auditlog.core.chain import canonical_row, chain_hash, genesis_hash, link_hash, row_prefix
+from auditlog.core.chain import (
+    CHAIN_V1,
+    CURRENT,
+    FORMATS,
+    ChainFormat,
+    canonical_row,
+    chain_hash,
+    first_event_format,
+    link_hash,
+    row_prefix,
+)
 from auditlog.core.payloadlimits import MAX_PAYLOAD_BYTES, past_limits
 from auditlog.integrity.merkle import Frontier, PackedLeaves, leaf_hash
 from auditlog.integrity.report import Problem, StreamTip, VerifyReport
+from auditlog.store.eventstore import EventStore
 from auditlog.store.queries import TUPLE_COLUMNS
 from auditlog.store.rows import payload_object
 
@@ -41,6 +60,7 @@ EVENT_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 _BOUNDARY_KINDS = frozenset({"run_started", "run_ended"})
+_NULL = (None,)  # a chain-v1 row's ``snapshot``
 # Kinds whose payloads verify parses (the boundaries here, snapshot references in
 # ``integrity.snapshots``): each goes through ``one``, which checks the payload limits.
 _READ_KINDS = _BOUNDARY_KINDS | {"snapshot_taken", "construction_sealed"}
@@ -62,18 +82,50 @@ def _plain_text(value: Any) -> bool:
     return type(value) is str and value.isascii() and "\x7f" not in value
 
 
-def links_to(row: dict[str, Any], prev_hash: Any) -> bool:
+def links_to(row: dict[str, Any], prev_hash: Any, chain: ChainFormat | None) -> bool:
     """Is ``row`` (an event as stored) the link its stored hash says, chained from
-    ``prev_hash``, the stored hash of the event before it (seq 1: the genesis hash)?
+    ``prev_hash``, the stored hash of the event before it (seq 1: the genesis hash),
+    in its stream's format ``chain`` (``stream_format``)?
 
     One event's share of ``verify``: an event whose content was edited (its hash
     column untouched) fails it, and so does the event after one that was deleted.
     What it cannot see (a rewrite with fresh hashes, events cut off) is ``verify``'s.
+    ``chain`` None: the stream's first event matches no format (it fails here, and
+    ``verify`` fails the stream); its other events are then tried in each format.
     """
     if garbled_column(row) is not None:
         return False
-    prev = genesis_hash(row["run_id"], row["stream"]) if row["seq"] == 1 else prev_hash
-    return isinstance(prev, str) and chain_hash(prev, row) == row["hash"]
+    if row["seq"] == 1:
+        found = first_event_format(row)
+        return found is not None and chain in (None, found)
+    return isinstance(prev_hash, str) and any(
+        chain_hash(prev_hash, row, chain=f) == row["hash"]
+        for f in (FORMATS if chain is None else (chain,))
+    )
+
+
+def stream_format(store: EventStore, run_id: str, stream: int) -> ChainFormat | None:
+    """The chain format of a stored stream: the one its first event (seq 1, the lowest
+    id) links under from that format's genesis hash; None when none does (the event
+    was edited or deleted, or the stream is empty)."""
+    row = store.first_event(run_id, stream)
+    return None if row is None else first_event_format(row)
+
+
+class RowLinks:
+    """``links_to`` for the rows of one run, each in its stream's format (found once)."""
+
+    def __init__(self, store: EventStore, run_id: str) -> None:
+        self.store, self.run_id = store, run_id
+        self.formats: dict[Any, ChainFormat | None] = {}
+
+    def check(self, row: dict[str, Any], prev_hash: Any) -> bool:
+        stream = row["stream"]
+        if stream not in self.formats:
+            self.formats[stream] = (
+                stream_format(self.store, self.run_id, stream) if type(stream) is int else None
+            )
+        return links_to(row, prev_hash, self.formats[stream])
 
 
 def short(value: Any) -> str:
@@ -91,14 +143,18 @@ class StreamCheck:
         report: VerifyReport,
         sizes: frozenset[int] = frozenset(),
         leaves: PackedLeaves | list[bytes] | None = None,
+        chain: ChainFormat | None = None,
     ) -> None:
         self.run_id, self.stream, self.report = run_id, stream, report
         self.sizes, self.leaves = sizes, leaves
         self.expected = 1
+        # The stream's chain format: given, or fixed by its first event (``one``).
+        self.chain = chain
+        self._recomputed_by: dict[ChainFormat, str] = {}  # a first event matching no format
         # prev: the stored hash of the previous event; recomputed: what that hash should
         # be given its own content. An event chained to either is intact, so editing
         # one event's hash column is reported once, not also at the next event.
-        self.prev = self.recomputed = genesis_hash(run_id, stream)
+        self.prev = self.recomputed = (chain or CURRENT).genesis(run_id, stream)
         self.last_id = -1
         self.count = 0
         self.mismatched: list[dict[str, Any]] = []
@@ -130,11 +186,12 @@ class StreamCheck:
         pending: list[bytes] = []
         expected, prev, last_id = self.expected, self.prev, self.last_id
         link = prev.encode() + b"\n"
-        started = self.count > 0
+        started = self.count > 0 and self.chain is not None
+        v1 = self.chain is CHAIN_V1  # its rows hash a NULL ``snapshot`` before the payload
         ended = self.tip.ended_at is not None
         done = 0
         for row in rows:
-            rid, seq, ts, kind, step, mid, tid, snap, payload, stored = row
+            rid, seq, ts, kind, step, mid, tid, payload, stored = row
             if kind not in plain and _plain_text(kind) and kind not in _READ_KINDS:
                 plain.add(kind)
             if (
@@ -150,7 +207,6 @@ class StreamCheck:
                 or not (step is None or type(step) is int)
                 or not (mid is None or type(mid) is int)
                 or not (tid is None or type(tid) is int)
-                or not (snap is None or _plain_text(snap))
                 or type(payload) is not str
                 or not payload.isascii()
                 or "\x7f" in payload
@@ -163,13 +219,14 @@ class StreamCheck:
                 self.one(self._row(row))
                 expected, prev, last_id = self.expected, self.prev, self.last_id
                 link = prev.encode() + b"\n"
-                started, ended = True, self.tip.ended_at is not None
+                started, ended = self.chain is not None, self.tip.ended_at is not None
+                v1 = self.chain is CHAIN_V1
                 if progress is not None:
                     progress(1)
                 continue
             # Every value is an int, None or plain text here: orjson writes exactly the
             # canonical JSON of ``canonical_row`` (tests check they agree).
-            encoded = prefix + dumps(row[1:9])[1:]
+            encoded = prefix + dumps(row[1:7] + _NULL + row[7:8] if v1 else row[1:8])[1:]
             if sha256(link + encoded).hexdigest() != stored:
                 self._flush(pending, expected, prev, last_id, done, progress)
                 if stop:
@@ -225,7 +282,10 @@ class StreamCheck:
         run_id, stream, report, tip = self.run_id, self.stream, self.report, self.tip
         self.count += 1
         garbled = garbled_column(row)
-        encoded = repr(sorted(row.items())).encode() if garbled else canonical_row(row)
+        if garbled is None and self.chain is None:
+            self._settle(row)
+        chain = self.chain or CURRENT
+        encoded = repr(sorted(row.items())).encode() if garbled else canonical_row(row, chain=chain)
         leaf = leaf_hash(encoded)
         self.tree.append(leaf)
         if self.leaves is not None:
@@ -323,7 +383,8 @@ class StreamCheck:
         else:
             computed = link_hash(self.prev, encoded)
             if computed != row["hash"] and (
-                self.recomputed == self.prev or chain_hash(self.recomputed, row) != row["hash"]
+                self.recomputed == self.prev
+                or chain_hash(self.recomputed, row, chain=chain) != row["hash"]
             ):
                 self.mismatched.append(row)
             self.recomputed = computed
@@ -342,3 +403,28 @@ class StreamCheck:
         self.prev = row["hash"]
         tip.seq, tip.head_hash = seq, row["hash"]
         self.expected = seq + 1
+
+    def _settle(self, row: dict[str, Any]) -> None:
+        """Fix the stream's format from ``row``: at its first event, the format whose
+        genesis it links from; after a first event that matched none, the first format
+        a later event links under from the stored hash before it."""
+        if self.expected == 1 and self.count == 1:
+            self.chain = first_event_format(row)
+            if self.chain is not None:
+                self.prev = self.recomputed = self.chain.genesis(self.run_id, self.stream)
+            elif row["seq"] == 1:  # its hash in each format, were only its hash column edited
+                self._recomputed_by = {
+                    f: chain_hash(f.genesis(self.run_id, self.stream), row, chain=f)
+                    for f in FORMATS
+                }
+            return
+        if row["seq"] != self.expected:
+            return
+        for chain in FORMATS:
+            if chain_hash(self.prev, row, chain=chain) == row["hash"]:
+                self.chain = chain
+                return
+            was = self._recomputed_by.get(chain)
+            if was is not None and chain_hash(was, row, chain=chain) == row["hash"]:
+                self.chain, self.recomputed = chain, was
+                return

@@ -3,7 +3,8 @@
 Reading an event from SQLite and hashing it (link, leaf, node) cost about the
 same, so one core caps how fast a long stream is checked (docs/performance.md).
 The chain check of ordinary events needs nothing from the events before but
-the stored hash, id and seq of the one just before, so the stream splits at
+the stored hash, id and seq of the one just before (and the stream's chain
+format, which its first event fixes: found before the fork), so the stream splits at
 ``m`` (its middle): this process checks events ``1..m`` as always, while a forked child
 reads ``m..n`` on its own read-only connection and checks the ordinary events
 there inline (``StreamCheck.feed`` with ``stop``), stopping at the first event
@@ -14,7 +15,8 @@ frontier (``Frontier.append_subtree``) and takes the heads it needs on the way.
 
 The child's work is taken only when this process's own check ends exactly
 where the child began (``m`` events counted, the next seq expected ``m + 1``,
-the last hash and id those the child started from, the stream not ended);
+the last hash and id those the child started from, the stream not ended, the
+same chain format found from the first event);
 otherwise, and after an early stop, the rest is checked here, event by event
 as always (the rows the child checked are skipped). Nothing the child says is
 believed but hashes it recomputed from the rows: the verdicts are the
@@ -31,6 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from auditlog.core.chain import ChainFormat
 from auditlog.core.cpus import usable_cpus
 from auditlog.integrity.chaincheck import StreamCheck
 from auditlog.integrity.merkle import PackedLeaves, subtree_root
@@ -96,6 +99,7 @@ def _child(
     m: int,
     sizes: frozenset[int],
     keep: bool,
+    chain: ChainFormat,
 ) -> ChildResult | None:
     """Check the rows from seq ``m`` on (``statement``), ordinary ones, until one is not."""
     batches: Iterator[list[tuple[Any, ...]]] = sqlite_event_tuples(uri, statement)
@@ -111,7 +115,7 @@ def _child(
     ):
         return None
     leaves: list[bytes] = []
-    check = StreamCheck(run_id, stream, VerifyReport(run_id), leaves=leaves)
+    check = StreamCheck(run_id, stream, VerifyReport(run_id), leaves=leaves, chain=chain)
     check.grow_tree = False
     check.expected, check.prev, check.recomputed, check.last_id, check.count = (
         m + 1,
@@ -176,9 +180,14 @@ def _run_child(conn: Any, *args: Any) -> None:
 
 
 def check_split(
-    store: EventStore, check: StreamCheck, m: int, progress: Callable[[int], None] | None = None
+    store: EventStore,
+    check: StreamCheck,
+    m: int,
+    chain: ChainFormat,
+    progress: Callable[[int], None] | None = None,
 ) -> None:
-    """Check ``check``'s stream: ``1..m`` here while a child checks the rest, then join."""
+    """Check ``check``'s stream: ``1..m`` here while a child checks the rest (in the
+    stream's format ``chain``, found from its first event), then join."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork")
@@ -195,6 +204,7 @@ def check_split(
             m,
             check.sizes,
             check.leaves is not None,
+            chain,
         ),
     )
     child.start()
@@ -209,7 +219,7 @@ def check_split(
     finally:
         receive.close()
         child.join()
-    if result is not None and _joinable(check, result, m):
+    if result is not None and check.chain == chain and _joinable(check, result, m):
         _join(check, result)
         if progress is not None:
             progress(result.rows)

@@ -8,10 +8,14 @@ party's verifier (docs/integrity.md specifies every byte).
 ``auditlog-inclusion-proof-v1``::
 
     {"format", "event": {run_id, stream, seq, ts_ns, kind, step, module_id,
-     tensor_id, snapshot, payload}, "leaf_index", "tree_size", "audit_path": [hex],
+     tensor_id, payload}, "leaf_index", "tree_size", "audit_path": [hex],
      "tree_head": {<an auditlog-checkpoint-v2 statement>, "signature"}}
 
-The event's leaf is ``SHA-256(0x00 || canonical_row(event))``; the audit path
+The event has exactly the fields of its stream's chain format's canonical row
+(``core.chain``): an event of a stream recorded before chain v2 also has
+``snapshot`` (null) before ``payload``, as every proof made before did. The event's
+leaf is ``SHA-256(0x00 || canonical_row(event))`` in that format (two formats'
+canonical rows are never the same bytes, so the signed tree head decides); the audit path
 leads from it to ``tree_head.tree_root`` (RFC 9162 2.1.3.2); the tree head's
 Ed25519 signature covers its canonical JSON without ``signature``.
 
@@ -34,8 +38,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from auditlog.core.chain import canonical_row
-from auditlog.core.eventrow import HASHED_COLUMNS
+from auditlog.core.chain import FORMATS, ChainFormat, canonical_row
+from auditlog.core.eventrow import HASHED_COLUMNS, RETIRED
 from auditlog.core.payloadlimits import NotJSONError, limit_problem
 from auditlog.integrity.chaincheck import EVENT_TYPES, short
 from auditlog.integrity.keys import KeyRing, Verdict
@@ -50,7 +54,12 @@ from auditlog.integrity.statements import (
 
 INCLUSION_FORMAT = "auditlog-inclusion-proof-v1"
 CONSISTENCY_FORMAT = "auditlog-consistency-proof-v1"
-EVENT_FIELDS = HASHED_COLUMNS  # the canonical row (core.eventrow)
+EVENT_FIELDS = HASHED_COLUMNS  # the canonical row of the current chain format (core.eventrow)
+# Each field's types as stored; a retired column (v1's ``snapshot``) as the table held it.
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    **EVENT_TYPES,
+    **{r.column.name: (r.column.python, type(None)) for r in RETIRED},
+}
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX128 = re.compile(r"[0-9a-f]{128}")
 _CHECKPOINT_FIELDS = {
@@ -198,6 +207,13 @@ _WANTED = {
 }
 
 
+def event_format(event: Any) -> ChainFormat | None:
+    """The chain format whose canonical row has exactly the event's fields, or None."""
+    if not isinstance(event, dict):
+        return None
+    return next((f for f in FORMATS if set(event) == set(f.columns)), None)
+
+
 def event_problem(event: dict[str, Any]) -> str | None:
     """What is wrong with a proof's event (its fields are all there), or None.
 
@@ -206,8 +222,8 @@ def event_problem(event: dict[str, Any]) -> str | None:
     shown as given), the stream and seq are in range, and the payload is the
     JSON text of an object within the payload limits (``core.payloadlimits``).
     """
-    for name in EVENT_FIELDS:
-        types = EVENT_TYPES[name]
+    for name in event:
+        types = _FIELD_TYPES[name]
         if type(event[name]) not in types:  # exact types, as verify checks stored columns
             return f"event.{name} must be {_WANTED[types]}, not {short(event[name])}"
     if event["stream"] < 0 or event["seq"] < 1:
@@ -243,11 +259,14 @@ def inclusion_document(
     tree_size: int,
     path: list[bytes],
     tree_head: dict[str, Any],
+    chain: ChainFormat,
 ) -> dict[str, Any]:
-    """The inclusion proof of ``event`` (its stored columns) under a signed tree head."""
+    """The inclusion proof of ``event`` (its stored columns, in its stream's chain format
+    ``chain``: a v1 event's ``snapshot`` NULL) under a signed tree head."""
+    held = {**dict.fromkeys(chain.retired), **event}
     return {
         "format": INCLUSION_FORMAT,
-        "event": {k: event[k] for k in EVENT_FIELDS},
+        "event": {k: held[k] for k in chain.columns},
         "leaf_index": leaf_index,
         "tree_size": tree_size,
         "audit_path": [p.hex() for p in path],
@@ -263,15 +282,20 @@ def check_inclusion(document: Any, keys: KeyRing) -> ProofCheck:
         problems.append(f"not an {INCLUSION_FORMAT} document")
         return check
     event = document.get("event")
-    if not isinstance(event, dict) or set(event) != set(EVENT_FIELDS):
-        problems.append("event must be an object with exactly " + ", ".join(EVENT_FIELDS))
+    chain = event_format(event)
+    if chain is None or not isinstance(event, dict):
+        problems.append(
+            "event must be an object with exactly "
+            + ", ".join(EVENT_FIELDS)
+            + " (recorded before chain v2: with snapshot before payload)"
+        )
         return check
     wrong = event_problem(event)
     if wrong is not None:
         problems.append(wrong)
         return check
     check.event = event
-    leaf = leaf_hash(canonical_row(event))
+    leaf = leaf_hash(canonical_row(event, chain=chain))
     index, size = document.get("leaf_index"), document.get("tree_size")
     if not _int(index) or not _int(size):
         problems.append("leaf_index and tree_size must be integers")

@@ -27,10 +27,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from auditlog.core.chain import chain_hash, genesis_hash
+from auditlog.core.chain import CURRENT, FORMATS, ChainFormat, chain_hash
 from auditlog.core.errors import StoreError
 from auditlog.core.ranks import split_stream
-from auditlog.integrity.chaincheck import StreamCheck, short
+from auditlog.integrity.chaincheck import StreamCheck, short, stream_format
 from auditlog.integrity.checkpoints import (
     signed_sizes,
     verify_checkpoints,
@@ -57,20 +57,21 @@ __all__ = [
 WINDOW = 32
 
 
-def _explain_mismatch(store: EventStore, row: dict[str, Any]) -> str:
-    """Edited, or moved from another position? Try the neighbouring positions."""
+def _explain_mismatch(store: EventStore, row: dict[str, Any], chain: ChainFormat) -> str:
+    """Edited, moved from another position, or hashed in another chain format than its
+    stream's (``chain``)? Try the neighbouring positions, then the other formats."""
     run_id, stream, seq = row["run_id"], row["stream"], int(row["seq"])
     hashes = store.hashes_between(run_id, stream, seq - WINDOW - 1, seq + WINDOW)
     for candidate in range(max(1, seq - WINDOW), seq + WINDOW + 1):
         if candidate == seq:
             continue
-        prev = genesis_hash(run_id, stream) if candidate == 1 else hashes.get(candidate - 1)
+        prev = chain.genesis(run_id, stream) if candidate == 1 else hashes.get(candidate - 1)
         if prev is None:
             continue
-        if chain_hash(prev, {**row, "seq": candidate}) == row["hash"]:
+        if chain_hash(prev, {**row, "seq": candidate}, chain=chain) == row["hash"]:
             return f"event was recorded as seq {candidate} and moved here (events reordered)"
     for position, stored in hashes.items():
-        if position != seq - 1 and chain_hash(stored, row) == row["hash"]:
+        if position != seq - 1 and chain_hash(stored, row, chain=chain) == row["hash"]:
             return (
                 f"event is intact but was chained after the event now at seq {position} "
                 "(events reordered)"
@@ -80,8 +81,20 @@ def _explain_mismatch(store: EventStore, row: dict[str, Any]) -> str:
     for candidate in range(max(1, seq - WINDOW), seq + WINDOW + 1):
         shifted = {**row, "seq": candidate}
         for stored in hashes.values():
-            if chain_hash(stored, shifted) == row["hash"]:
+            if chain_hash(stored, shifted, chain=chain) == row["hash"]:
                 return f"event was recorded as seq {candidate} and renumbered (events inserted or removed before it)"
+    for other in FORMATS:
+        prev = other.genesis(run_id, stream) if seq == 1 else hashes.get(seq - 1)
+        if (
+            other != chain
+            and prev is not None
+            and chain_hash(prev, row, chain=other) == row["hash"]
+        ):
+            return (
+                f"event is hashed in chain format {other.version}, but its stream is in "
+                f"{chain.version}, fixed by its first event: formats never mix in a stream "
+                "(the event was added or rewritten)"
+            )
     return "content does not match its recorded hash (the event or its hash was modified)"
 
 
@@ -107,8 +120,11 @@ def verify_stream(
     split = (
         split_point(count) if count is not None and store.location.database is not None else None
     )
-    if split is not None:  # a long stream of a SQLite file: its second half in a forked process
-        check_split(store, check, split, progress)
+    chain = stream_format(store, run_id, stream) if split is not None else None
+    if split is not None and chain is not None:
+        # a long stream of a SQLite file: its second half in a forked process, in the
+        # format its first event fixes (the check of the first half finds it again)
+        check_split(store, check, split, chain, progress)
     else:
         for rows in store.event_tuples(run_id, stream):
             check.feed(rows, progress)
@@ -121,7 +137,7 @@ def verify_stream(
                 int(row["seq"]),
                 row["id"],
                 row["kind"],
-                _explain_mismatch(store, row),
+                _explain_mismatch(store, row, check.chain or CURRENT),
             )
         )
     if len(mismatched) > 50:

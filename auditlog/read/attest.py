@@ -318,7 +318,7 @@ def _against_store(
         )
         if head is None:
             continue
-        leaves, _ = stream_leaves(store, run_id, head.stream)
+        leaves, _, _ = stream_leaves(store, run_id, head.stream)
         if head.size > len(leaves) or root(leaves, head.size).hex() != head.root:
             out.problems.append(
                 f"the record no longer holds the attested tree head of stream {head.stream} "

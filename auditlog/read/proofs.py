@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from auditlog.core.chain import canonical_row
+from auditlog.core.chain import ChainFormat, canonical_row
 from auditlog.core.errors import AuditlogError, IntegrityError
+from auditlog.integrity.chaincheck import stream_format
 from auditlog.integrity.checkpoints import checkpoints_for, store_id
 from auditlog.integrity.keys import KeyRing
 from auditlog.integrity.merkle import (
@@ -29,15 +30,22 @@ from auditlog.store.eventstore import EventStore
 
 def stream_leaves(
     store: EventStore, run_id: str, stream: int, seq: int | None = None
-) -> tuple[PackedLeaves, dict[str, Any] | None]:
-    """Every leaf hash of a stream, and the stored event at ``seq`` (when asked)."""
+) -> tuple[PackedLeaves, dict[str, Any] | None, ChainFormat]:
+    """Every leaf hash of a stream (each event's canonical row in the stream's chain
+    format), the stored event at ``seq`` (when asked), and that format."""
+    chain = stream_format(store, run_id, stream)
+    if chain is None:
+        raise IntegrityError(
+            f"run {run_id[:12]} stream {stream}: its first event matches no chain format "
+            "(it was edited or deleted; run `auditlog verify`)"
+        )
     leaves = PackedLeaves()
     found = None
     for row in store.iter_events(run_id, stream=stream):
-        leaves.append(leaf_hash(canonical_row(row)))
+        leaves.append(leaf_hash(canonical_row(row, chain=chain)))
         if row["seq"] == seq:
             found = row
-    return leaves, found
+    return leaves, found, chain
 
 
 def _newest_tree_head(store: EventStore, run_id: str, stream: int, covering: int = 1) -> Checkpoint:
@@ -69,13 +77,13 @@ def _require_root(leaves: PackedLeaves, size: int, expected: str, what: str, run
 def prove_inclusion(store: EventStore, run_id: str, seq: int, stream: int = 0) -> dict[str, Any]:
     """An inclusion proof of event ``seq`` of a stream under its newest signed tree head."""
     head = _newest_tree_head(store, run_id, stream, seq)
-    leaves, event = stream_leaves(store, run_id, stream, seq)
+    leaves, event, chain = stream_leaves(store, run_id, stream, seq)
     if event is None:
         raise AuditlogError(f"run {run_id[:12]} stream {stream} has no event seq {seq}")
     assert head.tree_root is not None
     _require_root(leaves, head.seq, head.tree_root, "its signed tree head", run_id)
     path = inclusion_proof(leaves, seq - 1, head.seq)
-    return inclusion_document(event, seq - 1, head.seq, path, _signed(store, head))
+    return inclusion_document(event, seq - 1, head.seq, path, _signed(store, head), chain)
 
 
 def prove_consistency(
@@ -89,7 +97,7 @@ def prove_consistency(
     if old.run_id != run_id:
         raise AuditlogError(f"the old head is about run {old.run_id[:12]}, not run {run_id[:12]}")
     new = _newest_tree_head(store, run_id, stream, old.size)
-    leaves, _ = stream_leaves(store, run_id, stream)
+    leaves, _, _ = stream_leaves(store, run_id, stream)
     _require_root(leaves, old.size, old.root, "the old signed tree head", run_id)
     assert new.tree_root is not None
     _require_root(leaves, new.seq, new.tree_root, "its newest signed tree head", run_id)

@@ -133,10 +133,12 @@ class Run:
             self.modules_matching(module, s) for s in streams if s is not None
         ):
             raise AuditlogError(f"no module of run {self.run_id[:12]} matches {module!r}")
+        if check_chain:
+            from auditlog.integrity.chaincheck import RowLinks
+
+            links = RowLinks(self.store, self.run_id)  # each stream's format, found once
         for one in streams:
             wanted = None if module is None or one is None else self.modules_matching(module, one)
-            if check_chain:
-                from auditlog.integrity.chaincheck import links_to
             # (not bound to a name: a local would keep the cursor open in the traceback of an error)
             for row in self.store.iter_events(
                 self.run_id, kinds=kinds, step_range=step_range, stream=one, prev_hash=check_chain
@@ -144,7 +146,7 @@ class Run:
                 prev = row.pop("prev_hash", None)
                 event = decode_event(row, shown)
                 if check_chain:
-                    event["chain_ok"] = links_to(row, prev)
+                    event["chain_ok"] = links.check(row, prev)
                 if wanted is None or _mentions(event, wanted):
                     yield event
 

@@ -5,7 +5,9 @@ died without closing them, so a crash is written into the record instead of
 being a status only derived at read time. Each stream is judged by its own
 process (host, pid and process start time from its chained ``run_started``):
 the ranks of one run are different processes, and one rank's exit says
-nothing about another's.
+nothing about another's. The ``run_ended`` is chained in the stream's own
+format (``core.chain``: fixed by its first event), so a run recorded before
+chain v2 gets a v1 end.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from auditlog.core.chain import canonical_payload, chained_row
 from auditlog.core.errors import PayloadLimitError
 from auditlog.core.liveness import process_alive
 from auditlog.core.values import iso
+from auditlog.integrity.chaincheck import stream_format
 from auditlog.store.eventstore import EventStore
 from auditlog.store.rows import payload_object
 
@@ -71,8 +74,9 @@ def _close(
     store: EventStore, run_id: str, stream: int, detected_by: str, row: dict[str, Any] | None
 ) -> bool:
     head = store.chain_head(run_id, stream)
-    if head is None:
-        return False
+    chain = stream_format(store, run_id, stream)
+    if head is None or chain is None:
+        return False  # no first event that links: verify names it; nothing is appended to it
     seq, prev = head
     last_step = store.max_step(run_id, stream)
     last_seen = row.get("last_seen_ns") if row else None
@@ -88,7 +92,17 @@ def _close(
         }
     )
     event, _encoded = chained_row(
-        prev, run_id, stream, seq + 1, time.time_ns(), "run_ended", last_step, None, None, payload
+        prev,
+        run_id,
+        stream,
+        seq + 1,
+        time.time_ns(),
+        "run_ended",
+        last_step,
+        None,
+        None,
+        payload,
+        chain=chain,  # the stream's own format: an older run's stream stays in its own
     )
     try:
         store.append([event], run_id, heartbeat=False)

@@ -25,19 +25,20 @@ from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.records import EventRecord, Flush
 from auditlog.capture.registrations import Registrations
 from auditlog.core.chain import (
+    CURRENT,
     Clean,
     CleanList,
     canonical_payload,
     canonical_row,
     chained_row,
     encode_clean,
-    genesis_hash,
     row_prefix,
 )
 from auditlog.core.errors import PayloadLimitError, one_line
 from auditlog.core.payloadlimits import MAX_PAYLOAD_BYTES, limit_problem
 from auditlog.core.tensors import dtype_name
 from auditlog.core.values import finite_or_text
+from auditlog.integrity.chaincheck import stream_format
 from auditlog.integrity.merkle import Frontier, leaf_hash
 from auditlog.integrity.report import StreamTip
 from auditlog.store.blobcatalog import StoreCatalog
@@ -147,7 +148,10 @@ class Writer:
         self._signed_at = time.monotonic()
         self._heartbeat_at = float("-inf")  # the first batch refreshes it
         head = store.chain_head(run_id, stream)
-        self.seq, self.head = head if head is not None else (0, genesis_hash(run_id, stream))
+        # A new stream is written in the current chain format; a stream continued keeps
+        # the format its first event fixed (or, matching none, the current one).
+        self.chain = CURRENT if head is None else stream_format(store, run_id, stream) or CURRENT
+        self.seq, self.head = head if head is not None else (0, self.chain.genesis(run_id, stream))
         # The stream's Merkle tree (its right edge), kept only to sign tree heads.
         self.tree: Frontier | None = None
         self.last_kind: str | None = None
@@ -155,7 +159,7 @@ class Writer:
             self.tree = Frontier()
             if head is not None:  # continuing a stream: its tree so far, once
                 for stored in store.iter_events(run_id, stream=stream):
-                    self.tree.append(leaf_hash(canonical_row(stored)))
+                    self.tree.append(leaf_hash(canonical_row(stored, chain=self.chain)))
                     self.last_kind = stored["kind"]
         self.written = 0
         self.dropped = 0
@@ -279,6 +283,7 @@ class Writer:
             tensor_id,
             text,
             self._row_prefix,
+            self.chain,
         )
         self.head = row["hash"]
         if self.tree is not None:

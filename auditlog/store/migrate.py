@@ -20,7 +20,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import insert, inspect
 from sqlalchemy.exc import SQLAlchemyError
 
-from auditlog.core.errors import StoreUnavailableError, one_line
+from auditlog.core.errors import CorruptRecordError, StoreUnavailableError, one_line
 from auditlog.core.version import __version__
 from auditlog.store import schema
 from auditlog.store.location import StoreLocation
@@ -65,6 +65,11 @@ def _upgrade_locked(location: StoreLocation, new: bool) -> None:
         with engine.begin() as conn:
             if new and engine.dialect.name == "sqlite":
                 conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+            if engine.dialect.name == "sqlite":
+                # sqlite3 runs DDL outside a transaction unless one is open: one explicit
+                # transaction makes an upgrade all or nothing (a revision that refuses the
+                # store, or fails half-way through copying a table, leaves it as it was).
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
             if engine.dialect.name == "postgresql":
                 # Ranks that find an empty database all try to create the store: the
                 # first holds this lock while its DDL commits (PostgreSQL DDL is
@@ -90,6 +95,8 @@ def _upgrade_locked(location: StoreLocation, new: bool) -> None:
         raise StoreUnavailableError(
             f"cannot write store {location.display()!r}: {one_line(exc)}"
         ) from exc
+    except CorruptRecordError as exc:  # a revision refused what the store holds (0005)
+        raise CorruptRecordError(f"cannot upgrade store {location.display()!r}: {exc}") from None
     finally:
         engine.dispose()
 

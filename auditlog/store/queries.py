@@ -236,6 +236,21 @@ class EventQueries:
         rows = self._rows("reading the chain head", sql, {"run_id": run_id, "stream": stream})
         return None if not rows else (int(rows[0][0]), str(rows[0][1]))
 
+    def first_event(self, run_id: str, stream: int) -> dict[str, Any] | None:
+        """The stream's first event (seq 1, the lowest id), as stored: its chain format
+        is the one it links under (``core.chain.first_event_format``)."""
+        sql = (
+            f"SELECT {_EVENTS} FROM events WHERE run_id = :run_id AND stream = :stream "
+            "AND seq = 1 ORDER BY id LIMIT 1"
+        )
+        rows = self._dicts(
+            "reading a stream's first event",
+            sql,
+            EVENT_FIELDS,
+            {"run_id": run_id, "stream": stream},
+        )
+        return rows[0] if rows else None
+
     def stream_head_hashes(
         self, heads: Sequence[tuple[str, int, int]]
     ) -> dict[tuple[str, int, int], str]:

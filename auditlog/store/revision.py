@@ -9,7 +9,7 @@ A new revision is appended to ``KNOWN_REVISIONS``.
 
 from __future__ import annotations
 
-KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004")
+KNOWN_REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005")
 HEAD_REVISION = KNOWN_REVISIONS[-1]
 STORE_FORMAT = "auditlog-event-store"
 SNAPSHOTS_META = "snapshots"  # auditlog_meta key: a database store's snapshot directory

@@ -11,6 +11,9 @@ Schema changelog (each entry is an Alembic revision in ``migrations/versions``):
   hashes, so the hash chain covers snapshot contents.
 - ``0004``: ``checkpoints.format``, ``tree_root``, ``ended``, ``world_size``
   (signed Merkle tree heads, ``auditlog-checkpoint-v2``; NULL format = a v1 row).
+- ``0005``: ``events.snapshot`` dropped (always NULL; chain format v2,
+  ``core.chain``: events recorded before verify as v1, with that NULL in place).
+  Refused, unchanged, when any event holds a value there.
 
 ``HEAD_REVISION`` must equal Alembic's head; a test checks it. Code that reads a
 store compares the store's revision with ``KNOWN_REVISIONS`` to decide between

@@ -24,8 +24,8 @@ decide how, and they are kept here, away from the projection's SQL:
 
 ADBC's SQLite driver infers column types from the first batch, and a nullable
 text column that starts with NULLs is inferred as an integer; such a column
-(``snapshot``, always NULL: ``core.eventrow``) is therefore read as
-``coalesce(snapshot, '')`` and turned back into NULL here.
+(none since revision 0005 dropped ``snapshot``, always NULL: ``core.eventrow``)
+would be read as ``coalesce(column, '')`` and turned back into NULL here.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ REREAD_WINDOW = 10_000
 EVENT_COLUMNS: tuple[str, ...] = ALL_COLUMNS  # defined once, in core.eventrow
 
 EVENT_SCHEMA = pa.schema([(c.name, pa.type_for_alias(c.arrow)) for c in COLUMNS])
-# Nullable text columns (``snapshot``, always NULL): read as '' through ADBC's SQLite driver.
+# Nullable text columns (none at present): read as '' through ADBC's SQLite driver.
 _NULLABLE_TEXT = frozenset(c.name for c in COLUMNS if c.nullable and c.arrow == "string")
 
 

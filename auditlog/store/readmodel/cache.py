@@ -292,11 +292,13 @@ class ReadModel:
         streams_replayed = 0
         if progress is not None:
             progress(0, total)
-        # The chain head of every stream held so far: each copied event must link to it.
-        heads: Heads = {
-            (str(r), int(s)): (int(q), str(h))
-            for r, s, q, h in con.execute(tables.STREAM_HEADS).fetchall()
-        }
+        # The chain head (and format) of every stream held so far: each copied event must link to it.
+        from auditlog.store.readmodel.links import held_heads
+
+        heads: Heads = held_heads(
+            con.execute(tables.STREAM_HEADS).fetchall(),
+            con.execute(tables.STREAM_FIRSTS).fetchall(),
+        )
         self._link_seconds = 0.0
         if upto > lower:
             pending: list[pa.RecordBatch] = []

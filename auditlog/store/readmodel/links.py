@@ -10,8 +10,11 @@ does: ``sha256(prev_hash || "\\n" || canonical_row)`` (``auditlog.core.chain``)
 must equal its stored hash, where ``prev_hash`` is the stored hash of the event
 just before it in its stream (in the same chunk, or the stream's last event
 already in the read model, or the stream's genesis hash for seq 1), and its seq
-must be the next one. A row that fails is never stored: the refresh refuses,
-naming the event (``IntegrityError``, exit 4, as ``verify``'s verdict on it).
+must be the next one. The canonical row and genesis are the stream's chain
+format's (``core.chain``): the one its seq 1 event links under, kept with the
+stream's head (``Heads``), so every later event is checked in that format alone.
+A row that fails is never stored: the refresh refuses, naming the event
+(``IntegrityError``, exit 4, as ``verify``'s verdict on it).
 
 Together with the seal (``trust``: the chain head of every stream the read
 model holds, as stored in the event store, under an HMAC) this binds the read
@@ -35,15 +38,25 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from auditlog.core.chain import canonical_row, genesis_hash, link_hash, row_prefix
+from auditlog.core.chain import (
+    CHAIN_V1,
+    CURRENT,
+    ChainFormat,
+    canonical_row,
+    first_event_format,
+    link_hash,
+    row_prefix,
+)
 from auditlog.core.errors import CorruptRecordError, IntegrityError
 from auditlog.core.eventrow import ALL_COLUMNS
 from auditlog.core.payloadlimits import event_label, limit_error, limit_problem
 
 SLICE_ROWS = 8192
 
-Heads = dict[tuple[str, int], tuple[int, str]]
-"""``(run_id, stream) -> (seq, stored hash)`` of the last event of each stream checked so far."""
+Heads = dict[tuple[str, int], tuple[int, str, ChainFormat]]
+"""``(run_id, stream) -> (seq, stored hash, chain format)`` of the last event of each stream
+checked so far, and the stream's format."""
+_NULL = (None,)  # a chain-v1 row's ``snapshot``
 
 _COLUMNS = ALL_COLUMNS  # the order the loop below unpacks (core.eventrow)
 
@@ -51,6 +64,20 @@ _COLUMNS = ALL_COLUMNS  # the order the loop below unpacks (core.eventrow)
 def _plain(text: Any) -> bool:
     """ASCII without DEL: orjson escapes such text exactly as ``canonical_row`` does."""
     return text is None or (text.isascii() and "\x7f" not in text)
+
+
+def held_heads(heads: list[tuple[Any, ...]], firsts: list[tuple[Any, ...]]) -> Heads:
+    """``Heads`` of the streams a read model holds, from its rows: ``(run_id, stream, seq,
+    hash)`` of each stream's last event and each stream's first event (``ALL_COLUMNS``), whose
+    chain format it links under (checked when it was copied) is the stream's."""
+    formats = {
+        (str(row[1]), int(row[2])): first_event_format(dict(zip(_COLUMNS, row, strict=True)))
+        for row in firsts
+    }
+    return {
+        (str(r), int(s)): (int(q), str(h), formats.get((str(r), int(s))) or CURRENT)
+        for r, s, q, h in heads
+    }
 
 
 def check_links(table: pa.Table, heads: Heads, shown: str = "") -> None:
@@ -63,15 +90,25 @@ def check_links(table: pa.Table, heads: Heads, shown: str = "") -> None:
     for offset in range(0, table.num_rows, SLICE_ROWS):
         part = table.slice(offset, SLICE_ROWS)
         columns = [part.column(name).to_pylist() for name in _COLUMNS]
-        for eid, run_id, stream, seq, ts, kind, step, mid, tid, snap, payload, stored in zip(
+        for eid, run_id, stream, seq, ts, kind, step, mid, tid, payload, stored in zip(
             *columns, strict=True
         ):
             key = (run_id, stream)
             head = heads.get(key)
-            if head is None:
-                prev_seq, prev = 0, genesis_hash(run_id, stream)
+            found: ChainFormat | None
+            if head is None:  # the stream's first event fixes its chain format
+                found = (
+                    first_event_format(
+                        _row(run_id, stream, seq, ts, kind, step, mid, tid, payload, stored)
+                    )
+                    if seq == 1
+                    else None
+                )
+                chain = found or CURRENT
+                prev_seq, prev = 0, chain.genesis(run_id, stream)
             else:
-                prev_seq, prev = head
+                prev_seq, prev, chain = head
+                found = chain
             if seq != prev_seq + 1:
                 _refuse(
                     shown,
@@ -85,29 +122,17 @@ def check_links(table: pa.Table, heads: Heads, shown: str = "") -> None:
             prefix = prefixes.get(key)
             if prefix is None:
                 prefix = prefixes[key] = row_prefix(run_id, stream).encode("ascii")
-            if _plain(kind) and _plain(snap) and _plain(payload):
+            if found is None:
+                computed = ""  # a first event linking under no format (or no seq 1): refused below
+            elif _plain(kind) and _plain(payload):
+                values = (seq, ts, kind, step, mid, tid)
+                values += (*_NULL, payload) if chain is CHAIN_V1 else (payload,)
                 computed = sha256(
-                    b"%s\n%s%s"
-                    % (
-                        prev.encode(),
-                        prefix,
-                        dumps((seq, ts, kind, step, mid, tid, snap, payload))[1:],
-                    )
+                    b"%s\n%s%s" % (prev.encode(), prefix, dumps(values)[1:])
                 ).hexdigest()
             else:
-                row = {
-                    "run_id": run_id,
-                    "stream": stream,
-                    "seq": seq,
-                    "ts_ns": ts,
-                    "kind": kind,
-                    "step": step,
-                    "module_id": mid,
-                    "tensor_id": tid,
-                    "snapshot": snap,
-                    "payload": payload,
-                }
-                computed = link_hash(prev, canonical_row(row))
+                row = _row(run_id, stream, seq, ts, kind, step, mid, tid, payload, stored)
+                computed = link_hash(prev, canonical_row(row, chain=chain))
             if computed != stored:
                 _refuse(
                     shown,
@@ -123,7 +148,33 @@ def check_links(table: pa.Table, heads: Heads, shown: str = "") -> None:
                 shown,
                 {"id": eid, "run_id": run_id, "stream": stream, "seq": seq, "kind": kind},
             )
-            heads[key] = (seq, stored)
+            heads[key] = (seq, stored, chain)
+
+
+def _row(
+    run_id: Any,
+    stream: Any,
+    seq: Any,
+    ts: Any,
+    kind: Any,
+    step: Any,
+    mid: Any,
+    tid: Any,
+    payload: Any,
+    stored: Any,
+) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "stream": stream,
+        "seq": seq,
+        "ts_ns": ts,
+        "kind": kind,
+        "step": step,
+        "module_id": mid,
+        "tensor_id": tid,
+        "payload": payload,
+        "hash": stored,
+    }
 
 
 def _check_limits(payload: Any, shown: str, event: dict[str, Any]) -> None:

@@ -44,12 +44,14 @@ goes to ``rejected_blobs`` with the reason (``ReadModel._verify_blobs``).
 
 from __future__ import annotations
 
+from auditlog.core.eventrow import COLUMNS, RowColumn
 from auditlog.core.replay import CONSTRUCTION_KINDS
 
 # 6: modules.source_kind, the datasets and batches views; 7: payloads past the size or depth limit
 # are refused when copied (issue 29): a cache made before may hold some, and is rebuilt;
-# 8: batches.hash (the content hash of a batch of an iterable dataset).
-FORMAT = "8"
+# 8: batches.hash (the content hash of a batch of an iterable dataset); 9: events without
+# ``snapshot`` (store revision 0005, chain v2), each stream's link checked in its chain format.
+FORMAT = "9"
 
 SCHEMA = "projection"
 
@@ -58,17 +60,25 @@ STATS_TYPE = (
     '"std":"DOUBLE","min":"DOUBLE","max":"DOUBLE","nan":"BIGINT","inf":"BIGINT"}'
 )
 
+
+def _duckdb_column(column: RowColumn) -> str:
+    """A column of the event row (``core.eventrow``) in the projection's ``events`` table;
+    ``id`` is 64-bit (SQLite's rowid, PostgreSQL's sequence)."""
+    kind = "VARCHAR" if column.arrow == "string" else column.sql
+    kind = "BIGINT" if column.name == "id" else kind
+    return f"{column.name} {kind}{'' if column.nullable else ' NOT NULL'}"
+
+
+EVENT_COLUMNS_SQL = ", ".join(_duckdb_column(c) for c in COLUMNS)
+"""The copied columns of ``events``, as the event store defines them (then its names)."""
+
 # Forward outputs also carry zeros / units / dead_units (policy stats=full).
 FORWARD_STATS_TYPE = STATS_TYPE[:-1] + ',"zeros":"BIGINT","units":"BIGINT","dead_units":"BIGINT"}'
 
 TABLES: tuple[str, ...] = (
     f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}",
     f"""CREATE TABLE {SCHEMA}.meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)""",
-    f"""CREATE TABLE {SCHEMA}.events (
-        id BIGINT NOT NULL, run_id VARCHAR NOT NULL, stream INTEGER NOT NULL, seq BIGINT NOT NULL,
-        ts_ns BIGINT NOT NULL, kind VARCHAR NOT NULL, step BIGINT, module_id BIGINT,
-        tensor_id BIGINT, snapshot VARCHAR, payload VARCHAR NOT NULL, hash VARCHAR NOT NULL,
-        module VARCHAR, tensor VARCHAR)""",
+    f"""CREATE TABLE {SCHEMA}.events ({EVENT_COLUMNS_SQL}, module VARCHAR, tensor VARCHAR)""",
     f"""CREATE TABLE {SCHEMA}.stream_stats (
         run_id VARCHAR NOT NULL, stream INTEGER NOT NULL, events BIGINT NOT NULL,
         max_step BIGINT, first_ns BIGINT, last_ns BIGINT, PRIMARY KEY (run_id, stream))""",
@@ -364,6 +374,10 @@ UNCHECKED_BLOBS = f"""SELECT DISTINCT s.sha256 FROM {SCHEMA}.snapshots s
 # The chain head of every stream copied: what the read model's seal names.
 STREAM_HEADS = f"""SELECT run_id, stream, max(seq), arg_max(hash, seq) FROM {SCHEMA}.events
     GROUP BY run_id, stream ORDER BY run_id, stream"""
+# Each stream's first event (its chain format is the one it links under: ``links.held_heads``).
+STREAM_FIRSTS = (
+    f"""SELECT {", ".join(c.name for c in COLUMNS)} FROM {SCHEMA}.events WHERE seq = 1"""
+)
 
 # Streams whose construction changed in this refresh, to be replayed for names.
 CONSTRUCTION_TOUCHED = (

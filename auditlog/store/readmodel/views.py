@@ -207,13 +207,12 @@ VIEWS: tuple[View, ...] = (
             _MODULE,
             _c("tensor_id", "BIGINT", "tensor identity within the run's stream"),
             _c("tensor", "VARCHAR", "qualified parameter or buffer name from replay"),
-            _c("snapshot", "VARCHAR", "content hash of a tensor snapshot"),
             _c("payload", "JSON", "kind-specific fields (payload ->> 'field')"),
             _c("hash", "VARCHAR", "chain hash of the event"),
         ),
         """
         SELECT e.id, e.run_id, e.stream, e.seq, e.ts_ns, make_timestamp(e.ts_ns // 1000) AS time,
-               e.kind, e.step, e.module_id, e.module, e.tensor_id, e.tensor, e.snapshot,
+               e.kind, e.step, e.module_id, e.module, e.tensor_id, e.tensor,
                e.payload::JSON AS payload, e.hash
         FROM {events} e
         """,
