@@ -29,10 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import WORKLOADS, machine_line
-from overhead import HOOKS
+from overhead import hook_methods
 
 import auditlog
-from auditlog.capture import recorder as recorder_module
 from auditlog.recording import writer as writer_module
 
 SPENT: dict[str, float] = {"hooks": 0.0, "writer": 0.0}
@@ -55,9 +54,8 @@ def _timed(function: Any) -> Any:
 
 
 def _install() -> None:
-    for name in HOOKS:
-        if hasattr(recorder_module.Recorder, name):
-            setattr(recorder_module.Recorder, name, _timed(getattr(recorder_module.Recorder, name)))
+    for owner, name in hook_methods():
+        setattr(owner, name, _timed(getattr(owner, name)))
     drain = writer_module.Writer._drain_once
 
     def timed_drain(writer: Any) -> bool:

@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import importlib
 import io
 import pstats
 import random
@@ -331,6 +332,33 @@ HOOKS = (
     "backward_started",
     "backward_finished",
 )
+# Where they may be defined: the recorder's components (capture/recorder.py builds them),
+# or the Recorder itself in a checkout from before the components (issue 30).
+HOOK_OWNERS = (
+    ("recorder", "Recorder"),
+    ("construction", "ConstructionHooks"),
+    ("activity", "ActivityHooks"),
+    ("optimizer", "OptimizerHooks"),
+    ("stepnorms", "StepNorms"),
+    ("metrics", "MetricHooks"),
+)
+
+
+def hook_methods() -> list[tuple[Any, str]]:
+    """``(class, name)`` of every hook of ``HOOKS`` in this checkout (an older commit lacks
+    some): wrapping them there wraps every recorder's bound methods."""
+    owners = []
+    for module, name in HOOK_OWNERS:
+        try:
+            owners.append(getattr(importlib.import_module(f"auditlog.capture.{module}"), name))
+        except (ImportError, AttributeError):  # not in this checkout
+            continue
+    found = []
+    for hook in HOOKS:
+        owner = next((cls for cls in owners if hasattr(cls, hook)), None)
+        if owner is not None:
+            found.append((owner, hook))
+    return found
 
 
 def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -> None:
@@ -350,15 +378,9 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
     the same way, inside their own hooks, so each preset's cost can be read
     against the price of the numbers it keeps.
     """
-    from auditlog.capture import recorder as recorder_module
-
     spent = {"hooks": 0.0, "writer": 0.0}
     # Only the hooks this checkout's recorder has (an older commit lacks the backward ones).
-    originals = {
-        name: getattr(recorder_module.Recorder, name)
-        for name in HOOKS
-        if hasattr(recorder_module.Recorder, name)
-    }
+    originals = {(owner, name): getattr(owner, name) for owner, name in hook_methods()}
     original_drain = writer_module.Writer._drain_once
 
     def timed(function: Any) -> Any:
@@ -410,8 +432,8 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
             )
         return wall / steps, window["hooks"] / steps, window["writer"] / steps
 
-    for name in originals:
-        setattr(recorder_module.Recorder, name, timed(originals[name]))
+    for (owner, name), function in originals.items():
+        setattr(owner, name, timed(function))
     writer_module.Writer._drain_once = timed_drain  # type: ignore[method-assign,assignment]
     try:
         for _ in range(rounds):
@@ -422,8 +444,8 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
                 results[row].append((wall, hooks, writer, 1 + (hooks + writer) / reference))
                 results["bare"].append((after[0], 0.0, 0.0, 1.0))
     finally:
-        for name, function in originals.items():
-            setattr(recorder_module.Recorder, name, function)
+        for (owner, name), function in originals.items():
+            setattr(owner, name, function)
         writer_module.Writer._drain_once = original_drain  # type: ignore[method-assign]
     bare = statistics.median(r[0] for r in results["bare"])
     print(
