@@ -107,20 +107,22 @@ CLONE_LINE = "before = [p.detach().clone() for p in params]"
 
 @contextmanager
 def persistent_update_buffers() -> Iterator[None]:
-    """``Recorder._on_step_pre`` with its per-step clones replaced by reused buffers.
+    """The optimizer pre hook (``OptimizerHooks._on_step_pre``) with its per-step clones
+    replaced by reused buffers.
 
     The method is recompiled from its own source with that one line replaced, so
     the rest of it stays whatever the library's version is.
     """
-    from auditlog.capture import recorder as recorder_module
+    from auditlog.capture import optimizer as optimizer_module
 
-    original = Recorder._on_step_pre
+    owner = optimizer_module.OptimizerHooks
+    original = owner._on_step_pre
     try:
         source = textwrap.dedent(inspect.getsource(original))
     except (OSError, TypeError) as exc:
-        raise LookupError("the source of Recorder._on_step_pre") from exc
+        raise LookupError("the source of OptimizerHooks._on_step_pre") from exc
     if CLONE_LINE not in source:
-        raise LookupError(f"{CLONE_LINE!r} in Recorder._on_step_pre")
+        raise LookupError(f"{CLONE_LINE!r} in OptimizerHooks._on_step_pre")
     kept: dict[tuple[int, int], list[torch.Tensor]] = {}
 
     def reuse(recorder: Any, optimizer: Any, params: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -133,7 +135,7 @@ def persistent_update_buffers() -> Iterator[None]:
             torch._foreach_copy_(buffers, detached)
         return buffers
 
-    namespace = dict(vars(recorder_module))
+    namespace = dict(vars(optimizer_module))
     namespace["_bench_reuse"] = reuse
     patched = source.replace(CLONE_LINE, "before = _bench_reuse(self, optimizer, params)")
     flags = __future__.annotations.compiler_flag
@@ -141,11 +143,11 @@ def persistent_update_buffers() -> Iterator[None]:
         compile(patched, "<ablation: _on_step_pre>", "exec", flags=flags, dont_inherit=True),
         namespace,
     )
-    Recorder._on_step_pre = namespace[original.__name__]  # type: ignore[method-assign]
+    owner._on_step_pre = namespace[original.__name__]  # type: ignore[method-assign]
     try:
         yield
     finally:
-        Recorder._on_step_pre = original  # type: ignore[method-assign]
+        owner._on_step_pre = original  # type: ignore[method-assign]
         kept.clear()
 
 

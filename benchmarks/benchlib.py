@@ -14,6 +14,7 @@ Not a benchmark itself; imported by ``overhead.py``, ``ingest.py`` and
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import resource
 import subprocess
@@ -295,3 +296,52 @@ def wait_for_quiet(threshold: float, limit: float, probe: float = 1.0) -> float:
         load = foreign_load(before, cpu_sample())
         if load < threshold or time.perf_counter() >= deadline:
             return load
+
+
+# ---------------------------------------------------------------------- hooks
+# The methods torch calls as auditlog's hooks, timed by overhead.py and hookcpu.py.
+HOOKS = (
+    "_on_forward_pre",
+    "_on_forward",
+    "_on_output_grad",
+    "_on_output_grads",
+    "_on_backward_pre",
+    "_on_full_backward",
+    "_on_legacy_backward",
+    "_on_step_pre",
+    "_on_step_post",
+    "_on_module_registered",
+    "_on_parameter_registered",
+    "_on_buffer_registered",
+    # Called by the backward() wrapper (capture/backward.py): the loss, and the raw gradient
+    # norms measured as each outermost backward returns (issue 28).
+    "backward_started",
+    "backward_finished",
+)
+# Where they may be defined: the recorder's components (capture/recorder.py builds them),
+# or the Recorder itself in a checkout from before the components (issue 30).
+HOOK_OWNERS = (
+    ("recorder", "Recorder"),
+    ("construction", "ConstructionHooks"),
+    ("activity", "ActivityHooks"),
+    ("optimizer", "OptimizerHooks"),
+    ("stepnorms", "StepNorms"),
+    ("metrics", "MetricHooks"),
+)
+
+
+def hook_methods() -> list[tuple[Any, str]]:
+    """``(class, name)`` of every hook of ``HOOKS`` in this checkout (an older commit lacks
+    some): wrapping them there wraps every recorder's bound methods."""
+    owners = []
+    for module, name in HOOK_OWNERS:
+        try:
+            owners.append(getattr(importlib.import_module(f"auditlog.capture.{module}"), name))
+        except (ImportError, AttributeError):  # not in this checkout
+            continue
+    found = []
+    for hook in HOOKS:
+        owner = next((cls for cls in owners if hasattr(cls, hook)), None)
+        if owner is not None:
+            found.append((owner, hook))
+    return found

@@ -5,7 +5,7 @@ Wall-clock ratios of a sub-millisecond step move by tens of percent on a shared
 thread (all of training's work on the training thread), this trains a
 workload of ``benchlib.WORKLOADS`` bare and under each preset, in rounds, and
 prints per step: the training thread's CPU time, the part of it inside
-auditlog's hooks (``overhead.HOOKS``, outermost call only) and the writer
+auditlog's hooks (``benchlib.HOOKS``, outermost call only) and the writer
 thread's CPU time (``Writer._drain_once``). Hooks plus writer is what the GIL
 serializes with training; the training thread's excess over bare also holds
 what no hook shows (the ``backward()`` wrapper's own frame, cache effects).
@@ -28,11 +28,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import WORKLOADS, machine_line
-from overhead import HOOKS
+from benchlib import WORKLOADS, hook_methods, machine_line
 
 import auditlog
-from auditlog.capture import recorder as recorder_module
 from auditlog.recording import writer as writer_module
 
 SPENT: dict[str, float] = {"hooks": 0.0, "writer": 0.0}
@@ -55,9 +53,8 @@ def _timed(function: Any) -> Any:
 
 
 def _install() -> None:
-    for name in HOOKS:
-        if hasattr(recorder_module.Recorder, name):
-            setattr(recorder_module.Recorder, name, _timed(getattr(recorder_module.Recorder, name)))
+    for owner, name in hook_methods():
+        setattr(owner, name, _timed(getattr(owner, name)))
     drain = writer_module.Writer._drain_once
 
     def timed_drain(writer: Any) -> bool:

@@ -188,20 +188,20 @@ def child_per_record(kind: str, count: int) -> dict[str, Any]:
         loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         optimizer.zero_grad()
-        recorder.sampling = False
-        recorder.step = 1
+        recorder.ctx.sampling = False
+        recorder.ctx.step = 1
         for _ in range(3):  # warm allocator and caches with records that are then freed
             loss = workload.loss(model(x), y)
             loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()
             optimizer.zero_grad()
         buffer.drain(buffer.weight)
-        assert buffer.weight == 0 and not recorder._activity
+        assert buffer.weight == 0 and not recorder.activity._activity
         before, heap_before = rss_bytes(), heap_bytes()
         if kind == "activity":
-            recorder.sampling = True
+            recorder.ctx.sampling = True
             with torch.no_grad():
-                while buffer.weight + len(recorder._activity) < count:
+                while buffer.weight + len(recorder.activity._activity) < count:
                     model(x)
         else:
             while buffer.weight < count:
@@ -209,9 +209,9 @@ def child_per_record(kind: str, count: int) -> dict[str, Any]:
                 loss.backward()  # type: ignore[no-untyped-call]
                 optimizer.step()
                 optimizer.zero_grad()
-                recorder.sampling = False  # optimizer_step records only
+                recorder.ctx.sampling = False  # optimizer_step records only
         after, heap_after = rss_bytes(), heap_bytes()
-        held = len(recorder._activity)
+        held = len(recorder.activity._activity)
         units = buffer.weight + held  # module calls (activity) or weight units (optimizer_step)
         records = len(buffer)
         kinds = sorted({r[0] for r in buffer.drain(buffer.weight)})

@@ -75,6 +75,7 @@ from benchlib import (
     Workload,
     cpu_sample,
     foreign_load,
+    hook_methods,
     machine_line,
     preset_note,
     wait_for_quiet,
@@ -313,24 +314,6 @@ def report(
 
 
 # ---------------------------------------------------------------------- profile
-HOOKS = (
-    "_on_forward_pre",
-    "_on_forward",
-    "_on_output_grad",
-    "_on_output_grads",
-    "_on_backward_pre",
-    "_on_full_backward",
-    "_on_legacy_backward",
-    "_on_step_pre",
-    "_on_step_post",
-    "_on_module_registered",
-    "_on_parameter_registered",
-    "_on_buffer_registered",
-    # Called by the backward() wrapper (capture/backward.py): the loss, and the raw gradient
-    # norms measured as each outermost backward returns (issue 28).
-    "backward_started",
-    "backward_finished",
-)
 
 
 def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -> None:
@@ -350,15 +333,9 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
     the same way, inside their own hooks, so each preset's cost can be read
     against the price of the numbers it keeps.
     """
-    from auditlog.capture import recorder as recorder_module
-
     spent = {"hooks": 0.0, "writer": 0.0}
     # Only the hooks this checkout's recorder has (an older commit lacks the backward ones).
-    originals = {
-        name: getattr(recorder_module.Recorder, name)
-        for name in HOOKS
-        if hasattr(recorder_module.Recorder, name)
-    }
+    originals = {(owner, name): getattr(owner, name) for owner, name in hook_methods()}
     original_drain = writer_module.Writer._drain_once
 
     def timed(function: Any) -> Any:
@@ -410,8 +387,8 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
             )
         return wall / steps, window["hooks"] / steps, window["writer"] / steps
 
-    for name in originals:
-        setattr(recorder_module.Recorder, name, timed(originals[name]))
+    for (owner, name), function in originals.items():
+        setattr(owner, name, timed(function))
     writer_module.Writer._drain_once = timed_drain  # type: ignore[method-assign,assignment]
     try:
         for _ in range(rounds):
@@ -422,8 +399,8 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
                 results[row].append((wall, hooks, writer, 1 + (hooks + writer) / reference))
                 results["bare"].append((after[0], 0.0, 0.0, 1.0))
     finally:
-        for name, function in originals.items():
-            setattr(recorder_module.Recorder, name, function)
+        for (owner, name), function in originals.items():
+            setattr(owner, name, function)
         writer_module.Writer._drain_once = original_drain  # type: ignore[method-assign]
     bare = statistics.median(r[0] for r in results["bare"])
     print(

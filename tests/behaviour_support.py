@@ -97,7 +97,7 @@ def run_twice(behaviour: Callable[[], Any], store: Path, policy: str) -> Any:
         recorded = outcome_of(behaviour)
         recorder = recording.recorder
         assert recorder is not None
-        faults = recorder.faults
+        faults = recorder.ctx.faults
     assert table_sizes() == before, "global hook tables differ after the recording"
     assert nn_module._global_is_full_backward_hook is flag
     assert torch.autograd.backward is backward, "torch.autograd.backward was not put back"

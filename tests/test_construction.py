@@ -255,7 +255,7 @@ def test_deferred_registrations_reach_the_store_on_flush_and_match_the_live_stat
         assert len(state.modules) == len(list(model.modules()))
         recorder = run.recorder
         assert recorder is not None
-        live = recorder.state
+        live = recorder.ctx.state
         assert {
             m: (n.cls, n.children, n.parameters, n.buffers, n.source)
             for m, n in live.modules.items()

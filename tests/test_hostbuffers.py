@@ -95,12 +95,12 @@ def test_periodic_snapshots_reuse_buffers_and_restore_bitwise(tmp_path: Path) ->
             opt.zero_grad()
             live[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
             recording.flush()
-            held.append(recorder._host_buffers.held_bytes)
+            held.append(recorder.roots.host_buffers.held_bytes)
     state_bytes = sum(t.numel() * t.element_size() for t in live[1].values())
     assert held[0] == state_bytes and all(
         h == state_bytes for h in held
     )  # one snapshot's copies, kept
-    assert recorder._host_buffers.held_bytes == 0  # let go when the recording ended
+    assert recorder.roots.host_buffers.held_bytes == 0  # let go when the recording ended
     with auditlog.open(store) as opened:
         run = opened.run()
         for step, expected in live.items():
@@ -125,13 +125,13 @@ def test_buffers_of_tensors_that_are_gone_are_let_go_by_the_next_snapshot(tmp_pa
         model(torch.randn(4, 32)).sum().backward()
         opt.step()
         recording.flush()
-        assert recorder._host_buffers.held_bytes == (32 * 32 + 32) * 4
+        assert recorder.roots.host_buffers.held_bytes == (32 * 32 + 32) * 4
         model = nn.Linear(16, 16)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         model(torch.randn(4, 16)).sum().backward()
         opt.step()
         recording.flush()
-        held = recorder._host_buffers.held_bytes
+        held = recorder.roots.host_buffers.held_bytes
     assert held == (16 * 16 + 16) * 4  # the new model's copies only
 
 
@@ -140,4 +140,6 @@ def test_without_periodic_snapshots_nothing_is_kept(tmp_path: Path) -> None:
         model = nn.Linear(8, 8)
         recording.snapshot(model, tag="manual")
         recording.flush()
-        assert recording.recorder is not None and recording.recorder._host_buffers.held_bytes == 0
+        assert (
+            recording.recorder is not None and recording.recorder.roots.host_buffers.held_bytes == 0
+        )

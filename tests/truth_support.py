@@ -114,7 +114,7 @@ def record(store: Path, policy: str, scenario: Any, **options: Any) -> tuple[Tru
         scenario(truth)
         recorder = run.recorder
         assert recorder is not None
-        faults = recorder.faults
+        faults = recorder.ctx.faults
     assert faults == 0, "the recorder reported faults"
     assert run.run_id is not None
     return truth, run.run_id

@@ -18,19 +18,19 @@ outputs take their hooks with them when they die.
 
 from __future__ import annotations
 
+import collections
 from functools import partial
 from typing import Any
 
 import torch
 
-from auditlog.capture.base import (
-    ACTIVITY_FLUSH,
-    MAX_TENSORS,
-    InertWhenCopied,
-    RecorderBase,
-    class_name,
-)
+from auditlog.capture.construction import ConstructionHooks, InPlaceCheck
+from auditlog.capture.context import RecordingContext
+from auditlog.capture.flops import FlopCounting
+from auditlog.capture.metrics import MetricHooks
 from auditlog.capture.payloads import NonFiniteInputs
+from auditlog.capture.registrations import class_name
+from auditlog.capture.taps import InertWhenCopied
 from auditlog.capture.torch_compat import (
     call_guard,
     compiled_modules,
@@ -44,6 +44,11 @@ from auditlog.capture.torch_compat import (
 )
 from auditlog.core.chain import Clean
 from auditlog.core.tensors import StatsRecord, activity_stats, batch_records, dtype_name
+
+MAX_TENSORS = 4
+# Activity entries held before they are emitted anyway (a loop of forward calls
+# without optimizer steps, e.g. evaluation, must not grow memory without bound).
+ACTIVITY_FLUSH = 4096
 
 
 def tensors_in(value: Any, limit: int = 64) -> list[torch.Tensor]:
@@ -94,41 +99,75 @@ class GradTap(InertWhenCopied):
     statistics.
     """
 
-    __slots__ = ("modules", "recorder", "stats", "step", "version")
+    __slots__ = ("activity", "modules", "stats", "step", "version")
 
     def __init__(
         self,
-        recorder: ActivityHooks,
+        activity: ActivityHooks,
         modules: list[int],
         step: int,
         version: int,
         stats: dict[str, Any] | StatsRecord | None,
     ) -> None:
-        self.recorder = recorder
+        self.activity = activity
         self.modules = modules
         self.step = step
         self.version = version
         self.stats = stats
 
     def __call__(self, grad: torch.Tensor) -> None:
-        self.recorder._on_output_grad(self.modules, self.step, grad)
+        self.activity._on_output_grad(self.modules, self.step, grad)
 
 
-class ActivityHooks(RecorderBase):
-    """Forward pre/post hooks, gradient hooks and module backward hooks."""
+class ActivityHooks:
+    """Forward pre/post hooks, gradient hooks and module backward hooks.
+
+    The forward pre hook is also where a model is first seen running: sealed
+    (``construction``), checked for in-place modules (``check_in_place``), and
+    its outermost call handed to the metrics (loss modules, roots; ``metrics``).
+    The recorder's own statistics run outside a FLOP count (``flops``)."""
+
+    def __init__(
+        self,
+        ctx: RecordingContext,
+        construction: ConstructionHooks,
+        metrics: MetricHooks,
+        flops: FlopCounting,
+        check_in_place: InPlaceCheck,
+    ) -> None:
+        self.ctx = ctx
+        self.construction = construction
+        self.metrics = metrics
+        self.flops = flops
+        self.check_in_place = check_in_place
+        # Module activity of sampled steps: (step, "forward" | "backward", entry),
+        # emitted as one ``activity`` event per step (deque: appends from autograd's
+        # device threads are safe against the flush).
+        self._activity: collections.deque[tuple[int, str, Any]] = collections.deque()
+        # Handles of the gradient hooks put on leaf tensors that modules returned
+        # (removed at the step's end: a parameter outlives its step).
+        self._leaf_taps: list[Any] = []
+        # input NaN/Inf checks of the calls in progress, by (id(module), depth in the call stack)
+        self._inputs: dict[tuple[int, int], Any] = {}
+        # include/exclude decisions per module id, the module names they were made
+        # with, and the structure version (construction.registrations) of those names
+        self._selected: dict[int, bool] = {}
+        self._names: dict[int, list[str]] = {}
+        self._selected_at = -1
 
     def _selected_module(self, module: torch.nn.Module, module_id: int) -> bool:
         """Include/exclude globs, evaluated once per module per structure version."""
-        policy = self.policy
+        policy = self.ctx.policy
         if not policy.include and not policy.exclude:
             return True
-        if self._selected_at != self._registrations:
+        registrations = self.construction.registrations
+        if self._selected_at != registrations:
             self._selected = {}
-            self._names = self.state.module_names()
-            self._selected_at = self._registrations
+            self._names = self.ctx.state.module_names()
+            self._selected_at = registrations
         hit = self._selected.get(module_id)
         if hit is None:
-            node = self.state.modules.get(module_id)
+            node = self.ctx.state.modules.get(module_id)
             cls = node.cls if node is not None and node.cls else class_name(module)
             hit = self._selected[module_id] = policy.module_selected(
                 self._names.get(module_id, []), cls
@@ -138,36 +177,39 @@ class ActivityHooks(RecorderBase):
     # ------------------------------------------------------------------ forward
     @call_guard
     def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
+        ctx = self.ctx
         try:
             if parallel_wrapper_attr(module) is not None:
                 return None  # DDP/FSDP wrapper: the model's own call follows and is recorded
             called = module
             module = unwrap_compiled(module)  # torch.compile wrapper: count once
-            if module is not called and not self.compiled_seen:
-                self.compiled_seen = True
+            if module is not called and not ctx.compiled_seen:
+                ctx.compiled_seen = True
                 skip_guards_at_frame_level()
-            stack = self.call_stack()
-            if not stack and self._scanned.get(module) != self._registrations:
-                self.check_in_place(module, subtree=True)  # built before recording: seen now
-                if not self.compiled_seen and compiled_modules(module):
-                    self.compiled_seen = True  # Module.compile() or a compiled forward inside
-                    skip_guards_at_frame_level()
-                self.seal(module, "first_forward")  # also remembers it as a root
-            self.watch_call(called, not stack)  # loss modules and roots: metrics.py
+            stack = ctx.call_stack()
             if not stack:
-                self.root_entered(
-                    called
-                )  # the outermost call: FLOPs (never of a compiled model), a loss
+                construction = self.construction
+                if construction.scanned.get(module) != construction.registrations:
+                    self.check_in_place(module, subtree=True)  # built before recording: seen now
+                    if not ctx.compiled_seen and compiled_modules(module):
+                        ctx.compiled_seen = True  # Module.compile() or a compiled forward inside
+                        skip_guards_at_frame_level()
+                    construction.seal(module, "first_forward")  # also remembers it as a root
+            metrics = self.metrics
+            metrics.watch_call(called, not stack)  # loss modules and roots: metrics.py
+            if not stack:
+                # the outermost call: FLOPs (never of a compiled model), a loss
+                metrics.root_entered(called)
             if (
-                self.sampling
-                and self.policy.activity
-                and self._selected_module(module, self.module_id(module))
+                ctx.sampling
+                and ctx.policy.activity
+                and self._selected_module(module, ctx.module_id(module))
             ):
-                with self.uncounted():  # our statistics are not the model's FLOPs (flops.py)
+                with self.flops.uncounted():  # our statistics are not the model's FLOPs
                     self._inputs[(id(module), len(stack))] = self._input_check(args)
             stack.append(module)
         except Exception as exc:
-            self.fault("forward_pre_hook", exc)
+            ctx.fault("forward_pre_hook", exc)
         return None
 
     def _input_check(self, args: Any) -> int | NonFiniteInputs | None:
@@ -193,11 +235,12 @@ class ActivityHooks(RecorderBase):
 
     @call_guard
     def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        ctx = self.ctx
         try:
             if parallel_wrapper_attr(module) is not None:
                 return None
             module = unwrap_compiled(module)
-            stack = self.call_stack()
+            stack = ctx.call_stack()
             depth = len(stack) - 1
             if stack and stack[-1] is module:
                 stack.pop()
@@ -206,15 +249,16 @@ class ActivityHooks(RecorderBase):
                 del stack[depth:]
             inputs = self._inputs.pop((id(module), depth), None) if self._inputs else None
             if depth == 0:
-                self.root_left(module, output)
-            if not (self.sampling and self.policy.activity):
+                self.metrics.root_left(module, output)
+            policy = ctx.policy
+            if not (ctx.sampling and policy.activity):
                 return None
-            module_id = self.module_id(module)
+            module_id = ctx.module_id(module)
             if not self._selected_module(module, module_id):
                 return None
             if output is None:
                 self._add_activity(
-                    self.step,
+                    ctx.step,
                     "forward",
                     {
                         "module_id": module_id,
@@ -226,11 +270,11 @@ class ActivityHooks(RecorderBase):
                 )
                 return None
             tensors = tensors_in(output)
-            full = self.policy.stats == "full"
-            with self.uncounted():
+            full = policy.stats == "full"
+            with self.flops.uncounted():
                 stats = [self._output_stats(t, full) for t in tensors[:MAX_TENSORS]]
             self._add_activity(
-                self.step,
+                ctx.step,
                 "forward",
                 {
                     "module_id": module_id,
@@ -239,10 +283,10 @@ class ActivityHooks(RecorderBase):
                     "input_nonfinite": inputs,
                 },
             )
-            if self.policy.backward == "grad" and torch.is_grad_enabled():
+            if policy.backward == "grad" and torch.is_grad_enabled():
                 self._hook_gradients(module_id, tensors, stats)
         except Exception as exc:
-            self.fault("forward_hook", exc)
+            ctx.fault("forward_hook", exc)
         return None
 
     def _add_activity(self, step: int, direction: str, entry: dict[str, Any]) -> None:
@@ -291,7 +335,7 @@ class ActivityHooks(RecorderBase):
                 batch_records(lazy)  # device statistics: one readback per step on the writer
             else:
                 calls = Clean(calls)  # plain numbers only (CPU): the writer encodes it as it is
-            self.emit("activity", None, None, calls, step=step)
+            self.ctx.emit("activity", None, None, calls, step=step)
 
     def _output_stats(self, tensor: torch.Tensor, full: bool) -> dict[str, Any] | StatsRecord:
         """Statistics of a module output, computed once per tensor and version.
@@ -317,7 +361,7 @@ class ActivityHooks(RecorderBase):
         hooks = tensor_hooks(tensor)
         if hooks:
             for hook in reversed(hooks.values()):
-                if type(hook) is GradTap and hook.recorder is self and hook.step == self.step:
+                if type(hook) is GradTap and hook.activity is self and hook.step == self.ctx.step:
                     return hook
         return None
 
@@ -327,7 +371,7 @@ class ActivityHooks(RecorderBase):
         needing = [t for t in tensors if t.requires_grad]
         if not needing:
             return
-        step = self.step
+        step = self.ctx.step
         if len(needing) == 1:
             tensor = needing[0]
             version = tensor_version(tensor)
@@ -351,7 +395,7 @@ class ActivityHooks(RecorderBase):
     @call_guard
     def _on_output_grad(self, module_ids: list[int], step: int, grad: torch.Tensor) -> None:
         try:
-            stats = [grad_stats(grad, self.policy.stats == "full")]
+            stats = [grad_stats(grad, self.ctx.policy.stats == "full")]
             for (
                 module_id
             ) in module_ids:  # modules that returned this very tensor: the same gradient
@@ -361,13 +405,13 @@ class ActivityHooks(RecorderBase):
                     {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats},
                 )
         except Exception as exc:
-            self.fault("gradient_hook", exc)
+            self.ctx.fault("gradient_hook", exc)
         return None
 
     @call_guard
     def _on_output_grads(self, module_id: int, step: int, grads: Any) -> None:
         try:
-            full = self.policy.stats == "full"
+            full = self.ctx.policy.stats == "full"
             stats = [grad_stats(g, full) for g in list(grads)[:MAX_TENSORS]]
             self._add_activity(
                 step,
@@ -375,14 +419,14 @@ class ActivityHooks(RecorderBase):
                 {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats},
             )
         except Exception as exc:
-            self.fault("gradient_hook", exc)
+            self.ctx.fault("gradient_hook", exc)
         return None
 
     def _on_backward_pre(self, module: torch.nn.Module, grad_output: Any) -> None:
         return None  # installed so the full pair is present; the post hook records
 
     def _grad_stats(self, grads: Any) -> list[dict[str, Any] | StatsRecord | None]:
-        full = self.policy.stats == "full"
+        full = self.ctx.policy.stats == "full"
         return [grad_stats(g, full) for g in list(grads or ())[:MAX_TENSORS]]
 
     @call_guard
@@ -400,15 +444,15 @@ class ActivityHooks(RecorderBase):
     ) -> None:
         try:
             if (
-                not (self.sampling and self.policy.activity)
+                not (self.ctx.sampling and self.ctx.policy.activity)
                 or parallel_wrapper_attr(module) is not None
             ):
                 return
-            module_id = self.module_id(module)
+            module_id = self.ctx.module_id(module)
             if not self._selected_module(module, module_id):
                 return
             self._add_activity(
-                self.step,
+                self.ctx.step,
                 "backward",
                 {
                     "module_id": module_id,
@@ -418,4 +462,4 @@ class ActivityHooks(RecorderBase):
                 },
             )
         except Exception as exc:
-            self.fault(where, exc)
+            self.ctx.fault(where, exc)

@@ -39,12 +39,20 @@ from auditlog.capture.metrics import metric_value
 from auditlog.capture.torch_compat import in_transform_or_compile
 
 
-class BackwardListener(Protocol):
-    """What the recorder offers the wrappers (implemented by its optimizer and metric parts)."""
+class LossListener(Protocol):
+    """Told the scalar each outermost backward starts from (the recorder's metrics)."""
 
     def backward_started(self, root: torch.Tensor | None, scaled_from: Any) -> None: ...
 
+
+class GradListener(Protocol):
+    """Told when an outermost backward returned (the optimizer steps' ``StepNorms``)."""
+
     def backward_finished(self) -> None: ...
+
+
+class StepListener(Protocol):
+    """Told around each ``GradScaler.step`` (the recorder's optimizer steps)."""
 
     def scaler_step_began(self, optimizer: torch.optim.Optimizer) -> int: ...
 
@@ -52,7 +60,9 @@ class BackwardListener(Protocol):
         self, optimizer: torch.optim.Optimizer, before: int, scale: float
     ) -> None: ...
 
-    def fault(self, where: str, exc: BaseException) -> None: ...
+
+Fault = Callable[[str, BaseException], None]
+"""Where the listeners' failures go: ``RecordingContext.fault`` (a ``recorder_error``)."""
 
 
 SCALED_MAX = 64
@@ -82,8 +92,13 @@ class _Patch:
 class BackwardWatch:
     """The wrappers of one recording (see the module docstring), and their state."""
 
-    def __init__(self, listener: BackwardListener) -> None:
-        self.listener = listener
+    def __init__(
+        self, losses: LossListener, grads: GradListener, steps: StepListener, fault: Fault
+    ) -> None:
+        self.losses = losses
+        self.grads = grads
+        self.steps = steps
+        self.fault = fault
         self.active = False
         self._patches: list[_Patch] = []
         self._running = 0  # outermost backwards in progress (any thread)
@@ -127,9 +142,9 @@ class BackwardWatch:
                     self._running -= 1
             if outermost:
                 try:
-                    self.listener.backward_finished()
+                    self.grads.backward_finished()
                 except Exception as exc:
-                    self.listener.fault("backward_finished", exc)
+                    self.fault("backward_finished", exc)
             return result
 
         return backward
@@ -153,9 +168,9 @@ class BackwardWatch:
             scaled_from = (
                 self.scaled.pop(id(root), None) if root is not None and self.scaled else None
             )
-            self.listener.backward_started(root, scaled_from)
+            self.losses.backward_started(root, scaled_from)
         except Exception as exc:
-            self.listener.fault("backward_started", exc)
+            self.fault("backward_started", exc)
 
     def _wrap_scale(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def scale(scaler: Any, outputs: Any) -> Any:
@@ -171,7 +186,7 @@ class BackwardWatch:
                             self.scaled.clear()
                         self.scaled[id(result)] = (metric_value(outputs), id(outputs))
                 except Exception as exc:
-                    self.listener.fault("grad_scaler_scale", exc)
+                    self.fault("grad_scaler_scale", exc)
             return result
 
         return scale
@@ -182,19 +197,17 @@ class BackwardWatch:
                 return original(scaler, optimizer, *args, **kwargs)
             before = -1
             try:
-                before = self.listener.scaler_step_began(optimizer)
+                before = self.steps.scaler_step_began(optimizer)
             except Exception as exc:
-                self.listener.fault("grad_scaler_step", exc)
+                self.fault("grad_scaler_step", exc)
             result = original(scaler, optimizer, *args, **kwargs)
             if before >= 0:
                 try:
                     enabled = bool(getattr(scaler, "is_enabled", lambda: True)())
                     if enabled:
-                        self.listener.scaler_step_ended(
-                            optimizer, before, float(scaler.get_scale())
-                        )
+                        self.steps.scaler_step_ended(optimizer, before, float(scaler.get_scale()))
                 except Exception as exc:
-                    self.listener.fault("grad_scaler_step", exc)
+                    self.fault("grad_scaler_step", exc)
             return result
 
         return step

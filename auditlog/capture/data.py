@@ -62,9 +62,9 @@ import torch
 from torch.utils import data as tud
 
 from auditlog.capture import loader_compat, readahead
-from auditlog.capture.base import class_name
 from auditlog.capture.datasets import DatasetIdentity, loader_config
 from auditlog.capture.ids import ObjectIds
+from auditlog.capture.registrations import class_name
 from auditlog.capture.torch_compat import tensor_version
 from auditlog.core.batchhash import BatchChanged, BatchContent
 from auditlog.core.packed import INT_KEYS, pack_ints
@@ -90,7 +90,7 @@ for hashing: taken, why it could not be, or None when not sampled)."""
 
 
 class DataListener(Protocol):
-    """What the watch needs of the recorder."""
+    """What the watch needs of the recording: emit, fault and the step (``RecordingContext``)."""
 
     step: int
 

@@ -39,8 +39,8 @@ from typing import Any
 import torch
 from torch.utils import data as tud
 
-from auditlog.capture.base import class_name
 from auditlog.capture.loader_compat import is_iterable_dataset, worker_base_seed
+from auditlog.capture.registrations import class_name
 from auditlog.core.datafiles import identify_files
 from auditlog.core.tensors import dtype_name, tensor_hash
 

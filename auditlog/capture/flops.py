@@ -43,8 +43,7 @@ from typing import Any
 
 import torch
 
-from auditlog.capture.base import RecorderBase
-from auditlog.capture.buffer import RecordBuffer
+from auditlog.capture.context import RecordingContext
 from auditlog.capture.torch_compat import (
     compiled_modules,
     flop_counting_mode,
@@ -53,21 +52,20 @@ from auditlog.capture.torch_compat import (
     is_compiled_wrapper,
     outside_mode,
 )
-from auditlog.core.policy import Policy
 
 BACKWARD_FACTOR = 2  # backward FLOPs estimated as this many forwards
 
 
-class FlopCounting(RecorderBase):
+class FlopCounting:
     """Enters and leaves the one ``FlopCounterMode`` of a run, around one root forward."""
 
-    def __init__(self, buffer: RecordBuffer, policy: Policy | None = None) -> None:
-        super().__init__(buffer, policy)
+    def __init__(self, ctx: RecordingContext) -> None:
+        self.ctx = ctx
         self._flop_counter: Any = None
         self._flop_thread = 0
         self._flop_step = 0
         self._flop_root: int | None = None
-        self._flops_done = not self.policy.flops
+        self._flops_done = not ctx.policy.flops
 
     def flops_root_started(self, module: torch.nn.Module) -> None:
         """A root's forward begins: count it (the first with gradients enabled)."""
@@ -78,7 +76,7 @@ class FlopCounting(RecorderBase):
         self._flops_done = True  # one attempt: a failure here is recorded, never retried every step
         compiled = compiled_modules(module)
         if compiled or is_compiled_wrapper(module):
-            self.emit(
+            self.ctx.emit(
                 "flops",
                 None,
                 None,
@@ -87,14 +85,14 @@ class FlopCounting(RecorderBase):
                     "dynamo from compiling it, and compiled kernels cannot be counted op by op",
                     "compiled": [name or "(root)" for name in compiled] or ["(root)"],
                 },
-                step=self.step,
+                step=self.ctx.step,
             )
             return
         counter = flop_counting_mode()
         counter.__enter__()
         self._flop_counter = counter
         self._flop_thread = threading.get_ident()
-        self._flop_step = self.step
+        self._flop_step = self.ctx.step
         self._flop_root = id(module)
 
     def flops_root_finished(self, module: torch.nn.Module) -> None:
@@ -125,11 +123,11 @@ class FlopCounting(RecorderBase):
             self._flop_counter = None
             counter.__exit__(None, None, None)
         except Exception as exc:  # never into user code (recorder.remove calls this too)
-            self.fault("flop_counter", exc)
+            self.ctx.fault("flop_counter", exc)
             return
         forward = sum(counter.counts.values())
         by_op = {str(op): int(n) for op, n in counter.counts.items()}
-        self.emit(
+        self.ctx.emit(
             "flops",
             None,
             None,

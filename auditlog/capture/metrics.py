@@ -47,11 +47,11 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from auditlog.capture.base import ModuleTap, RecorderBase
-from auditlog.capture.buffer import RecordBuffer
+from auditlog.capture.context import RecordingContext
+from auditlog.capture.flops import FlopCounting
 from auditlog.capture.payloads import Scalar
+from auditlog.capture.taps import ModuleTap
 from auditlog.capture.torch_compat import call_guard, compile_guard, is_loss_module, unwrap_compiled
-from auditlog.core.policy import Policy
 
 # Metric entries held before they are emitted anyway (an evaluation loop with no
 # optimizer steps must not grow memory without bound).
@@ -83,11 +83,16 @@ def metric_value(value: Any) -> float | int | str | Scalar:
     )
 
 
-class MetricHooks(RecorderBase):
-    """Hooks on loss modules and roots, and the pending metric entries of the step."""
+class MetricHooks:
+    """Hooks on loss modules and roots, and the pending metric entries of the step.
 
-    def __init__(self, buffer: RecordBuffer, policy: Policy | None = None) -> None:
-        super().__init__(buffer, policy)
+    The outermost module call (``root_entered``/``root_left``, from the activity's
+    forward hooks or the root watch) is also where one forward's FLOPs are
+    counted (``flops``)."""
+
+    def __init__(self, ctx: RecordingContext, flops: FlopCounting) -> None:
+        self.ctx = ctx
+        self.flops = flops
         self._metric_handles: list[RemovableHandle] = []
         self._watched: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
         self._metrics: list[tuple[int, dict[str, Any]]] = []
@@ -108,7 +113,7 @@ class MetricHooks(RecorderBase):
             return
         if is_loss_module(unwrap_compiled(called)):
             self._watched[called] = "loss"
-            if self.policy.loss:
+            if self.ctx.policy.loss:
                 self._metric_handles.append(
                     called.register_forward_hook(ModuleTap(self._on_loss_output))
                 )
@@ -127,16 +132,16 @@ class MetricHooks(RecorderBase):
             self._root_depth += 1
             if self._root_depth == 1:
                 self._losses_in_root.clear()
-            self.flops_root_started(module)
+            self.flops.flops_root_started(module)
         except Exception as exc:
-            self.fault("root_pre_hook", exc)
+            self.ctx.fault("root_pre_hook", exc)
 
     def root_left(self, module: torch.nn.Module, output: Any) -> None:
         """The outermost module call returned: record the loss its output carries, if any."""
         try:
-            self.flops_root_finished(module)
+            self.flops.flops_root_finished(module)
             self._root_depth = max(0, self._root_depth - 1)
-            if not self.policy.loss or output is None or isinstance(output, torch.Tensor):
+            if not self.ctx.policy.loss or output is None or isinstance(output, torch.Tensor):
                 return
             if isinstance(output, dict):
                 value = output.get("loss")
@@ -154,7 +159,12 @@ class MetricHooks(RecorderBase):
                 self._record_loss(module, value, "model_output")
                 self._loss_roots.add(unwrap_compiled(module))
         except Exception as exc:
-            self.fault("root_forward_hook", exc)
+            self.ctx.fault("root_forward_hook", exc)
+
+    def restart_root_watch(self) -> None:
+        """Every optimizer step, before the root watch is put in place or taken out:
+        no outermost call is in progress between steps, whatever the depth says."""
+        self._watch_depth = 0
 
     def loss_roots(self) -> bool:
         """Must outermost calls be seen on unsampled steps (a root's output has carried a loss)?"""
@@ -189,14 +199,14 @@ class MetricHooks(RecorderBase):
                 if output.requires_grad:
                     self._since_backward.append(id(output))
         except Exception as exc:
-            self.fault("loss_forward_hook", exc)
+            self.ctx.fault("loss_forward_hook", exc)
         return None
 
     def backward_started(self, root: torch.Tensor | None, scaled_from: Any) -> None:
         """An outermost ``backward()`` starts from ``root`` (a scalar, or None when it is not
         one); ``scaled_from``: ``(value, id)`` of the loss a ``GradScaler`` scaled into it."""
         since, self._since_backward = self._since_backward, []
-        if root is None or not self.policy.loss or not root.requires_grad:
+        if root is None or not self.ctx.policy.loss or not root.requires_grad:
             return
         if scaled_from is not None:
             value, source = scaled_from
@@ -224,21 +234,21 @@ class MetricHooks(RecorderBase):
             "name": "loss" if training else "eval_loss",
             "value": metric_value(value),
             "origin": origin,
-            "module_id": self.module_id(unwrap_compiled(module)),
+            "module_id": self.ctx.module_id(unwrap_compiled(module)),
         }
         self._add_metric(entry, training)
 
     def _add_metric(self, entry: dict[str, Any], training: bool) -> None:
-        self._metrics.append((self.step, entry))
+        self._metrics.append((self.ctx.step, entry))
         if training and entry["name"] == "loss":
-            self._last_loss = (self.step, entry["value"])
+            self._last_loss = (self.ctx.step, entry["value"])
         if len(self._metrics) >= METRICS_FLUSH:
             self.flush_metrics()
 
     def last_loss(self) -> Any:
         """The last training loss of the current step (a number, text or ``Scalar``), or None."""
         last = self._last_loss
-        return last[1] if last is not None and last[0] == self.step else None
+        return last[1] if last is not None and last[0] == self.ctx.step else None
 
     # ------------------------------------------------------------------ emitting
     def flush_metrics(self, skipped: bool = False) -> None:
@@ -255,7 +265,7 @@ class MetricHooks(RecorderBase):
                 entry["skipped"] = True
             by_step.setdefault(step, []).append(entry)
         for step, entries in by_step.items():
-            self.emit("metrics", None, None, {"metrics": entries}, step=step)
+            self.ctx.emit("metrics", None, None, {"metrics": entries}, step=step)
 
     def log_metrics(self, values: dict[str, Any], step: int | None = None) -> None:
         """``auditlog.log(...)``: one ``metrics`` event now with the user's values.
@@ -275,4 +285,4 @@ class MetricHooks(RecorderBase):
             if step is not None:
                 entry["step"] = step
             entries.append(entry)
-        self.emit("metrics", None, None, {"metrics": entries})
+        self.ctx.emit("metrics", None, None, {"metrics": entries})

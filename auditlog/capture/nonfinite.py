@@ -36,12 +36,12 @@ from typing import Any
 
 import torch
 
-from auditlog.capture.base import RecorderBase
-from auditlog.capture.buffer import RecordBuffer
+from auditlog.capture.context import RecordingContext
+from auditlog.capture.metrics import MetricHooks
 from auditlog.capture.norms import norms_of
 from auditlog.capture.payloads import HostCopy, Scalar, SnapshotItems, StackedNorms
+from auditlog.capture.roots import RootTracking
 from auditlog.capture.torch_compat import foreach_copy_
-from auditlog.core.policy import Policy
 from auditlog.core.tensors import activity_stats
 
 
@@ -71,15 +71,28 @@ def _loss_nonfinite(value: Any) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
-class NonFiniteWatch(RecorderBase):
-    """Checks before and after optimizer steps (``nonfinite_check``, ``keep_finite_state``)."""
+class NonFiniteWatch:
+    """Checks before and after optimizer steps (``nonfinite_check``, ``keep_finite_state``),
+    and whether gradients were found non-finite (``flagged``: module activity is sampled
+    from the next step on, ``sample_nonfinite``).
 
-    def __init__(self, buffer: RecordBuffer, policy: Policy | None = None) -> None:
-        super().__init__(buffer, policy)
+    The loss it looks at is the metrics' (``metrics``); the snapshot it takes is
+    of the live roots (``roots``)."""
+
+    def __init__(self, ctx: RecordingContext, metrics: MetricHooks, roots: RootTracking) -> None:
+        self.ctx = ctx
+        self.metrics = metrics
+        self.roots = roots
+        self.flagged = False
         self._nonfinite_found = False
         self._finite_copies: weakref.WeakKeyDictionary[
             torch.optim.Optimizer, list[torch.Tensor]
         ] = weakref.WeakKeyDictionary()
+
+    def flag_nonfinite(self) -> None:
+        """A step's gradients were not finite (found here, by the optimizer's post hook
+        on CPU, or by the writer reading a device's norms): sample from the next step."""
+        self.flagged = True
 
     def check_before_step(
         self,
@@ -91,13 +104,13 @@ class NonFiniteWatch(RecorderBase):
 
         ``grad_norms``: the gradient norms the pre hook took for the step record
         (taken here when it did not)."""
-        policy = self.policy
+        policy = self.ctx.policy
         if self._nonfinite_found or not (policy.nonfinite_check or policy.keep_finite_state):
             return
         with torch.no_grad():
             present = [p for p in params if p.grad is not None and p.grad.layout == torch.strided]
             grads: list[torch.Tensor] = [p.grad for p in present]  # type: ignore[misc]
-            loss = self.last_loss()
+            loss = self.metrics.last_loss()
             bad_loss = loss is not None and _loss_nonfinite(loss)
             if policy.nonfinite_check and (bad_loss or not _grads_finite(grad_norms, grads)):
                 self._found_before_step(present, grads, loss, "loss" if bad_loss else "gradients")
@@ -124,11 +137,11 @@ class NonFiniteWatch(RecorderBase):
     ) -> None:
         self._nonfinite_found = True
         gradients = [
-            {"tensor_id": self.tensors.get(p)[0], "stats": activity_stats(g, True)}
+            {"tensor_id": self.ctx.tensors.get(p)[0], "stats": activity_stats(g, True)}
             for p, g in zip(present, grads, strict=True)
         ]
-        roots = self.live_roots()
-        self.emit(
+        roots = self.roots.live_roots()
+        self.ctx.emit(
             "nonfinite_found",
             payload={
                 "where": where,
@@ -139,7 +152,7 @@ class NonFiniteWatch(RecorderBase):
             },
         )
         if roots:
-            self.snapshot(roots, "last_finite")
+            self.roots.snapshot(roots, "last_finite")
         self.flag_nonfinite()  # activity from the next step on (sample_nonfinite)
 
     def check_after_step(
@@ -156,17 +169,17 @@ class NonFiniteWatch(RecorderBase):
             self._nonfinite_found = True
             flags = torch.isfinite(norms).tolist()
             bad = sorted(
-                {self.tensors.get(p)[0] for p, ok in zip(params, flags, strict=True) if not ok}
+                {self.ctx.tensors.get(p)[0] for p, ok in zip(params, flags, strict=True) if not ok}
             )
             items = []
             seen: set[int] = set()
             for param, copy in zip(params, copies, strict=True):
-                tensor_id = self.tensors.get(param)[0]
+                tensor_id = self.ctx.tensors.get(param)[0]
                 if tensor_id not in seen:
                     seen.add(tensor_id)
                     items.append((tensor_id, HostCopy(copy)))
-        before = self.step - 1  # the copy holds the state after the previous step
-        self.emit(
+        before = self.ctx.step - 1  # the copy holds the state after the previous step
+        self.ctx.emit(
             "nonfinite_found",
             payload={
                 "where": "parameters",
@@ -177,7 +190,7 @@ class NonFiniteWatch(RecorderBase):
             },
             step=before,
         )
-        self.emit(
+        self.ctx.emit(
             "snapshot_taken",
             None,
             None,

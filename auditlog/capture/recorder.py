@@ -1,6 +1,10 @@
-"""The recorder: installs the global hooks for one run and removes exactly those.
+"""The recorder: builds the components of one run, installs their hooks, removes exactly those.
 
-Assembled from one mixin per concern (see ``base.py``). The registration and
+Each concern is a component that owns its state and its hooks (``context.py``
+lists them); they share one ``RecordingContext``. ``Recorder`` builds them,
+hands each the others it talks to, registers their bound methods as torch's
+hooks (no layer in between: a hook's cost is the component's method) and routes
+what crosses concerns at the ends of a recording. The registration and
 optimizer hooks stay installed for the whole recording; the per-call hooks
 (forward, and full/legacy backward) take every module call off PyTorch's fast
 path, so they are present only on the steps whose activity is sampled (once a
@@ -12,11 +16,15 @@ optimizer step the recorder checks that its hooks are still in torch's tables
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import sys
 import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import torch
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
@@ -25,6 +33,7 @@ from auditlog.capture.activity import ActivityHooks
 from auditlog.capture.backward import BackwardWatch
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.construction import ConstructionHooks
+from auditlog.capture.context import RecordingContext
 from auditlog.capture.data import DataWatch
 from auditlog.capture.flops import FlopCounting
 from auditlog.capture.hooktables import HookTables, Register
@@ -39,30 +48,50 @@ from auditlog.core.policy import Policy
 _ROOT_WATCH = ("root_watch_pre", "root_watch")
 
 
-class Recorder(
-    ConstructionHooks,
-    RootTracking,
-    StructureChecks,
-    ActivityHooks,
-    OptimizerHooks,
-    MetricHooks,
-    FlopCounting,
-    NonFiniteWatch,
-):
-    """Installs the global hooks and emits records for one run onto a ``RecordBuffer``."""
+class Recorder:
+    """Installs the global hooks and emits records for one run onto a ``RecordBuffer``.
+
+    The session holds this one object; what it asks of a run goes to the part
+    that does it: ``ctx`` (``emit``, ``settle``, ``step``, ``faults``, the
+    session's ``step_barrier`` and ``failure``), ``construction.seal``,
+    ``structure.check``, ``roots.snapshot``, ``metrics.log_metrics``, ``data``.
+    """
 
     def __init__(self, buffer: RecordBuffer, policy: Policy | None = None) -> None:
-        super().__init__(buffer, policy)
+        ctx = self.ctx = RecordingContext(buffer, policy)
+        # Built in the order they need each other; construction and the two it
+        # calls when sealing (structure, roots) need each other both ways.
+        self.construction = ConstructionHooks(ctx, self.check_in_place)
+        self.roots = RootTracking(ctx, self.construction)
+        self.structure = StructureChecks(ctx, self.construction, self.roots)
+        self.construction.connect(self.structure, self.roots)
+        self.flops = FlopCounting(ctx)
+        self.metrics = MetricHooks(ctx, self.flops)
+        self.nonfinite = NonFiniteWatch(ctx, self.metrics, self.roots)
+        self.activity = ActivityHooks(
+            ctx, self.construction, self.metrics, self.flops, self.check_in_place
+        )
+        self.steps = OptimizerHooks(
+            ctx,
+            self.construction,
+            self.roots,
+            self.structure,
+            self.activity,
+            self.metrics,
+            self.nonfinite,
+            self.update_call_hooks,
+        )
         self._hooks = HookTables()
         self._call_kinds: list[str] = []  # per-call hooks, present on sampled steps only
         self._full_flag = FullBackwardFlag()
         self._hooks_verified_at = 0  # the step at which every hook was last found in place
         self._refused: set[str] = set()  # kinds torch would not take back: not captured any more
-        self._backward = BackwardWatch(self)  # backward(), GradScaler.scale/step (backward.py)
-        self._constructed = self.on_constructed  # one bound method: listen and unlisten it
-        self.data = DataWatch(
-            self, self.policy.batch_hash_every
-        )  # DataLoader iterations, datasets, batch indices (data.py)
+        # backward(), GradScaler.scale/step (backward.py): the loss, raw gradient norms
+        self._backward = BackwardWatch(self.metrics, self.steps.norms, self.steps, ctx.fault)
+        # one bound method: listen and unlisten it
+        self._constructed = self.construction.on_constructed
+        # DataLoader iterations, datasets, batch indices (data.py)
+        self.data = DataWatch(ctx, ctx.policy.batch_hash_every)
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
@@ -74,68 +103,74 @@ class Recorder(
         """
         constructors.listen(self._constructed)  # where each module is built (constructors.py)
         add = self._hooks.install
+        construction, steps, ctx = self.construction, self.steps, self.ctx
         add(
             "module_registration",
-            self._on_module_registered,
+            construction._on_module_registered,
             nn_module.register_module_module_registration_hook,
         )
         add(
             "parameter_registration",
-            self._on_parameter_registered,
+            construction._on_parameter_registered,
             nn_module.register_module_parameter_registration_hook,
         )
         add(
             "buffer_registration",
-            self._on_buffer_registered,
+            construction._on_buffer_registered,
             nn_module.register_module_buffer_registration_hook,
         )
-        add("optimizer_step_pre", self._on_step_pre, optim_module.register_optimizer_step_pre_hook)
+        add("optimizer_step_pre", steps._on_step_pre, optim_module.register_optimizer_step_pre_hook)
         add(
             "optimizer_step_post",
-            self._on_step_post,
+            steps._on_step_post,
             optim_module.register_optimizer_step_post_hook,
         )
         self._backward.install()
-        if self.policy.data:
+        if ctx.policy.data:
             self.data.install()
         self._full_flag.save_and_clear()
-        self.sampling = self.policy.samples(0)
-        self._install_call_hooks(forward_only=not self.sampling)
+        ctx.sampling = ctx.policy.samples(0)
+        self._install_call_hooks(forward_only=not ctx.sampling)
 
     def _install_call_hooks(self, forward_only: bool = False) -> None:
         if self._call_kinds:
             return
+        activity, backward = self.activity, self.ctx.policy.backward
         kinds: list[tuple[str, Callable[..., Any], Register]] = [
-            ("forward_pre", self._on_forward_pre, nn_module.register_module_forward_pre_hook)
+            ("forward_pre", activity._on_forward_pre, nn_module.register_module_forward_pre_hook)
         ]
         # always_call: the call stack is unwound, and the failed call recorded, when
         # forward raises (docs/hooks.md: what a user can observe of it).
         kinds.append(
             (
                 "forward",
-                self._on_forward,
+                activity._on_forward,
                 partial(nn_module.register_module_forward_hook, always_call=True),
             )
         )
         if not forward_only:
-            if self.policy.backward == "full":
+            if backward == "full":
                 kinds.append(
                     (
                         "full_backward_pre",
-                        self._on_backward_pre,
+                        activity._on_backward_pre,
                         nn_module.register_module_full_backward_pre_hook,
                     )
                 )
                 kinds.append(
                     (
                         "full_backward",
-                        self._on_full_backward,
+                        activity._on_full_backward,
                         nn_module.register_module_full_backward_hook,
                     )
                 )
-            elif self.policy.backward == "legacy":
+            elif backward == "legacy":
                 kinds.append(
-                    ("backward", self._on_legacy_backward, nn_module.register_module_backward_hook)
+                    (
+                        "backward",
+                        activity._on_legacy_backward,
+                        nn_module.register_module_backward_hook,
+                    )
                 )
         for kind, hook, register in kinds:
             if kind in self._refused:
@@ -143,10 +178,35 @@ class Recorder(
             self._hooks.install(kind, hook, register, always_called=kind == "forward")
             self._call_kinds.append(kind)
 
+    def check_in_place(self, module: torch.nn.Module, subtree: bool) -> None:
+        """With ``backward="full"``, an in-place module (``ReLU(inplace=True)``) would make
+        torch stop training ("Output 0 of BackwardHookFunction is a view and is being
+        modified inplace"). Seen before it runs (construction's registration hook, or
+        the first forward of a model built before recording), backward is recorded with
+        gradient hooks instead (``grad``), with one notice and a ``recorder_error`` event."""
+        ctx = self.ctx
+        if ctx.policy.backward != "full":
+            return
+        for found in module.modules() if subtree else (module,):
+            if getattr(found, "inplace", False) is True:
+                culprit = f"{type(found).__name__}(inplace=True)"
+                message = (
+                    f"backward=full cannot record a model with an in-place module ({culprit}); "
+                    "recording backward with gradient hooks (backward=grad) instead"
+                )
+                self.drop_full_backward_hooks()
+                ctx.emit(
+                    "recorder_error",
+                    payload={"where": "backward", "type": "InPlaceModule", "message": message},
+                )
+                with contextlib.suppress(Exception):
+                    sys.stderr.write(f"auditlog: {message}\n")
+                return
+
     def drop_full_backward_hooks(self) -> None:
-        """Remove the full backward hooks now; from here on backward is recorded with
-        gradient hooks (modules called later are no longer wrapped by torch)."""
-        super().drop_full_backward_hooks()
+        """Switch to ``backward="grad"`` and remove the full backward hooks now; modules
+        called later are no longer wrapped by torch."""
+        self.ctx.policy = dataclasses.replace(self.ctx.policy, backward="grad")
         for kind in ("full_backward_pre", "full_backward"):
             if kind in self._call_kinds:
                 self._hooks.uninstall(kind)
@@ -155,12 +215,12 @@ class Recorder(
     def _remove_call_hooks(self) -> None:
         while self._call_kinds:
             self._hooks.uninstall(self._call_kinds.pop())
-        self.call_stack().clear()
+        self.ctx.call_stack().clear()
 
     def _watch_roots(self, present: bool) -> None:
         """``RootWatch``: on unsampled steps, a light global pre/post pair that sees the
         outermost call of a root whose output carried a loss (metrics.py)."""
-        self._watch_depth = 0
+        self.metrics.restart_root_watch()
         has = self._hooks.has
         if (
             all(has(kind) or kind in self._refused for kind in _ROOT_WATCH)
@@ -169,10 +229,14 @@ class Recorder(
         ):
             return  # as it should be already: nothing to build (every step goes through here)
         kinds: list[tuple[str, Callable[..., Any], Register]] = [
-            ("root_watch_pre", self._on_root_watch_pre, nn_module.register_module_forward_pre_hook),
+            (
+                "root_watch_pre",
+                self.metrics._on_root_watch_pre,
+                nn_module.register_module_forward_pre_hook,
+            ),
             (
                 "root_watch",
-                self._on_root_watch,
+                self.metrics._on_root_watch,
                 partial(nn_module.register_module_forward_hook, always_call=True),
             ),
         ]
@@ -187,19 +251,19 @@ class Recorder(
         then make the per-call hooks present exactly when the coming step is sampled
         (and the root watch when it is not, and a root's output carries the loss)."""
         self.verify_hooks("optimizer_step")
-        if self.compiled_seen:
+        if self.ctx.compiled_seen:
             # Dynamo guards on the global hook tables: a change would make it compile
             # every compiled module again (more graphs than an unrecorded run).
             # From the first compiled module on, the per-call hooks stay;
             # on unsampled steps they record no activity (they do the root watch's job).
             self._watch_roots(False)
             self._install_call_hooks()
-        elif self.sampling:
+        elif self.ctx.sampling:
             self._watch_roots(False)
             self._install_call_hooks()
         else:
             self._remove_call_hooks()
-            self._watch_roots(self.loss_roots())
+            self._watch_roots(self.metrics.loss_roots())
 
     def verify_hooks(self, where: str, repair: bool = True) -> list[str]:
         """Find hooks that other code took out of torch's tables; put them back.
@@ -209,10 +273,11 @@ class Recorder(
         ``hooks_removed`` event says which, since which step, and where it was
         found; the first time also warns. Returns the kinds found missing.
         """
+        ctx = self.ctx
         try:
             missing = self._hooks.missing()
             if not missing:
-                self._hooks_verified_at = self.step
+                self._hooks_verified_at = ctx.step
                 return []
             reinstalled: list[str] = []
             stopped: dict[str, str] = {}
@@ -234,25 +299,26 @@ class Recorder(
                 "since_step": since,
                 "detected_at": where,
             }
-            self.emit("hooks_removed", payload=payload)
-            self._hooks_verified_at = self.step
+            ctx.emit("hooks_removed", payload=payload)
+            self._hooks_verified_at = ctx.step
             self._warn_hooks_removed(missing, reinstalled, since)
             if any(kind.endswith("_registration") for kind in reinstalled):
-                self.check(None, where)  # members added while nobody was listening
+                self.structure.check(None, where)  # members added while nobody was listening
             return missing
         except Exception as exc:
-            self.fault("hook_check", exc)
+            ctx.fault("hook_check", exc)
             return []
 
     def _warn_hooks_removed(self, missing: list[str], reinstalled: list[str], since: int) -> None:
-        if "hooks_removed" in self._warned:
+        warned = self.ctx.warned
+        if "hooks_removed" in warned:
             return
-        self._warned.add("hooks_removed")
+        warned.add("hooks_removed")
         done = "put them back" if reinstalled == missing else f"put back {reinstalled or 'none'}"
         try:
             warnings.warn(
                 f"auditlog: other code removed auditlog's hooks {missing} from torch's global hook tables "
-                f"(after step {since}, found at step {self.step}); auditlog {done} "
+                f"(after step {since}, found at step {self.ctx.step}); auditlog {done} "
                 "(recorded as a hooks_removed event; warned once)",
                 RuntimeWarning,
                 stacklevel=4,
@@ -269,23 +335,21 @@ class Recorder(
         self._backward.remove()
         self.data.remove()  # the batches still pending are emitted first
         self._call_kinds.clear()
-        self.call_stack().clear()
-        self.remove_metric_hooks()
-        self.stop_flops("run_end")
+        self.ctx.call_stack().clear()
+        self.metrics.remove_metric_hooks()
+        self.flops.stop_flops("run_end")
         self._hooks.remove_all()
         self._full_flag.restore()
 
     # ------------------------------------------------------------------ end
     def finish(self) -> None:
         """Run end: seal what was never sealed, check structure, take the final snapshot."""
-        self.flush_metrics()
-        self.flush_activity()
-        if self._unsealed:
-            self.seal(None, "run_end")
-        roots = self.live_roots()
-        self.check(roots, "run_end")
-        if self.policy.snapshot_final and roots:
-            self.snapshot(roots, "run_end")
-        self._host_buffers.close()  # no more snapshots to copy into them
-        self._finished = True
-        self.release_roots()
+        self.metrics.flush_metrics()
+        self.activity.flush_activity()
+        if self.construction.unsealed:
+            self.construction.seal(None, "run_end")
+        roots = self.roots.live_roots()
+        self.structure.check(roots, "run_end")
+        if self.ctx.policy.snapshot_final and roots:
+            self.roots.snapshot(roots, "run_end")
+        self.roots.finish()

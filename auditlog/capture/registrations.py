@@ -76,6 +76,11 @@ def qualified(cls: type) -> str:
     return name
 
 
+def class_name(obj: object) -> str:
+    """Qualified class name of an object's type, as events record it."""
+    return qualified(type(obj))
+
+
 def _device(device: torch.device) -> str:
     name = _devices.get(device)
     if name is None:

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from auditlog.capture.base import RecorderBase, module_members
+from auditlog.capture.construction import ConstructionHooks
+from auditlog.capture.context import RecordingContext
 from auditlog.capture.hostbuffers import HostBuffers
 from auditlog.capture.payloads import HostCopy, SnapshotItems
 from auditlog.capture.torch_compat import (
@@ -32,8 +33,23 @@ from auditlog.capture.torch_compat import (
 SNAPSHOT_BACKLOG = 1
 
 
-class RootTracking(RecorderBase):
-    """Live roots, their release, and ``snapshot_taken`` events."""
+class RootTracking:
+    """Live roots, their release, and ``snapshot_taken`` events.
+
+    A root snapshotted before any of its registrations was seen is adopted first
+    (``construction``)."""
+
+    def __init__(self, ctx: RecordingContext, construction: ConstructionHooks) -> None:
+        self.ctx = ctx
+        self.construction = construction
+        # roots seen, and the finalizers that snapshot a root when it is released
+        self._roots: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self._finalizers: list[weakref.finalize[Any, Any]] = []
+        # snapshots emitted and not yet stored by the writer (overruns, back-pressure)
+        self._in_flight: list[SnapshotItems] = []
+        # host copies of the last stored periodic snapshot, for the next one (hostbuffers.py)
+        self.host_buffers = HostBuffers()
+        self._finished = False
 
     def live_roots(self) -> list[torch.nn.Module]:
         """Root modules seen so far that are still alive and still roots."""
@@ -55,12 +71,12 @@ class RootTracking(RecorderBase):
         change bytes without bumping them, measured with torch 2.13.)
         """
         for root in (unwrap_model(r) for r in roots):
-            if self.modules.lookup(root) is None:
-                self.adopt(root)
+            if self.ctx.modules.lookup(root) is None:
+                self.construction.adopt(root)
             self.track_root(root)
             overrun = self._snapshot_room()
             # Recurring snapshots copy into the last one's buffers (hostbuffers.py).
-            buffers = self._host_buffers if self.policy.snapshot_every > 0 else None
+            buffers = self.host_buffers if self.ctx.policy.snapshot_every > 0 else None
             snapshot = SnapshotItems(self._snapshot_items(module_members(root), buffers), buffers)
             if buffers is not None:
                 buffers.drop_unused()
@@ -68,7 +84,7 @@ class RootTracking(RecorderBase):
             if overrun is not None:
                 payload["overrun"] = overrun
             self._in_flight.append(snapshot)
-            self.emit("snapshot_taken", self.modules.lookup(root), None, payload)
+            self.ctx.emit("snapshot_taken", self.ctx.modules.lookup(root), None, payload)
 
     def _snapshot_room(self) -> dict[str, Any] | None:
         """Make room for one more snapshot's host copies; say how far behind the writer was.
@@ -92,8 +108,8 @@ class RootTracking(RecorderBase):
         while len(pending) > SNAPSHOT_BACKLOG:
             if pending[0].done.wait(0.5):
                 pending.pop(0)
-            elif self.failure() is not None or not (
-                self.buffer.has_consumer and self.buffer.consumer_alive()
+            elif self.ctx.failure() is not None or not (
+                self.ctx.buffer.has_consumer and self.ctx.buffer.consumer_alive()
             ):
                 break
         waited = time.perf_counter() - began if behind > SNAPSHOT_BACKLOG else 0.0
@@ -102,14 +118,14 @@ class RootTracking(RecorderBase):
 
     def track_owners(self, params: list[torch.Tensor]) -> None:
         """Track the root modules that own these parameters (per the recorded structure)."""
-        wanted = {self.tensors.lookup(p) for p in params} - {None}
+        wanted = {self.ctx.tensors.lookup(p) for p in params} - {None}
         if not wanted:
             return
-        state = self.state
+        state = self.ctx.state
         for root_id in state.roots():
             node_ids = [m for _, m in state.named_modules(root_id)]
             owns = any(t in wanted for m in node_ids for t in state.modules[m].parameters.values())
-            root = self.modules.object(root_id) if owns else None
+            root = self.ctx.modules.object(root_id) if owns else None
             if root is not None:
                 self.track_root(root)
 
@@ -123,7 +139,7 @@ class RootTracking(RecorderBase):
         if root in self._roots:
             return
         self._roots.add(root)
-        module_id = self.modules.lookup(root)
+        module_id = self.ctx.modules.lookup(root)
         finalizer = weakref.finalize(
             root,
             self._on_root_released,
@@ -144,18 +160,18 @@ class RootTracking(RecorderBase):
     def _on_root_released(
         self, module_id: int | None, params: Any, buffers: Any, children: Any
     ) -> None:
-        if not self.policy.snapshot_final or self._finished:
+        if not self.ctx.policy.snapshot_final or self._finished:
             return
         try:
             items = self._released_items(module_id, params, buffers, children)
-            self.emit(
+            self.ctx.emit(
                 "snapshot_taken",
                 module_id,
                 None,
                 {"trigger": "released", "tag": None, "snapshot": SnapshotItems(items)},
             )
         except Exception as exc:
-            self.fault("root_released_snapshot", exc)
+            self.ctx.fault("root_released_snapshot", exc)
 
     def _snapshot_items(
         self,
@@ -170,7 +186,7 @@ class RootTracking(RecorderBase):
             for module, member, name, tensor in members:
                 if is_uninitialized(tensor):
                     continue  # a lazy placeholder has no values yet
-                tensor_id = self.tensors.get(tensor, module, member, name)[0]
+                tensor_id = self.ctx.tensors.get(tensor, module, member, name)[0]
                 if tensor_id in seen:
                     continue
                 seen.add(tensor_id)
@@ -183,7 +199,7 @@ class RootTracking(RecorderBase):
         """The last values of a root that died: its own members by name (the record
         says which id is at each of the root's places; the root itself, their
         holder, is gone), its children's as usual (the member dicts keep them)."""
-        node = None if module_id is None else self.state.modules.get(module_id)
+        node = None if module_id is None else self.ctx.state.modules.get(module_id)
         items: list[tuple[int, HostCopy]] = []
         seen: set[int] = set()
         with torch.no_grad():
@@ -195,8 +211,8 @@ class RootTracking(RecorderBase):
                     if tensor is None:
                         continue
                     tensor_id = known.get(name)
-                    if tensor_id is None or self.tensors.address(tensor_id) != id(tensor):
-                        tensor_id = self.tensors.get(tensor)[0]  # never recorded at this place
+                    if tensor_id is None or self.ctx.tensors.address(tensor_id) != id(tensor):
+                        tensor_id = self.ctx.tensors.get(tensor)[0]  # never recorded at this place
                     if tensor_id not in seen:
                         seen.add(tensor_id)
                         items.append((tensor_id, HostCopy(tensor)))
@@ -208,8 +224,22 @@ class RootTracking(RecorderBase):
                             items.append((tensor_id, copy))
         return items
 
-    def check(self, roots: list[torch.nn.Module] | None, where: str) -> None:
-        """Run a structural check over ``roots`` (default: every live root)."""
-        self.check_structure(
-            self.live_roots() if roots is None else [unwrap_model(r) for r in roots], where
-        )
+    def finish(self) -> None:
+        """Run end, after the final snapshot: no more snapshots to copy into the host
+        buffers, none for a root released from now on, and the member dicts let go."""
+        self.host_buffers.close()
+        self._finished = True
+        self.release_roots()
+
+
+def module_members(
+    root: torch.nn.Module,
+) -> Iterator[tuple[torch.nn.Module, str, str, torch.Tensor]]:
+    """Every parameter and buffer under ``root`` with its place: ``(module, member, name, tensor)``."""
+    for module in root.modules():
+        for name, param in parameters_of(module).items():
+            if param is not None:
+                yield module, "parameter", name, param
+        for name, buf in buffers_of(module).items():
+            if buf is not None:
+                yield module, "buffer", name, buf

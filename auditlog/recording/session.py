@@ -70,12 +70,16 @@ def current() -> Recording | None:
 
 
 class _NullRecorder:
-    """Stands in for the recorder when recording was disabled by a store failure."""
+    """Stands in for the recorder when recording was disabled by a store failure: every
+    part of it is this stand-in again, every call does nothing, and the step is 0."""
 
     step = 0
 
     def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: None
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
 
 
 class Recording(contextlib.ContextDecorator):
@@ -204,12 +208,11 @@ class Recording(contextlib.ContextDecorator):
             )
             recorder = Recorder(buffer, self.policy)
             if self.policy.durability != "fast":
-                recorder.step_barrier = (
-                    writer.flush
-                )  # the step's events are committed before training goes on
-            recorder.failure = lambda: writer.failure
+                # the step's events are committed before training goes on
+                recorder.ctx.step_barrier = writer.flush
+            recorder.ctx.failure = lambda: writer.failure
             code_path = self.code_path or Path(os.getcwd())
-            recorder.emit(
+            recorder.ctx.emit(
                 "run_started",
                 payload=RunStartedPayload(static, code_path.absolute(), store.location.directory),
             )
@@ -247,7 +250,7 @@ class Recording(contextlib.ContextDecorator):
             outer.name = self.name
             with contextlib.suppress(AuditlogError):  # a store failure is the writer's to report
                 outer.store.rename_run(outer.run_id or "", self.name)
-            outer.recorder.emit(
+            outer.recorder.ctx.emit(
                 "annotation", payload={"key": "auditlog.record", "fields": {"name": self.name}}
             )
             notes.append(f"named {self.name!r}")
@@ -280,12 +283,15 @@ class Recording(contextlib.ContextDecorator):
             try:
                 recorder.finish()
             except Exception as fault:
-                recorder.fault("run_end_seal", fault)
+                recorder.ctx.fault("run_end_seal", fault)
             ending = _outcome(exc)
             ending.update(
-                steps=recorder.step, seeds=seeds(), dropped=writer.dropped, energy=energy_counters()
+                steps=recorder.ctx.step,
+                seeds=seeds(),
+                dropped=writer.dropped,
+                energy=energy_counters(),
             )
-            recorder.emit("run_ended", payload=ending)
+            recorder.ctx.emit("run_ended", payload=ending)
             writer.close()
             writer.sign_final()
         finally:
@@ -336,7 +342,7 @@ class Recording(contextlib.ContextDecorator):
             raise AuditlogError(
                 f"annotation {key!r}: fields must be JSON-encodable ({exc})"
             ) from exc
-        recorder.emit("annotation", payload={"key": key, "fields": fields})
+        recorder.ctx.emit("annotation", payload={"key": key, "fields": fields})
 
     def log(self, step: int | None = None, **metrics: Any) -> None:
         """Record scalar metrics (an evaluation accuracy, a loss computed by a function).
@@ -348,31 +354,31 @@ class Recording(contextlib.ContextDecorator):
         optimizer step count now).
         """
         recorder = self._require()
-        recorder.log_metrics(_checked_metrics(metrics, step), step)
+        recorder.metrics.log_metrics(_checked_metrics(metrics, step), step)
 
     def seal(self, model: torch.nn.Module) -> None:
         """Declare ``model`` fully constructed now: record its initial values."""
-        self._require().seal(model, "explicit")
+        self._require().construction.seal(model, "explicit")
 
     def snapshot(self, model: torch.nn.Module, tag: str | None = None) -> None:
         """Snapshot every parameter and buffer of ``model`` now (values as of this call)."""
         recorder = self._require()
-        recorder.check([model], "snapshot")
-        recorder.snapshot([model], "explicit", tag=tag)
+        recorder.structure.check([model], "snapshot")
+        recorder.roots.snapshot([model], "explicit", tag=tag)
 
     def flush(self, timeout: float | None = 60.0) -> bool:
         """Wait until everything recorded so far is in the store."""
         recorder = self._require()
         if self.writer is None:
             return False
-        recorder.settle()  # registrations the hooks deferred (capture/registrations.py)
+        recorder.ctx.settle()  # registrations the hooks deferred (capture/registrations.py)
         recorder.data.flush()  # batches the data watch holds (capture/data.py)
         return self.writer.flush(timeout)
 
     @property
     def step(self) -> int:
         """Optimizer steps completed so far in this run."""
-        return self._require().step
+        return self._require().ctx.step
 
     def _require(self) -> Recorder:
         if self.disabled is not None:
@@ -398,7 +404,7 @@ def log(step: int | None = None, **metrics: Any) -> None:
     checked = _checked_metrics(metrics, step)
     active = current()
     if active is not None and not active._ended:
-        active._require().log_metrics(checked, step)
+        active._require().metrics.log_metrics(checked, step)
 
 
 def _checked_metrics(metrics: dict[str, Any], step: int | None) -> dict[str, Any]:

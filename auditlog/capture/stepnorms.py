@@ -1,0 +1,298 @@
+"""What optimizer steps record of their parameters: ids, and norms through cached plans.
+
+The optimizer's hooks (``optimizer.py``) ask this part for each step's numbers.
+Per optimizer it keeps the tensor ids of its parameters, packed once
+(``core.packed.pack_ints``), and the plans that compute per-parameter norms in a
+few ops (``norms.py``): gradient norms, parameter norms, the copy before the
+step and the update norms after it.
+
+It also measures the *raw* gradient norms: the gradients as the last
+``backward()`` left them (``backward.py`` calls ``backward_finished``), before any
+clipping or unscaling. The step then uses them as the norms of the gradients
+the update consumed when no gradient was replaced or changed in place since
+(``grad_fingerprint``); otherwise it measures again, and both are recorded.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import NamedTuple
+
+import torch
+
+from auditlog.capture.construction import ConstructionHooks
+from auditlog.capture.context import RecordingContext
+from auditlog.capture.norms import NormPlan, PlanCache, norms_of
+from auditlog.capture.payloads import StackedNorms
+from auditlog.capture.roots import RootTracking
+from auditlog.capture.torch_compat import local_view, tensor_version
+from auditlog.core.chain import Clean
+from auditlog.core.packed import pack_ints
+
+
+class StepNorms:
+    """Per optimizer: its parameters' ids and norm plans, and the gradients the last
+    backward left. The optimizer steps' part (``OptimizerHooks.norms``); it reads the
+    structure version (``construction``) and the live roots (``roots``)."""
+
+    def __init__(
+        self, ctx: RecordingContext, construction: ConstructionHooks, roots: RootTracking
+    ) -> None:
+        self.ctx = ctx
+        self.construction = construction
+        self.roots = roots
+        # the plan of each optimizer's parameters with its reusable buffers for the
+        # pre-step copy (norms.py; weakly keyed: gone with the optimizer); the ids of
+        # its parameters
+        self._param_plans = PlanCache(weak=True)
+        self._param_ids: dict[int, tuple[tuple[int, ...], Clean, list[Clean]]] = {}
+        # how to compute each optimizer's per-parameter norms in a few ops (norms.py);
+        # the optimizers whose parameters include DTensors (norms of local shards)
+        self._norm_plans = PlanCache()
+        self._sharded: set[int] = set()
+        # Optimizers seen stepping (weakly): the ones whose raw norms a backward takes.
+        # (id -> weak reference: a lookup per hook, where a WeakSet made a new reference
+        # with a callback at every add)
+        self._stepping: dict[int, weakref.ref[torch.optim.Optimizer]] = {}
+        # Per optimizer, the gradients the last backward left (``_Raw``), until its step.
+        self._raw: weakref.WeakKeyDictionary[torch.optim.Optimizer, _Raw] = (
+            weakref.WeakKeyDictionary()
+        )
+        # The same for trainable parameters of the roots that no optimizer seen so far
+        # holds (the first step of each optimizer), by parameter id.
+        self._unbound: _Unbound | None = None
+        self._all_bound: object = (
+            None  # the structure at which every trainable parameter had an optimizer
+        )
+
+    def forget_plan(self, optimizer: torch.optim.Optimizer) -> None:
+        """The plan of the optimizer's parameters no longer fits them (a shape or dtype
+        changed in place): the next use builds a new one."""
+        self._param_plans.forget(optimizer)
+
+    def forget_raw(self, optimizer: torch.optim.Optimizer) -> None:
+        """The step these raw norms were for was skipped: they are nobody's now."""
+        self._raw.pop(optimizer, None)
+
+    def backward_finished(self) -> None:
+        """An outermost ``backward()`` returned: measure the gradients it left (raw norms)."""
+        if not self.ctx.policy.grad_norms:
+            return
+        with torch.no_grad():
+            known = self._stepping_now()
+            covered: set[int] = set()
+            sizes = []
+            for optimizer in known:
+                params = [p for group in optimizer.param_groups for p in group["params"]]
+                if id(optimizer) not in self._param_ids:
+                    self.ids_of(optimizer, params)
+                self._raw[optimizer] = _Raw(
+                    self.grad_norms(optimizer, params), grad_fingerprint(params)
+                )
+                covered.update(map(id, params))
+                sizes.append(len(params))
+            # Looking for parameters no optimizer holds walks every root: only until none
+            # is left, and again once the structure or the optimizers change.
+            structure = (self.construction.registrations, tuple(map(id, known)), tuple(sizes))
+            if structure == self._all_bound:
+                self._unbound = None
+                return
+            self._unbound = self._measure_unbound(covered)
+            self._all_bound = structure if self._unbound is None and known else None
+
+    def note_stepping(self, optimizer: torch.optim.Optimizer) -> None:
+        ref = self._stepping.get(id(optimizer))
+        if ref is None or ref() is not optimizer:  # new, or a dead one's id reused
+            self._stepping[id(optimizer)] = weakref.ref(optimizer)
+
+    def _stepping_now(self) -> list[torch.optim.Optimizer]:
+        """The optimizers seen stepping that are alive, in the order first seen."""
+        known = []
+        dead = []
+        for key, ref in self._stepping.items():
+            optimizer = ref()
+            if optimizer is None:
+                dead.append(key)
+            else:
+                known.append(optimizer)
+        for key in dead:
+            del self._stepping[key]
+        return known
+
+    def _measure_unbound(self, covered: set[int]) -> _Unbound | None:
+        """Raw norms of the roots' trainable parameters that no known optimizer holds."""
+        params: list[torch.Tensor] = []
+        seen = set(covered)
+        for root in self.roots.live_roots():
+            for p in root.parameters():
+                if (
+                    id(p) not in seen
+                    and p.requires_grad
+                    and p.grad is not None
+                    and p.grad.layout is _STRIDED
+                ):
+                    seen.add(id(p))
+                    params.append(p)
+        if not params:
+            return None
+        grads: list[torch.Tensor] = [local_view(p.grad) for p in params]  # type: ignore[arg-type]
+        norms = norms_of(grads)
+        assert norms is not None
+        return _Unbound(
+            norms,
+            {id(p): i for i, p in enumerate(params)},
+            dict(zip(map(id, params), grad_fingerprint(params), strict=True)),
+        )
+
+    def _raw_of(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> _Raw | None:
+        """What the last backward left for this optimizer's parameters, or None (no backward
+        since its last step: gradients set by other means, or a new optimizer's parameters
+        the roots do not hold)."""
+        raw = self._raw.pop(optimizer, None)
+        if raw is not None:
+            return raw if raw.norms.size == len(params) else None
+        unbound = self._unbound
+        if unbound is None or not params:
+            return None
+        index = unbound.positions
+        positions = [index.get(id(p)) for p in params]
+        present = [i for i, pos in enumerate(positions) if pos is not None]
+        if not present:
+            return None
+        picked = torch.tensor(
+            [positions[i] for i in present], dtype=torch.long, device=unbound.norms.device
+        )
+        fingerprint = tuple(unbound.fingerprint.get(id(p)) for p in params)
+        norms = StackedNorms(
+            unbound.norms[picked], len(params), None if len(present) == len(params) else present
+        )
+        return _Raw(norms, fingerprint)
+
+    def used_grad_norms(
+        self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
+    ) -> Grads:
+        """The norms of the gradients the update consumes now, and the raw ones beside them."""
+        raw = self._raw_of(optimizer, params)
+        scale = getattr(
+            optimizer, "grad_scale", None
+        )  # set by GradScaler.step for fused optimizers
+        modified: bool | None
+        if raw is not None and grad_fingerprint(params) == raw.fingerprint:
+            used, modified = raw.norms, False
+        else:
+            used, modified = self.grad_norms(optimizer, params), (None if raw is None else True)
+        if isinstance(scale, torch.Tensor) and used.norms is not None:
+            with torch.no_grad():
+                unscaled = used.norms / scale.detach().to(used.norms.device, torch.float32)
+            used, modified = StackedNorms(unscaled, used.size, used.present), True
+        return Grads(used, raw.norms if raw is not None and modified else None, modified)
+
+    def param_plan(
+        self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
+    ) -> tuple[NormPlan, list[torch.Tensor]]:
+        """The plan of the optimizer's parameters (norms, copies, differences) and the
+        tensors it works on: the parameters themselves, or each DTensor's local shard."""
+        key = id(optimizer)
+        tensors = [local_view(p.detach()) for p in params] if key in self._sharded else params
+        return self._param_plans.plan(optimizer, self._param_ids[key][0], tensors), tensors
+
+    def grad_norms(
+        self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
+    ) -> StackedNorms:
+        """The norms of the parameters' gradients (absent ones marked), plan cached.
+
+        Read straight from the parameters through their plan when every gradient
+        is present and strided (``NormPlan.grad_norms``); otherwise the gradients
+        present get a plan of their own."""
+        key = id(optimizer)
+        identity = self._param_ids[key][0]  # set by ids_of (the pre hook calls it first)
+        with torch.no_grad():
+            if key not in self._sharded:
+                try:
+                    norms = self.param_plan(optimizer, params)[0].grad_norms(params)
+                except (
+                    RuntimeError
+                ):  # the plan no longer fits (a shape changed in place), or mixed layouts
+                    self._param_plans.forget(optimizer)
+                    norms = None
+                if norms is not None:
+                    return StackedNorms(norms, len(params))
+            grads = [p.grad for p in params]
+            present: list[int] | None = None
+            if not all(g is not None and g.layout is _STRIDED for g in grads):
+                present = [i for i, g in enumerate(grads) if g is not None and g.layout is _STRIDED]
+                grads = [grads[i] for i in present]
+                plan_key: object = (key, "grad", tuple(present))
+            else:
+                plan_key = (key, "grad")
+            if key in self._sharded:
+                grads = [local_view(g) for g in grads]  # type: ignore[arg-type]
+            return StackedNorms(
+                self._norm_plans.norms(plan_key, identity, grads),  # type: ignore[arg-type]
+                len(params),
+                present,
+            )
+
+    def ids_of(
+        self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
+    ) -> tuple[Clean, list[Clean]]:
+        """Tensor ids of the optimizer's parameters, in order and per group, packed
+        (``core.packed.pack_ints``) and cached: a step then costs nothing for them.
+
+        The cache key is the identity of every parameter object: the optimizer
+        holds them alive, so an unchanged key means unchanged objects.
+        """
+        key = tuple(map(id, params)) + tuple(len(g["params"]) for g in optimizer.param_groups)
+        cached = self._param_ids.get(id(optimizer))
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        ids = self.ctx.tensors
+        ids.note_optimizer(optimizer, params)  # a tensor no module holds is known by its optimizer
+        tensor_ids = Clean(pack_ints([ids.get(p, optimizer)[0] for p in params]))
+        group_ids = [
+            Clean(pack_ints([ids.get(p, optimizer)[0] for p in group["params"]]))
+            for group in optimizer.param_groups
+        ]
+        self._param_ids[id(optimizer)] = (key, tensor_ids, group_ids)
+        if any(local_view(p) is not p for p in params):
+            self._sharded.add(id(optimizer))
+        else:
+            self._sharded.discard(id(optimizer))
+        return tensor_ids, group_ids
+
+
+_STRIDED = torch.strided
+
+
+class _Raw(NamedTuple):
+    """The gradients one backward left for one optimizer: their norms, and which gradient
+    objects at which in-place versions they were (``grad_fingerprint``)."""
+
+    norms: StackedNorms
+    fingerprint: tuple[tuple[int, int] | None, ...]
+
+
+class _Unbound(NamedTuple):
+    """Raw norms of parameters no optimizer seen so far holds, by ``id`` of the parameter."""
+
+    norms: torch.Tensor
+    positions: dict[int, int]  # id of the parameter -> its row of ``norms``
+    fingerprint: dict[int, tuple[int, int] | None]
+
+
+class Grads(NamedTuple):
+    """A step's gradient norms: ``used`` (what the update consumed), ``raw`` (what the last
+    backward left, only when it differs), ``modified`` (changed between the two: True;
+    unchanged: False; no backward seen since the last step: None)."""
+
+    used: StackedNorms
+    raw: StackedNorms | None
+    modified: bool | None
+
+
+def grad_fingerprint(params: list[torch.Tensor]) -> tuple[tuple[int, int] | None, ...]:
+    """Which gradient object each parameter holds and its in-place version counter: equal
+    fingerprints mean no gradient was replaced or changed in place since
+    (``clip_grad_norm_``, ``GradScaler.unscale_``, ``p.grad.mul_`` all bump the counter;
+    a change through ``.data`` has its own counter and is not seen)."""
+    return tuple(None if (g := p.grad) is None else (id(g), tensor_version(g)) for p in params)
