@@ -270,6 +270,33 @@ def write_schema(dtype: str, shape: list[int]) -> pa.Schema:
     return pa.schema([pa.field(name, kind, nullable=False)], metadata=metadata)
 
 
+@dataclass(frozen=True)
+class Opened:
+    """A snapshot file as ``open_snapshot`` found it: a checked descriptor, and its bytes
+    when it is small (``WHOLE_FILE_BYTES``)."""
+
+    relpath: str
+    fd: int
+    size: int
+    data: bytes | None
+
+
+def open_snapshot(root: Path | str, sha256: str) -> Opened:
+    """Open the file named by the content hash ``sha256`` the one way (``blobpaths``: the
+    hash checked before it becomes a path, a regular file opened without blocking or
+    following a link) and read it whole when it is at most ``WHOLE_FILE_BYTES``
+    (then ``size`` is the length of what was read). ``SnapshotError`` otherwise."""
+    shown = relpath(sha256)  # a hash that is not one names no file (blobpaths)
+    fd = open_regular(os.path.join(root, shown), shown)
+    try:
+        size = os.fstat(fd).st_size
+        data = read_at(fd, 0, size) if size <= WHOLE_FILE_BYTES else None
+    except OSError as exc:
+        os.close(fd)
+        raise SnapshotError(f"snapshot file {shown!r} is unreadable: {exc}") from exc
+    return Opened(shown, fd, size if data is None else len(data), data)
+
+
 class SnapshotFile:
     """An open snapshot file: its facts (from the file alone, no catalog) and its bytes.
 
@@ -278,20 +305,23 @@ class SnapshotFile:
     content hashed to its name (``verify_file``, ``SnapshotStore.read_verified``).
     """
 
-    def __init__(self, root: Path, sha256: str) -> None:
+    def __init__(self, root: Path | str, sha256: str, opened: Opened | None = None) -> None:
+        """Open the file named ``sha256`` under ``root`` (``open_snapshot``), or take over
+        ``opened`` (its descriptor is this file's from then on, closed by ``close``)."""
+        if opened is None:
+            opened = open_snapshot(root, sha256)
         self.sha256 = sha256
-        self.relpath = relpath(sha256)  # a hash that is not one names no file (blobpaths)
-        self.path = root / self.relpath
-        # The file's bytes when it is small enough to be read whole (WHOLE_FILE_BYTES).
-        self.data: bytes | None = None
+        self.relpath = opened.relpath
+        # The file's bytes when it is small enough to be read whole (WHOLE_FILE_BYTES):
+        # everything below is about exactly these bytes.
+        self.data: bytes | None = opened.data
         # The descriptor opened (and checked a regular file) once: every later read,
         # pyarrow's included, goes through it, never through the path again.
-        self.fd = open_regular(self.path, self.relpath)
+        self.fd = opened.fd
+        self.size = opened.size
         self._handle: Any = None
         try:
-            self.size = os.fstat(self.fd).st_size
-            if self.size <= WHOLE_FILE_BYTES:
-                self.data = read_at(self.fd, 0, self.size)
+            if self.data is not None:
                 self._handle = pa.BufferReader(self.data)
             else:
                 self._handle = pa.PythonFile(

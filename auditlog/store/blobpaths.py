@@ -88,7 +88,7 @@ def kind_of(mode: int) -> str:
     return "not a regular file"
 
 
-def open_regular(path: Path, shown: str) -> int:
+def open_regular(path: str | os.PathLike[str], shown: str) -> int:
     """A read-only descriptor of ``path`` if it is a regular file, else ``SnapshotError``.
 
     Never blocks and never follows a final symbolic link (module docstring).
