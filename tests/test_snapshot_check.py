@@ -161,7 +161,7 @@ def test_the_same_bytes_put_back_are_intact_again(store: Path) -> None:
 def test_every_small_file_is_read_and_hashed_again_each_time(store: Path) -> None:
     """The second verdict opens every file: a file deleted after the first is missing."""
     record(store)
-    sha, path = file_of(store, "0.bias")
+    _, path = file_of(store, "0.bias")
     assert findings(store) == []
     path.unlink()
     (found,) = findings(store)

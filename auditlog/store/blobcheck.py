@@ -41,10 +41,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 
@@ -56,6 +58,7 @@ from auditlog.store.blobformat import (
     SnapshotFile,
     check_size,
     open_snapshot,
+    relpath,
     value_spans,
 )
 from auditlog.store.blobpaths import fd_digest, read_at
@@ -126,34 +129,60 @@ def stored_digest(found: SnapshotFile) -> str:
 
 
 PROVEN_LIMIT = 200_000
-"""Files remembered as proven (``Proven``): ~300 bytes each, so at most ~60 MB."""
+"""Files remembered as proven (``Proven``): ~350 bytes each, so at most ~70 MB."""
 
 
 class Proven:
     """The facts of files that passed ``verify_file`` in this process, by ``(content hash,
     SHA-256 of every byte of the file)`` (module docstring: why that is the check's answer
-    for those bytes). ``hits`` and ``misses`` count lookups (tests and benchmarks read them)."""
+    for those bytes). ``hits`` and ``misses`` count lookups (tests and benchmarks read them).
+
+    Kept compact: the key is the two digests' 64 bytes; the file's place follows from its
+    name, and a whole-file catalog digest from the bytes' digest."""
 
     def __init__(self, limit: int = PROVEN_LIMIT) -> None:
         self.limit = limit
-        self._facts: dict[tuple[str, bytes], BlobInfo] = {}
+        self._facts: dict[bytes, tuple[Any, ...]] = {}
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
     def recall(self, sha256: str, whole: bytes) -> BlobInfo | None:
-        found = self._facts.get((sha256, whole))
+        """What the check found for these bytes under this name (a content hash), or None."""
+        found = self._facts.get(bytes.fromhex(sha256) + whole)
         if found is None:
             self.misses += 1
             return None
         self.hits += 1
-        return _copy(found)
+        dtype, shape, numel, nbytes, layout, row_groups, digest = found
+        return BlobInfo(
+            sha256,
+            relpath(sha256),
+            dtype,
+            list(shape),
+            numel,
+            nbytes,
+            layout,
+            row_groups,
+            whole.hex() if digest is None else digest,
+        )
 
     def remember(self, sha256: str, whole: bytes, info: BlobInfo) -> None:
+        """``info`` is what the check found for the bytes whose SHA-256 is ``whole``."""
+        facts = (
+            sys.intern(info.dtype),
+            tuple(info.shape),
+            info.numel,
+            info.nbytes,
+            sys.intern(info.layout),
+            info.row_groups,
+            None if info.file_sha256 == whole.hex() else info.file_sha256,
+        )
+        assert info.sha256 == sha256 and info.file == relpath(sha256)
         with self._lock:
             while len(self._facts) >= self.limit:  # the oldest first
                 del self._facts[next(iter(self._facts))]
-            self._facts[(sha256, whole)] = _copy(info)
+            self._facts[bytes.fromhex(sha256) + whole] = facts
 
     def clear(self) -> None:
         with self._lock:
@@ -165,21 +194,6 @@ class Proven:
 
 
 PROVEN = Proven()
-
-
-def _copy(info: BlobInfo) -> BlobInfo:
-    """``info`` with a shape list of its own (a caller may change it; the one kept stays)."""
-    return BlobInfo(
-        info.sha256,
-        info.file,
-        info.dtype,
-        list(info.shape),
-        info.numel,
-        info.nbytes,
-        info.layout,
-        info.row_groups,
-        info.file_sha256,
-    )
 
 
 def verify_file(root: Path | str, sha256: str) -> BlobInfo:

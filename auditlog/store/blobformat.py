@@ -11,8 +11,8 @@ its version where it is v2: ``hashing.TREE_KEY``).
 
 Everything here works on dtype *names* with pyarrow and numpy only: ``auditlog
 verify`` and the read model check a file's content hash by decoding its bytes
-(``SnapshotFile.pieces``) and hashing them (``blobcheck.verify_file``), and never import
-torch. ``auditlog.store.blobs`` builds tensors from the same bytes
+(``SnapshotFile.pieces``) and hashing them (``SnapshotStore.verify``, the one entry
+point), and never import torch. ``auditlog.store.blobs`` builds tensors from the same bytes
 (``SnapshotFile.read_into``).
 
 Encoding (``codec_for``), chosen by measurement (``benchmarks/compression.py``,
