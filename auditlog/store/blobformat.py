@@ -44,12 +44,16 @@ import pyarrow.parquet as pq
 
 from auditlog.core.cpus import hash_threads
 from auditlog.core.hashing import TREE, TREE_KEY, Hasher, content_hasher
+
+# SnapshotError, its reasons, relpath and opening a file (open_snapshot) live in blobpaths;
+# most readers import them from here.
+from auditlog.store.blobpaths import WHOLE_FILE_BYTES as WHOLE_FILE_BYTES
+from auditlog.store.blobpaths import Opened as Opened
 from auditlog.store.blobpaths import SnapshotError as SnapshotError
 from auditlog.store.blobpaths import check_size as check_size
 from auditlog.store.blobpaths import file_digest as file_digest
-
-# SnapshotError, its reasons and relpath live in blobpaths; most readers import them from here.
-from auditlog.store.blobpaths import open_regular, read_ahead, read_at
+from auditlog.store.blobpaths import open_snapshot as open_snapshot
+from auditlog.store.blobpaths import read_ahead
 from auditlog.store.blobpaths import reason as reason
 from auditlog.store.blobpaths import relpath as relpath
 from auditlog.store.blobshape import check_extent, element_count, parse_shape
@@ -117,12 +121,6 @@ NATIVE: dict[str, tuple[Any, pa.DataType]] = {
     "bool": (np.bool_, pa.bool_()),
 }
 
-# A file at most this long is read into memory in one call and parsed from there:
-# one open and one read instead of pyarrow's several, and the digest of all its
-# bytes taken from the same buffer (no second read, no thread). Models of many
-# small tensors (5,000 files for 2,500 Linear layers) spend their time on
-# per-file overhead, not bytes.
-WHOLE_FILE_BYTES = 4 * 1024 * 1024
 
 # A file whose key-value metadata holds ``FILE_DIGEST_KEY: FRAMING`` has the framing
 # digest as its catalog ``file_sha256`` (``blobcheck.framing_digest``: every byte
@@ -268,33 +266,6 @@ def write_schema(dtype: str, shape: list[int]) -> pa.Schema:
     ((name, kind),) = expected_schema(dtype)
     metadata = {b"auditlog.dtype": dtype.encode(), b"auditlog.shape": json.dumps(shape).encode()}
     return pa.schema([pa.field(name, kind, nullable=False)], metadata=metadata)
-
-
-@dataclass(frozen=True)
-class Opened:
-    """A snapshot file as ``open_snapshot`` found it: a checked descriptor, and its bytes
-    when it is small (``WHOLE_FILE_BYTES``)."""
-
-    relpath: str
-    fd: int
-    size: int
-    data: bytes | None
-
-
-def open_snapshot(root: Path | str, sha256: str) -> Opened:
-    """Open the file named by the content hash ``sha256`` the one way (``blobpaths``: the
-    hash checked before it becomes a path, a regular file opened without blocking or
-    following a link) and read it whole when it is at most ``WHOLE_FILE_BYTES``
-    (then ``size`` is the length of what was read). ``SnapshotError`` otherwise."""
-    shown = relpath(sha256)  # a hash that is not one names no file (blobpaths)
-    fd = open_regular(os.path.join(root, shown), shown)
-    try:
-        size = os.fstat(fd).st_size
-        data = read_at(fd, 0, size) if size <= WHOLE_FILE_BYTES else None
-    except OSError as exc:
-        os.close(fd)
-        raise SnapshotError(f"snapshot file {shown!r} is unreadable: {exc}") from exc
-    return Opened(shown, fd, size if data is None else len(data), data)
 
 
 class SnapshotFile:
