@@ -16,20 +16,8 @@ Reported, each measured in this one process, side by side:
   middle to the end: hashes, JSON bytes, and time to make (``auditlog prove``
   reads the stream once) and to check (no store).
 
-Then snapshot files, through the one entry point every reader uses
-(``SnapshotStore.check``: name, regular file, schema, content hash, catalog row):
-``--files`` small files (default 5,000 float32 [8, 8] tensors, the files of the
-5,000-module model) and ``--large-mib`` MiB of large ones (default 256, in
-64 MiB tensors), each checked twice in this process: the first time every file
-is decoded and hashed; the second, a small file whose bytes passed before is
-read and hashed again and recalled (``blobcheck.PROVEN``), a large one checked
-in full again. Reported in files/s and MB/s. Run with another checkout's
-Python (``cd ../main && .venv/bin/python PATH/benchmarks/verify.py``) to
-measure that code: the script uses only what both have.
-
     python benchmarks/verify.py                    # 1M events: minutes on 2 cores
     python benchmarks/verify.py --events 20000     # quick look
-    python benchmarks/verify.py --events 0         # snapshot files only
 
 Target (issue 16): ``verify`` of a 1M-event run at >= 300,000 events/s.
 
@@ -40,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -128,84 +115,11 @@ def _rate(n: int, seconds: float) -> str:
     return f"{n / seconds:,.0f} events/s ({seconds:.2f} s)"
 
 
-def snapshot_files(count: int, large_mib: int) -> None:
-    """Throughput of ``SnapshotStore.check`` on ``count`` small files and ``large_mib`` MiB
-    of large ones, checked twice in this process (module docstring)."""
-    import torch
-
-    from auditlog.store import blobcheck
-    from auditlog.store.blobcatalog import KnownContents
-    from auditlog.store.blobs import SnapshotStore
-    from auditlog.store.blobwriter import BlobWriter
-
-    def forget() -> None:  # nothing proven yet, as in a new process (code without it: no-op)
-        proven = getattr(blobcheck, "PROVEN", None)
-        if proven is not None:
-            proven.clear()
-
-    def check(rows: list[dict[str, object]]) -> float:
-        t0 = time.perf_counter()
-        for row in rows:
-            assert files.check(str(row["sha256"]), row) == []
-        return time.perf_counter() - t0
-
-    generator = torch.Generator().manual_seed(0)
-    with tempfile.TemporaryDirectory(prefix="auditlog-verify-files-") as tmp:
-        files = SnapshotStore(Path(tmp) / "snapshots")
-        with BlobWriter(files) as writer:
-            small = [
-                (i, torch.randn(8, 8, generator=generator)) for i in range(count)
-            ]  # one store() per 500, as a recording stores a snapshot's tensors together
-            written = [
-                info
-                for start in range(0, len(small), 500)
-                for _, info in writer.store(small[start : start + 500], KnownContents())
-            ]
-            large = [
-                (i, torch.randn(16 * 1024 * 1024, generator=generator))
-                for i in range(max(0, large_mib // 64))
-            ]
-            big = [info for item in large for _, info in writer.store([item], KnownContents())]
-        small_rows = [info.as_row() for info in written if info is not None]
-        large_rows = [info.as_row() for info in big if info is not None]
-        forget()
-        first = check(small_rows)
-        again = statistics.median(check(small_rows) for _ in range(3))
-        print(
-            f"snapshot files, small ({len(small_rows):,} x float32 [8, 8], "
-            f"{sum(int(str(r['numel'])) for r in small_rows) * 4 / len(small_rows):.0f} B of values each):"
-        )
-        print(
-            f"  first check in this process: {len(small_rows) / first:,.0f} files/s ({first:.2f} s)"
-        )
-        print(
-            f"  checked again:               {len(small_rows) / again:,.0f} files/s ({again:.2f} s)"
-        )
-        if large_rows:
-            megabytes = sum(int(str(r["nbytes"])) for r in large_rows) / 1e6
-            took = statistics.median(check(large_rows) for _ in range(3))
-            print(
-                f"snapshot files, large ({len(large_rows)} x 64 MiB of float32), checked in full "
-                f"each time: {megabytes / took:,.0f} MB/s ({took:.2f} s, median of 3)"
-            )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", type=int, default=1_000_000, help="0: snapshot files only")
-    parser.add_argument("--files", type=int, default=5000, help="small snapshot files (0: none)")
-    parser.add_argument("--large-mib", type=int, default=256, help="MiB of large snapshot files")
+    parser.add_argument("--events", type=int, default=1_000_000)
     args = parser.parse_args()
-    if args.events:
-        chain(args.events)
-    if args.files or args.large_mib:
-        snapshot_files(args.files, args.large_mib)
-    print("(figures from a loaded machine need a quiet rerun)")
-
-
-def chain(events: int) -> None:
-    """The chain, the tree, signed heads and proofs of one long run (module docstring)."""
-    n = max(4, events)
+    n = max(4, args.events)
     key = Ed25519PrivateKey.generate()
     ring = KeyRing([key.public_key()])
     with tempfile.TemporaryDirectory(prefix="auditlog-verify-bench-") as tmp:
@@ -292,6 +206,7 @@ def chain(events: int) -> None:
         f"consistency proof {half:,} -> {n:,}: {len(consistency['proof'])} hashes, "
         f"{len(json.dumps(consistency))} bytes of JSON"
     )
+    print("(figures from a loaded machine need a quiet rerun)")
 
 
 if __name__ == "__main__":
