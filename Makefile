@@ -69,6 +69,7 @@ bench: venv
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/reads.py
 	$(BIN)/python benchmarks/verify.py
+	$(BIN)/python benchmarks/snapshot_check.py
 	$(BIN)/python benchmarks/replay.py
 	$(BIN)/python benchmarks/registrations.py
 	$(BIN)/python benchmarks/forensics.py

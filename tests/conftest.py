@@ -31,6 +31,11 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "XDG_CONFIG_HOME", str(tmp_path / ".config")
     )  # no user's signing key leaks in
     monkeypatch.chdir(tmp_path)
+    # Files proven in this process are forgotten between tests (each test's stores are
+    # its own; a test may patch the file layout's constants).
+    from auditlog.store.blobcheck import PROVEN
+
+    PROVEN.clear()
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ LINT = Path(sys.executable).with_name("lint-imports")
 def test_import_contracts_are_kept(tmp_path: Path) -> None:
     done = lint(stage(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "5 kept, 0 broken" in done.stdout
+    assert "6 kept, 0 broken" in done.stdout
 
 
 def _plant(path: Path, line: str) -> None:
@@ -43,6 +43,10 @@ def test_a_layer_violation_is_reported_as_what_it_is(tmp_path: Path) -> None:
     _plant(
         root / "auditlog" / "cli" / "runs_cmd.py", "from auditlog.store import eventstore"
     )  # past the read API
+    _plant(
+        root / "auditlog" / "read" / "restore.py",
+        "from auditlog.store.blobcheck import verify_file",
+    )  # a snapshot file checked past its one entry point (SnapshotStore)
     done = lint(root)
     assert done.returncode != 0
     assert "auditlog.core.values -> auditlog.store" in done.stdout
@@ -53,7 +57,9 @@ def test_a_layer_violation_is_reported_as_what_it_is(tmp_path: Path) -> None:
     assert "auditlog.cli.output -> duckdb" in done.stdout
     assert "The CLI reaches the store only through the read API BROKEN" in done.stdout
     assert "auditlog.cli.runs_cmd -> auditlog.store.eventstore" in done.stdout
-    assert "1 kept, 4 broken" in done.stdout  # the web UI contract: nothing planted
+    assert "checked through one entry point (store.blobs.SnapshotStore) BROKEN" in done.stdout
+    assert "auditlog.read.restore -> auditlog.store.blobcheck" in done.stdout
+    assert "1 kept, 5 broken" in done.stdout  # the web UI contract: nothing planted
 
 
 def test_the_staged_contracts_name_the_cli_as_installed() -> None:

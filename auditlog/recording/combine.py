@@ -38,7 +38,6 @@ from typing import Any
 from auditlog.core.errors import StoreError, UsageError
 from auditlog.integrity.keys import KeyRing
 from auditlog.integrity.verify import verify_run
-from auditlog.store.blobcheck import verify_file
 from auditlog.store.blobformat import SnapshotError
 from auditlog.store.blobpaths import copy_regular
 from auditlog.store.blobs import SnapshotStore, blob_from_row
@@ -221,10 +220,10 @@ def _copy_blobs(into: EventStore, source: EventStore, run_id: str, result: Shard
             partial = target.with_name(f".{target.name}.combine")
             partial.unlink(missing_ok=True)
             try:
-                verify_file(files_from.root, sha)  # the content hash, recomputed (no torch)
+                files_from.verify(sha)  # the content hash, recomputed (no torch)
                 copy_regular(
                     origin, files_from.relpath(sha), partial
-                )  # a regular file, as verify_file found it
+                )  # a regular file, as verify found it
             except SnapshotError as exc:
                 raise StoreError(
                     f"snapshot file snapshots/{files_from.relpath(sha)} is missing or damaged ({exc})"

@@ -18,26 +18,47 @@ A changed byte inside a value span changes the decoded values, so the content
 hash catches it; one outside changes the framing digest. That is why a framed
 file is only "unchanged" when both still hold (``unchanged``), where a file
 with a whole-file digest needs its digest alone.
+
+Readers do not call this module: ``auditlog.store.blobs.SnapshotStore`` is the one
+entry point for checking a snapshot file (docs/integrity.md, "Checking a snapshot
+file"), and an import contract keeps it so.
+
+**Files proven in this process** (``PROVEN``). ``verify_file`` of a file small
+enough to be read whole (``WHOLE_FILE_BYTES``: the files whose check costs its
+fixed overhead, not its bytes) first takes the SHA-256 of every byte it read.
+When that digest, under the same name, is one whose bytes passed this full check
+earlier in this process, the answer is the one given then: the check is a
+function of the name and the bytes alone (the file's kind is checked on every
+open), and two different byte strings with one SHA-256 are a SHA-256 collision.
+Any change of the file, between two requests of ``auditlog ui`` say, changes
+its digest, and the file is checked in full again. Nothing is kept on disk
+(a kept result would be as trustworthy as whatever guards the place it is
+kept), only passes are kept, and at most ``PROVEN_LIMIT`` of them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
+import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 
 from auditlog.core.cpus import hash_threads
+from auditlog.core.hashing import is_tree
 from auditlog.store.blobformat import (
     BlobInfo,
     SnapshotError,
     SnapshotFile,
     check_size,
+    open_snapshot,
+    relpath,
     value_spans,
 )
 from auditlog.store.blobpaths import fd_digest, read_at
@@ -107,7 +128,75 @@ def stored_digest(found: SnapshotFile) -> str:
     return _framing_of_fd(found.fd, spans)
 
 
-def verify_file(root: Path, sha256: str) -> BlobInfo:
+PROVEN_LIMIT = 200_000
+"""Files remembered as proven (``Proven``): ~350 bytes each, so at most ~70 MB."""
+
+
+class Proven:
+    """The facts of files that passed ``verify_file`` in this process, by ``(content hash,
+    SHA-256 of every byte of the file)`` (module docstring: why that is the check's answer
+    for those bytes). ``hits`` and ``misses`` count lookups (tests and benchmarks read them).
+
+    Kept compact: the key is the two digests' 64 bytes; the file's place follows from its
+    name, and a whole-file catalog digest from the bytes' digest."""
+
+    def __init__(self, limit: int = PROVEN_LIMIT) -> None:
+        self.limit = limit
+        self._facts: dict[bytes, tuple[Any, ...]] = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def recall(self, sha256: str, whole: bytes) -> BlobInfo | None:
+        """What the check found for these bytes under this name (a content hash), or None."""
+        found = self._facts.get(bytes.fromhex(sha256) + whole)
+        if found is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        dtype, shape, numel, nbytes, layout, row_groups, digest = found
+        return BlobInfo(
+            sha256,
+            relpath(sha256),
+            dtype,
+            list(shape),
+            numel,
+            nbytes,
+            layout,
+            row_groups,
+            whole.hex() if digest is None else digest,
+        )
+
+    def remember(self, sha256: str, whole: bytes, info: BlobInfo) -> None:
+        """``info`` is what the check found for the bytes whose SHA-256 is ``whole``."""
+        facts = (
+            sys.intern(info.dtype),
+            tuple(info.shape),
+            info.numel,
+            info.nbytes,
+            sys.intern(info.layout),
+            info.row_groups,
+            None if info.file_sha256 == whole.hex() else info.file_sha256,
+        )
+        assert info.sha256 == sha256 and info.file == relpath(sha256)
+        with self._lock:
+            while len(self._facts) >= self.limit:  # the oldest first
+                del self._facts[next(iter(self._facts))]
+            self._facts[bytes.fromhex(sha256) + whole] = facts
+
+    def clear(self) -> None:
+        with self._lock:
+            self._facts.clear()
+            self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._facts)
+
+
+PROVEN = Proven()
+
+
+def verify_file(root: Path | str, sha256: str) -> BlobInfo:
     """The facts of the file named by ``sha256`` once its content hashed to ``sha256``,
     with its catalog digest (``file_sha256``, ``stored_digest``).
 
@@ -116,23 +205,54 @@ def verify_file(root: Path, sha256: str) -> BlobInfo:
     digest is digested on another thread meanwhile. ``SnapshotError`` when the
     file is missing, unreadable, not exactly a snapshot's schema, the wrong size,
     or holds other content (its message then says ``does not match its name``).
+    A small file whose bytes passed this check before in this process is
+    answered from ``PROVEN`` after its bytes were read and hashed again.
     """
-    with SnapshotFile(root, sha256) as found:
-        if found.framed or found.data is not None:  # a few small reads, or bytes in hand: no thread
+    opened = open_snapshot(root, sha256)
+    whole: bytes | None = None
+    if opened.data is not None:
+        whole = hashlib.sha256(opened.data).digest()
+        known = PROVEN.recall(sha256, whole)
+        if known is not None:
+            os.close(opened.fd)
+            return known
+    with SnapshotFile(root, sha256, opened) as found:
+        if found.data is not None:  # bytes in hand: no thread
             _check_content(found)
-            return dataclasses.replace(found.info(), file_sha256=stored_digest(found))
+            digest = whole.hex() if whole is not None and not found.framed else stored_digest(found)
+            info = _with_digest(found.info(), digest)
+            if whole is not None:
+                PROVEN.remember(sha256, whole, info)
+            return info
+        if found.framed:  # a few small reads: no thread
+            _check_content(found)
+            return _with_digest(found.info(), stored_digest(found))
         with ThreadPoolExecutor(1, thread_name_prefix="auditlog-digest") as pool:
-            whole = pool.submit(
+            digesting = pool.submit(
                 fd_digest, found.fd
             )  # pread: pyarrow's reads meanwhile are not disturbed
             _check_content(found)
             try:
-                file_sha256 = whole.result()
+                file_sha256 = digesting.result()
             except OSError as exc:
                 raise SnapshotError(
                     f"snapshot file {found.relpath!r} is unreadable: {exc}"
                 ) from exc
-        return dataclasses.replace(found.info(), file_sha256=file_sha256)
+        return _with_digest(found.info(), file_sha256)
+
+
+def _with_digest(info: BlobInfo, file_sha256: str) -> BlobInfo:
+    return BlobInfo(
+        info.sha256,
+        info.file,
+        info.dtype,
+        info.shape,
+        info.numel,
+        info.nbytes,
+        info.layout,
+        info.row_groups,
+        file_sha256,
+    )
 
 
 def unchanged(root: Path, sha256: str, digest: str) -> bool:
@@ -161,7 +281,7 @@ def decoded_hash(found: SnapshotFile, keep: list[memoryview] | None) -> str:
     """The content hash of what ``found`` decodes to (its pieces appended to ``keep`` when
     given); ``SnapshotError`` for a file that cannot be decoded or is the wrong size."""
     # Decoded pieces stay alive while a leaf of theirs is queued (at most 16 leaves).
-    digest = found.hasher(hash_threads())
+    digest = found.hasher(hash_threads() if is_tree(found.nbytes, found.tree) else 1)
     stored = 0
     for piece in found.pieces():
         digest.update(piece)

@@ -11,8 +11,8 @@ its version where it is v2: ``hashing.TREE_KEY``).
 
 Everything here works on dtype *names* with pyarrow and numpy only: ``auditlog
 verify`` and the read model check a file's content hash by decoding its bytes
-(``SnapshotFile.pieces``) and hashing them (``blobcheck.verify_file``), and never import
-torch. ``auditlog.store.blobs`` builds tensors from the same bytes
+(``SnapshotFile.pieces``) and hashing them (``SnapshotStore.verify``, the one entry
+point), and never import torch. ``auditlog.store.blobs`` builds tensors from the same bytes
 (``SnapshotFile.read_into``).
 
 Encoding (``codec_for``), chosen by measurement (``benchmarks/compression.py``,
@@ -44,12 +44,16 @@ import pyarrow.parquet as pq
 
 from auditlog.core.cpus import hash_threads
 from auditlog.core.hashing import TREE, TREE_KEY, Hasher, content_hasher
+
+# SnapshotError, its reasons, relpath and opening a file (open_snapshot) live in blobpaths;
+# most readers import them from here.
+from auditlog.store.blobpaths import WHOLE_FILE_BYTES as WHOLE_FILE_BYTES
+from auditlog.store.blobpaths import Opened as Opened
 from auditlog.store.blobpaths import SnapshotError as SnapshotError
 from auditlog.store.blobpaths import check_size as check_size
 from auditlog.store.blobpaths import file_digest as file_digest
-
-# SnapshotError, its reasons and relpath live in blobpaths; most readers import them from here.
-from auditlog.store.blobpaths import open_regular, read_ahead, read_at
+from auditlog.store.blobpaths import open_snapshot as open_snapshot
+from auditlog.store.blobpaths import read_ahead
 from auditlog.store.blobpaths import reason as reason
 from auditlog.store.blobpaths import relpath as relpath
 from auditlog.store.blobshape import check_extent, element_count, parse_shape
@@ -117,12 +121,6 @@ NATIVE: dict[str, tuple[Any, pa.DataType]] = {
     "bool": (np.bool_, pa.bool_()),
 }
 
-# A file at most this long is read into memory in one call and parsed from there:
-# one open and one read instead of pyarrow's several, and the digest of all its
-# bytes taken from the same buffer (no second read, no thread). Models of many
-# small tensors (5,000 files for 2,500 Linear layers) spend their time on
-# per-file overhead, not bytes.
-WHOLE_FILE_BYTES = 4 * 1024 * 1024
 
 # A file whose key-value metadata holds ``FILE_DIGEST_KEY: FRAMING`` has the framing
 # digest as its catalog ``file_sha256`` (``blobcheck.framing_digest``: every byte
@@ -278,20 +276,23 @@ class SnapshotFile:
     content hashed to its name (``verify_file``, ``SnapshotStore.read_verified``).
     """
 
-    def __init__(self, root: Path, sha256: str) -> None:
+    def __init__(self, root: Path | str, sha256: str, opened: Opened | None = None) -> None:
+        """Open the file named ``sha256`` under ``root`` (``open_snapshot``), or take over
+        ``opened`` (its descriptor is this file's from then on, closed by ``close``)."""
+        if opened is None:
+            opened = open_snapshot(root, sha256)
         self.sha256 = sha256
-        self.relpath = relpath(sha256)  # a hash that is not one names no file (blobpaths)
-        self.path = root / self.relpath
-        # The file's bytes when it is small enough to be read whole (WHOLE_FILE_BYTES).
-        self.data: bytes | None = None
+        self.relpath = opened.relpath
+        # The file's bytes when it is small enough to be read whole (WHOLE_FILE_BYTES):
+        # everything below is about exactly these bytes.
+        self.data: bytes | None = opened.data
         # The descriptor opened (and checked a regular file) once: every later read,
         # pyarrow's included, goes through it, never through the path again.
-        self.fd = open_regular(self.path, self.relpath)
+        self.fd = opened.fd
+        self.size = opened.size
         self._handle: Any = None
         try:
-            self.size = os.fstat(self.fd).st_size
-            if self.size <= WHOLE_FILE_BYTES:
-                self.data = read_at(self.fd, 0, self.size)
+            if self.data is not None:
                 self._handle = pa.BufferReader(self.data)
             else:
                 self._handle = pa.PythonFile(

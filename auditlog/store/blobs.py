@@ -17,13 +17,33 @@ column holding other values is refused, since SQL readers select by name), and
 with the hash the chain recorded. The ``snapshot_blobs`` catalog is a cache of
 facts about each file; ``check`` reports every field in which it disagrees.
 
+**The one entry point for checking a snapshot file** (issue 30) is this class;
+every reader goes through it, and an import contract keeps the checking itself
+(``auditlog.store.blobcheck``) out of every other reader's reach:
+
+- ``check(sha256, row)``: what is wrong with the file and its catalog row
+  (``auditlog verify``, ``verify --archive``; the web UI's verdict is verify's);
+- ``verify(sha256)``: the facts of a file that passed, or ``SnapshotError``
+  (the read model's trust, ``combine``);
+- ``unchanged(sha256, digest)``: a verified file whose identity changed still
+  holds the bytes verified (the read model's sessions);
+- ``read_verified``, ``read_many``, ``verified_bytes``: the values, their content
+  hash checked in the same pass (``restore``, ``diff --values``,
+  ``Run.state_dict``).
+
+``check`` and ``verify`` run one check (``blobcheck.verify_file``): name,
+regular file, schema, extent, content hash, catalog digest; a small file whose
+exact bytes passed it before in this process is answered from what that check
+found, after its bytes were read and hashed again (``blobcheck.PROVEN``).
+
 torch is imported only by the methods that build tensors (``put``, ``get``,
-``read_verified``): ``describe`` and ``check`` (``auditlog verify``) need
-pyarrow and numpy only.
+``read_verified``): ``describe``, ``check`` and ``verify`` (``auditlog verify``)
+need pyarrow and numpy only.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -32,7 +52,7 @@ import numpy as np
 
 from auditlog.core.errors import AuditlogError, IntegrityError
 from auditlog.core.hashing import is_tree
-from auditlog.store.blobcheck import read_whole, verify_file
+from auditlog.store.blobcheck import read_whole, unchanged, verify_file
 from auditlog.store.blobformat import (
     CHUNK_BYTES,
     BlobInfo,
@@ -235,35 +255,39 @@ class SnapshotStore:
         with SnapshotFile(self.root, sha256) as found:
             return found.info()
 
+    def verify(self, sha256: str) -> BlobInfo:
+        """The facts of the file named by ``sha256``, with its catalog digest, once it
+        passed the check (``blobcheck.verify_file``: a regular file with exactly a
+        snapshot's schema whose decoded content hashes to ``sha256``); ``SnapshotError``
+        saying why not. Torch-free."""
+        return verify_file(self.root, sha256)
+
+    def unchanged(self, sha256: str, digest: str) -> bool:
+        """Whether the file named by ``sha256`` still holds the bytes verified with catalog
+        digest ``digest`` (``blobcheck.unchanged``); False for a missing or unreadable one."""
+        return unchanged(self.root, sha256, digest)
+
     def check(self, sha256: str, row: dict[str, Any] | None) -> list[str]:
         """What is wrong with the stored content ``sha256`` and its catalog row (empty: nothing).
 
-        The file must exist, have exactly a snapshot's schema and decode to
-        content hashing to its name (torch-free: ``blobcheck.verify_file``);
-        the catalog row (a cache) must exist and agree with the file in every
-        field, ``file_sha256`` (the digest of every byte) included.
+        The file must pass ``verify``; the catalog row (a cache) must exist and
+        agree with the file in every field, ``file_sha256`` (the digest of every
+        byte) included.
         """
         try:
-            found = verify_file(self.root, sha256)
+            found = self.verify(sha256)
         except SnapshotError as exc:
             return [reason(exc)]
         if row is None:
             return ["not in the snapshot catalog (catalog row deleted)"]
+        if _same_row(row, found):
+            return []
         try:
             listed = blob_from_row(row)
         except (KeyError, TypeError, ValueError) as exc:
             return [f"catalog row is garbled ({exc})"]
         problems = []
-        for field in (
-            "file",
-            "dtype",
-            "shape",
-            "numel",
-            "nbytes",
-            "layout",
-            "row_groups",
-            "file_sha256",
-        ):
+        for field in _ROW_FIELDS:
             mine, theirs = getattr(listed, field), getattr(found, field)
             if field == "row_groups" and mine != theirs and _legacy_groups(listed, theirs):
                 continue
@@ -279,6 +303,35 @@ class SnapshotStore:
                     f"catalog, {theirs!r} by the file (catalog edited)"
                 )
         return problems
+
+
+_ROW_FIELDS = ("file", "dtype", "shape", "numel", "nbytes", "layout", "row_groups", "file_sha256")
+
+
+def _same_row(row: dict[str, Any], found: BlobInfo) -> bool:
+    """The catalog row holds what the writer writes for ``found`` (``as_row``), value for
+    value: then ``blob_from_row`` of it gives ``found``'s every field (it takes text as it
+    is, ``int()`` of numbers, ``json.loads`` of the shape's text), so nothing is parsed.
+    Any other row is compared field by field."""
+    return (
+        row.get("file"),
+        row.get("dtype"),
+        row.get("shape"),
+        row.get("numel"),
+        row.get("nbytes"),
+        row.get("layout"),
+        row.get("row_groups"),
+        row.get("file_sha256"),
+    ) == (
+        found.file,
+        found.dtype,
+        json.dumps(found.shape),
+        found.numel,
+        found.nbytes,
+        found.layout,
+        found.row_groups,
+        found.file_sha256,
+    )
 
 
 def _allocated(make: Callable[[], _T], found: SnapshotFile) -> _T:

@@ -27,8 +27,8 @@ The projection's catalog is not a copy of the store's ``snapshot_blobs`` table
 (a cache anyone can edit): each content hash the chained snapshot events name
 is read from the location its hash alone gives, its schema checked, its
 content hash recomputed from the decoded bytes without torch
-(``blobcheck.verify_file``), and only then are its facts and the file's
-identity and digest recorded. A file that fails is
+(``SnapshotStore.verify``, the check ``auditlog verify`` makes), and only
+then are its facts and the file's identity and digest recorded. A file that fails is
 recorded in ``rejected_blobs`` with the reason, never read by a query; a file
 changed after verification is left out of ``tensor_values`` by the session
 (``changed_files``) and named in a warning.
@@ -171,19 +171,20 @@ def check_blobs(snapshots: Path, hashes: list[str]) -> list[CheckedBlob]:
     """Verify the files of ``hashes`` (location from the hash, exact schema, content hash).
 
     Torch-free: the content hash is recomputed from the bytes pyarrow decodes
-    (``blobcheck.verify_file``).
+    (``SnapshotStore.verify``, the one check of a snapshot file).
     """
     if not hashes:
         return []
     from auditlog.core.hashing import is_content_hash
-    from auditlog.store.blobcheck import verify_file  # pyarrow: only with snapshots
     from auditlog.store.blobformat import SnapshotError, reason
     from auditlog.store.blobpaths import where
+    from auditlog.store.blobs import SnapshotStore  # pyarrow: only with snapshots
 
+    files = SnapshotStore(snapshots)
     out: list[CheckedBlob] = []
     for sha in hashes:
         try:
-            info = verify_file(snapshots, sha)
+            info = files.verify(sha)
         except (SnapshotError, AuditlogError) as exc:
             why = reason(exc) if isinstance(exc, SnapshotError) else str(exc)
             place = f"snapshot file {where(sha)}" if is_content_hash(sha) else where(sha)
@@ -213,10 +214,10 @@ def check_blobs(snapshots: Path, hashes: list[str]) -> list[CheckedBlob]:
 
 
 def _unchanged(snapshots: Path, sha: str, digest: str) -> bool:
-    """``blobcheck.unchanged``, imported only for a file whose identity changed (it loads pyarrow)."""
-    from auditlog.store.blobcheck import unchanged
+    """``SnapshotStore.unchanged``, imported only for a file whose identity changed (it loads pyarrow)."""
+    from auditlog.store.blobs import SnapshotStore
 
-    return unchanged(snapshots, sha, digest)
+    return SnapshotStore(snapshots).unchanged(sha, digest)
 
 
 def changed_files(snapshots: Path, rows: list[tuple[str, str, list[int]]]) -> dict[str, str]:
@@ -224,7 +225,7 @@ def changed_files(snapshots: Path, rows: list[tuple[str, str, list[int]]]) -> di
 
     ``rows``: ``(sha256, file digest at verification, identity at verification)``.
     An unchanged identity is trusted; a changed one is checked again
-    (``blobcheck.unchanged``: its digest, and its content hash where the digest
+    (``SnapshotStore.unchanged``: its digest, and its content hash where the digest
     leaves the values to it).
     """
     if not rows:
