@@ -200,6 +200,12 @@ class RecordingContext:
                 ref.attached = not constructed
         return ref, new
 
+    def clear_call_stack(self) -> None:
+        """Forget the calls in progress on this thread (an optimizer step: none is)."""
+        stack = getattr(self._local, "stack", None)
+        if stack:
+            stack.clear()
+
     def call_stack(self) -> list[torch.nn.Module]:
         """The modules whose forward is running on this thread, outermost first."""
         stack: list[torch.nn.Module] | None = getattr(self._local, "stack", None)

@@ -22,7 +22,7 @@ from typing import Any
 
 from torch.utils.hooks import RemovableHandle
 
-from auditlog.capture.torch_compat import global_hook_table
+from auditlog.capture.torch_compat import GLOBAL_HOOK_TABLES, global_hook_table
 
 Register = Callable[[Callable[..., Any]], RemovableHandle]
 
@@ -94,8 +94,8 @@ class HookTables:
         for kind, entry in self._entries.items():
             name = KIND_TABLES[kind]
             table = tables.get(name)
-            if table is None:
-                table = tables[name] = global_hook_table(name)
+            if table is None:  # (the accessor itself: this runs at every optimizer step)
+                table = tables[name] = GLOBAL_HOOK_TABLES[name]()
             # The common case first: the last handle's id holds this very hook.
             if table.get(entry.handle.id) is entry.hook:
                 if not entry.always_called:

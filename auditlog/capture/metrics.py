@@ -52,6 +52,7 @@ from auditlog.capture.flops import FlopCounting
 from auditlog.capture.payloads import Scalar
 from auditlog.capture.taps import ModuleTap
 from auditlog.capture.torch_compat import call_guard, compile_guard, is_loss_module, unwrap_compiled
+from auditlog.core.chain import Clean, CleanList
 
 # Metric entries held before they are emitted anyway (an evaluation loop with no
 # optimizer steps must not grow memory without bound).
@@ -72,8 +73,8 @@ def metric_value(value: Any) -> float | int | str | Scalar:
             raise TypeError(
                 f"a metric tensor must hold one real number, not shape {tuple(value.shape)}"
             )
-        if value.device.type == "cpu":
-            return metric_value(value.detach().item())
+        if value.is_cpu:
+            return metric_value(value.item())  # item() reads the value: no graph, no detach needed
         return Scalar(value)
     item = getattr(value, "item", None)  # numpy scalars
     if callable(item):
@@ -81,6 +82,20 @@ def metric_value(value: Any) -> float | int | str | Scalar:
     raise TypeError(
         f"a metric must be a number or a one-element tensor, not {type(value).__name__}"
     )
+
+
+def _json_ready(value: Any) -> bool:
+    """Is a metric value JSON as it is (a finite float, an int, text)? A NaN loss, or a
+    device value still on its way, is left for the writer to make so."""
+    kind = type(value)
+    return kind is int or kind is str or (kind is float and value - value == 0.0)
+
+
+def _metrics_payload(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ``metrics`` event's payload; ``Clean`` when every entry is (the writer does not walk it)."""
+    if all(type(entry) is Clean for entry in entries):
+        return Clean(metrics=CleanList(entries))
+    return {"metrics": entries}
 
 
 class MetricHooks:
@@ -210,16 +225,19 @@ class MetricHooks:
             return
         if scaled_from is not None:
             value, source = scaled_from
+            if source in since:
+                return  # the loss module's or model's own loss: recorded already
         else:
-            value, source = metric_value(root), id(root)
-        if source in since:
-            return  # the loss module's or model's own loss: recorded already
-        entry = {
-            "name": "backward_loss" if since else "loss",
-            "value": value,
-            "origin": "backward",
-            "module_id": None,
-        }
+            source = id(root)
+            if source in since:
+                return
+            value = metric_value(root)
+        entry = (Clean if _json_ready(value) else dict)(
+            name="backward_loss" if since else "loss",
+            value=value,
+            origin="backward",
+            module_id=None,
+        )
         if scaled_from is not None:
             entry["scaled"] = True
         self._add_metric(entry, training=True)
@@ -230,12 +248,13 @@ class MetricHooks:
         training = (
             value.requires_grad if isinstance(value, torch.Tensor) else torch.is_grad_enabled()
         )
-        entry = {
-            "name": "loss" if training else "eval_loss",
-            "value": metric_value(value),
-            "origin": origin,
-            "module_id": self.ctx.module_id(unwrap_compiled(module)),
-        }
+        number = metric_value(value)
+        entry = (Clean if _json_ready(number) else dict)(
+            name="loss" if training else "eval_loss",
+            value=number,
+            origin=origin,
+            module_id=self.ctx.module_id(unwrap_compiled(module)),
+        )
         self._add_metric(entry, training)
 
     def _add_metric(self, entry: dict[str, Any], training: bool) -> None:
@@ -259,13 +278,21 @@ class MetricHooks:
         if not self._metrics:
             return
         held, self._metrics = self._metrics, []
+        step = held[0][0]
+        if len(held) == 1 or all(s == step for s, _ in held):  # the usual case: one step's
+            entries = [entry for _, entry in held]
+            if skipped:
+                for entry in entries:
+                    entry["skipped"] = True
+            self.ctx.emit("metrics", None, None, _metrics_payload(entries), step=step)
+            return
         by_step: dict[int, list[dict[str, Any]]] = {}
         for step, entry in held:
             if skipped:
                 entry["skipped"] = True
             by_step.setdefault(step, []).append(entry)
         for step, entries in by_step.items():
-            self.ctx.emit("metrics", None, None, {"metrics": entries}, step=step)
+            self.ctx.emit("metrics", None, None, _metrics_payload(entries), step=step)
 
     def log_metrics(self, values: dict[str, Any], step: int | None = None) -> None:
         """``auditlog.log(...)``: one ``metrics`` event now with the user's values.

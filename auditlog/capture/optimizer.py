@@ -28,13 +28,13 @@ whether the next step is sampled (per-call hooks present) or not. A step a
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 
 from auditlog.capture.activity import ActivityHooks
+from auditlog.capture.byobject import ByObject
 from auditlog.capture.construction import ConstructionHooks
 from auditlog.capture.context import RecordingContext
 from auditlog.capture.metrics import MetricHooks
@@ -42,7 +42,7 @@ from auditlog.capture.nonfinite import NonFiniteWatch
 from auditlog.capture.payloads import StackedNorms, StepPayload
 from auditlog.capture.registrations import class_name
 from auditlog.capture.roots import RootTracking
-from auditlog.capture.stepnorms import Grads, StepNorms
+from auditlog.capture.stepnorms import Grads, StepNorms, grad_disabled, grad_restored
 from auditlog.capture.structure import StructureChecks
 from auditlog.capture.torch_compat import compile_guard
 from auditlog.core.chain import Clean
@@ -82,9 +82,7 @@ class OptimizerHooks:
         # What the pre hook found, per optimizer (its parameters, the copies it made,
         # the gradient norms it took; popped by the post hook, and weakly keyed: a step
         # that raised leaves nothing alive past its optimizer)
-        self._pending_steps: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._pending_steps: ByObject[_Pending] = ByObject()
         self._optimizer_steps: dict[int, int] = {}
         # the structure version (construction.registrations) the pre hook last looked at
         self._step_scanned = -1
@@ -117,7 +115,7 @@ class OptimizerHooks:
     def _skipped(self, optimizer: torch.optim.Optimizer, reason: str, scale: float | None) -> None:
         """A step that updated nothing: its metrics and activity leave marked, then ``step_skipped``."""
         self.norms.forget_raw(optimizer)
-        self._pending_steps.pop(optimizer, None)
+        self._pending_steps.pop(optimizer)
         optimizer_id, _ = self.ctx.optimizers.get(optimizer)
         self.metrics.flush_metrics(skipped=True)
         self.activity.flush_activity()
@@ -157,7 +155,7 @@ class OptimizerHooks:
         try:
             if self._nested(optimizer):
                 return None
-            ctx.call_stack().clear()  # a forward that died on BaseException left stale entries
+            ctx.clear_call_stack()  # a forward that died on BaseException left stale entries
             self.norms.note_stepping(optimizer)
             params = [p for group in optimizer.param_groups for p in group["params"]]
             construction = self.construction
@@ -187,8 +185,9 @@ class OptimizerHooks:
                 )  # nonfinite.py
             due = (policy.update_norms or policy.param_norms) and policy.norms_due(ctx.step)
             before = self._copy_before(optimizer, params) if due and policy.update_norms else None
-            self._pending_steps[optimizer] = _Pending(
-                params, ids, before, due, grads if policy.grad_norms else None, closure
+            self._pending_steps.set(
+                optimizer,
+                _Pending(params, ids, before, due, grads if policy.grad_norms else None, closure),
             )
         except Exception as exc:
             ctx.fault("optimizer_step_pre_hook", exc)
@@ -235,7 +234,7 @@ class OptimizerHooks:
             optimizer_id, _ = ctx.optimizers.get(optimizer)
             count = self._optimizer_steps.get(optimizer_id, 0) + 1
             self._optimizer_steps[optimizer_id] = count
-            pending = self._pending_steps.pop(optimizer, None)
+            pending = self._pending_steps.pop(optimizer)
             if pending is not None and len(pending.params) == sum(
                 len(g["params"]) for g in optimizer.param_groups
             ):
@@ -330,36 +329,38 @@ class OptimizerHooks:
                 hyper[key] = hyper[key].detach().clone()
             groups.append(hyper)
         policy = self.ctx.policy
-        with torch.no_grad():
-            grad_norms: StackedNorms | None = None
-            raw_norms: StackedNorms | None = None
-            modified: bool | None = None
-            if policy.grad_norms:
-                grads = pending.grads
-                if grads is None or grads.used.size != len(params):
-                    grads = self.norms.used_grad_norms(optimizer, params)
-                grad_norms, raw_norms, modified = grads.used, grads.raw, grads.modified
-                if (
-                    policy.activity
-                    and policy.sample_nonfinite
-                    and not self.nonfinite.flagged
-                    and _on_cpu(grad_norms)
-                    and grad_norms.any_nonfinite()
-                ):
-                    self.nonfinite.flag_nonfinite()  # the next step is sampled (the writer would say so later)
-            param_norms: StackedNorms | None = None
-            update_norms: StackedNorms | None = None
-            if pending.due:
-                plan, tensors = self.norms.param_plan(optimizer, params)
-                try:
-                    if policy.param_norms:
-                        param_norms = StackedNorms(plan.norms(tensors), len(params))
-                    if pending.before is not None:  # before := before - after, in place
-                        update_norms = StackedNorms(
-                            plan.difference_norms(pending.before, tensors), len(params)
-                        )
-                except RuntimeError:  # a parameter changed shape or dtype inside the step
-                    self.norms.forget_plan(optimizer)
+        grad_norms: StackedNorms | None = None
+        raw_norms: StackedNorms | None = None
+        modified: bool | None = None
+        if policy.grad_norms:
+            grads = pending.grads
+            if grads is None or grads.used.size != len(params):
+                grads = self.norms.used_grad_norms(optimizer, params)
+            grad_norms, raw_norms, modified = grads.used, grads.raw, grads.modified
+            if (
+                policy.activity
+                and policy.sample_nonfinite
+                and not self.nonfinite.flagged
+                and _on_cpu(grad_norms)
+                and grad_norms.any_nonfinite()
+            ):
+                self.nonfinite.flag_nonfinite()  # the next step is sampled (the writer would say so later)
+        param_norms: StackedNorms | None = None
+        update_norms: StackedNorms | None = None
+        if pending.due:
+            plan, tensors = self.norms.param_plan(optimizer, params)
+            enabled = grad_disabled()  # norms of parameters: no graph
+            try:
+                if policy.param_norms:
+                    param_norms = StackedNorms(plan.norms(tensors), len(params))
+                if pending.before is not None:  # before := before - after, in place
+                    update_norms = StackedNorms(
+                        plan.difference_norms(pending.before, tensors), len(params)
+                    )
+            except RuntimeError:  # a parameter changed shape or dtype inside the step
+                self.norms.forget_plan(optimizer)
+            finally:
+                grad_restored(enabled)
         return StepPayload(
             groups,
             group_ids,

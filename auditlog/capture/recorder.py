@@ -215,7 +215,7 @@ class Recorder:
     def _remove_call_hooks(self) -> None:
         while self._call_kinds:
             self._hooks.uninstall(self._call_kinds.pop())
-        self.ctx.call_stack().clear()
+        self.ctx.clear_call_stack()
 
     def _watch_roots(self, present: bool) -> None:
         """``RootWatch``: on unsampled steps, a light global pre/post pair that sees the

@@ -374,9 +374,9 @@ def tensor_hooks(tensor: torch.Tensor) -> dict[int, Any] | None:
     return tensor._backward_hooks
 
 
-def foreach_norm(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+def foreach_norm(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, ...] | list[torch.Tensor]:
     """L2 norms of many tensors in one fused call (``torch._foreach_norm``, torch 1.10-2.13)."""
-    return tuple(torch._foreach_norm(tensors))
+    return torch._foreach_norm(tensors)
 
 
 def foreach_copy_(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:

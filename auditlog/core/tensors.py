@@ -43,7 +43,7 @@ class HostValues:
     def __init__(self, tensor: torch.Tensor) -> None:
         self.event: Any = None
         self._list: list[Any] | None = None
-        if tensor.device.type == "cuda":
+        if tensor.is_cuda:
             host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
             host.copy_(tensor, non_blocking=True)
             self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]

@@ -94,15 +94,19 @@ def materialize(value: Any, writer: Writer | None = None) -> Any:
     return value
 
 
+# Kinds whose nesting the recorder fixes, whatever the model or the user passes: ``activity``
+# (four levels; its text the biggest of every step) and ``metrics`` (entries of scalars:
+# ``auditlog.log`` takes numbers and text only). Only their size is measured.
+_FIXED_DEPTH = frozenset(("activity", "metrics"))
+
+
 def _check_limits(kind: str, text: str) -> None:
     """Refuse a payload past the size or depth limit (``core.payloadlimits``): readers would
     refuse it as an edit, so it is never written; the writer's fault path records a
-    ``recorder_error`` in its place. The depth of ``activity`` is the recorder's own (four
-    levels, whatever the model) and its text the biggest of every step: only its size is
-    measured."""
+    ``recorder_error`` in its place (``_FIXED_DEPTH``: kinds only measured by size)."""
     problem = (
         limit_problem(text)
-        if kind != "activity"
+        if kind not in _FIXED_DEPTH
         else f"is {len(text):,} characters long, over the limit of {MAX_PAYLOAD_BYTES:,} bytes"
         if len(text) > MAX_PAYLOAD_BYTES
         else None
