@@ -18,7 +18,9 @@ interval is raised to 5 s so that its batches hold as many steps as in real time
 
 Instructions are not seconds (a cache miss costs more than an add), so this is
 the measure for comparing two versions of the code, beside the wall-clock
-ratios of ``overhead.py``. Needs valgrind; ~1.5 minutes per configuration.
+ratios of ``overhead.py``. Needs valgrind; ~1.5 minutes per configuration of the
+fast workload. A workload whose step is mostly arithmetic (the 98-module MLP)
+runs ~50x slower under valgrind than natively: hours, not minutes.
 
     python benchmarks/instructions.py --models fast --configs bare,floor,minimal,audit
     PYTHONPATH=/path/to/other/checkout python benchmarks/instructions.py ...  # another commit
