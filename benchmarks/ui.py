@@ -16,9 +16,13 @@ endpoint a page asks for is requested once (cold: the read model is brought up
 to date on the first one) and then ``--repeat`` times, and the median is
 reported (warm). Then a new server over the wide store (its read model warm on
 disk) is asked for the verdict first: the one answer that checks every snapshot
-file in full in that process. Figures: docs/performance.md.
+file in full in that process. ``--new-servers`` more new servers are then
+started in turn with and without the worker processes that check small files in
+parallel (``auditlog ui --check-workers 0``), each asked for the verdict first,
+side by side. Figures: docs/performance.md.
 
-    python benchmarks/ui.py [--runs 1000] [--layers 2500] [--repeat 5] [--keep DIR]
+    python benchmarks/ui.py [--runs 1000] [--layers 2500] [--repeat 5] [--new-servers 5]
+    python benchmarks/ui.py --runs 0 --repeat 0 --new-servers 9   # the first verdict only
 """
 
 from __future__ import annotations
@@ -128,10 +132,20 @@ def record_wide(store: Path, layers: int) -> str:
     return run.run_id
 
 
-def serve(store: Path) -> tuple[subprocess.Popen[str], str]:
+def serve(store: Path, *options: str) -> tuple[subprocess.Popen[str], str]:
     env = {k: v for k, v in os.environ.items() if k != "AUDITLOG_STORE"}
     server = subprocess.Popen(
-        [sys.executable, "-m", "auditlog.cli.main", "ui", "--store", str(store), "--port", "0"],
+        [
+            sys.executable,
+            "-m",
+            "auditlog.cli.main",
+            "ui",
+            "--store",
+            str(store),
+            "--port",
+            "0",
+            *options,
+        ],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
@@ -155,7 +169,7 @@ def measure(
     out = []
     for label, path in paths:
         cold, size = fetch(base + path)
-        warm = statistics.median(fetch(base + path)[0] for _ in range(repeat))
+        warm = statistics.median(fetch(base + path)[0] for _ in range(repeat)) if repeat else cold
         out.append((label, cold, warm, size))
         print(
             f"  {label:<44} cold {cold:7.3f} s   warm {warm:7.3f} s   {size / 1024:8.1f} KiB",
@@ -172,72 +186,101 @@ def main() -> None:
     )
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument(
+        "--new-servers",
+        type=int,
+        default=5,
+        help="new servers asked for the verdict first, with and without check workers, each",
+    )
+    parser.add_argument(
         "--keep", type=Path, default=None, help="build the stores here and keep them"
     )
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench-ui-"))
     try:
         many, wide = root / "many", root / "wide"
-        start = time.perf_counter()
-        clone_runs(many, record_small(many), args.runs - 1)
-        print(f"store of {args.runs} runs built in {time.perf_counter() - start:.1f} s", flush=True)
-        server, base = serve(many)
-        try:
-            print(f"runs page, {args.runs} runs:")
-            measure(
-                base,
-                [
-                    ("index.html", ""),
-                    ("/api/runs (first 100, newest first)", "api/runs"),
-                    (
-                        "/api/runs?sort=name&order=asc&offset=500",
-                        "api/runs?sort=name&order=asc&offset=500",
-                    ),
-                    ("/api/runs?q=run-09 (filtered)", "api/runs?q=run-09"),
-                    ("/api/runs/latest (one run's facts)", "api/runs/latest"),
-                ],
-                args.repeat,
-            )
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+        if args.runs:
+            runs_page(many, args.runs, args.repeat)
         start = time.perf_counter()
         wide_id = record_wide(wide, args.layers)
         print(
             f"{2 * args.layers}-module run recorded in {time.perf_counter() - start:.1f} s",
             flush=True,
         )
-        server, base = serve(wide)
-        try:
-            print(f"run page, {2 * args.layers} modules:")
-            run = f"api/runs/{wide_id}"
-            measure(
-                base,
-                [
-                    ("/api/runs/RUN (summary, finding, snapshots)", run),
-                    ("/api/runs/RUN/tree (the end)", run + "/tree"),
-                    ("/api/runs/RUN/tree?step=1 (slider)", run + "/tree?step=1"),
-                    ("/api/runs/RUN/curves", run + "/curves"),
-                    ("/api/runs/RUN/verify", run + "/verify"),
-                ],
-                args.repeat,
-            )
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
-        # A new server over the read model just built: its first verdict checks every
-        # snapshot file in full (nothing was checked in that process yet), later ones
-        # recall the files whose bytes are unchanged.
-        server, base = serve(wide)
-        try:
-            print("run page, a new server (read model warm), the verdict asked first:")
-            measure(base, [("/api/runs/RUN/verify", run + "/verify")], args.repeat)
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+        run_page(wide, wide_id, args.repeat)
+        first_verdicts(wide, wide_id, args.new_servers)
     finally:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def runs_page(many: Path, runs: int, repeat: int) -> None:
+    start = time.perf_counter()
+    clone_runs(many, record_small(many), runs - 1)
+    print(f"store of {runs} runs built in {time.perf_counter() - start:.1f} s", flush=True)
+    server, base = serve(many)
+    try:
+        print(f"runs page, {runs} runs:")
+        measure(
+            base,
+            [
+                ("index.html", ""),
+                ("/api/runs (first 100, newest first)", "api/runs"),
+                (
+                    "/api/runs?sort=name&order=asc&offset=500",
+                    "api/runs?sort=name&order=asc&offset=500",
+                ),
+                ("/api/runs?q=run-09 (filtered)", "api/runs?q=run-09"),
+                ("/api/runs/latest (one run's facts)", "api/runs/latest"),
+            ],
+            repeat,
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def run_page(wide: Path, wide_id: str, repeat: int) -> None:
+    server, base = serve(wide)
+    try:
+        print(f"run page, {wide.name} store:")
+        run = f"api/runs/{wide_id}"
+        measure(
+            base,
+            [
+                ("/api/runs/RUN (summary, finding, snapshots)", run),
+                ("/api/runs/RUN/tree (the end)", run + "/tree"),
+                ("/api/runs/RUN/tree?step=1 (slider)", run + "/tree?step=1"),
+                ("/api/runs/RUN/curves", run + "/curves"),
+                ("/api/runs/RUN/verify", run + "/verify"),
+            ],
+            repeat,
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def first_verdicts(wide: Path, wide_id: str, new_servers: int) -> None:
+    """A new server over the read model just built, asked for the verdict first: nothing
+    was checked in that process yet. With check workers (the default) and without, in
+    turn; the first answer of each server, then the median over servers."""
+    found: dict[str, list[float]] = {"default": [], "--check-workers 0": []}
+    for _ in range(max(1, new_servers)):
+        for label in found:
+            server, base = serve(wide, *([] if label == "default" else label.split()))
+            try:
+                took, _ = fetch(f"{base}api/runs/{wide_id}/verify")
+                again, _ = fetch(f"{base}api/runs/{wide_id}/verify")
+            finally:
+                server.terminate()
+                server.wait(timeout=30)
+            found[label].append(took)
+            print(f"  new server ({label}): first verdict {took:.3f} s, second {again:.3f} s")
+    print("a new server (read model warm), the verdict asked first, median:")
+    for label, times in found.items():
+        print(
+            f"  {label:<20} {statistics.median(times):7.3f} s  (of {len(times)}: {min(times):.3f}-{max(times):.3f})"
+        )
 
 
 if __name__ == "__main__":

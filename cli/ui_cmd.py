@@ -23,7 +23,16 @@ from auditlog.cli.options import store_option
 @click.option(
     "--open", "open_browser", is_flag=True, help="Open the UI in the default web browser."
 )
-def ui(store: str | None, port: int, host: str, open_browser: bool) -> None:
+@click.option(
+    "--check-workers",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Worker processes that check a run's small snapshot files in parallel for its first "
+    "verdict (default: one per CPU, at most 4; 0 or 1: none).",
+)
+def ui(
+    store: str | None, port: int, host: str, open_browser: bool, check_workers: int | None
+) -> None:
     """Serve a read-only web UI of the store: runs, a run (module tree at any step,
     curves with NaN/Inf marked, the non-finite finding, snapshots, annotations, the
     verify verdict), compare runs (curves and diff), and SQL over the views.
@@ -59,6 +68,6 @@ def ui(store: str | None, port: int, host: str, open_browser: bool) -> None:
                 webbrowser.open(url)
 
         try:
-            serve(opened, sock, hosts, started)
+            serve(opened, sock, hosts, started, check_workers)
         finally:
             sock.close()

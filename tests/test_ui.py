@@ -17,6 +17,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -408,6 +410,42 @@ def test_another_host_is_served_with_a_warning(recorded: dict[str, Any]) -> None
         "warning: serving on 0.0.0.0: anyone who can reach this address can read the whole record"
         in err
     )
+
+
+def children_of(pid: int) -> set[int]:
+    """The live processes whose parent is ``pid`` (Linux's /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.add(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_check_workers_start_with_the_server_and_end_with_it(recorded: dict[str, Any]) -> None:
+    server, url = serve(recorded["store"], "--check-workers", "2")
+    workers = children_of(server.pid)  # forked before it listens: there when the URL is
+    assert len(workers) >= 2
+    with urllib.request.urlopen(url + "api/runs/latest/verify", timeout=60) as answer:
+        assert json.loads(answer.read())["ok"] is True
+    stop(server)  # SIGTERM, re-raised by uvicorn after its shutdown: no cleanup of ours runs
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in workers):
+        time.sleep(0.1)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+
+
+def test_no_check_workers_when_asked_for_none(recorded: dict[str, Any]) -> None:
+    server, _ = serve(recorded["store"], "--check-workers", "0")
+    try:
+        assert children_of(server.pid) == set()
+    finally:
+        stop(server)
 
 
 # ---------------------------------------------------------------------------- the browser

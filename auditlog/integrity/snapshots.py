@@ -84,6 +84,7 @@ def verify_snapshots(store: EventStore, run_id: str) -> tuple[int, list[Snapshot
 
     catalog = store.blob_rows(sorted({sha for *_, sha in references}))
     files = SnapshotStore(store.location.snapshots)
+    files.prove(list(catalog))  # worker processes, where started: the checks below recall
     verdict: dict[str, list[str]] = {}
     problems: list[SnapshotProblem] = []
     names: dict[int, list[str]] | None = None

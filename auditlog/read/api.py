@@ -7,7 +7,8 @@ the command line ask the same questions the same way.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from auditlog.core.errors import RunNotFoundError, UsageError
@@ -254,6 +255,7 @@ __all__ = [
     "head_revision",
     "open",
     "open_store",
+    "parallel_file_checks",
     "resolve_store",
     "upgrade",
     "views",
@@ -289,3 +291,18 @@ def views_markdown() -> str:
     from auditlog.store.readmodel.views import views_markdown as markdown
 
     return markdown()
+
+
+@contextmanager
+def parallel_file_checks(workers: int | None = None) -> Iterator[bool]:
+    """While inside: worker processes check many small snapshot files beside this process
+    when a verdict is about to (``auditlog.store.blobprove``; default one per usable CPU,
+    at most 4, none on one CPU). For a long-lived reader such as ``auditlog ui``, whose
+    first verdict on a run of thousands of small files would otherwise check them one by
+    one. Yields whether workers run; verdicts are the same either way."""
+    from auditlog.store import blobprove
+
+    try:
+        yield blobprove.start(workers)
+    finally:
+        blobprove.stop()

@@ -133,28 +133,37 @@ PROVEN_LIMIT = 200_000
 
 
 class Proven:
-    """The facts of files that passed ``verify_file`` in this process, by ``(content hash,
-    SHA-256 of every byte of the file)`` (module docstring: why that is the check's answer
-    for those bytes). ``hits`` and ``misses`` count lookups (tests and benchmarks read them).
+    """The facts of files that passed ``verify_file`` in this process, by content hash, with
+    the SHA-256 of every byte of the file that passed (module docstring: why that is the
+    check's answer for those bytes). ``hits`` and ``misses`` count lookups (tests and
+    benchmarks read them).
 
-    Kept compact: the key is the two digests' 64 bytes; the file's place follows from its
-    name, and a whole-file catalog digest from the bytes' digest."""
+    Kept compact: the key is the name's 32 bytes; the file's place follows from its name,
+    and a whole-file catalog digest from the bytes' digest. One set of bytes per name:
+    bytes that pass under a name already known replace the ones kept."""
 
     def __init__(self, limit: int = PROVEN_LIMIT) -> None:
         self.limit = limit
-        self._facts: dict[bytes, tuple[Any, ...]] = {}
+        self._facts: dict[bytes, tuple[bytes, tuple[Any, ...]]] = {}
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
+    def known(self, sha256: str) -> bool:
+        """Whether some bytes under this name passed (not that the file still holds them)."""
+        try:
+            return bytes.fromhex(sha256) in self._facts
+        except ValueError:
+            return False
+
     def recall(self, sha256: str, whole: bytes) -> BlobInfo | None:
         """What the check found for these bytes under this name (a content hash), or None."""
-        found = self._facts.get(bytes.fromhex(sha256) + whole)
-        if found is None:
+        kept = self._facts.get(bytes.fromhex(sha256))
+        if kept is None or kept[0] != whole:
             self.misses += 1
             return None
         self.hits += 1
-        dtype, shape, numel, nbytes, layout, row_groups, digest = found
+        dtype, shape, numel, nbytes, layout, row_groups, digest = kept[1]
         return BlobInfo(
             sha256,
             relpath(sha256),
@@ -178,11 +187,13 @@ class Proven:
             info.row_groups,
             None if info.file_sha256 == whole.hex() else info.file_sha256,
         )
-        assert info.sha256 == sha256 and info.file == relpath(sha256)
+        assert info.sha256 == sha256 and info.file == relpath(sha256) and len(whole) == 32
+        key = bytes.fromhex(sha256)
         with self._lock:
+            self._facts.pop(key, None)
             while len(self._facts) >= self.limit:  # the oldest first
                 del self._facts[next(iter(self._facts))]
-            self._facts[bytes.fromhex(sha256) + whole] = facts
+            self._facts[key] = (whole, facts)
 
     def clear(self) -> None:
         with self._lock:
@@ -208,25 +219,33 @@ def verify_file(root: Path | str, sha256: str) -> BlobInfo:
     A small file whose bytes passed this check before in this process is
     answered from ``PROVEN`` after its bytes were read and hashed again.
     """
+    info, whole = checked(root, sha256, recall=True)
+    if whole is not None:
+        PROVEN.remember(sha256, whole, info)
+    return info
+
+
+def checked(root: Path | str, sha256: str, recall: bool) -> tuple[BlobInfo, bytes | None]:
+    """``verify_file``'s check, and the SHA-256 of the bytes it checked when the file was
+    small enough to be read whole (None otherwise); ``recall``: answer from ``PROVEN``
+    when those bytes passed before. Nothing is remembered here (``blobprove``'s workers
+    hand their passes to the process that asked)."""
     opened = open_snapshot(root, sha256)
     whole: bytes | None = None
     if opened.data is not None:
         whole = hashlib.sha256(opened.data).digest()
-        known = PROVEN.recall(sha256, whole)
+        known = PROVEN.recall(sha256, whole) if recall else None
         if known is not None:
             os.close(opened.fd)
-            return known
+            return known, None
     with SnapshotFile(root, sha256, opened) as found:
         if found.data is not None:  # bytes in hand: no thread
             _check_content(found)
             digest = whole.hex() if whole is not None and not found.framed else stored_digest(found)
-            info = _with_digest(found.info(), digest)
-            if whole is not None:
-                PROVEN.remember(sha256, whole, info)
-            return info
+            return _with_digest(found.info(), digest), whole
         if found.framed:  # a few small reads: no thread
             _check_content(found)
-            return _with_digest(found.info(), stored_digest(found))
+            return _with_digest(found.info(), stored_digest(found)), None
         with ThreadPoolExecutor(1, thread_name_prefix="auditlog-digest") as pool:
             digesting = pool.submit(
                 fd_digest, found.fd
@@ -238,7 +257,7 @@ def verify_file(root: Path | str, sha256: str) -> BlobInfo:
                 raise SnapshotError(
                     f"snapshot file {found.relpath!r} is unreadable: {exc}"
                 ) from exc
-        return _with_digest(found.info(), file_sha256)
+        return _with_digest(found.info(), file_sha256), None
 
 
 def _with_digest(info: BlobInfo, file_sha256: str) -> BlobInfo:

@@ -23,6 +23,9 @@ every reader goes through it, and an import contract keeps the checking itself
 
 - ``check(sha256, row)``: what is wrong with the file and its catalog row
   (``auditlog verify``, ``verify --archive``; the web UI's verdict is verify's);
+  ``prove(sha256s)`` first, for many files: worker processes, where the process
+  started them (``auditlog ui``), check the small ones in parallel
+  (``auditlog.store.blobprove``);
 - ``verify(sha256)``: the facts of a file that passed, or ``SnapshotError``
   (the read model's trust, ``combine``);
 - ``unchanged(sha256, digest)``: a verified file whose identity changed still
@@ -266,6 +269,15 @@ class SnapshotStore:
         """Whether the file named by ``sha256`` still holds the bytes verified with catalog
         digest ``digest`` (``blobcheck.unchanged``); False for a missing or unreadable one."""
         return unchanged(self.root, sha256, digest)
+
+    def prove(self, sha256s: list[str]) -> int:
+        """Before checking many files: have this process's worker processes, where
+        started (``auditlog.store.blobprove``), check the small ones in parallel, so that
+        the checks that follow answer from what they found (``PROVEN``) after reading
+        and hashing each file again. The number they proved; 0 without workers."""
+        from auditlog.store import blobprove
+
+        return blobprove.prove(self.root, sha256s)
 
     def check(self, sha256: str, row: dict[str, Any] | None) -> list[str]:
         """What is wrong with the stored content ``sha256`` and its catalog row (empty: nothing).

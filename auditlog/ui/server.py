@@ -12,7 +12,7 @@ import socket
 from collections.abc import Callable
 
 from auditlog.core.errors import AuditlogError, UsageError
-from auditlog.read.api import Store
+from auditlog.read.api import Store, parallel_file_checks
 
 INSTALL_HINT = (
     "the web UI needs the optional extra: pip install 'auditlog[ui]' (starlette and uvicorn)"
@@ -65,9 +65,18 @@ def url_of(sock: socket.socket) -> str:
 
 
 def serve(
-    store: Store, sock: socket.socket, hosts: list[str], started: Callable[[str], None]
+    store: Store,
+    sock: socket.socket,
+    hosts: list[str],
+    started: Callable[[str], None],
+    check_workers: int | None = None,
 ) -> None:
-    """Answer on ``sock`` until interrupted; ``started(url)`` once it is listening."""
+    """Answer on ``sock`` until interrupted; ``started(url)`` once it is listening.
+
+    Worker processes (``check_workers``, default one per CPU up to 4) stand by to check
+    many small snapshot files in parallel: without them a server's first verdict on a
+    run of thousands of small files checks them one by one (later verdicts recall the
+    files whose bytes are unchanged; ``auditlog.store.blobprove``)."""
     import uvicorn
 
     from auditlog.ui.app import create_app
@@ -77,5 +86,6 @@ def serve(
         app, log_level="warning", access_log=False, lifespan="off", server_header=False, ws="none"
     )
     server = uvicorn.Server(config)
-    started(url_of(sock))
-    server.run(sockets=[sock])
+    with parallel_file_checks(check_workers):
+        started(url_of(sock))
+        server.run(sockets=[sock])

@@ -1,0 +1,171 @@
+"""Small snapshot files checked on worker processes before a verdict (issue 33).
+
+``auditlog ui`` starts worker processes (``auditlog.read.api.parallel_file_checks``)
+so that its first verdict on a run of thousands of small files does not check
+them one by one. A worker's pass is kept as this process keeps its own
+(``blobcheck.PROVEN``: name, SHA-256 of the bytes, facts); the verdict still reads
+and hashes every file. These tests hold the verdicts to be exactly those of a
+process without workers: the same findings, word for word, for every damage,
+including a file changed after a worker checked it.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torch import nn
+
+import auditlog
+from auditlog.read.api import parallel_file_checks
+from auditlog.store import blobprove
+from auditlog.store.blobcheck import PROVEN
+from auditlog.store.blobs import SnapshotStore
+
+LAYERS = 40  # 80 small files: over blobprove.MIN_FILES
+
+
+def record(store: Path) -> None:
+    torch.manual_seed(0)
+    with auditlog.record(store, snapshot_every=2):
+        model = nn.Sequential(*(nn.Linear(3, 3) for _ in range(LAYERS)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.randn(2, 3)).sum().backward()
+            opt.step()
+
+
+def snapshot_files(store: Path) -> list[Path]:
+    return sorted((store / "snapshots").glob("*/*.parquet"))
+
+
+def findings(store: Path) -> list[str]:
+    with auditlog.open(store) as opened:
+        return [p.describe() for p in opened.run().verify().problems]
+
+
+@pytest.fixture(params=["fork", "forkserver"])
+def workers(request: pytest.FixtureRequest) -> Iterator[bool]:
+    """Two workers, forked (``auditlog ui`` before it serves) or from a fresh interpreter."""
+    assert blobprove.start(2, request.param)
+    try:
+        provers = blobprove.active()
+        yield provers is not None and provers.ready(60)
+    finally:
+        blobprove.stop()
+
+
+def test_workers_prove_the_files_and_the_verdict_recalls_them(store: Path, workers: bool) -> None:
+    record(store)
+    files = snapshot_files(store)
+    assert workers and len(files) >= blobprove.MIN_FILES
+    assert findings(store) == []
+    # Every file was proven by a worker, then read, hashed and recalled by the verdict.
+    assert all(PROVEN.known(path.stem) for path in files)
+    assert PROVEN.hits >= len(files) and PROVEN.misses == 0
+
+
+def test_what_a_worker_found_is_what_this_process_finds(store: Path, workers: bool) -> None:
+    record(store)
+    names = [path.stem for path in snapshot_files(store)]
+    snapshots = SnapshotStore(store / "snapshots")
+    assert snapshots.prove(names) == len(names)
+    recalled = [snapshots.verify(name) for name in names]
+    assert PROVEN.hits == len(names)
+    PROVEN.clear()
+    assert [snapshots.verify(name) for name in names] == recalled  # checked here, in full
+    assert PROVEN.hits == 0
+
+
+def flip_inside(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    values = pq.read_table(path).column("value").to_numpy().tobytes()
+    where = bytes(data).find(values)
+    assert where > 0
+    data[where + len(values) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def flip_outside(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    where = bytes(data).find(b"parquet-cpp-arrow version")
+    assert where > 0
+    data[where] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-9])
+
+
+def test_damage_is_worded_as_a_process_without_workers_words_it(store: Path, workers: bool) -> None:
+    record(store)
+    files = snapshot_files(store)
+    flip_inside(files[0])
+    flip_outside(files[1])
+    truncate(files[2])
+    with_workers = findings(store)
+    assert len(with_workers) >= 3  # each damaged file is reported (some more than once)
+    assert any("does not match its name" in line for line in with_workers)
+    assert any("the file's bytes hash to" in line for line in with_workers)
+    assert any("unreadable" in line for line in with_workers)
+    blobprove.stop()  # no workers: every file checked here
+    PROVEN.clear()
+    assert findings(store) == with_workers
+
+
+def test_a_file_changed_after_a_worker_checked_it_is_checked_again(
+    store: Path, workers: bool
+) -> None:
+    record(store)
+    files = snapshot_files(store)
+    snapshots = SnapshotStore(store / "snapshots")
+    assert snapshots.prove([path.stem for path in files]) == len(files)
+    flip_inside(files[0])  # after the worker's pass, before the verdict reads it
+    problems = findings(store)
+    assert problems and all(files[0].stem[:16] in line for line in problems)
+    assert any("does not match its name" in line for line in problems)
+
+
+def test_no_workers_on_one_cpu_and_none_after_the_block(store: Path) -> None:
+    with parallel_file_checks(workers=1) as running:
+        assert running is False
+    record(store)
+    names = [path.stem for path in snapshot_files(store)]
+    assert SnapshotStore(store / "snapshots").prove(names) == 0
+    assert findings(store) == [] and PROVEN.hits == 0  # every file checked here, in full
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="watches /proc")
+def test_workers_end_with_a_process_killed_outright(tmp_path: Path, method: str) -> None:
+    """SIGKILL runs no cleanup: each worker watches the process that started it."""
+    script = (
+        "import sys, time\n"
+        "from auditlog.store import blobprove\n"
+        f"blobprove.start(2, {method!r})\n"
+        "provers = blobprove.active()\n"
+        "assert provers is not None and provers.ready(60)\n"
+        "deadline = time.monotonic() + 60\n"
+        "while len(provers.pids()) < 2 and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "print(*provers.pids(), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    pids = [int(pid) for pid in parent.stdout.readline().split()]
+    assert len(pids) == 2 and all(Path(f"/proc/{pid}").exists() for pid in pids)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in pids):
+        time.sleep(0.1)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
