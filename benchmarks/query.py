@@ -48,7 +48,7 @@ from auditlog.core.chain import canonical_row, encode_clean, genesis_hash, link_
 from auditlog.store.eventstore import EventStore
 from auditlog.store.readmodel import arrowcopy
 from auditlog.store.readmodel.cache import ReadModel
-from auditlog.store.readmodel.session import QuerySession
+from auditlog.store.readmodel.querysession import QuerySession
 
 MODULES = 48
 PARAMS = 64

@@ -127,7 +127,7 @@ def query_session(store_path: Path) -> Iterator[Any]:
     """A refreshed, locked-down DuckDB query session over a store (closed afterwards)."""
     from auditlog.store.eventstore import EventStore
     from auditlog.store.readmodel.cache import ReadModel
-    from auditlog.store.readmodel.session import QuerySession
+    from auditlog.store.readmodel.querysession import QuerySession
 
     event_store = EventStore.open(store_path)
     opened, _ = QuerySession.open(ReadModel(event_store))

@@ -26,7 +26,7 @@ from auditlog.core.chain import (
     chained_row,
 )
 from auditlog.integrity.chaincheck import StreamCheck
-from auditlog.integrity.report import VerifyReport
+from auditlog.integrity.findings import VerifyReport
 from auditlog.store.queries import TUPLE_COLUMNS
 
 RUN = "c" * 32

@@ -21,6 +21,7 @@ from integrity_support import isolate_keys, last_seq, record_run, rewrite_chain,
 
 from auditlog.core.chain import canonical_payload, chain_hash
 from auditlog.integrity.checkpoints import checkpoint_head, checkpoints_for
+from auditlog.integrity.findings import StreamTip
 from auditlog.integrity.keys import (
     KeyRing,
     Verdict,
@@ -29,7 +30,6 @@ from auditlog.integrity.keys import (
     load_private_key,
     load_public_key,
 )
-from auditlog.integrity.report import StreamTip
 from auditlog.integrity.verify import verify_run
 from auditlog.store.eventstore import EventStore
 

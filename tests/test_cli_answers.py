@@ -22,7 +22,7 @@ from safetensors import safe_open
 from torch import nn
 
 import auditlog
-from auditlog.integrity.report import VERDICTS
+from auditlog.integrity.findings import VERDICTS
 
 
 def one_error(result: CliResult, code: int) -> str:

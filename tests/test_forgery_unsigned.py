@@ -24,7 +24,7 @@ from helpers import invoke
 from integrity_support import rewrite_chain
 
 import auditlog
-from auditlog.integrity.report import VERDICTS
+from auditlog.integrity.findings import VERDICTS
 from auditlog.present.report import run_report
 
 pristine = forgery_support.pristine  # fixtures

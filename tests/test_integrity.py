@@ -18,7 +18,7 @@ import pytest
 from helpers import CliResult, invoke, tamper
 from helpers import record_run as record_tiny_run
 
-from auditlog.integrity.report import VERDICTS
+from auditlog.integrity.findings import VERDICTS
 from auditlog.integrity.verify import Problem, verify_run
 from auditlog.store.eventstore import EventStore
 

@@ -23,8 +23,8 @@ from auditlog.core.chain import (
     chained_row,
 )
 from auditlog.integrity import parallel
+from auditlog.integrity.findings import VerifyReport
 from auditlog.integrity.merkle import Frontier, PackedLeaves, leaf_hash
-from auditlog.integrity.report import VerifyReport
 from auditlog.integrity.verify import verify_stream
 from auditlog.store.eventstore import EventStore
 

@@ -23,7 +23,7 @@ from torch import nn
 import auditlog
 from auditlog.store.eventstore import EventStore
 from auditlog.store.readmodel.cache import ReadModel
-from auditlog.store.readmodel.session import QueryRefusedError, QuerySession
+from auditlog.store.readmodel.querysession import QueryRefusedError, QuerySession
 from auditlog.store.readmodel.views import VIEWS
 
 

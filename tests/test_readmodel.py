@@ -29,7 +29,7 @@ from auditlog.read.runs import list_runs
 from auditlog.store.eventstore import EventStore
 from auditlog.store.readmodel import arrowcopy
 from auditlog.store.readmodel.cache import PROJECTION_FILE, ReadModel
-from auditlog.store.readmodel.session import QuerySession
+from auditlog.store.readmodel.querysession import QuerySession
 from auditlog.store.readmodel.vectors import VECTORS
 from auditlog.store.readmodel.views import VIEWS
 

@@ -23,7 +23,7 @@ from torch import nn
 import auditlog
 from auditlog.store.eventstore import EventStore
 from auditlog.store.readmodel.cache import ReadModel
-from auditlog.store.readmodel.session import QueryError, QuerySession
+from auditlog.store.readmodel.querysession import QueryError, QuerySession
 
 
 class Recorded:

@@ -43,8 +43,8 @@ from auditlog.core.chain import (
     row_prefix,
 )
 from auditlog.core.payloadlimits import MAX_PAYLOAD_BYTES, past_limits
+from auditlog.integrity.findings import Problem, StreamTip, VerifyReport
 from auditlog.integrity.merkle import Frontier, PackedLeaves, leaf_hash
-from auditlog.integrity.report import Problem, StreamTip, VerifyReport
 from auditlog.store.eventstore import EventStore
 from auditlog.store.queries import TUPLE_COLUMNS
 from auditlog.store.rows import payload_object

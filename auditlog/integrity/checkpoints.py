@@ -46,6 +46,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from auditlog.core.errors import AuditlogError, IntegrityError, StoreError
+from auditlog.integrity.findings import Problem, StreamTip, VerifyReport
 from auditlog.integrity.keys import (
     KeyRing,
     Verdict,
@@ -54,7 +55,6 @@ from auditlog.integrity.keys import (
     trusted_public_keys,
 )
 from auditlog.integrity.merkle import PackedLeaves, consistency_proof, verify_consistency
-from auditlog.integrity.report import Problem, StreamTip, VerifyReport
 from auditlog.integrity.statements import (
     Checkpoint,
     HeadStatement,

@@ -36,8 +36,8 @@ from typing import Any
 from auditlog.core.chain import ChainFormat
 from auditlog.core.cpus import usable_cpus
 from auditlog.integrity.chaincheck import StreamCheck
+from auditlog.integrity.findings import VerifyReport
 from auditlog.integrity.merkle import PackedLeaves, subtree_root
-from auditlog.integrity.report import VerifyReport
 from auditlog.store.eventstore import EventStore
 from auditlog.store.queries import sqlite_event_tuples, sqlite_tuple_statement
 

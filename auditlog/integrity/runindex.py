@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from auditlog.core.payloadlimits import past_limits
-from auditlog.integrity.report import Problem, VerifyReport
+from auditlog.integrity.findings import Problem, VerifyReport
 from auditlog.store.eventstore import EventStore
 from auditlog.store.rows import payload_object
 

@@ -37,10 +37,10 @@ from auditlog.integrity.checkpoints import (
     verify_coverage,
     verify_statement,
 )
+from auditlog.integrity.findings import Problem, SourcedStatement, StreamTip, VerifyReport
 from auditlog.integrity.keys import KeyRing, trusted_public_keys
 from auditlog.integrity.merkle import PackedLeaves
 from auditlog.integrity.parallel import check_split, split_point
-from auditlog.integrity.report import Problem, SourcedStatement, StreamTip, VerifyReport
 from auditlog.integrity.runindex import verify_run_index
 from auditlog.integrity.snapshots import verify_snapshots
 from auditlog.store.eventstore import EventStore

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from auditlog.read.diff import RunDiff
     from auditlog.read.diff_values import ValuesDiff
     from auditlog.read.run import Run
-    from auditlog.store.readmodel.session import QuerySession
+    from auditlog.store.readmodel.querysession import QuerySession
     from auditlog.store.readmodel.views import View
 
 Progress = Callable[[int, int], None]
@@ -169,7 +169,7 @@ class Store:
         is a cache, not evidence: ``verify`` is.
         """
         from auditlog.store.readmodel.cache import ReadModel
-        from auditlog.store.readmodel.session import QuerySession
+        from auditlog.store.readmodel.querysession import QuerySession
 
         run_id = self.select(run) if run is not None else None
         session, _report = QuerySession.open(

@@ -47,7 +47,7 @@ from auditlog.core.values import finite_or_text
 from auditlog.read.run import Run
 from auditlog.store.readmodel.cache import ReadModel
 from auditlog.store.readmodel.forensics import ForensicQueries
-from auditlog.store.readmodel.session import QuerySession
+from auditlog.store.readmodel.querysession import QuerySession
 
 Q = TypeVar("Q", bound=ForensicQueries)
 

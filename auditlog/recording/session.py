@@ -41,8 +41,8 @@ from auditlog.core.liveness import process_start_ticks
 from auditlog.core.policy import Policy, make_policy
 from auditlog.core.ranks import split_stream
 from auditlog.integrity.checkpoints import checkpoint_head, checkpoint_run
+from auditlog.integrity.findings import StreamTip
 from auditlog.integrity.keys import configured_private_key, fingerprint
-from auditlog.integrity.report import StreamTip
 from auditlog.recording.crashes import close_crashed_runs
 from auditlog.recording.energy import energy_counters
 from auditlog.recording.execfile import exit_status

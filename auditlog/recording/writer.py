@@ -39,8 +39,8 @@ from auditlog.core.payloadlimits import MAX_PAYLOAD_BYTES, limit_problem
 from auditlog.core.tensors import dtype_name
 from auditlog.core.values import finite_or_text
 from auditlog.integrity.chaincheck import stream_format
+from auditlog.integrity.findings import StreamTip
 from auditlog.integrity.merkle import Frontier, leaf_hash
-from auditlog.integrity.report import StreamTip
 from auditlog.store.blobcatalog import StoreCatalog
 from auditlog.store.blobs import SnapshotStore
 from auditlog.store.blobwriter import BlobWriter

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from auditlog.store.readmodel.session import QuerySession
+from auditlog.store.readmodel.querysession import QuerySession
 
 # Per-module norms from per-parameter norms: the L2 norm of all a module's parameters.
 _MODULE_NORMS = """
