@@ -61,6 +61,7 @@ docs: venv
 bench: venv
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/overhead.py --models fast --no-peers
 	$(BIN)/python benchmarks/scale.py
 	$(BIN)/python benchmarks/ingest.py
 	$(BIN)/python benchmarks/memory.py
@@ -74,6 +75,7 @@ bench: venv
 	$(BIN)/python benchmarks/registrations.py
 	$(BIN)/python benchmarks/forensics.py
 	$(BIN)/python benchmarks/writers.py
+	$(BIN)/python benchmarks/ui.py
 
 clean:
 	rm -rf $(VENV) $(STORE) build *.egg-info
