@@ -430,7 +430,9 @@ def children_of(pid: int) -> set[int]:
 def test_check_workers_start_with_the_server_and_end_with_it(recorded: dict[str, Any]) -> None:
     server, url = serve(recorded["store"], "--check-workers", "2")
     workers = children_of(server.pid)  # forked before it listens: there when the URL is
-    assert len(workers) >= 2
+    command = Path(f"/proc/{server.pid}/cmdline").read_bytes()
+    assert len(workers) == 2
+    assert all(Path(f"/proc/{pid}/cmdline").read_bytes() == command for pid in workers)
     with urllib.request.urlopen(url + "api/runs/latest/verify", timeout=60) as answer:
         assert json.loads(answer.read())["ok"] is True
     stop(server)  # SIGTERM, re-raised by uvicorn after its shutdown: no cleanup of ours runs
