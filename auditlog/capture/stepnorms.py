@@ -15,6 +15,7 @@ the update consumed when no gradient was replaced or changed in place since
 
 from __future__ import annotations
 
+import operator
 import weakref
 from typing import NamedTuple
 
@@ -250,7 +251,7 @@ class StepNorms:
         The cache key is the identity of every parameter object: the optimizer
         holds them alive, so an unchanged key means unchanged objects.
         """
-        key = tuple(map(id, params)) + tuple(len(g["params"]) for g in optimizer.param_groups)
+        key = tuple(map(id, params)) + tuple(map(len, map(_PARAMS, optimizer.param_groups)))
         cached = self._param_ids.get(id(optimizer))
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
@@ -270,6 +271,9 @@ class StepNorms:
 
 
 _STRIDED = torch.strided
+_GRAD = operator.attrgetter("grad")
+_PARAMS = operator.itemgetter("params")
+_NONE_ID = id(None)
 
 
 class _Raw(NamedTuple):
@@ -319,5 +323,9 @@ def grad_fingerprint(params: list[torch.Tensor]) -> tuple[tuple[int, int] | None
     fingerprints mean no gradient was replaced or changed in place since
     (``clip_grad_norm_``, ``GradScaler.unscale_``, ``p.grad.mul_`` all bump the counter;
     a change through ``.data`` has its own counter and is not seen)."""
+    grads = list(map(_GRAD, params))  # the iterations in C: this runs twice a step
+    ids = tuple(map(id, grads))
+    if _NONE_ID not in ids:  # (ints compared: ``None in grads`` would call Tensor.__eq__)
+        return tuple(zip(ids, map(tensor_version, grads), strict=True))
     version = tensor_version
-    return tuple(None if (g := p.grad) is None else (id(g), version(g)) for p in params)
+    return tuple(None if g is None else (id(g), version(g)) for g in grads)

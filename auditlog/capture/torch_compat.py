@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -363,9 +364,8 @@ def is_uninitialized(tensor: torch.Tensor) -> bool:
     return bool(torch.nn.parameter.is_lazy(tensor))
 
 
-def tensor_version(tensor: torch.Tensor) -> int:
-    """The in-place version counter (``_version``): equal means not modified in place since."""
-    return tensor._version
+tensor_version: Callable[[torch.Tensor], int] = operator.attrgetter("_version")
+"""The in-place version counter (``_version``): equal, not modified in place since (C getter)."""
 
 
 def tensor_hooks(tensor: torch.Tensor) -> dict[int, Any] | None:
