@@ -27,7 +27,7 @@ from auditlog.capture.context import RecordingContext
 from auditlog.capture.norms import NormPlan, PlanCache, norms_of
 from auditlog.capture.payloads import StackedNorms
 from auditlog.capture.roots import RootTracking
-from auditlog.capture.torch_compat import local_view, tensor_version
+from auditlog.capture.torch_compat import local_view, set_grad_mode, tensor_version
 from auditlog.core.chain import Clean
 from auditlog.core.packed import pack_ints
 
@@ -303,19 +303,19 @@ class Grads(NamedTuple):
 
 
 def grad_disabled() -> bool:
-    """Turn autograd recording off on this thread, as ``torch.no_grad()`` does, with a
-    third of its cost (the step hooks do this every step); returns the mode to give
-    ``grad_restored``."""
+    """Turn autograd recording off on this thread, as ``torch.no_grad()`` does, without
+    its objects (the step hooks do this every step; ``torch.set_grad_enabled`` builds
+    a context manager too); returns the mode to give ``grad_restored``."""
     enabled = torch.is_grad_enabled()
     if enabled:
-        torch.set_grad_enabled(False)
+        set_grad_mode(False)
     return enabled
 
 
 def grad_restored(enabled: bool) -> None:
     """Put back the mode ``grad_disabled`` returned."""
     if enabled:
-        torch.set_grad_enabled(True)
+        set_grad_mode(True)
 
 
 def grad_fingerprint(params: list[torch.Tensor]) -> tuple[tuple[int, int] | None, ...]:
