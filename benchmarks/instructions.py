@@ -95,8 +95,11 @@ def child(model: str, config: str, steps: int) -> None:
         recording.__exit__(None, None, None)
 
 
-def measure(model: str, config: str, steps: int) -> dict[str, float]:
-    """Instructions per step: the training thread's and the other threads' (the writer)."""
+def measure(model: str, config: str, steps: int, keep: Path | None = None) -> dict[str, float]:
+    """Instructions per step: the training thread's and the other threads' (the writer).
+
+    ``keep``: a folder for callgrind's files (``<model>-<config>.cg.out-<thread>``), to
+    read per function with ``callgrind_annotate --inclusive=yes``; otherwise deleted."""
     out = Path(tempfile.mkdtemp(prefix="auditlog-callgrind-"))
     cmd = [
         "valgrind",
@@ -128,6 +131,10 @@ def measure(model: str, config: str, steps: int) -> dict[str, float]:
     for path in out.glob("cg.out-*"):
         total = re.search(r"^totals:\s+(\d+)", path.read_text(errors="replace"), re.M)
         threads[int(path.name.rsplit("-", 1)[1])] = int(total.group(1)) if total else 0
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        for path in out.glob("cg.out-*"):
+            shutil.move(path, keep / f"{model}-{config}.{path.name}")
     shutil.rmtree(out, ignore_errors=True)
     training = threads.pop(1, 0)
     return {"training": training / steps, "others": sum(threads.values()) / steps}
@@ -141,6 +148,9 @@ def main() -> None:
     parser.add_argument("--configs", default="bare,floor,minimal,audit")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--jobs", type=int, default=2, help="configurations measured at once")
+    parser.add_argument(
+        "--keep", type=Path, help="keep callgrind's files here (callgrind_annotate reads them)"
+    )
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -153,7 +163,9 @@ def main() -> None:
     configs = args.configs.split(",")
     for model in args.models.split(","):
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            runs = [pool.submit(measure, model, config, args.steps) for config in configs]
+            runs = [
+                pool.submit(measure, model, config, args.steps, args.keep) for config in configs
+            ]
             found: dict[str, Any] = {c: r.result() for c, r in zip(configs, runs, strict=True)}
         base = found.get("bare")
         print(

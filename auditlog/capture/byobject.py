@@ -37,10 +37,13 @@ class ByObject(Generic[V]):
         ref = self._refs.get(key)
         return self._values.get(key) if ref is not None and ref() is obj else None
 
-    def pop(self, obj: object) -> V | None:
+    def pop(self, obj: object, default: None = None) -> V | None:
         key = id(obj)
         ref = self._refs.get(key)
         return self._values.pop(key, None) if ref is not None and ref() is obj else None
+
+    def __setitem__(self, obj: object, value: V) -> None:
+        self.set(obj, value)
 
     def clear(self) -> None:
         self._refs.clear()

@@ -62,6 +62,10 @@ class HookTables:
     def __init__(self) -> None:
         self._entries: dict[str, Entry] = {}
         self._retired: list[Entry] = []
+        # What ``missing`` looks up, worked out once per change of the entries: per
+        # table, its accessor and the (hook id, hook) pairs it must hold, and the ids the
+        # always-called table must hold. None: to be worked out again.
+        self._expected: _Expected | None = None
 
     def install(
         self, kind: str, hook: Callable[..., Any], register: Register, always_called: bool = False
@@ -71,6 +75,7 @@ class HookTables:
         entry = Entry(kind, hook, register, handle, always_called)
         entry.history.append(handle)
         self._entries[kind] = entry
+        self._expected = None
 
     def installed(self) -> list[str]:
         return list(self._entries)
@@ -83,11 +88,42 @@ class HookTables:
         """Take one kind out (per-call hooks leave on unsampled steps)."""
         entry = self._entries.pop(kind, None)
         if entry is not None:
+            self._expected = None
             _take_out(entry)
 
     def missing(self) -> list[str]:
         """The kinds whose hook is not in the table torch uses now (cheap: a dict
-        lookup or two per kind)."""
+        lookup per kind; this runs at every optimizer step)."""
+        expected = self._expected
+        if expected is None:
+            expected = self._expected = self._expect()
+        tables, always_ids = expected
+        for accessor, pairs in tables:
+            table = accessor()  # the table torch uses now: it may have been replaced
+            for hook_id, hook in pairs:
+                if table.get(hook_id) is not hook:
+                    return self._missing()
+        if always_ids:
+            always = global_hook_table("forward_always_called")
+            for hook_id in always_ids:
+                if hook_id not in always:
+                    return self._missing()
+        return []
+
+    def _expect(self) -> _Expected:
+        """What ``missing`` looks for: each entry's last handle in its table."""
+        by_table: dict[str, list[tuple[int, Callable[..., Any]]]] = {}
+        always_ids = []
+        for kind, entry in self._entries.items():
+            by_table.setdefault(KIND_TABLES[kind], []).append((entry.handle.id, entry.hook))
+            if entry.always_called:
+                always_ids.append(entry.handle.id)
+        tables = tuple((GLOBAL_HOOK_TABLES[name], tuple(pairs)) for name, pairs in by_table.items())
+        return tables, tuple(always_ids)
+
+    def _missing(self) -> list[str]:
+        """``missing`` once a lookup failed: each kind in turn, a table put back included."""
+        self._expected = None  # an entry may now be found under an earlier handle
         gone = []
         tables: dict[str, dict[int, Any]] = {}
         always: dict[int, Any] | None = None
@@ -111,6 +147,7 @@ class HookTables:
     def reinstall(self, kind: str) -> None:
         """Register the hook of ``kind`` again (raises what torch raises)."""
         entry = self._entries[kind]
+        self._expected = None
         _take_out(entry)  # an always_call flag left without its hook, say
         handle = entry.register(entry.hook)
         entry.handle = handle
@@ -119,6 +156,7 @@ class HookTables:
     def stop(self, kind: str) -> None:
         """Give up on ``kind`` (it could not be put back): no longer expected."""
         entry = self._entries.pop(kind, None)
+        self._expected = None
         if entry is not None:
             self._retired.append(entry)
             _take_out(entry)
@@ -129,6 +167,7 @@ class HookTables:
             _take_out(entry)
         self._entries.clear()
         self._retired.clear()
+        self._expected = None
 
     def _present(self, entry: Entry) -> bool:
         table = global_hook_table(KIND_TABLES[entry.kind])
@@ -141,6 +180,14 @@ class HookTables:
                 entry.handle = handle  # a table put back holds an earlier entry
                 return True
         return False
+
+
+_Expected = tuple[
+    tuple[tuple[Callable[[], dict[int, Any]], tuple[tuple[int, Callable[..., Any]], ...]], ...],
+    tuple[int, ...],
+]
+"""``HookTables.missing``'s plan: (table accessor, (hook id, hook) pairs) per table, and
+the hook ids the always-called table holds."""
 
 
 def _take_out(entry: Entry) -> None:

@@ -159,6 +159,8 @@ class NonFiniteWatch:
         self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
     ) -> None:
         """Optimizer post hook (``keep_finite_state``): did this step make parameters non-finite?"""
+        if not self.ctx.policy.keep_finite_state:
+            return  # no copies (a weak-keyed lookup makes a weak reference: not every step)
         copies = self._finite_copies.get(optimizer)
         if self._nonfinite_found or copies is None or len(copies) != len(params):
             return

@@ -22,13 +22,13 @@ float per parameter.
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from auditlog.capture.byobject import ByObject
 from auditlog.capture.torch_compat import foreach_copy_, foreach_norm, foreach_sub_
 
 SMALL = 16384
@@ -273,8 +273,10 @@ class PlanCache:
     __slots__ = ("_plans",)
 
     def __init__(self, weak: bool = False) -> None:
-        self._plans: MutableMapping[Any, tuple[object, NormPlan]] = (
-            weakref.WeakKeyDictionary() if weak else {}
+        # (weakly: ``ByObject``, where a ``WeakKeyDictionary`` made a weak reference at
+        # every lookup, and a plan is looked up every step)
+        self._plans: dict[Any, tuple[object, NormPlan]] | ByObject[tuple[object, NormPlan]] = (
+            ByObject() if weak else {}
         )
 
     def plan(self, key: object, identity: object, tensors: Sequence[torch.Tensor]) -> NormPlan:

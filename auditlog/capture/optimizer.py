@@ -27,6 +27,7 @@ whether the next step is sampled (per-call hooks present) or not. A step a
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -236,7 +237,7 @@ class OptimizerHooks:
             self._optimizer_steps[optimizer_id] = count
             pending = self._pending_steps.pop(optimizer)
             if pending is not None and len(pending.params) == sum(
-                len(g["params"]) for g in optimizer.param_groups
+                map(len, map(_PARAMS, optimizer.param_groups))
             ):
                 params, ids = pending.params, pending.ids
             else:  # the pre hook did not run (or the groups changed inside the step)
@@ -324,9 +325,13 @@ class OptimizerHooks:
             hyper.pop(
                 "params", None
             )  # the writer puts the ids there; a record never holds a parameter
-            tensor_keys = [key for key, value in hyper.items() if isinstance(value, torch.Tensor)]
-            for key in tensor_keys:  # a tensor hyperparameter (lr as a tensor) may change in place
-                hyper[key] = hyper[key].detach().clone()
+            # The types of the values, gathered in C: a group of plain values (the usual
+            # case) needs no look at each one.
+            if not _PLAIN_VALUES.issuperset(map(type, hyper.values())):
+                # a tensor hyperparameter (lr as a tensor) may change in place: copied
+                tensor_keys = [k for k, value in hyper.items() if isinstance(value, torch.Tensor)]
+                for key in tensor_keys:
+                    hyper[key] = hyper[key].detach().clone()
             groups.append(hyper)
         policy = self.ctx.policy
         grad_norms: StackedNorms | None = None
@@ -389,6 +394,12 @@ class _Pending(NamedTuple):
     closure: bool  # step(closure): the gradients are measured after the step
 
 
+# Types of hyperparameter values that are never a tensor (a tuple's items are kept as
+# they are: only a tensor value itself is copied).
+_PLAIN_VALUES = frozenset({float, int, bool, str, type(None), tuple, list})
+_PARAMS = operator.itemgetter("params")
+
+
 def _has_closure(args: Any, kwargs: Any) -> bool:
     """Was ``step()`` given a closure? (``args`` hold the optimizer first.)"""
     if isinstance(kwargs, dict) and kwargs.get("closure") is not None:
@@ -397,4 +408,4 @@ def _has_closure(args: Any, kwargs: Any) -> bool:
 
 
 def _on_cpu(norms: StackedNorms) -> bool:
-    return norms.norms is None or norms.norms.device.type == "cpu"
+    return norms.norms is None or norms.norms.is_cpu

@@ -288,10 +288,22 @@ class StackedNorms:
         """Is any norm NaN or infinite? (CPU norms, training thread: one float64 sum of a
         view of them, nothing packed; norms are never negative, so only a NaN or an
         infinity makes the sum not finite.)"""
-        if self.norms is None:
+        norms = self.norms
+        if norms is None:
             return False
-        total = np.add.reduce(self.norms.detach().numpy(), dtype=np.float64)
+        if norms.numel() <= _FEW_NORMS:
+            # A small model's few norms summed as Python floats (exact doubles): a numpy
+            # call costs more than the sum. Float32 values cannot overflow a double's
+            # sum, so it is finite exactly when every norm is, as the numpy one.
+            total = sum(norms.tolist())
+        else:
+            total = np.add.reduce(norms.detach().numpy(), dtype=np.float64)
         return not bool(total - total == 0.0)
+
+
+_FEW_NORMS = 64
+"""Up to this many norms, ``StackedNorms.any_nonfinite`` sums Python floats (cheaper than
+a numpy reduction for a handful; dearer for thousands)."""
 
 
 class NonFiniteCount:

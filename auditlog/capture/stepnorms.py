@@ -15,6 +15,7 @@ the update consumed when no gradient was replaced or changed in place since
 
 from __future__ import annotations
 
+import operator
 import weakref
 from typing import NamedTuple
 
@@ -26,7 +27,7 @@ from auditlog.capture.context import RecordingContext
 from auditlog.capture.norms import NormPlan, PlanCache, norms_of
 from auditlog.capture.payloads import StackedNorms
 from auditlog.capture.roots import RootTracking
-from auditlog.capture.torch_compat import local_view, tensor_version
+from auditlog.capture.torch_compat import local_view, set_grad_mode, tensor_version
 from auditlog.core.chain import Clean
 from auditlog.core.packed import pack_ints
 
@@ -250,7 +251,7 @@ class StepNorms:
         The cache key is the identity of every parameter object: the optimizer
         holds them alive, so an unchanged key means unchanged objects.
         """
-        key = tuple(map(id, params)) + tuple(len(g["params"]) for g in optimizer.param_groups)
+        key = tuple(map(id, params)) + tuple(map(len, map(_PARAMS, optimizer.param_groups)))
         cached = self._param_ids.get(id(optimizer))
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
@@ -270,6 +271,9 @@ class StepNorms:
 
 
 _STRIDED = torch.strided
+_GRAD = operator.attrgetter("grad")
+_PARAMS = operator.itemgetter("params")
+_NONE_ID = id(None)
 
 
 class _Raw(NamedTuple):
@@ -299,19 +303,19 @@ class Grads(NamedTuple):
 
 
 def grad_disabled() -> bool:
-    """Turn autograd recording off on this thread, as ``torch.no_grad()`` does, with a
-    third of its cost (the step hooks do this every step); returns the mode to give
-    ``grad_restored``."""
+    """Turn autograd recording off on this thread, as ``torch.no_grad()`` does, without
+    its objects (the step hooks do this every step; ``torch.set_grad_enabled`` builds
+    a context manager too); returns the mode to give ``grad_restored``."""
     enabled = torch.is_grad_enabled()
     if enabled:
-        torch.set_grad_enabled(False)
+        set_grad_mode(False)
     return enabled
 
 
 def grad_restored(enabled: bool) -> None:
     """Put back the mode ``grad_disabled`` returned."""
     if enabled:
-        torch.set_grad_enabled(True)
+        set_grad_mode(True)
 
 
 def grad_fingerprint(params: list[torch.Tensor]) -> tuple[tuple[int, int] | None, ...]:
@@ -319,5 +323,9 @@ def grad_fingerprint(params: list[torch.Tensor]) -> tuple[tuple[int, int] | None
     fingerprints mean no gradient was replaced or changed in place since
     (``clip_grad_norm_``, ``GradScaler.unscale_``, ``p.grad.mul_`` all bump the counter;
     a change through ``.data`` has its own counter and is not seen)."""
+    grads = list(map(_GRAD, params))  # the iterations in C: this runs twice a step
+    ids = tuple(map(id, grads))
+    if _NONE_ID not in ids:  # (ints compared: ``None in grads`` would call Tensor.__eq__)
+        return tuple(zip(ids, map(tensor_version, grads), strict=True))
     version = tensor_version
-    return tuple(None if (g := p.grad) is None else (id(g), version(g)) for p in params)
+    return tuple(None if g is None else (id(g), version(g)) for g in grads)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -28,6 +29,7 @@ from torch.utils import _python_dispatch
 from auditlog.capture.flopkeys import flop_key as _flop_key
 
 F = TypeVar("F", bound=Callable[..., Any])
+_Tensors = tuple[torch.Tensor, ...] | list[torch.Tensor]
 
 _is_compiling = torch.compiler.is_compiling
 
@@ -363,9 +365,8 @@ def is_uninitialized(tensor: torch.Tensor) -> bool:
     return bool(torch.nn.parameter.is_lazy(tensor))
 
 
-def tensor_version(tensor: torch.Tensor) -> int:
-    """The in-place version counter (``_version``): equal means not modified in place since."""
-    return tensor._version
+tensor_version: Callable[[torch.Tensor], int] = operator.attrgetter("_version")
+"""The in-place version counter (``_version``): equal, not modified in place since (C getter)."""
 
 
 def tensor_hooks(tensor: torch.Tensor) -> dict[int, Any] | None:
@@ -374,19 +375,16 @@ def tensor_hooks(tensor: torch.Tensor) -> dict[int, Any] | None:
     return tensor._backward_hooks
 
 
-def foreach_norm(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, ...] | list[torch.Tensor]:
-    """L2 norms of many tensors in one fused call (``torch._foreach_norm``, torch 1.10-2.13)."""
-    return torch._foreach_norm(tensors)
+# Fused calls over lists of tensors, bound once (no Python frame per step): the L2 norm of
+# each (torch 1.10-2.13); ``targets[i].copy_(sources[i])`` (2.1-2.13); ``targets[i] -=
+# others[i]`` (1.7-2.13).
+foreach_norm: Callable[[list[torch.Tensor]], _Tensors] = torch._foreach_norm
+foreach_copy_: Callable[[list[torch.Tensor], list[torch.Tensor]], None] = torch._foreach_copy_
+foreach_sub_: Callable[[list[torch.Tensor], list[torch.Tensor]], None] = torch._foreach_sub_
 
-
-def foreach_copy_(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
-    """``targets[i].copy_(sources[i])`` for all i in one call (``torch._foreach_copy_``, 2.1-2.13)."""
-    torch._foreach_copy_(targets, sources)
-
-
-def foreach_sub_(targets: list[torch.Tensor], others: list[torch.Tensor]) -> None:
-    """``targets[i] -= others[i]`` for all i in one call (``torch._foreach_sub_``, 1.7-2.13)."""
-    torch._foreach_sub_(targets, others)
+set_grad_mode: Callable[[bool], None] = torch._C._set_grad_enabled
+"""Autograd recording on or off on this thread: what ``torch.set_grad_enabled`` does,
+without building its context-manager object (torch 1.0-2.13)."""
 
 
 # --------------------------------------------------------------------------- losses and FLOPs
@@ -567,6 +565,7 @@ REQUIRED = {
     "torch.Tensor._backward_hooks": lambda: torch.zeros(1, requires_grad=True)._backward_hooks,
     **{f"global hook table {name}": accessor for name, accessor in GLOBAL_HOOK_TABLES.items()},
     "torch._foreach_norm": lambda: torch._foreach_norm,
+    "torch._C._set_grad_enabled": lambda: torch._C._set_grad_enabled,
     "torch._foreach_copy_": lambda: torch._foreach_copy_,
     "torch._foreach_sub_": lambda: torch._foreach_sub_,
     "torch.compiler.is_compiling": lambda: torch.compiler.is_compiling,
