@@ -43,6 +43,7 @@ from auditlog.capture.torch_compat import (
     unwrap_compiled,
 )
 from auditlog.core.chain import Clean
+from auditlog.core.policy import Policy
 from auditlog.core.tensors import StatsRecord, activity_stats, batch_records, dtype_name
 
 MAX_TENSORS = 4
@@ -200,13 +201,16 @@ class ActivityHooks:
             if not stack:
                 # the outermost call: FLOPs (never of a compiled model), a loss
                 metrics.root_entered(called)
-            if (
-                ctx.sampling
-                and ctx.policy.activity
-                and self._selected_module(module, ctx.module_id(module))
-            ):
-                with self.flops.uncounted():  # our statistics are not the model's FLOPs
-                    self._inputs[(id(module), len(stack))] = self._input_check(args)
+            if ctx.sampling and ctx.policy.activity:
+                module_id = ctx.module_id(module)
+                if self._selected_module(module, module_id):
+                    # The id travels to the post hook with the check (one lookup a call).
+                    key = (id(module), len(stack))
+                    if self.flops.flops_counting():
+                        with self.flops.uncounted():  # our statistics are not the model's FLOPs
+                            self._inputs[key] = (module_id, self._input_check(args))
+                    else:  # (no context manager to enter: its frames cost more than the check)
+                        self._inputs[key] = (module_id, self._input_check(args))
             stack.append(module)
         except Exception as exc:
             ctx.fault("forward_pre_hook", exc)
@@ -219,7 +223,12 @@ class ActivityHooks:
         version: our gradient tap on it says so) reuses that call's statistics;
         others cost one norm."""
         parts: list[dict[str, Any] | StatsRecord] = []
-        for tensor in tensors_in(args, MAX_TENSORS)[:MAX_TENSORS]:
+        inputs = (
+            args  # one positional tensor, nearly every call: no container to walk
+            if len(args) == 1 and isinstance(args[0], torch.Tensor)
+            else tensors_in(args, MAX_TENSORS)[:MAX_TENSORS]
+        )
+        for tensor in inputs:
             if not (tensor.is_floating_point() or tensor.is_complex()) or transform_value(tensor):
                 continue  # integers and booleans are always finite; a transform's values are not read
             tap = self._tap_on(tensor)
@@ -229,9 +238,12 @@ class ActivityHooks:
                 parts.append(activity_stats(local_view(tensor), full=False))
         if not parts:
             return None
-        if all(isinstance(p, dict) for p in parts):
-            return NonFiniteInputs(parts).resolve()  # plain numbers (CPU): add them up now
-        return NonFiniteInputs(parts)
+        total = 0
+        for part in parts:  # plain numbers (CPU): added up now, as NonFiniteInputs.resolve does
+            if type(part) is not dict:
+                return NonFiniteInputs(parts)
+            total += int(part.get("nan", 0)) + int(part.get("inf", 0))
+        return total
 
     @call_guard
     def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -247,14 +259,20 @@ class ActivityHooks:
             elif module in stack:
                 depth = len(stack) - 1 - stack[::-1].index(module)
                 del stack[depth:]
-            inputs = self._inputs.pop((id(module), depth), None) if self._inputs else None
+            entry = self._inputs.pop((id(module), depth), None) if self._inputs else None
             if depth == 0:
                 self.metrics.root_left(module, output)
             policy = ctx.policy
             if not (ctx.sampling and policy.activity):
                 return None
-            module_id = ctx.module_id(module)
+            if entry is not None:
+                module_id, inputs = entry
+            else:
+                module_id, inputs = ctx.module_id(module), None
             if not self._selected_module(module, module_id):
+                return None
+            if isinstance(output, torch.Tensor):
+                self._forward_tensor(module_id, output, inputs, policy)
                 return None
             if output is None:
                 self._add_activity(
@@ -288,6 +306,40 @@ class ActivityHooks:
         except Exception as exc:
             ctx.fault("forward_hook", exc)
         return None
+
+    def _forward_tensor(
+        self, module_id: int, tensor: torch.Tensor, inputs: Any, policy: Policy
+    ) -> None:
+        """A call that returned one tensor (nearly every call): what the general path
+        records, with the tensor's gradient tap looked up once for both the reuse of
+        its statistics (``_output_stats``) and its gradient hook (``_hook_gradients``)."""
+        full = policy.stats == "full"
+        step = self.ctx.step
+        tap = self._tap_on(tensor)
+        version = tensor_version(tensor)
+        stats: dict[str, Any] | StatsRecord
+        if transform_value(tensor):
+            stats = skipped_stats(tensor)
+        elif tap is not None and tap.stats is not None and tap.version == version:
+            stats = tap.stats
+        elif self.flops.flops_counting():
+            with self.flops.uncounted():
+                stats = activity_stats(local_view(tensor), full, units=full)
+        else:
+            stats = activity_stats(local_view(tensor), full, units=full)
+        self._add_activity(
+            step,
+            "forward",
+            {"module_id": module_id, "n_outputs": 1, "outputs": [stats], "input_nonfinite": inputs},
+        )
+        if policy.backward != "grad" or not tensor.requires_grad or not torch.is_grad_enabled():
+            return
+        if tap is not None and tap.version == version:
+            tap.modules.append(module_id)  # one hook, one gradient, an entry per module
+            return
+        handle = tensor.register_hook(GradTap(self, [module_id], step, version, stats))  # type: ignore[no-untyped-call]
+        if tensor.is_leaf:  # a parameter the module returned: its hook goes at the step's end
+            self._leaf_taps.append(handle)
 
     def _add_activity(self, step: int, direction: str, entry: dict[str, Any]) -> None:
         """Hold one module call's statistics until the step's ``activity`` event."""
