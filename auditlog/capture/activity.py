@@ -141,10 +141,12 @@ class ActivityHooks:
         self.metrics = metrics
         self.flops = flops
         self.check_in_place = check_in_place
-        # Module activity of sampled steps: (step, "forward" | "backward", entry),
+        # Module activity of sampled steps: (step, "forward" | "backward", entry, lazy),
         # emitted as one ``activity`` event per step (deque: appends from autograd's
-        # device threads are safe against the flush).
-        self._activity: collections.deque[tuple[int, str, Any]] = collections.deque()
+        # device threads are safe against the flush). ``lazy``: the entry holds device
+        # statistics (``StatsRecord``) to batch; on CPU none does, and the flush looks
+        # into no entry.
+        self._activity: collections.deque[tuple[int, str, Any, bool]] = collections.deque()
         # Handles of the gradient hooks put on leaf tensors that modules returned
         # (removed at the step's end: a parameter outlives its step).
         self._leaf_taps: list[Any] = []
@@ -229,9 +231,13 @@ class ActivityHooks:
             else tensors_in(args, MAX_TENSORS)[:MAX_TENSORS]
         )
         for tensor in inputs:
-            if not (tensor.is_floating_point() or tensor.is_complex()) or transform_value(tensor):
-                continue  # integers and booleans are always finite; a transform's values are not read
+            # Our tap first: only a floating point or complex tensor can require grad, so a
+            # tensor that carries one needs no dtype test (a test through torch's argument parser).
             tap = self._tap_on(tensor)
+            if (
+                tap is None and not (tensor.is_floating_point() or tensor.is_complex())
+            ) or transform_value(tensor):
+                continue  # integers and booleans are always finite; a transform's values are not read
             if tap is not None and tap.stats is not None and tap.version == tensor_version(tensor):
                 parts.append(tap.stats)
             else:
@@ -285,6 +291,7 @@ class ActivityHooks:
                         "input_nonfinite": inputs,
                         "error": True,
                     },
+                    self._lazy([], inputs),
                 )
                 return None
             tensors = tensors_in(output)
@@ -300,6 +307,7 @@ class ActivityHooks:
                     "outputs": stats,
                     "input_nonfinite": inputs,
                 },
+                self._lazy(stats, inputs),
             )
             if policy.backward == "grad" and torch.is_grad_enabled():
                 self._hook_gradients(module_id, tensors, stats)
@@ -331,6 +339,7 @@ class ActivityHooks:
             step,
             "forward",
             {"module_id": module_id, "n_outputs": 1, "outputs": [stats], "input_nonfinite": inputs},
+            type(stats) is not dict or type(inputs) is NonFiniteInputs,
         )
         if policy.backward != "grad" or not tensor.requires_grad or not torch.is_grad_enabled():
             return
@@ -341,10 +350,13 @@ class ActivityHooks:
         if tensor.is_leaf:  # a parameter the module returned: its hook goes at the step's end
             self._leaf_taps.append(handle)
 
-    def _add_activity(self, step: int, direction: str, entry: dict[str, Any]) -> None:
-        """Hold one module call's statistics until the step's ``activity`` event."""
+    def _add_activity(
+        self, step: int, direction: str, entry: dict[str, Any], lazy: bool = True
+    ) -> None:
+        """Hold one module call's statistics until the step's ``activity`` event
+        (``lazy``: it may hold device statistics; ``_lazy`` says)."""
         activity = self._activity
-        activity.append((step, direction, entry))
+        activity.append((step, direction, entry, lazy))
         if len(activity) >= ACTIVITY_FLUSH:
             self._emit_activity()
 
@@ -361,13 +373,19 @@ class ActivityHooks:
         self._inputs.clear()
         activity = self._activity
         by_step: dict[int, dict[str, list[Any]]] = {}
+        lazy_steps: set[int] = set()
         for _ in range(len(activity)):
-            step, direction, entry = activity.popleft()
+            step, direction, entry, maybe_lazy = activity.popleft()
             calls = by_step.get(step)
             if calls is None:
                 calls = by_step[step] = {"forward": [], "backward": []}
             calls[direction].append(entry)
+            if maybe_lazy:
+                lazy_steps.add(step)
         for step, calls in by_step.items():
+            if step not in lazy_steps:  # plain numbers only (CPU): the writer encodes it as it is
+                self.ctx.emit("activity", None, None, Clean(calls), step=step)
+                continue
             lazy = [
                 stats
                 for entries in calls.values()
@@ -388,6 +406,13 @@ class ActivityHooks:
             else:
                 calls = Clean(calls)  # plain numbers only (CPU): the writer encodes it as it is
             self.ctx.emit("activity", None, None, calls, step=step)
+
+    @staticmethod
+    def _lazy(stats: list[Any], inputs: Any = None) -> bool:
+        """May an entry with these statistics hold device statistics (to batch at the flush)?"""
+        return type(inputs) is NonFiniteInputs or any(
+            s is not None and type(s) is not dict for s in stats
+        )
 
     def _output_stats(self, tensor: torch.Tensor, full: bool) -> dict[str, Any] | StatsRecord:
         """Statistics of a module output, computed once per tensor and version.
@@ -447,7 +472,9 @@ class ActivityHooks:
     @call_guard
     def _on_output_grad(self, module_ids: list[int], step: int, grad: torch.Tensor) -> None:
         try:
-            stats = [grad_stats(grad, self.ctx.policy.stats == "full")]
+            found = grad_stats(grad, self.ctx.policy.stats == "full")
+            stats = [found]
+            lazy = found is not None and type(found) is not dict
             for (
                 module_id
             ) in module_ids:  # modules that returned this very tensor: the same gradient
@@ -455,6 +482,7 @@ class ActivityHooks:
                     step,
                     "backward",
                     {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats},
+                    lazy,
                 )
         except Exception as exc:
             self.ctx.fault("gradient_hook", exc)
@@ -469,6 +497,7 @@ class ActivityHooks:
                 step,
                 "backward",
                 {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats},
+                self._lazy(stats),
             )
         except Exception as exc:
             self.ctx.fault("gradient_hook", exc)
@@ -503,15 +532,17 @@ class ActivityHooks:
             module_id = self.ctx.module_id(module)
             if not self._selected_module(module, module_id):
                 return
+            outputs, inputs = self._grad_stats(grad_output), self._grad_stats(grad_input)
             self._add_activity(
                 self.ctx.step,
                 "backward",
                 {
                     "module_id": module_id,
                     "mechanism": mechanism,
-                    "grad_outputs": self._grad_stats(grad_output),
-                    "grad_inputs": self._grad_stats(grad_input),
+                    "grad_outputs": outputs,
+                    "grad_inputs": inputs,
                 },
+                self._lazy(outputs + inputs),
             )
         except Exception as exc:
             self.ctx.fault(where, exc)
