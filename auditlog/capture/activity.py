@@ -157,6 +157,9 @@ class ActivityHooks:
         self._selected: dict[int, bool] = {}
         self._names: dict[int, list[str]] = {}
         self._selected_at = -1
+        # Module classes that are neither a data-parallel nor a torch.compile wrapper (both
+        # are properties of the class): their calls skip those two tests.
+        self._plain_types: set[type] = set()
 
     def _selected_module(self, module: torch.nn.Module, module_id: int) -> bool:
         """Include/exclude globs, evaluated once per module per structure version."""
@@ -182,13 +185,16 @@ class ActivityHooks:
     def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
         ctx = self.ctx
         try:
-            if parallel_wrapper_attr(module) is not None:
-                return None  # DDP/FSDP wrapper: the model's own call follows and is recorded
             called = module
-            module = unwrap_compiled(module)  # torch.compile wrapper: count once
-            if module is not called and not ctx.compiled_seen:
-                ctx.compiled_seen = True
-                skip_guards_at_frame_level()
+            if type(module) not in self._plain_types:
+                if parallel_wrapper_attr(module) is not None:
+                    return None  # DDP/FSDP wrapper: the model's own call follows and is recorded
+                module = unwrap_compiled(module)  # torch.compile wrapper: count once
+                if module is called:
+                    self._plain_types.add(type(module))
+                elif not ctx.compiled_seen:
+                    ctx.compiled_seen = True
+                    skip_guards_at_frame_level()
             stack = ctx.call_stack()
             if not stack:
                 construction = self.construction
@@ -255,9 +261,10 @@ class ActivityHooks:
     def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         ctx = self.ctx
         try:
-            if parallel_wrapper_attr(module) is not None:
-                return None
-            module = unwrap_compiled(module)
+            if type(module) not in self._plain_types:
+                if parallel_wrapper_attr(module) is not None:
+                    return None
+                module = unwrap_compiled(module)
             stack = ctx.call_stack()
             depth = len(stack) - 1
             if stack and stack[-1] is module:

@@ -22,8 +22,15 @@ CHUNK_BYTES = 64 * 1024 * 1024
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.float32`` -> ``'float32'``: the name used in events and hashes."""
-    return str(dtype).removeprefix("torch.")
+    """``torch.float32`` -> ``'float32'``: the name used in events and hashes (remembered
+    per dtype: it is asked for every module output and gradient of a sampled step)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
 class HostValues:
@@ -235,7 +242,7 @@ def activity_stats(
     On other devices the reductions are launched and stacked without a sync
     (``device_stats``) and read by the writer.
     """
-    if tensor.device.type != "cpu":
+    if not tensor.is_cpu:  # (no device object to build, as ``device.type`` does)
         return device_stats(tensor, full, units)
     numel = tensor.numel()
     out: dict[str, Any] = {
