@@ -1,5 +1,8 @@
 """Module activity on sampled steps: forward outputs and backward gradients, with statistics.
 
+The entries' dicts are built with their keys in sorted order, the order the writer's
+encoder writes them in (it sorts every dict; a sorted one costs it least).
+
 Every recorded call becomes an entry held until its step ends; the step's
 entries leave as one ``activity`` event (``flush_activity``). Backward is seen,
 by default, through gradient hooks on the forward outputs (``backward="grad"``):
@@ -73,8 +76,8 @@ def skipped_stats(tensor: torch.Tensor) -> dict[str, Any]:
     """What is recorded of a functorch transform's value (``torch_compat.transform_value``):
     its shape and dtype, and why nothing else."""
     return {
-        "shape": list(tensor.shape),
         "dtype": dtype_name(tensor.dtype),
+        "shape": list(tensor.shape),
         "skipped": "functorch transform value",
     }
 
@@ -292,11 +295,11 @@ class ActivityHooks:
                     ctx.step,
                     "forward",
                     {
+                        "error": True,
+                        "input_nonfinite": inputs,
                         "module_id": module_id,
                         "n_outputs": 0,
                         "outputs": [],
-                        "input_nonfinite": inputs,
-                        "error": True,
                     },
                     self._lazy([], inputs),
                 )
@@ -309,10 +312,10 @@ class ActivityHooks:
                 ctx.step,
                 "forward",
                 {
+                    "input_nonfinite": inputs,
                     "module_id": module_id,
                     "n_outputs": len(tensors),
                     "outputs": stats,
-                    "input_nonfinite": inputs,
                 },
                 self._lazy(stats, inputs),
             )
@@ -345,7 +348,7 @@ class ActivityHooks:
         self._add_activity(
             step,
             "forward",
-            {"module_id": module_id, "n_outputs": 1, "outputs": [stats], "input_nonfinite": inputs},
+            {"input_nonfinite": inputs, "module_id": module_id, "n_outputs": 1, "outputs": [stats]},
             type(stats) is not dict or type(inputs) is NonFiniteInputs,
         )
         if policy.backward != "grad" or not tensor.requires_grad or not torch.is_grad_enabled():
@@ -385,7 +388,7 @@ class ActivityHooks:
             step, direction, entry, maybe_lazy = activity.popleft()
             calls = by_step.get(step)
             if calls is None:
-                calls = by_step[step] = {"forward": [], "backward": []}
+                calls = by_step[step] = {"backward": [], "forward": []}
             calls[direction].append(entry)
             if maybe_lazy:
                 lazy_steps.add(step)
@@ -488,7 +491,7 @@ class ActivityHooks:
                 self._add_activity(
                     step,
                     "backward",
-                    {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats},
+                    {"grad_outputs": stats, "mechanism": "grad", "module_id": module_id},
                     lazy,
                 )
         except Exception as exc:
@@ -503,7 +506,7 @@ class ActivityHooks:
             self._add_activity(
                 step,
                 "backward",
-                {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats},
+                {"grad_outputs": stats, "mechanism": "grad", "module_id": module_id},
                 self._lazy(stats),
             )
         except Exception as exc:
@@ -544,10 +547,10 @@ class ActivityHooks:
                 self.ctx.step,
                 "backward",
                 {
-                    "module_id": module_id,
-                    "mechanism": mechanism,
-                    "grad_outputs": outputs,
                     "grad_inputs": inputs,
+                    "grad_outputs": outputs,
+                    "mechanism": mechanism,
+                    "module_id": module_id,
                 },
                 self._lazy(outputs + inputs),
             )
