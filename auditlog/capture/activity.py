@@ -1,8 +1,5 @@
 """Module activity on sampled steps: forward outputs and backward gradients, with statistics.
 
-The entries' dicts are built with their keys in sorted order, the order the writer's
-encoder writes them in (it sorts every dict; a sorted one costs it least).
-
 Every recorded call becomes an entry held until its step ends; the step's
 entries leave as one ``activity`` event (``flush_activity``). Backward is seen,
 by default, through gradient hooks on the forward outputs (``backward="grad"``):
@@ -17,6 +14,9 @@ statistics are reused and one gradient hook serves every module that returned
 it. A hook on a leaf output (a module may return one of its parameters) is
 removed when the step ends, so none accumulates on the user's parameters; other
 outputs take their hooks with them when they die.
+
+The entries' dicts are built with their keys in sorted order, the order the writer's
+encoder writes them in (it sorts every dict; a sorted one costs it least).
 """
 
 from __future__ import annotations
