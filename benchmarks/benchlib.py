@@ -95,6 +95,15 @@ def mlp() -> nn.Module:
     return nn.Sequential(*blocks, nn.Linear(256, 10))
 
 
+def deep_mlp() -> nn.Module:
+    """The 98-module MLP's structure, narrow: 24 x Sequential(Linear(16), LayerNorm, GELU) +
+    head. The same module calls, hooks and events per step as ``mlp``, with little
+    arithmetic: the recorder's per-module Python is what dominates a step, and an
+    instruction count of it (``instructions.py``) takes minutes, not hours."""
+    blocks = [nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.GELU()) for _ in range(24)]
+    return nn.Sequential(*blocks, nn.Linear(16, 10))
+
+
 def fast_mlp() -> nn.Module:
     """Issue 34's fast-step workload: the 4-layer MLP 16-64-64-1 (6 parameter tensors) whose
     AdamW step on a batch of 8 takes 1-2 ms here, where a fixed per-step cost shows most."""
@@ -149,6 +158,10 @@ def _mlp_batch() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(64, 256), torch.randint(0, 10, (64,))
 
 
+def _deep_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(8, 16), torch.randint(0, 10, (8,))
+
+
 def _token_batch() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randint(0, 256, (8, 32)), torch.randint(0, 256, (8, 32))
 
@@ -171,6 +184,14 @@ WORKLOADS: dict[str, Workload] = {
         "98-module MLP (24 x Linear(256)+LayerNorm+GELU, batch 64, SGD)",
         mlp,
         _mlp_batch,
+        nn.functional.cross_entropy,
+        _sgd,
+    ),
+    "deep": Workload(
+        "deep",
+        "the 98-module MLP's structure at width 16 (24 x Linear(16)+LayerNorm+GELU, batch 8, SGD)",
+        deep_mlp,
+        _deep_batch,
         nn.functional.cross_entropy,
         _sgd,
     ),

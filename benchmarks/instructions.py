@@ -12,7 +12,9 @@ instructions per step, and every other thread's (auditlog's writer).
 
 Configurations: ``bare``; ``floor`` (bare plus what every preset must compute on
 the training thread with nothing recorded: the gradient norms of every step in
-one fused call, and the loss read as a number); the presets. The writer's
+one fused call, and the loss read as a number); ``debug-floor``
+(``overhead_configs.DebugStatisticsFloor``: ``debug``'s statistics computed
+with the library's own functions in plain hooks, nothing recorded); the presets. The writer's
 batching follows wall time (a batch every 0.1 s), which valgrind slows ~50x: its
 interval is raised to 5 s so that its batches hold as many steps as in real time.
 
@@ -23,6 +25,7 @@ fast workload. A workload whose step is mostly arithmetic (the 98-module MLP)
 runs ~50x slower under valgrind than natively: hours, not minutes.
 
     python benchmarks/instructions.py --models fast --configs bare,floor,minimal,audit
+    python benchmarks/instructions.py --models deep --configs bare,debug-floor,debug --steps 50
     PYTHONPATH=/path/to/other/checkout python benchmarks/instructions.py ...  # another commit
 """
 
@@ -45,6 +48,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import WORKLOADS, machine_line, record_options
+from overhead_configs import DebugStatisticsFloor
 
 import auditlog
 
@@ -55,9 +59,11 @@ def child(model: str, config: str, steps: int) -> None:
     """Train under the configuration; print GO when the counted steps start, DONE after."""
     torch.set_num_threads(1)
     work = WORKLOADS[model]
+    if config == "debug-floor":
+        DebugStatisticsFloor().begin(Path(tempfile.gettempdir()))
     recording = (
         None
-        if config in ("bare", "floor")
+        if config in ("bare", "floor", "debug-floor")
         else auditlog.record(tempfile.mkdtemp(prefix="auditlog-instr-"), **record_options(config))
     )
     run = recording.__enter__() if recording is not None else None

@@ -144,9 +144,9 @@ class GradientNormsFloor(Floor):
 class DebugStatisticsFloor(Floor):
     """``debug``'s numbers computed with nothing recorded: the same statistics of
     every distinct module output (leaf modules; a container returns its last
-    child's tensor) and of its gradient (a tensor hook), and gradient, parameter
-    and exact update norms every step (a pre-step copy), with the library's own
-    ``activity_stats`` / ``norms_of``. What ``debug`` costs above this is the
+    child's tensor) with its zero elements and dead units, and of its gradient (a
+    tensor hook), and gradient, parameter and exact update norms every step (a
+    pre-step copy), with the library's own ``activity_stats`` / ``norms_of``. What ``debug`` costs above this is the
     recorder (identity, events, queue, writer); what this costs is the price of
     the statistics themselves on this model."""
 
@@ -158,7 +158,7 @@ class DebugStatisticsFloor(Floor):
         def on_output(module: nn.Module, args: Any, output: Any) -> None:
             if module._modules or not isinstance(output, torch.Tensor):
                 return
-            activity_stats(output)
+            activity_stats(output, units=True)  # as debug's forward hook (forensic counts)
             if output.requires_grad:
                 output.register_hook(timed_grad_stats)  # type: ignore[no-untyped-call]
 

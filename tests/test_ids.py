@@ -213,7 +213,9 @@ def test_a_tensor_two_modules_return_is_measured_once_without_a_reference(store:
         recorder = run.recorder
         assert recorder is not None
         entries = [
-            entry for _, direction, entry in recorder.activity._activity if direction == "forward"
+            entry
+            for _, direction, entry, _ in recorder.activity._activity
+            if direction == "forward"
         ]
         assert len(entries) == 3  # Linear, Linear, Sequential
         assert entries[2]["outputs"][0] is entries[1]["outputs"][0]

@@ -38,3 +38,15 @@ def test_device_path_agrees() -> None:
     device = device_stats(x, True, True).resolve()  # the stacked path CUDA uses, read here
     for key in ("zeros", "units", "dead_units", "nan"):
         assert device[key] == cpu[key], key
+
+
+def test_cpu_statistics_keys_come_sorted() -> None:
+    """The writer's encoder sorts keys: statistics are built in that order already."""
+    cases = [_activation(), torch.ones(2, 3), torch.randn(7), torch.tensor(2.0), torch.zeros(0, 4)]
+    cases.append(torch.tensor([1.0, float("inf")]))
+    for tensor in cases:
+        for full in (True, False):
+            for units in (True, False):
+                stats = activity_stats(tensor, full, units)
+                assert isinstance(stats, dict)
+                assert list(stats) == sorted(stats), (tuple(tensor.shape), full, units)

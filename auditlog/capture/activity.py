@@ -14,6 +14,9 @@ statistics are reused and one gradient hook serves every module that returned
 it. A hook on a leaf output (a module may return one of its parameters) is
 removed when the step ends, so none accumulates on the user's parameters; other
 outputs take their hooks with them when they die.
+
+The entries' dicts are built with their keys in sorted order, the order the writer's
+encoder writes them in (it sorts every dict; a sorted one costs it least).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from auditlog.capture.torch_compat import (
     unwrap_compiled,
 )
 from auditlog.core.chain import Clean
+from auditlog.core.policy import Policy
 from auditlog.core.tensors import StatsRecord, activity_stats, batch_records, dtype_name
 
 MAX_TENSORS = 4
@@ -72,8 +76,8 @@ def skipped_stats(tensor: torch.Tensor) -> dict[str, Any]:
     """What is recorded of a functorch transform's value (``torch_compat.transform_value``):
     its shape and dtype, and why nothing else."""
     return {
-        "shape": list(tensor.shape),
         "dtype": dtype_name(tensor.dtype),
+        "shape": list(tensor.shape),
         "skipped": "functorch transform value",
     }
 
@@ -140,10 +144,12 @@ class ActivityHooks:
         self.metrics = metrics
         self.flops = flops
         self.check_in_place = check_in_place
-        # Module activity of sampled steps: (step, "forward" | "backward", entry),
+        # Module activity of sampled steps: (step, "forward" | "backward", entry, lazy),
         # emitted as one ``activity`` event per step (deque: appends from autograd's
-        # device threads are safe against the flush).
-        self._activity: collections.deque[tuple[int, str, Any]] = collections.deque()
+        # device threads are safe against the flush). ``lazy``: the entry holds device
+        # statistics (``StatsRecord``) to batch; on CPU none does, and the flush looks
+        # into no entry.
+        self._activity: collections.deque[tuple[int, str, Any, bool]] = collections.deque()
         # Handles of the gradient hooks put on leaf tensors that modules returned
         # (removed at the step's end: a parameter outlives its step).
         self._leaf_taps: list[Any] = []
@@ -154,6 +160,9 @@ class ActivityHooks:
         self._selected: dict[int, bool] = {}
         self._names: dict[int, list[str]] = {}
         self._selected_at = -1
+        # Module classes that are neither a data-parallel nor a torch.compile wrapper (both
+        # are properties of the class): their calls skip those two tests.
+        self._plain_types: set[type] = set()
 
     def _selected_module(self, module: torch.nn.Module, module_id: int) -> bool:
         """Include/exclude globs, evaluated once per module per structure version."""
@@ -179,13 +188,16 @@ class ActivityHooks:
     def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
         ctx = self.ctx
         try:
-            if parallel_wrapper_attr(module) is not None:
-                return None  # DDP/FSDP wrapper: the model's own call follows and is recorded
             called = module
-            module = unwrap_compiled(module)  # torch.compile wrapper: count once
-            if module is not called and not ctx.compiled_seen:
-                ctx.compiled_seen = True
-                skip_guards_at_frame_level()
+            if type(module) not in self._plain_types:
+                if parallel_wrapper_attr(module) is not None:
+                    return None  # DDP/FSDP wrapper: the model's own call follows and is recorded
+                module = unwrap_compiled(module)  # torch.compile wrapper: count once
+                if module is called:
+                    self._plain_types.add(type(module))
+                elif not ctx.compiled_seen:
+                    ctx.compiled_seen = True
+                    skip_guards_at_frame_level()
             stack = ctx.call_stack()
             if not stack:
                 construction = self.construction
@@ -200,13 +212,16 @@ class ActivityHooks:
             if not stack:
                 # the outermost call: FLOPs (never of a compiled model), a loss
                 metrics.root_entered(called)
-            if (
-                ctx.sampling
-                and ctx.policy.activity
-                and self._selected_module(module, ctx.module_id(module))
-            ):
-                with self.flops.uncounted():  # our statistics are not the model's FLOPs
-                    self._inputs[(id(module), len(stack))] = self._input_check(args)
+            if ctx.sampling and ctx.policy.activity:
+                module_id = ctx.module_id(module)
+                if self._selected_module(module, module_id):
+                    # The id travels to the post hook with the check (one lookup a call).
+                    key = (id(module), len(stack))
+                    if self.flops.flops_counting():
+                        with self.flops.uncounted():  # our statistics are not the model's FLOPs
+                            self._inputs[key] = (module_id, self._input_check(args))
+                    else:  # (no context manager to enter: its frames cost more than the check)
+                        self._inputs[key] = (module_id, self._input_check(args))
             stack.append(module)
         except Exception as exc:
             ctx.fault("forward_pre_hook", exc)
@@ -219,27 +234,40 @@ class ActivityHooks:
         version: our gradient tap on it says so) reuses that call's statistics;
         others cost one norm."""
         parts: list[dict[str, Any] | StatsRecord] = []
-        for tensor in tensors_in(args, MAX_TENSORS)[:MAX_TENSORS]:
-            if not (tensor.is_floating_point() or tensor.is_complex()) or transform_value(tensor):
-                continue  # integers and booleans are always finite; a transform's values are not read
+        inputs = (
+            args  # one positional tensor, nearly every call: no container to walk
+            if len(args) == 1 and isinstance(args[0], torch.Tensor)
+            else tensors_in(args, MAX_TENSORS)[:MAX_TENSORS]
+        )
+        for tensor in inputs:
+            # Our tap first: only a floating point or complex tensor can require grad, so a
+            # tensor that carries one needs no dtype test (a test through torch's argument parser).
             tap = self._tap_on(tensor)
+            if (
+                tap is None and not (tensor.is_floating_point() or tensor.is_complex())
+            ) or transform_value(tensor):
+                continue  # integers and booleans are always finite; a transform's values are not read
             if tap is not None and tap.stats is not None and tap.version == tensor_version(tensor):
                 parts.append(tap.stats)
             else:
                 parts.append(activity_stats(local_view(tensor), full=False))
         if not parts:
             return None
-        if all(isinstance(p, dict) for p in parts):
-            return NonFiniteInputs(parts).resolve()  # plain numbers (CPU): add them up now
-        return NonFiniteInputs(parts)
+        total = 0
+        for part in parts:  # plain numbers (CPU): added up now, as NonFiniteInputs.resolve does
+            if type(part) is not dict:
+                return NonFiniteInputs(parts)
+            total += int(part.get("nan", 0)) + int(part.get("inf", 0))
+        return total
 
     @call_guard
     def _on_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         ctx = self.ctx
         try:
-            if parallel_wrapper_attr(module) is not None:
-                return None
-            module = unwrap_compiled(module)
+            if type(module) not in self._plain_types:
+                if parallel_wrapper_attr(module) is not None:
+                    return None
+                module = unwrap_compiled(module)
             stack = ctx.call_stack()
             depth = len(stack) - 1
             if stack and stack[-1] is module:
@@ -247,26 +275,33 @@ class ActivityHooks:
             elif module in stack:
                 depth = len(stack) - 1 - stack[::-1].index(module)
                 del stack[depth:]
-            inputs = self._inputs.pop((id(module), depth), None) if self._inputs else None
+            entry = self._inputs.pop((id(module), depth), None) if self._inputs else None
             if depth == 0:
                 self.metrics.root_left(module, output)
             policy = ctx.policy
             if not (ctx.sampling and policy.activity):
                 return None
-            module_id = ctx.module_id(module)
+            if entry is not None:
+                module_id, inputs = entry
+            else:
+                module_id, inputs = ctx.module_id(module), None
             if not self._selected_module(module, module_id):
+                return None
+            if isinstance(output, torch.Tensor):
+                self._forward_tensor(module_id, output, inputs, policy)
                 return None
             if output is None:
                 self._add_activity(
                     ctx.step,
                     "forward",
                     {
+                        "error": True,
+                        "input_nonfinite": inputs,
                         "module_id": module_id,
                         "n_outputs": 0,
                         "outputs": [],
-                        "input_nonfinite": inputs,
-                        "error": True,
                     },
+                    self._lazy([], inputs),
                 )
                 return None
             tensors = tensors_in(output)
@@ -277,11 +312,12 @@ class ActivityHooks:
                 ctx.step,
                 "forward",
                 {
+                    "input_nonfinite": inputs,
                     "module_id": module_id,
                     "n_outputs": len(tensors),
                     "outputs": stats,
-                    "input_nonfinite": inputs,
                 },
+                self._lazy(stats, inputs),
             )
             if policy.backward == "grad" and torch.is_grad_enabled():
                 self._hook_gradients(module_id, tensors, stats)
@@ -289,10 +325,48 @@ class ActivityHooks:
             ctx.fault("forward_hook", exc)
         return None
 
-    def _add_activity(self, step: int, direction: str, entry: dict[str, Any]) -> None:
-        """Hold one module call's statistics until the step's ``activity`` event."""
+    def _forward_tensor(
+        self, module_id: int, tensor: torch.Tensor, inputs: Any, policy: Policy
+    ) -> None:
+        """A call that returned one tensor (nearly every call): what the general path
+        records, with the tensor's gradient tap looked up once for both the reuse of
+        its statistics (``_output_stats``) and its gradient hook (``_hook_gradients``)."""
+        full = policy.stats == "full"
+        step = self.ctx.step
+        tap = self._tap_on(tensor)
+        version = tensor_version(tensor)
+        stats: dict[str, Any] | StatsRecord
+        if transform_value(tensor):
+            stats = skipped_stats(tensor)
+        elif tap is not None and tap.stats is not None and tap.version == version:
+            stats = tap.stats
+        elif self.flops.flops_counting():
+            with self.flops.uncounted():
+                stats = activity_stats(local_view(tensor), full, units=full)
+        else:
+            stats = activity_stats(local_view(tensor), full, units=full)
+        self._add_activity(
+            step,
+            "forward",
+            {"input_nonfinite": inputs, "module_id": module_id, "n_outputs": 1, "outputs": [stats]},
+            type(stats) is not dict or type(inputs) is NonFiniteInputs,
+        )
+        if policy.backward != "grad" or not tensor.requires_grad or not torch.is_grad_enabled():
+            return
+        if tap is not None and tap.version == version:
+            tap.modules.append(module_id)  # one hook, one gradient, an entry per module
+            return
+        handle = tensor.register_hook(GradTap(self, [module_id], step, version, stats))  # type: ignore[no-untyped-call]
+        if tensor.is_leaf:  # a parameter the module returned: its hook goes at the step's end
+            self._leaf_taps.append(handle)
+
+    def _add_activity(
+        self, step: int, direction: str, entry: dict[str, Any], lazy: bool = True
+    ) -> None:
+        """Hold one module call's statistics until the step's ``activity`` event
+        (``lazy``: it may hold device statistics; ``_lazy`` says)."""
         activity = self._activity
-        activity.append((step, direction, entry))
+        activity.append((step, direction, entry, lazy))
         if len(activity) >= ACTIVITY_FLUSH:
             self._emit_activity()
 
@@ -309,13 +383,19 @@ class ActivityHooks:
         self._inputs.clear()
         activity = self._activity
         by_step: dict[int, dict[str, list[Any]]] = {}
+        lazy_steps: set[int] = set()
         for _ in range(len(activity)):
-            step, direction, entry = activity.popleft()
+            step, direction, entry, maybe_lazy = activity.popleft()
             calls = by_step.get(step)
             if calls is None:
-                calls = by_step[step] = {"forward": [], "backward": []}
+                calls = by_step[step] = {"backward": [], "forward": []}
             calls[direction].append(entry)
+            if maybe_lazy:
+                lazy_steps.add(step)
         for step, calls in by_step.items():
+            if step not in lazy_steps:  # plain numbers only (CPU): the writer encodes it as it is
+                self.ctx.emit("activity", None, None, Clean(calls), step=step)
+                continue
             lazy = [
                 stats
                 for entries in calls.values()
@@ -336,6 +416,13 @@ class ActivityHooks:
             else:
                 calls = Clean(calls)  # plain numbers only (CPU): the writer encodes it as it is
             self.ctx.emit("activity", None, None, calls, step=step)
+
+    @staticmethod
+    def _lazy(stats: list[Any], inputs: Any = None) -> bool:
+        """May an entry with these statistics hold device statistics (to batch at the flush)?"""
+        return type(inputs) is NonFiniteInputs or any(
+            s is not None and type(s) is not dict for s in stats
+        )
 
     def _output_stats(self, tensor: torch.Tensor, full: bool) -> dict[str, Any] | StatsRecord:
         """Statistics of a module output, computed once per tensor and version.
@@ -395,14 +482,17 @@ class ActivityHooks:
     @call_guard
     def _on_output_grad(self, module_ids: list[int], step: int, grad: torch.Tensor) -> None:
         try:
-            stats = [grad_stats(grad, self.ctx.policy.stats == "full")]
+            found = grad_stats(grad, self.ctx.policy.stats == "full")
+            stats = [found]
+            lazy = found is not None and type(found) is not dict
             for (
                 module_id
             ) in module_ids:  # modules that returned this very tensor: the same gradient
                 self._add_activity(
                     step,
                     "backward",
-                    {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats},
+                    {"grad_outputs": stats, "mechanism": "grad", "module_id": module_id},
+                    lazy,
                 )
         except Exception as exc:
             self.ctx.fault("gradient_hook", exc)
@@ -416,7 +506,8 @@ class ActivityHooks:
             self._add_activity(
                 step,
                 "backward",
-                {"module_id": module_id, "mechanism": "grad", "grad_outputs": stats},
+                {"grad_outputs": stats, "mechanism": "grad", "module_id": module_id},
+                self._lazy(stats),
             )
         except Exception as exc:
             self.ctx.fault("gradient_hook", exc)
@@ -451,15 +542,17 @@ class ActivityHooks:
             module_id = self.ctx.module_id(module)
             if not self._selected_module(module, module_id):
                 return
+            outputs, inputs = self._grad_stats(grad_output), self._grad_stats(grad_input)
             self._add_activity(
                 self.ctx.step,
                 "backward",
                 {
-                    "module_id": module_id,
+                    "grad_inputs": inputs,
+                    "grad_outputs": outputs,
                     "mechanism": mechanism,
-                    "grad_outputs": self._grad_stats(grad_output),
-                    "grad_inputs": self._grad_stats(grad_input),
+                    "module_id": module_id,
                 },
+                self._lazy(outputs + inputs),
             )
         except Exception as exc:
             self.ctx.fault(where, exc)

@@ -98,6 +98,13 @@ def _metrics_payload(entries: list[dict[str, Any]]) -> dict[str, Any]:
     return {"metrics": entries}
 
 
+class _Watched(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to a watched module that knows its key in ``MetricHooks._watched``."""
+
+    __slots__ = ("key",)
+    key: int
+
+
 class MetricHooks:
     """Hooks on loss modules and roots, and the pending metric entries of the step.
 
@@ -109,7 +116,9 @@ class MetricHooks:
         self.ctx = ctx
         self.flops = flops
         self._metric_handles: list[RemovableHandle] = []
-        self._watched: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+        # Loss modules and roots already watched, by id: a weak reference checked for
+        # identity (a ``WeakKeyDictionary`` test makes a new weak reference at every call).
+        self._watched: dict[int, _Watched] = {}
         self._metrics: list[tuple[int, dict[str, Any]]] = []
         self._root_depth = 0
         self._losses_in_root: set[int] = set()
@@ -124,22 +133,33 @@ class MetricHooks:
     # ------------------------------------------------------------------ watching
     def watch_call(self, called: torch.nn.Module, root_call: bool) -> None:
         """Called by the global forward pre hook (sampled steps): hook the loss modules."""
-        if called in self._watched:
+        seen = self._watched.get(id(called))
+        if seen is not None and seen() is called:
             return
         if is_loss_module(unwrap_compiled(called)):
-            self._watched[called] = "loss"
+            self._watch(called)
             if self.ctx.policy.loss:
                 self._metric_handles.append(
                     called.register_forward_hook(ModuleTap(self._on_loss_output))
                 )
         elif root_call:
-            self._watched[called] = "root"
+            self._watch(called)
+
+    def _watch(self, module: torch.nn.Module) -> None:
+        ref = self._watched[id(module)] = _Watched(module, self._unwatch)
+        ref.key = id(module)
+
+    def _unwatch(self, ref: _Watched) -> None:
+        """A watched module died: its entry goes (a loss module built in every step's
+        expression would otherwise leave one per step)."""
+        if self._watched.get(ref.key) is ref:
+            del self._watched[ref.key]
 
     def remove_metric_hooks(self) -> None:
         """Remove the per-module hooks this recorder added (recording ends)."""
         while self._metric_handles:
             self._metric_handles.pop().remove()
-        self._watched = weakref.WeakKeyDictionary()
+        self._watched = {}
 
     def root_entered(self, module: torch.nn.Module) -> None:
         """The outermost module call of this thread begins (a root's forward)."""

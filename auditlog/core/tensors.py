@@ -22,8 +22,15 @@ CHUNK_BYTES = 64 * 1024 * 1024
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.float32`` -> ``'float32'``: the name used in events and hashes."""
-    return str(dtype).removeprefix("torch.")
+    """``torch.float32`` -> ``'float32'``: the name used in events and hashes (remembered
+    per dtype: it is asked for every module output and gradient of a sampled step)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
 class HostValues:
@@ -235,16 +242,13 @@ def activity_stats(
     On other devices the reductions are launched and stacked without a sync
     (``device_stats``) and read by the writer.
     """
-    if tensor.device.type != "cpu":
+    if not tensor.is_cpu:  # (no device object to build, as ``device.type`` does)
         return device_stats(tensor, full, units)
     numel = tensor.numel()
-    out: dict[str, Any] = {
-        "shape": list(tensor.shape),
-        "dtype": dtype_name(tensor.dtype),
-        "numel": numel,
-    }
+    shape = list(tensor.shape)
+    dtype = dtype_name(tensor.dtype)
     if numel == 0 or tensor.layout != torch.strided:
-        return out
+        return {"dtype": dtype, "numel": numel, "shape": shape}
     # No no_grad() needed: a detached tensor records no graph (and entering the
     # context has a cost that adds up over every module call).
     x = tensor.detach()
@@ -253,9 +257,13 @@ def activity_stats(
         if x.dtype not in _FAST_FLOATS:
             x = x.float()
     norm = torch.linalg.vector_norm(x).item()
-    if not full:
-        out["norm"] = norm
-    else:
+    # Statistics as stored: a float, or its text when it is not finite (finite_or_text).
+    out_norm: Any = norm
+    mean: Any = None
+    std: Any = None
+    low: Any = None
+    high: Any = None
+    if full:
         total = x.sum().item()
         lo, hi = torch.aminmax(x)
         mean = total / numel
@@ -264,44 +272,94 @@ def activity_stats(
             std = math.sqrt(max(square - mean * mean, 0.0))
         else:
             std = x.std(correction=0).item()
-        out["norm"] = norm
-        out["mean"] = mean
-        out["std"] = std
-        out["min"] = lo.item()
-        out["max"] = hi.item()
+        low = lo.item()
+        high = hi.item()
     if norm - norm == 0.0:  # finite norm: every element is finite
-        out["nan"] = out["inf"] = 0
+        nan = inf = 0
         if full and mean - mean != 0.0:  # the float32 sum overflowed
-            out["mean"] = finite_or_text(mean)
+            mean = finite_or_text(mean)
     else:
-        for key in ("norm", "mean", "std", "min", "max"):
-            if key in out:
-                out[key] = finite_or_text(out[key])
-        out["nan"] = int(torch.isnan(x).sum())
-        out["inf"] = int(torch.isinf(x).sum())
-    if units and not tensor.is_complex():
-        _add_unit_counts(out, x)
+        out_norm = finite_or_text(norm)
+        if full:
+            mean, std = finite_or_text(mean), finite_or_text(std)
+            low, high = finite_or_text(low), finite_or_text(high)
+        nan = int(torch.isnan(x).sum())
+        inf = int(torch.isinf(x).sum())
+    counted = _unit_counts_now(x) if units and not tensor.is_complex() else None
+    # One dict, keys in sorted order: the writer's encoder sorts every dict's keys, and
+    # sorted ones cost it the fewest comparisons.
+    if counted is not None and counted[1] is not None:
+        zeros, n, dead = counted
+        if full:
+            return {
+                "dead_units": dead,
+                "dtype": dtype,
+                "inf": inf,
+                "max": high,
+                "mean": mean,
+                "min": low,
+                "nan": nan,
+                "norm": out_norm,
+                "numel": numel,
+                "shape": shape,
+                "std": std,
+                "units": n,
+                "zeros": zeros,
+            }
+        return {
+            "dead_units": dead,
+            "dtype": dtype,
+            "inf": inf,
+            "nan": nan,
+            "norm": out_norm,
+            "numel": numel,
+            "shape": shape,
+            "units": n,
+            "zeros": zeros,
+        }
+    out: dict[str, Any] = (
+        {
+            "dtype": dtype,
+            "inf": inf,
+            "max": high,
+            "mean": mean,
+            "min": low,
+            "nan": nan,
+            "norm": out_norm,
+            "numel": numel,
+            "shape": shape,
+            "std": std,
+        }
+        if full
+        else {
+            "dtype": dtype,
+            "inf": inf,
+            "nan": nan,
+            "norm": out_norm,
+            "numel": numel,
+            "shape": shape,
+        }
+    )
+    if counted is not None:
+        out["zeros"] = counted[0]  # a 0-D or 1-D activation: no units
     return out
 
 
-def _add_unit_counts(out: dict[str, Any], x: torch.Tensor) -> None:
-    """``zeros``, ``units``, ``dead_units`` of a CPU activation, read at once."""
+def _unit_counts_now(x: torch.Tensor) -> tuple[int, int | None, int | None]:
+    """``(zeros, units, dead_units)`` of a CPU activation, read at once; units and dead
+    units are None below 2-D (``unit_size``)."""
     # count_nonzero is one kernel with no boolean tensor to allocate, cheaper than
     # (x != 0).sum() (docs/performance.md), and it runs on every forward output of a
     # sampled step. Same rule: NaN counts as non-zero, -0.0 as zero.
     count = int(torch.count_nonzero(x))
-    out["zeros"] = x.numel() - count
+    zeros = x.numel() - count
     if x.dim() < 2:
-        return
+        return zeros, None, None
     n = x.shape[unit_dim(x.dim())]
-    out["units"] = n
     if count == x.numel():
-        out["dead_units"] = 0
-    else:
-        nonzero = x != 0
-        out["dead_units"] = n - int(
-            nonzero.movedim(unit_dim(x.dim()), -1).reshape(-1, n).any(0).sum()
-        )
+        return zeros, n, 0
+    nonzero = x != 0
+    return zeros, n, n - int(nonzero.movedim(unit_dim(x.dim()), -1).reshape(-1, n).any(0).sum())
 
 
 def host_stats(tensor: torch.Tensor) -> dict[str, Any]:
