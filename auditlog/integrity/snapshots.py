@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from auditlog.core.errors import StoreError
 from auditlog.core.hashing import hash_text, is_content_hash, shown_hash
@@ -75,23 +76,55 @@ def _referenced(store: EventStore, run_id: str) -> Iterator[tuple[int, int, int,
         yield from found
 
 
-def verify_snapshots(store: EventStore, run_id: str) -> tuple[int, list[SnapshotProblem]]:
-    """Check each distinct snapshot the run references once; return (checked, problems)."""
-    references = list(_referenced(store, run_id))
+@dataclass
+class ChecksAhead:
+    """A run's snapshot references, read at the start of its verdict, and their small files
+    handed to worker processes (``SnapshotStore.check_ahead``) while the verdict checks
+    the chain."""
+
+    references: list[tuple[int, int, int, str]]
+    pending: Any
+
+
+def check_files_ahead(store: EventStore, run_id: str) -> ChecksAhead | None:
+    """Start checking the run's snapshot files on this process's worker processes, where
+    it started them (``auditlog ui``); None otherwise (nothing is read then)."""
+    from auditlog.store import blobprove
+
+    if blobprove.active() is None:
+        return None
+    from auditlog.store.blobs import SnapshotStore
+
+    try:
+        references = list(_referenced(store, run_id))
+    except StoreError:
+        return None  # the verdict reads them again and reports what it finds
+    names = sorted({sha for *_, sha in references if is_content_hash(sha)})
+    pending = SnapshotStore(store.location.snapshots).check_ahead(names)
+    return ChecksAhead(references, pending)
+
+
+def verify_snapshots(
+    store: EventStore, run_id: str, ahead: ChecksAhead | None = None
+) -> tuple[int, list[SnapshotProblem]]:
+    """Check each distinct snapshot the run references once; return (checked, problems).
+    ``ahead``: references read, and files being checked by worker processes, since the
+    verdict began (``check_files_ahead``): a file a worker passed is not checked again."""
+    references = ahead.references if ahead is not None else list(_referenced(store, run_id))
     if not references:
         return 0, []
     from auditlog.store.blobs import SnapshotStore  # pyarrow: only when there are snapshots
 
     catalog = store.blob_rows(sorted({sha for *_, sha in references}))
     files = SnapshotStore(store.location.snapshots)
-    files.prove(list(catalog))  # worker processes, where started: the checks below recall
+    passed = ahead.pending.passes() if ahead is not None and ahead.pending is not None else {}
     verdict: dict[str, list[str]] = {}
     problems: list[SnapshotProblem] = []
     names: dict[int, list[str]] | None = None
     for seq, event_id, tensor_id, sha in references:
         if sha in verdict:
             continue  # one report per content, at its first reference
-        verdict[sha] = files.check(sha, catalog.get(sha))
+        verdict[sha] = files.check(sha, catalog.get(sha), passed.get(sha))
         if not verdict[sha]:
             continue
         if names is None:  # replayed only when a problem needs the tensor's name

@@ -42,7 +42,7 @@ from auditlog.integrity.keys import KeyRing, trusted_public_keys
 from auditlog.integrity.merkle import PackedLeaves
 from auditlog.integrity.parallel import check_split, split_point
 from auditlog.integrity.runindex import verify_run_index
-from auditlog.integrity.snapshots import verify_snapshots
+from auditlog.integrity.snapshots import ChecksAhead, check_files_ahead, verify_snapshots
 from auditlog.store.eventstore import EventStore
 
 __all__ = [
@@ -215,6 +215,8 @@ def verify_run(
     restore checks each file it reads itself).
     """
     report = VerifyReport(run_id)
+    # Snapshot files handed to worker processes first, where started: checked meanwhile.
+    ahead = check_files_ahead(store, run_id) if snapshot_files else None
     mine = [(source, st) for source, st in statements if st.run_id == run_id]
     rows = store.checkpoint_rows(run_id)
     sizes = signed_sizes(rows, [st for _, st in mine])
@@ -256,7 +258,7 @@ def verify_run(
     if report.events:
         uncovered = verify_coverage(report, explicit if require_signed is None else require_signed)
         if snapshot_files:
-            _verify_snapshot_files(store, run_id, report)
+            _verify_snapshot_files(store, run_id, report, ahead)
     report.problems.sort(key=lambda p: (p.stream, p.seq))
     report.problems.extend(uncovered)  # after the problems that may explain them
     return report
@@ -324,10 +326,12 @@ def _check_streams(report: VerifyReport) -> None:
             )
 
 
-def _verify_snapshot_files(store: EventStore, run_id: str, report: VerifyReport) -> None:
+def _verify_snapshot_files(
+    store: EventStore, run_id: str, report: VerifyReport, ahead: ChecksAhead | None
+) -> None:
     """Every snapshot the run references must still hold the content its hash names."""
     try:
-        report.snapshots, found = verify_snapshots(store, run_id)
+        report.snapshots, found = verify_snapshots(store, run_id, ahead)
     except StoreError:
         return  # a malformed event: already reported by the chain check above
     for problem in found:

@@ -1,24 +1,26 @@
-"""Small snapshot files checked on worker processes beside this one, before a verdict.
+"""Small snapshot files checked on worker processes beside this one, during a verdict.
 
 A small file's full check (``blobcheck.verify_file``) costs its fixed overhead
 (opening the Parquet footer, decoding one row group, comparing facts), not its
 bytes, and runs under the GIL: a process's first verdict on a run of thousands
 of small files (the web UI's first ``verify`` of a 5,000-module run) is that
 overhead times the files, on one core. ``Provers`` are worker processes started
-ahead of need (``auditlog ui`` starts them as it starts serving); ``prove``
-hands them the names a verdict is about to check, split among them, and each
-pass comes back as (name, SHA-256 of the bytes checked, facts), which this
-process keeps in ``blobcheck.PROVEN`` exactly as it keeps a pass of its own.
+ahead of need (``auditlog ui`` starts them as it starts serving). ``submit``
+hands them, in parts, the files a verdict has begun (``SnapshotStore.check_ahead``)
+and returns at once, so the verdict checks the chain meanwhile; ``Pending.passes``
+then checks the parts no worker has started in this process and waits for the
+rest. Each pass comes back as (name, SHA-256 of the bytes checked, facts): it is
+that verdict's check of the file (run during it, by the same code), and is kept
+in ``blobcheck.PROVEN`` as a pass of this process is, so later verdicts read,
+hash and recall the file.
 
-Nothing else changes: the verdict's own check still opens every file, reads it,
-hashes its bytes and answers from ``PROVEN`` only when they are the bytes a
-worker checked; a file changed after a worker saw it is checked again in full.
-Workers report passes only: a file that fails is found, and worded, by the
-verdict's own check. The workers run this module's code in processes this one
-started (forked from it while it had a single thread, or fresh interpreters:
-``start_method``), so what they report is what this process would have
-computed. Any failure of the pool (a worker killed, a timeout) leaves the
-verdict to this process alone, and a pool still starting is not waited for.
+Workers report passes only: a file that fails is checked again, found and
+worded by the verdict's own check. The workers run this module's code in
+processes this one started (forked from it while it had a single thread, or
+fresh interpreters: ``start_method``), so what they report is what this
+process would have computed. Any failure of the pool (a worker killed, a
+timeout) leaves the verdict to this process alone, and a pool still starting
+is not waited for.
 """
 
 from __future__ import annotations
@@ -32,15 +34,22 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from auditlog.core.cpus import usable_cpus
-from auditlog.store.blobcheck import PROVEN, checked
-from auditlog.store.blobformat import BlobInfo, SnapshotError
+
+if TYPE_CHECKING:
+    from auditlog.store.blobformat import BlobInfo
 
 MIN_FILES = 64
 """Fewer names not yet proven than this are left to the verdict itself (a round trip to
 the workers costs more than a few checks)."""
+
+CHUNKS_PER_WORKER = 8
+"""Parts per worker: small enough that this process can take the last ones itself."""
+
+MIN_CHUNK = 32
+"""Files per part at least (each part is a round trip)."""
 
 WAIT_S = 300.0
 """How long a verdict waits for the workers before it checks the rest on its own."""
@@ -83,6 +92,9 @@ def _nothing() -> None:
 def prove_chunk(root: str, names: list[str]) -> list[tuple[str, bytes, BlobInfo]]:
     """Worker side: ``(name, SHA-256 of the bytes checked, facts)`` for each small file of
     ``names`` that passes the full check (large files and failures are left out)."""
+    from auditlog.store.blobcheck import checked
+    from auditlog.store.blobformat import SnapshotError
+
     passed = []
     for name in names:
         try:
@@ -125,6 +137,9 @@ class Provers:
     def _start(self) -> None:
         pool: ProcessPoolExecutor | None = None
         try:
+            # Imported before the workers start: forked ones share it, a forkserver preloads it.
+            import auditlog.store.blobcheck  # noqa: F401
+
             context: Any = multiprocessing.get_context(self.method)
             if self.method == "forkserver":
                 context.set_forkserver_preload(["auditlog.store.blobcheck"])
@@ -151,34 +166,29 @@ class Provers:
         processes = {} if pool is None else (pool._processes or {})
         return [p.pid for p in processes.values() if p.pid is not None]
 
-    def prove(self, root: Path | str, names: list[str]) -> int:
-        """Have the workers check the small files of ``names`` not yet proven in this
-        process; keep their passes in ``PROVEN``. The number kept (0 when the pool is
-        gone, or there were too few to be worth a round trip)."""
+    def submit(self, root: Path | str, names: list[str]) -> Pending | None:
+        """Hand the workers the small files of ``names`` not yet proven in this process,
+        and return at once; None when there is no pool (still starting, gone) or too few
+        files to be worth a round trip."""
+        from auditlog.store.blobcheck import PROVEN
+
         todo = [name for name in dict.fromkeys(names) if not PROVEN.known(name)]
-        if len(todo) < MIN_FILES or not self._started.is_set():
-            return 0
-        pool = self._pool
-        if pool is None:
-            return 0
-        parts = self.workers * 4
-        size = -(-len(todo) // parts)
-        futures: list[Future[list[tuple[str, bytes, BlobInfo]]]] = []
-        kept = 0
+        pool = self._pool if self._started.is_set() else None
+        if pool is None or len(todo) < MIN_FILES:
+            return None
+        size = max(MIN_CHUNK, -(-len(todo) // (self.workers * CHUNKS_PER_WORKER)))
+        chunks = [todo[start : start + size] for start in range(0, len(todo), size)]
         try:
-            for start in range(0, len(todo), size):
-                futures.append(pool.submit(prove_chunk, str(root), todo[start : start + size]))
-            done, late = wait(futures, timeout=WAIT_S)
-            for future in done:
-                for name, whole, info in future.result():
-                    PROVEN.remember(name, whole, info)
-                    kept += 1
-        except (BrokenProcessPool, OSError, RuntimeError, EOFError):
+            futures = [pool.submit(prove_chunk, str(root), chunk) for chunk in chunks]
+        except (BrokenProcessPool, OSError, RuntimeError):
             self.close()
-            return kept
-        if late:
-            self.close()
-        return kept
+            return None
+        return Pending(self, str(root), list(zip(chunks, futures, strict=True)))
+
+    def prove(self, root: Path | str, names: list[str]) -> int:
+        """``submit``, then wait for the passes (``Pending.passes``); how many."""
+        pending = self.submit(root, names)
+        return 0 if pending is None else len(pending.passes())
 
     def close(self) -> None:
         """Stop the workers (work not started is dropped)."""
@@ -186,6 +196,53 @@ class Provers:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+class Pending:
+    """Files handed to the workers (``Provers.submit``), their passes still to come."""
+
+    def __init__(
+        self,
+        provers: Provers,
+        root: str,
+        parts: list[tuple[list[str], Future[list[tuple[str, bytes, BlobInfo]]]]],
+    ) -> None:
+        self._provers = provers
+        self._root = root
+        self._parts = parts
+        self._passes: dict[str, BlobInfo] | None = None
+
+    def passes(self) -> dict[str, BlobInfo]:
+        """What the workers found for each file that passed, by name, once they are done
+        (waiting for them; what came back before a failure of the pool, after one). Each
+        pass is also kept in ``PROVEN``, for later verdicts."""
+        if self._passes is not None:
+            return self._passes
+        from auditlog.store.blobcheck import PROVEN
+
+        found: dict[str, BlobInfo] = {}
+        results = []
+        # The parts no worker has taken yet are checked here, last first: this process
+        # would otherwise only wait (on two CPUs, the workers and this one take turns).
+        for chunk, future in reversed(self._parts):
+            if future.cancel():
+                results.append(prove_chunk(self._root, chunk))
+        failed = False
+        try:
+            futures = [future for _, future in self._parts if not future.cancelled()]
+            done, late = wait(futures, timeout=WAIT_S)
+            failed = bool(late)
+            results += [future.result() for future in done]
+        except (BrokenProcessPool, OSError, RuntimeError, EOFError):
+            failed = True
+        for passed in results:
+            for name, whole, info in passed:
+                PROVEN.remember(name, whole, info)
+                found[name] = info
+        if failed:
+            self._provers.close()
+        self._passes = found
+        return found
 
 
 _ACTIVE: Provers | None = None
@@ -222,3 +279,9 @@ def prove(root: Path | str, names: list[str]) -> int:
     """``Provers.prove`` on this process's provers; 0 when none were started."""
     active = _ACTIVE
     return 0 if active is None else active.prove(root, names)
+
+
+def submit(root: Path | str, names: list[str]) -> Pending | None:
+    """``Provers.submit`` on this process's provers; None when none were started."""
+    active = _ACTIVE
+    return None if active is None else active.submit(root, names)

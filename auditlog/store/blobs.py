@@ -23,9 +23,9 @@ every reader goes through it, and an import contract keeps the checking itself
 
 - ``check(sha256, row)``: what is wrong with the file and its catalog row
   (``auditlog verify``, ``verify --archive``; the web UI's verdict is verify's);
-  ``prove(sha256s)`` first, for many files: worker processes, where the process
-  started them (``auditlog ui``), check the small ones in parallel
-  (``auditlog.store.blobprove``);
+  ``check_ahead(sha256s)`` first, for many files: worker processes, where the
+  process started them (``auditlog ui``), check the small ones in parallel while
+  the verdict does its other checks (``auditlog.store.blobprove``);
 - ``verify(sha256)``: the facts of a file that passed, or ``SnapshotError``
   (the read model's trust, ``combine``);
 - ``unchanged(sha256, digest)``: a verified file whose identity changed still
@@ -73,6 +73,8 @@ from auditlog.store.blobpaths import where
 
 if TYPE_CHECKING:
     import torch
+
+    from auditlog.store import blobprove
 
 _T = TypeVar("_T")
 
@@ -279,15 +281,26 @@ class SnapshotStore:
 
         return blobprove.prove(self.root, sha256s)
 
-    def check(self, sha256: str, row: dict[str, Any] | None) -> list[str]:
+    def check_ahead(self, sha256s: list[str]) -> blobprove.Pending | None:
+        """Hand the small files among ``sha256s`` to this process's worker processes and
+        return at once (None without workers): a verdict does its other checks meanwhile,
+        then passes each file's ``Pending.passes()`` entry to ``check`` as ``checked``."""
+        from auditlog.store import blobprove
+
+        return blobprove.submit(self.root, sha256s)
+
+    def check(
+        self, sha256: str, row: dict[str, Any] | None, checked: BlobInfo | None = None
+    ) -> list[str]:
         """What is wrong with the stored content ``sha256`` and its catalog row (empty: nothing).
 
         The file must pass ``verify``; the catalog row (a cache) must exist and
         agree with the file in every field, ``file_sha256`` (the digest of every
-        byte) included.
+        byte) included. ``checked``: the file's facts from the full check a worker
+        process ran for this same verdict (``check_ahead``), in place of ``verify``.
         """
         try:
-            found = self.verify(sha256)
+            found = checked if checked is not None else self.verify(sha256)
         except SnapshotError as exc:
             return [reason(exc)]
         if row is None:
