@@ -411,7 +411,12 @@ def attribute(workload: Workload, presets: list[str], steps: int, rounds: int) -
         "| preset | wall ms/step | in hooks ms/step | writer CPU ms/step | 1 + (hooks + writer) / bare | target |"
     )
     print("|---|---:|---:|---:|---:|---|")
-    targets = {"audit": 1.05, "debug": 1.5}
+    # Issue 34's targets for the fast workload, issue 5's for the others.
+    targets = (
+        {"minimal": 1.10, "audit": 1.15}
+        if workload.name == "fast"
+        else {"audit": 1.05, "debug": 1.5}
+    )
     for preset in names[1:]:
         rows = results[preset]
         wall = statistics.median(r[0] for r in rows)
