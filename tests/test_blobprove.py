@@ -80,8 +80,12 @@ def test_what_a_worker_found_is_what_this_process_finds(store: Path, workers: bo
     record(store)
     names = [path.stem for path in snapshot_files(store)]
     snapshots = SnapshotStore(store / "snapshots")
-    assert snapshots.prove(names) == len(names)
+    pending = snapshots.check_ahead(names)
+    assert pending is not None
+    passed = pending.passes()
+    assert sorted(passed) == sorted(names)
     recalled = [snapshots.verify(name) for name in names]
+    assert recalled == [passed[name] for name in names]
     assert PROVEN.hits == len(names)
     PROVEN.clear()
     assert [snapshots.verify(name) for name in names] == recalled  # checked here, in full
@@ -130,8 +134,8 @@ def test_a_file_changed_after_a_worker_checked_it_is_checked_again(
 ) -> None:
     record(store)
     files = snapshot_files(store)
-    snapshots = SnapshotStore(store / "snapshots")
-    assert snapshots.prove([path.stem for path in files]) == len(files)
+    pending = SnapshotStore(store / "snapshots").check_ahead([path.stem for path in files])
+    assert pending is not None and len(pending.passes()) == len(files)
     flip_inside(files[0])  # after the worker's pass, before the verdict reads it
     problems = findings(store)
     assert problems and all(files[0].stem[:16] in line for line in problems)
@@ -143,7 +147,7 @@ def test_no_workers_on_one_cpu_and_none_after_the_block(store: Path) -> None:
         assert running is False
     record(store)
     names = [path.stem for path in snapshot_files(store)]
-    assert SnapshotStore(store / "snapshots").prove(names) == 0
+    assert SnapshotStore(store / "snapshots").check_ahead(names) is None
     assert findings(store) == [] and PROVEN.hits == 0  # every file checked here, in full
 
 

@@ -442,6 +442,12 @@ def test_check_workers_start_with_the_server_and_end_with_it(recorded: dict[str,
     assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
 
 
+def test_a_negative_worker_count_is_one_line(recorded: dict[str, Any]) -> None:
+    done = invoke("ui", "--store", str(recorded["store"]), "--check-workers", "-1")
+    assert done.exit_code == 2 and "--check-workers" in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
+
+
 def test_no_check_workers_when_asked_for_none(recorded: dict[str, Any]) -> None:
     server, _ = serve(recorded["store"], "--check-workers", "0")
     try:

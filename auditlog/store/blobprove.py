@@ -185,11 +185,6 @@ class Provers:
             return None
         return Pending(self, str(root), list(zip(chunks, futures, strict=True)))
 
-    def prove(self, root: Path | str, names: list[str]) -> int:
-        """``submit``, then wait for the passes (``Pending.passes``); how many."""
-        pending = self.submit(root, names)
-        return 0 if pending is None else len(pending.passes())
-
     def close(self) -> None:
         """Stop the workers (work not started is dropped)."""
         self._closed = True
@@ -273,12 +268,6 @@ def stop() -> None:
 def active() -> Provers | None:
     """This process's provers, if started."""
     return _ACTIVE
-
-
-def prove(root: Path | str, names: list[str]) -> int:
-    """``Provers.prove`` on this process's provers; 0 when none were started."""
-    active = _ACTIVE
-    return 0 if active is None else active.prove(root, names)
 
 
 def submit(root: Path | str, names: list[str]) -> Pending | None:

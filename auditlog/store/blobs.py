@@ -272,15 +272,6 @@ class SnapshotStore:
         digest ``digest`` (``blobcheck.unchanged``); False for a missing or unreadable one."""
         return unchanged(self.root, sha256, digest)
 
-    def prove(self, sha256s: list[str]) -> int:
-        """Before checking many files: have this process's worker processes, where
-        started (``auditlog.store.blobprove``), check the small ones in parallel, so that
-        the checks that follow answer from what they found (``PROVEN``) after reading
-        and hashing each file again. The number they proved; 0 without workers."""
-        from auditlog.store import blobprove
-
-        return blobprove.prove(self.root, sha256s)
-
     def check_ahead(self, sha256s: list[str]) -> blobprove.Pending | None:
         """Hand the small files among ``sha256s`` to this process's worker processes and
         return at once (None without workers): a verdict does its other checks meanwhile,
