@@ -215,7 +215,7 @@ def variants(presets: list[str]) -> list[overhead.Config]:
     rows: list[overhead.Config] = [overhead.Config()]
     for preset in presets:
         rows += [
-            overhead.Auditlog(preset, None),
+            overhead.Auditlog(preset),
             HooksOnly(preset),
             Variant(preset, "writer without ATen", [writer_without_aten]),
         ]
