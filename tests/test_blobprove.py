@@ -11,12 +11,14 @@ including a file changed after a worker checked it.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -140,6 +142,93 @@ def test_a_file_changed_after_a_worker_checked_it_is_checked_again(
     problems = findings(store)
     assert problems and all(files[0].stem[:16] in line for line in problems)
     assert any("does not match its name" in line for line in problems)
+
+
+def running(pid: int) -> bool:
+    """Whether the process is alive (a zombie, killed and not yet reaped, is not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="watches /proc")
+def test_workers_that_never_begin_cost_a_verdict_nothing(store: Path, workers: bool) -> None:
+    """Stopped workers (hung, swapped out) begin no part: this process takes every part
+    back and checks it, with the same findings, at once."""
+    record(store)
+    provers = blobprove.active()
+    assert workers and provers is not None
+    pids = started_workers(provers)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    began = time.monotonic()
+    try:
+        assert findings(store) == []
+        took = time.monotonic() - began
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    assert took < blobprove.WAIT_S
+    assert all(PROVEN.known(path.stem) for path in snapshot_files(store))
+
+
+def _stuck_in_workers(parent: int, check: Any) -> Any:
+    def prove(root: str, names: list[str]) -> Any:
+        if os.getpid() != parent:
+            time.sleep(3600)  # a worker that began its part and never ends it
+        return check(root, names)
+
+    return prove
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="watches /proc")
+def test_a_worker_stuck_in_its_part_delays_a_verdict_by_the_wait_only_and_is_killed(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that began a part and does not end it costs ``WAIT_S``, not a hang: its
+    files are left to the verdict's own check (the same findings), and the workers are
+    killed, so nothing waits for them later (the server's exit included)."""
+    record(store)
+    monkeypatch.setattr(
+        blobprove, "prove_chunk", _stuck_in_workers(os.getpid(), blobprove.prove_chunk)
+    )
+    monkeypatch.setattr(blobprove, "WAIT_S", 1.0)
+    assert blobprove.start(2, "fork")  # forked: the workers run the stuck check
+    try:
+        provers = blobprove.active()
+        assert provers is not None
+        pids = started_workers(provers)
+        files = snapshot_files(store)
+        pending = SnapshotStore(store / "snapshots").check_ahead([path.stem for path in files])
+        assert pending is not None
+        deadline = time.monotonic() + 30
+        while 1 not in provers._claims[: len(files)] and time.monotonic() < deadline:
+            time.sleep(0.01)  # until a worker has begun a part
+        began = time.monotonic()
+        passed = pending.passes()
+        took = time.monotonic() - began
+        assert 1.0 <= took < 30.0
+        assert 0 < len(passed) < len(files)  # the parts taken back, not the stuck ones
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(map(running, pids)):
+            time.sleep(0.05)
+        assert not any(map(running, pids))
+        assert SnapshotStore(store / "snapshots").check_ahead([path.stem for path in files]) is None
+        assert findings(store) == []  # every file not passed is checked here
+    finally:
+        blobprove.stop()
+
+
+def started_workers(provers: blobprove.Provers) -> list[int]:
+    assert provers.ready(60)
+    deadline = time.monotonic() + 60
+    while len(provers.pids()) < provers.workers and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = provers.pids()
+    assert len(pids) == provers.workers
+    return pids
 
 
 def test_no_workers_on_one_cpu_and_none_after_the_block(store: Path) -> None:

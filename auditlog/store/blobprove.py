@@ -20,7 +20,8 @@ processes this one started (forked from it while it had a single thread, or
 fresh interpreters: ``start_method``), so what they report is what this
 process would have computed. Any failure of the pool (a worker killed, a
 timeout) leaves the verdict to this process alone, and a pool still starting
-is not waited for.
+is not waited for. A worker that does not answer within ``WAIT_S`` is killed and its
+files are checked by the verdict itself.
 """
 
 from __future__ import annotations
@@ -51,15 +52,31 @@ CHUNKS_PER_WORKER = 8
 MIN_CHUNK = 32
 """Files per part at least (each part is a round trip)."""
 
-WAIT_S = 300.0
-"""How long a verdict waits for the workers before it checks the rest on its own."""
+WAIT_S = 20.0
+"""How long a verdict waits for the parts the workers are checking before it checks them
+on its own and stops the workers. A part is at most an eighth of one worker's share of a
+run's small files (``CHUNKS_PER_WORKER``): ~0.3 ms a file on the slowest machine measured,
+so a part of even 10,000 files takes ~3 s. A worker that is stuck (stopped, swapped out,
+hung) thus delays a verdict by this much, never more, and is killed."""
 
 
-def _ready(parent: int) -> None:
-    """Run once in each worker as it starts: what a check needs is imported by then, and
-    the worker ends with ``parent``, the process that started the pool."""
+SLOTS = 1 << 16
+"""Claim slots, one per part handed out, reused in turn (a part's slot is taken again
+65,536 parts later, when it is long done)."""
+
+# In a worker: the claims shared with the process that started the pool (``_ready``).
+_CLAIMS: Any = None
+_CLAIM_LOCK: Any = None
+
+
+def _ready(parent: int, claims: Any, lock: Any) -> None:
+    """Run once in each worker as it starts: what a check needs is imported by then, the
+    claims are at hand, and the worker ends with ``parent``, the process that started
+    the pool."""
     import pyarrow.parquet  # noqa: F401
 
+    global _CLAIMS, _CLAIM_LOCK
+    _CLAIMS, _CLAIM_LOCK = claims, lock
     threading.Thread(target=_end_with, args=(parent,), name="auditlog-parent", daemon=True).start()
 
 
@@ -87,6 +104,24 @@ def _end_with(parent: int) -> None:
 
 def _nothing() -> None:
     """A first task per worker: the pool starts its processes now, not at the first verdict."""
+
+
+def _claimed(claims: Any, lock: Any, slot: int, by: int) -> bool:
+    """Take the part of ``slot`` for ``by`` (1: a worker, 2: the process that asked) unless
+    the other took it first."""
+    with lock:
+        if claims[slot]:
+            return False
+        claims[slot] = by
+        return True
+
+
+def prove_part(root: str, names: list[str], slot: int) -> list[tuple[str, bytes, BlobInfo]]:
+    """Worker side: ``prove_chunk`` of a part, unless the process that handed it out took
+    it back first (``Pending.passes``: then nothing)."""
+    if not _claimed(_CLAIMS, _CLAIM_LOCK, slot, 1):
+        return []
+    return prove_chunk(root, names)
 
 
 def prove_chunk(root: str, names: list[str]) -> list[tuple[str, bytes, BlobInfo]]:
@@ -129,6 +164,14 @@ class Provers:
         self._pool: ProcessPoolExecutor | None = None
         self._started = threading.Event()
         self._closed = False
+        # Who took each part handed out (0: nobody yet, 1: a worker, 2: this process), so
+        # that this process can take back a part no worker has begun without cancelling
+        # its future (a cancelled future left in a pool that breaks later makes the pool's
+        # own thread raise, on Python 3.11).
+        self._claims: Any = None
+        self._claim_lock: Any = None
+        self._next_slot = 0
+        self._slots_lock = threading.Lock()
         if self.method == "fork":
             self._start()
         else:
@@ -143,8 +186,13 @@ class Provers:
             context: Any = multiprocessing.get_context(self.method)
             if self.method == "forkserver":
                 context.set_forkserver_preload(["auditlog.store.blobcheck"])
+            self._claims = context.RawArray("b", SLOTS)
+            self._claim_lock = context.Lock()
             pool = ProcessPoolExecutor(
-                self.workers, mp_context=context, initializer=_ready, initargs=(os.getpid(),)
+                self.workers,
+                mp_context=context,
+                initializer=_ready,
+                initargs=(os.getpid(), self._claims, self._claim_lock),
             )
             for _ in range(self.workers):  # fork: every worker now, before other threads
                 pool.submit(_nothing)
@@ -178,19 +226,40 @@ class Provers:
             return None
         size = max(MIN_CHUNK, -(-len(todo) // (self.workers * CHUNKS_PER_WORKER)))
         chunks = [todo[start : start + size] for start in range(0, len(todo), size)]
+        with self._slots_lock:
+            first, self._next_slot = self._next_slot, self._next_slot + len(chunks)
+        slots = [(first + index) % SLOTS for index in range(len(chunks))]
+        with self._claim_lock:
+            for slot in slots:
+                self._claims[slot] = 0
         try:
-            futures = [pool.submit(prove_chunk, str(root), chunk) for chunk in chunks]
+            futures = [
+                pool.submit(prove_part, str(root), chunk, slot)
+                for chunk, slot in zip(chunks, slots, strict=True)
+            ]
         except (BrokenProcessPool, OSError, RuntimeError):
             self.close()
             return None
-        return Pending(self, str(root), list(zip(chunks, futures, strict=True)))
+        return Pending(self, str(root), list(zip(chunks, slots, futures, strict=True)))
 
-    def close(self) -> None:
-        """Stop the workers (work not started is dropped)."""
+    def take_back(self, slot: int) -> bool:
+        """Take the part of ``slot`` back from the workers, if none has begun it."""
+        return _claimed(self._claims, self._claim_lock, slot, 2)
+
+    def close(self, kill: bool = False) -> None:
+        """Stop the workers (work not started is dropped); ``kill``: end the processes now,
+        a part they are checking included (workers that did not answer in time)."""
         self._closed = True
         pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        if pool is None:
+            return
+        processes = list((pool._processes or {}).values()) if kill else []
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            try:
+                process.kill()
+            except (OSError, ValueError, AttributeError):
+                pass  # gone already
 
 
 class Pending:
@@ -200,7 +269,7 @@ class Pending:
         self,
         provers: Provers,
         root: str,
-        parts: list[tuple[list[str], Future[list[tuple[str, bytes, BlobInfo]]]]],
+        parts: list[tuple[list[str], int, Future[list[tuple[str, bytes, BlobInfo]]]]],
     ) -> None:
         self._provers = provers
         self._root = root
@@ -217,25 +286,33 @@ class Pending:
 
         found: dict[str, BlobInfo] = {}
         results = []
-        # The parts no worker has taken yet are checked here, last first: this process
-        # would otherwise only wait (on two CPUs, the workers and this one take turns).
-        for chunk, future in reversed(self._parts):
-            if future.cancel():
+        # The parts no worker has begun are checked here, last first: this process would
+        # otherwise only wait (on two CPUs, the workers and this one take turns).
+        futures = []
+        for chunk, slot, future in reversed(self._parts):
+            if self._provers.take_back(slot):
                 results.append(prove_chunk(self._root, chunk))
-        failed = False
+            else:
+                futures.append(future)
+        failed = late = False
         try:
-            futures = [future for _, future in self._parts if not future.cancelled()]
-            done, late = wait(futures, timeout=WAIT_S)
-            failed = bool(late)
-            results += [future.result() for future in done]
+            done, pending = wait(futures, timeout=WAIT_S)
+            late = bool(pending)
+            for future in done:
+                try:
+                    results.append(future.result())
+                except (BrokenProcessPool, OSError, RuntimeError, EOFError):
+                    failed = True
         except (BrokenProcessPool, OSError, RuntimeError, EOFError):
             failed = True
         for passed in results:
             for name, whole, info in passed:
                 PROVEN.remember(name, whole, info)
                 found[name] = info
-        if failed:
-            self._provers.close()
+        if failed or late:
+            # The files of the parts that did not come back are the verdict's own to check
+            # (it checks every file no pass was returned for).
+            self._provers.close(kill=late)
         self._passes = found
         return found
 
