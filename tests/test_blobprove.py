@@ -226,6 +226,41 @@ def test_a_worker_stuck_in_its_part_delays_a_verdict_by_the_wait_only_and_is_kil
         blobprove.stop()
 
 
+def _failing_in_workers(parent: int, check: Any) -> Any:
+    def prove(root: str, names: list[str]) -> Any:
+        if os.getpid() != parent:
+            raise KeyError("a failure of our own in a worker")
+        return check(root, names)
+
+    return prove
+
+
+def test_a_part_that_fails_in_a_worker_is_checked_by_the_verdict(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever a worker raises, the verdict stands: the part's files are checked here."""
+    record(store)
+    monkeypatch.setattr(
+        blobprove, "prove_chunk", _failing_in_workers(os.getpid(), blobprove.prove_chunk)
+    )
+    assert blobprove.start(2, "fork")
+    try:
+        provers = blobprove.active()
+        assert provers is not None
+        started_workers(provers)
+        files = snapshot_files(store)
+        pending = SnapshotStore(store / "snapshots").check_ahead([path.stem for path in files])
+        assert pending is not None
+        deadline = time.monotonic() + 30
+        while 1 not in provers._claims[: len(files)] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(pending.passes()) < len(files)  # the failed parts passed nothing
+        assert findings(store) == []
+        assert all(PROVEN.known(path.stem) for path in files)
+    finally:
+        blobprove.stop()
+
+
 def started_workers(provers: blobprove.Provers) -> list[int]:
     assert provers.ready(60)
     deadline = time.monotonic() + 60

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from auditlog.core.errors import StoreError
 from auditlog.core.hashing import hash_text, is_content_hash, shown_hash
 from auditlog.core.replay import CONSTRUCTION_KINDS, replay
 from auditlog.store.eventstore import EventStore
 from auditlog.store.rows import decode_event, payload_object
+
+if TYPE_CHECKING:
+    from auditlog.store.blobprove import Pending
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ class ChecksAhead:
     the chain."""
 
     references: list[tuple[int, int, int, str]]
-    pending: Any
+    pending: Pending | None
 
 
 def check_files_ahead(store: EventStore, run_id: str) -> ChecksAhead | None:

@@ -301,7 +301,8 @@ class Pending:
             for future in done:
                 try:
                     results.append(future.result())
-                except (BrokenProcessPool, OSError, RuntimeError, EOFError):
+                except Exception:  # any failure of a part: its files are the verdict's own
+                    # to check (the same code, run here, finds and words what went wrong)
                     failed = True
         except (BrokenProcessPool, OSError, RuntimeError, EOFError):
             failed = True
