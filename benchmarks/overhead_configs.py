@@ -24,7 +24,7 @@ from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
 import auditlog
-from auditlog.capture.norms import norms_of
+from auditlog.capture.norms import PlanCache
 from auditlog.core.tensors import activity_stats
 
 
@@ -118,24 +118,27 @@ class Floor(Config):
 
 class GradientNormsFloor(Floor):
     """The statistic every preset keeps on every step, computed and read with
-    nothing recorded: one ``torch._foreach_norm`` over the gradients per step
-    (``auditlog.capture.norms.norms_of``), in an optimizer step hook. No recorder that
-    keeps per-step gradient norms can cost less; ``minimal`` is this plus the
-    event, and ``audit`` adds its sampled work."""
+    nothing recorded: the library's norm plan over the gradients per step
+    (``auditlog.capture.norms``: one ``torch._foreach_norm`` for a small model), in an
+    optimizer step hook, the plan kept per optimizer as the recorder keeps it (worked
+    out at every step, as this floor once did, it read ~20 us a step high on the fast
+    workload). No recorder that keeps per-step gradient norms can cost less;
+    ``minimal`` is this plus the event, and ``audit`` adds its sampled work."""
 
     name = "floor: gradient norms every step, nothing recorded"
 
     def begin(self, scratch: Path) -> None:
+        plans = PlanCache()
+
         def norms(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            grads = [
-                p.grad
-                for group in optimizer.param_groups
-                for p in group["params"]
-                if p.grad is not None
+            held = [
+                p for group in optimizer.param_groups for p in group["params"] if p.grad is not None
             ]
-            values = norms_of(grads)
-            if values is not None:
-                values.tolist()
+            if held:  # (a gradient has its parameter's shape: the parameters name the plan)
+                grads = [p.grad for p in held]
+                values = plans.norms(id(optimizer), tuple(map(id, held)), grads)  # type: ignore[arg-type]
+                if values is not None:
+                    values.tolist()
 
         self.handles = [optim_module.register_optimizer_step_pre_hook(self.timed(norms))]
 
@@ -145,14 +148,16 @@ class DebugStatisticsFloor(Floor):
     every distinct module output (leaf modules; a container returns its last
     child's tensor) with its zero elements and dead units, and of its gradient (a
     tensor hook), and gradient, parameter and exact update norms every step (a
-    pre-step copy), with the library's own ``activity_stats`` / ``norms_of``. What ``debug`` costs above this is the
-    recorder (identity, events, queue, writer); what this costs is the price of
-    the statistics themselves on this model."""
+    pre-step copy), with the library's own ``activity_stats`` and norm plans
+    (``PlanCache``, kept per optimizer as the recorder keeps them). What ``debug``
+    costs above this is the recorder (identity, events, queue, writer); what this
+    costs is the price of the statistics themselves on this model."""
 
     name = "floor: debug's statistics, nothing recorded"
 
     def begin(self, scratch: Path) -> None:
         self.before: list[torch.Tensor] = []
+        plans = PlanCache()  # norm plans kept per optimizer and purpose, as the recorder keeps them
 
         def on_output(module: nn.Module, args: Any, output: Any) -> None:
             if module._modules or not isinstance(output, torch.Tensor):
@@ -172,13 +177,17 @@ class DebugStatisticsFloor(Floor):
             if len(self.before) != len(params):
                 self.before = [torch.empty_like(p) for p in params]
             torch._foreach_copy_(self.before, params)
-            norms_of([p.grad for p in live if p.grad is not None]).tolist()  # type: ignore[union-attr]
+            held = [p for p in live if p.grad is not None]
+            grads = [p.grad for p in held]
+            plans.norms(("grad", id(optimizer)), tuple(map(id, held)), grads).tolist()  # type: ignore[arg-type, union-attr]
 
         def post_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            params = [p.detach() for group in optimizer.param_groups for p in group["params"]]
-            norms_of(params).tolist()  # type: ignore[union-attr]
+            live = [p for group in optimizer.param_groups for p in group["params"]]
+            identity = tuple(map(id, live))
+            params = [p.detach() for p in live]
+            plans.norms(("param", id(optimizer)), identity, params).tolist()  # type: ignore[union-attr]
             torch._foreach_sub_(self.before, params)
-            norms_of(self.before).tolist()  # type: ignore[union-attr]
+            plans.norms(("update", id(optimizer)), identity, self.before).tolist()  # type: ignore[union-attr]
 
         self.handles = [
             nn_module.register_module_forward_hook(self.timed(on_output)),

@@ -244,7 +244,7 @@ class OptimizerHooks:
                 params = [p for group in optimizer.param_groups for p in group["params"]]
                 ids = self.norms.ids_of(optimizer, params)
                 pending = _Pending(params, ids, None, False, None, True)
-            if ctx.policy.grad_norms and (pending.closure or _has_closure(args, kwargs)):
+            if ctx.policy.grad_norms and pending.closure:  # (the pre hook looked at these args)
                 # The closure ran inside step(): its last evaluation's gradients are the ones used.
                 pending = pending._replace(grads=self.norms.used_grad_norms(optimizer, params))
             payload = self._step_payload(optimizer, params, ids, pending, optimizer_id, count)
