@@ -62,6 +62,7 @@ bench: venv
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/overhead.py --models fast --no-peers
+	$(BIN)/python benchmarks/bytecodes.py --models fast
 	$(BIN)/python benchmarks/scale.py
 	$(BIN)/python benchmarks/ingest.py
 	$(BIN)/python benchmarks/memory.py
