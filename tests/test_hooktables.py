@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import invoke
 from torch import nn
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
@@ -98,6 +99,10 @@ def test_teardown_style_replacement_is_recorded_and_repaired(
     activity_steps = sorted(e["step"] for e in events if e["kind"] == "activity")
     assert activity_steps == [0, 2, 4]  # steps 1 and 3 (0-based: the 2nd and 4th) had no hooks
     assert any(e["kind"] == "module_registered" and e["payload"]["name"] == "head" for e in events)
+    # the run's report says its record has a gap
+    page = store.parent / "report.html"
+    assert invoke("report", "--store", str(store), "latest", "-o", str(page)).exit_code == 0
+    assert "other code removed auditlog&#x27;s hooks" in page.read_text()
     assert "recorder_error" not in {e["kind"] for e in events}
 
 

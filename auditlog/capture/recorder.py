@@ -346,6 +346,7 @@ class Recorder:
         """Run end: seal what was never sealed, check structure, take the final snapshot."""
         self.metrics.flush_metrics()
         self.activity.flush_activity()
+        self.steps.norms.untracked_summary()  # parameter updates no step hook saw, if any
         if self.construction.unsealed:
             self.construction.seal(None, "run_end")
         roots = self.roots.live_roots()

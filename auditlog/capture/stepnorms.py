@@ -11,12 +11,22 @@ It also measures the *raw* gradient norms: the gradients as the last
 clipping or unscaling. The step then uses them as the norms of the gradients
 the update consumed when no gradient was replaced or changed in place since
 (``grad_fingerprint``); otherwise it measures again, and both are recorded.
+
+Until every trainable parameter has an optimizer seen stepping, each backward also
+notes the in-place versions of the parameters none holds: if they changed by the next
+backward with no optimizer step seen in between, something updated them where no hook
+could see it (an optimizer step inside ``torch.compile``, which traces the step hooks
+away; an update by hand), and the record says so (``untracked_updates``) rather than
+look complete.
 """
 
 from __future__ import annotations
 
 import operator
+import sys
+import warnings
 import weakref
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -64,6 +74,11 @@ class StepNorms:
         self._all_bound: object = (
             None  # the structure at which every trainable parameter had an optimizer
         )
+        # Updates no step hook saw (``_look_for_untracked``): backward passes after which
+        # some were found, the step count at the first, the tensor ids at the last.
+        self._untracked_backwards = 0
+        self._untracked_first = 0
+        self._untracked_last: list[int] = []
 
     def forget_plan(self, optimizer: torch.optim.Optimizer) -> None:
         """The plan of the optimizer's parameters no longer fits them (a shape or dtype
@@ -101,10 +116,64 @@ class StepNorms:
                 self._unbound = None
                 return
             covered = {id(p) for params in measured for p in params}
-            self._unbound = self._measure_unbound(covered)
+            self._unbound = self._measure_unbound(covered, self._unbound)
             self._all_bound = structure if self._unbound is None and known else None
         finally:
             grad_restored(enabled)
+
+    def untracked_summary(self) -> None:
+        """Run end: if parameters were found updated with no step seen more than once,
+        one ``untracked_updates`` event with the totals (the first finding had its own)."""
+        if self._untracked_backwards > 1:
+            self._emit_untracked(self._untracked_last, "run_end")
+
+    def _look_for_untracked(
+        self, params: list[torch.Tensor], versions: dict[int, int], previous: _Unbound | None
+    ) -> None:
+        """Did parameters no known optimizer holds change in place since the last backward,
+        with no optimizer step seen in between (the step count unmoved)? Then the record
+        misses those updates, and says so (``untracked_updates``)."""
+        if previous is None or previous.step != self.ctx.step:
+            return  # a step was seen in between (or this is the first look)
+        before = previous.versions
+        changed = [p for p in params if before.get(id(p), versions[id(p)]) != versions[id(p)]]
+        if not changed:
+            return
+        self._untracked_backwards += 1
+        lookup = self.ctx.tensors.lookup
+        self._untracked_last = [n for n in map(lookup, changed) if n is not None]
+        if self._untracked_backwards == 1:
+            self._untracked_first = self.ctx.step
+            self._emit_untracked(self._untracked_last, "backward")
+            self._warn_untracked(len(changed))
+
+    def _emit_untracked(self, tensor_ids: list[int], where: str) -> None:
+        self.ctx.emit(
+            "untracked_updates",
+            payload={
+                "tensor_ids": Clean(pack_ints(tensor_ids)),
+                "backwards": self._untracked_backwards,
+                "first_step": self._untracked_first,
+                "detected_at": where,
+            },
+        )
+
+    def _warn_untracked(self, count: int) -> None:
+        warned = self.ctx.warned
+        if "untracked_updates" in warned:
+            return
+        warned.add("untracked_updates")
+        try:
+            warnings.warn(
+                f"auditlog: {count} parameter(s) changed between two backward() passes with no "
+                "optimizer step auditlog saw (an optimizer step inside torch.compile, or an "
+                "update by hand?): those updates are not recorded as optimizer steps "
+                "(recorded as an untracked_updates event; warned once)",
+                RuntimeWarning,
+                stacklevel=_outside_stacklevel(),
+            )
+        except Exception:  # -W error: the event is the record
+            pass
 
     def note_stepping(self, optimizer: torch.optim.Optimizer) -> None:
         ref = self._stepping.get(id(optimizer))
@@ -125,8 +194,10 @@ class StepNorms:
             del self._stepping[key]
         return known
 
-    def _measure_unbound(self, covered: set[int]) -> _Unbound | None:
-        """Raw norms of the roots' trainable parameters that no known optimizer holds."""
+    def _measure_unbound(self, covered: set[int], previous: _Unbound | None) -> _Unbound | None:
+        """Raw norms of the roots' trainable parameters that no known optimizer holds, and
+        their in-place versions: changed since ``previous`` (the last backward's) with no
+        step in between, they were updated where no step hook saw it (``_look_for_untracked``)."""
         params: list[torch.Tensor] = []
         seen = set(covered)
         for root in self.roots.live_roots():
@@ -144,10 +215,14 @@ class StepNorms:
         grads: list[torch.Tensor] = [local_view(p.grad) for p in params]  # type: ignore[arg-type]
         norms = norms_of(grads)
         assert norms is not None
+        versions = dict(zip(map(id, params), map(tensor_version, params), strict=True))
+        self._look_for_untracked(params, versions, previous)
         return _Unbound(
             norms,
             {id(p): i for i, p in enumerate(params)},
             dict(zip(map(id, params), grad_fingerprint(params), strict=True)),
+            versions,
+            self.ctx.step,
         )
 
     def _raw_of(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> _Raw | None:
@@ -290,6 +365,8 @@ class _Unbound(NamedTuple):
     norms: torch.Tensor
     positions: dict[int, int]  # id of the parameter -> its row of ``norms``
     fingerprint: dict[int, tuple[int, int] | None]
+    versions: dict[int, int]  # id of the parameter -> its in-place version counter
+    step: int  # the run's step count when measured
 
 
 class Grads(NamedTuple):
@@ -300,6 +377,18 @@ class Grads(NamedTuple):
     used: StackedNorms
     raw: StackedNorms | None
     modified: bool | None
+
+
+_INSIDE = (str(Path(__file__).resolve().parents[1]), str(Path(torch.__file__).resolve().parent))
+
+
+def _outside_stacklevel() -> int:
+    """``warnings.warn``'s stacklevel, for the caller's caller, that names the first frame
+    outside auditlog and torch: the user's ``loss.backward()``."""
+    level, frame = 2, sys._getframe(2)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INSIDE):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def grad_disabled() -> bool:

@@ -147,6 +147,31 @@ TRAINING_KINDS: list[Kind] = [
         },
     ),
     Kind(
+        "untracked_updates",
+        "Parameters changed in place between two backward() passes with no optimizer step that the "
+        "recorder saw in between: an optimizer step run inside torch.compile (dynamo traces "
+        "Optimizer.step's hooks away), a hand-written update (p -= lr * p.grad under no_grad), an "
+        "optimizer that does not go through torch.optim.Optimizer.step, or another in-place write "
+        "such as load_state_dict. Those updates have no optimizer_step events: the run's step "
+        "count does not count them, and their gradient norms and learning rates are not in the "
+        "record (snapshots still hold the values). Looked for among trainable parameters that no "
+        "optimizer seen stepping holds. Emitted when first found (detected_at backward) and, if "
+        "found again later, once more at run end with the totals (docs/hooks.md).",
+        {
+            "tensor_ids": F(
+                INTS,
+                "tensor ids of the parameters found changed (at the first finding; at run end, "
+                "at the last one)",
+            ),
+            "backwards": F(
+                INT, "backward() passes so far after which parameters were found changed"
+            ),
+            "first_step": F(INT, "the run's step count when it was first found"),
+            "detected_at": F(enum("backward", "run_end"), "backward | run_end"),
+        },
+        summary=((None, "{backwards} backward passes with parameter updates no step hook saw"),),
+    ),
+    Kind(
         "step_skipped",
         "An optimizer step that updated nothing: a GradScaler found inf/NaN in the gradients and "
         "did not call optimizer.step(), or a fused optimizer handed the scaler's found_inf skipped "

@@ -258,6 +258,25 @@ def _outcome(info: dict[str, Any], facts: dict[str, Any]) -> str:
     if ended.get("detected_by"):
         rows.append(("crash detected by run", ended.get("detected_by")))
         rows.append(("last heartbeat", ended.get("last_seen")))
+    kinds = facts.get("kinds") or {}
+    if kinds.get("untracked_updates"):
+        rows.append(
+            (
+                "note",
+                "parameters were updated where no optimizer step hook saw it (a step inside "
+                "torch.compile, or an update by hand): those updates are not counted as steps "
+                "here, and their gradient norms and learning rates are not in the record "
+                "(auditlog events --kind untracked_updates)",
+            )
+        )
+    if kinds.get("hooks_removed"):
+        rows.append(
+            (
+                "note",
+                "other code removed auditlog's hooks during the run: what they would have "
+                "recorded meanwhile is missing (auditlog events --kind hooks_removed)",
+            )
+        )
     if info.get("status") in ("running", "incomplete", "crashed") and not ended:
         rows.append(
             ("note", "the run has no run_ended event: the table shows how far the record goes")

@@ -1,0 +1,251 @@
+"""Parameter updates no optimizer step hook saw are said so in the record, never left out silently.
+
+An optimizer step inside ``torch.compile`` (PyTorch's own recipe for a faster step)
+runs with its hooks traced away, and a hand-written update has none: the record of
+such a run used to hold no ``optimizer_step`` event at all and look complete. Now the
+first backward after such an update records ``untracked_updates`` (and warns once),
+and run end records the totals. Training that steps through ``Optimizer.step`` —
+gradient accumulation, a skipped GradScaler step, a second optimizer that starts
+later, a closure — records none.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers import invoke
+from torch import nn
+
+import auditlog
+from auditlog.core.packed import unpack_ints
+from auditlog.store.eventstore import EventStore
+
+
+def _events(store: Path) -> list[tuple[str, int | None, Any]]:
+    """``(kind, tensor_id, payload)`` of every stored event."""
+    events = EventStore.open(str(store))
+    try:
+        return [
+            (row["kind"], row["tensor_id"], json.loads(row["payload"]))
+            for run_id in events.recorded_run_ids()
+            for row in events.iter_events(run_id)
+        ]
+    finally:
+        events.engine.dispose()
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def _batch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(i)
+    return torch.randn(6, 4, generator=g), torch.randn(6, 1, generator=g)
+
+
+def compiled_step(model: nn.Module, iterations: int) -> None:
+    """PyTorch's recipe for a compiled optimizer step (backend ``eager``: dynamo's tracing
+    without a compiler). Dynamo is reset first: past its recompile limit (each call here
+    makes a new optimizer to guard on) it would run the step eagerly, hooks and all."""
+    torch._dynamo.reset()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    @torch.compile(backend="eager")
+    def step() -> None:
+        opt.step()
+
+    for i in range(iterations):
+        x, y = _batch(i)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        step()
+
+
+def by_hand(model: nn.Module, iterations: int) -> None:
+    for i in range(iterations):
+        x, y = _batch(i)
+        model.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.05 * p.grad  # type: ignore[operator]
+
+
+def _train(
+    store: Path, loop: Callable[[nn.Module, int], None], iterations: int, policy: str = "audit"
+) -> nn.Module:
+    model = _model()
+    with auditlog.record(store, policy=policy):
+        loop(model, iterations)
+    return model
+
+
+def recorded_and_bare(store: str, loop_name: str, policy: str) -> tuple[bool, list[str]]:
+    """Train recorded and bare: are the parameters bitwise equal, and the warnings of ours."""
+    loop = globals()[loop_name]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        recorded = _train(Path(store), loop, 5, policy)
+    bare = _model()
+    loop(bare, 5)
+    same = all(
+        torch.equal(a, b) for a, b in zip(recorded.parameters(), bare.parameters(), strict=True)
+    )
+    return same, [str(w.message) for w in caught if "untracked_updates" in str(w.message)]
+
+
+_CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from test_untracked_updates import recorded_and_bare
+print(json.dumps(recorded_and_bare(*sys.argv[2:])))
+"""
+
+
+@pytest.mark.parametrize("policy", ["minimal", "audit", "debug"])
+@pytest.mark.parametrize("loop", ["compiled_step", "by_hand"])
+def test_updates_no_step_hook_saw_are_recorded_and_warned_once(
+    tmp_path: Path, loop: str, policy: str
+) -> None:
+    store = str(tmp_path / "store")
+    if loop == "compiled_step":
+        # In a process of its own: dynamo's first compile patches nn.Module.__init__ for the
+        # rest of the process, which other tests of this worker must not inherit.
+        child = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(Path(__file__).parent), store, loop, policy],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        same, messages = json.loads(child.stdout.strip().splitlines()[-1])
+    else:
+        same, messages = recorded_and_bare(store, loop, policy)
+    assert same  # the recording changed nothing the program computed
+    events = _events(tmp_path / "store")
+    assert not [e for e in events if e[0] == "optimizer_step"]  # none was seen: none is made up
+    found = [payload for kind, _, payload in events if kind == "untracked_updates"]
+    assert len(found) == 2, found
+    first, last = found
+    # the first finding: after the second backward, every parameter changed (4 of them)
+    assert first["detected_at"] == "backward" and first["backwards"] == 1
+    assert first["first_step"] == 0
+    ids = unpack_ints(first["tensor_ids"])
+    registered = {tensor_id for kind, tensor_id, _ in events if kind == "parameter_registered"}
+    assert len(ids) == 4 and set(ids) == registered, (ids, registered)
+    # at run end: the totals (backwards 2 to 5 each found the updates of the one before)
+    assert last == {**last, "detected_at": "run_end", "backwards": 4, "first_step": 0}
+    assert len(messages) == 1 and "4 parameter(s) changed" in messages[0]
+
+
+def _accumulation(model: nn.Module, iterations: int) -> None:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for i in range(iterations):
+        x, y = _batch(i)
+        nn.functional.mse_loss(model(x), y).backward()
+        if i % 3 == 2:
+            opt.step()
+            opt.zero_grad()
+
+
+def _scaler_skips(model: nn.Module, iterations: int) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    for i in range(iterations):
+        x, y = _batch(i)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        if i == 1:
+            loss = loss * float("inf")  # the scaler skips this step
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+
+def _second_optimizer_later(model: nn.Module, iterations: int) -> None:
+    first, second = model[0], model[2]  # type: ignore[index]
+    opt_a = torch.optim.SGD(first.parameters(), lr=0.05)
+    opt_b = torch.optim.SGD(second.parameters(), lr=0.05)
+    for i in range(iterations):
+        x, y = _batch(i)
+        opt_a.zero_grad()
+        opt_b.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt_a.step()
+        if i >= 3:
+            opt_b.step()
+
+
+def _closure(model: nn.Module, iterations: int) -> None:
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=3)
+    for i in range(iterations):
+        x, y = _batch(i)
+
+        def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+
+
+def _frozen_by_hand_between_steps(model: nn.Module, iterations: int) -> None:
+    """A clamp of the weights after each step (WGAN's clipping): a step was seen in between."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for i in range(iterations):
+        x, y = _batch(i)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.clamp_(-0.5, 0.5)
+
+
+@pytest.mark.parametrize(
+    "loop",
+    [
+        _accumulation,
+        _scaler_skips,
+        _second_optimizer_later,
+        _closure,
+        _frozen_by_hand_between_steps,
+    ],
+    ids=lambda f: f.__name__.strip("_"),
+)
+def test_training_through_optimizer_steps_records_no_untracked_update(
+    tmp_path: Path, loop: Callable[[nn.Module, int], None]
+) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no warning of ours either
+        _train(tmp_path / "store", loop, 8)
+    kinds = [kind for kind, _, _ in _events(tmp_path / "store")]
+    assert "optimizer_step" in kinds
+    assert "untracked_updates" not in kinds
+
+
+def test_the_report_says_the_steps_it_counts_are_not_all_the_updates(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        _train(store, by_hand, 3)
+    page = tmp_path / "report.html"
+    assert invoke("report", "--store", str(store), "latest", "-o", str(page)).exit_code == 0
+    text = page.read_text()
+    assert "no optimizer step hook saw it" in text
+    assert "untracked_updates" in text
+    # a run that steps through its optimizer carries no such note
+    plain = tmp_path / "plain"
+    _train(plain, _accumulation, 6)
+    assert invoke("report", "--store", str(plain), "latest", "-o", str(page)).exit_code == 0
+    assert "no optimizer step hook saw it" not in page.read_text()
