@@ -270,10 +270,9 @@ def test_every_list_of_event_columns_is_the_definition() -> None:
 # Fields these runs cannot reach on one CPU process, and where a test records them.
 UNEXERCISED = {
     "run_started": {"signing_key"},  # a signing key configured: tests/test_signed_recording.py
-    "run_ended": {
-        "detected_by",
-        "last_seen",
-    },  # a crashed run closed by another: tests/test_cli_interrupts.py
+    # a crashed run closed by another: tests/test_cli_interrupts.py; compiled_frames, a compiled
+    # training step: tests/test_untracked_updates.py
+    "run_ended": {"detected_by", "last_seen", "compiled_frames"},
     "module_registered": {
         "adopted",
         "detected_at",

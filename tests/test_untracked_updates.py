@@ -229,9 +229,12 @@ def test_training_through_optimizer_steps_records_no_untracked_update(
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no warning of ours either
         _train(tmp_path / "store", loop, 8)
-    kinds = [kind for kind, _, _ in _events(tmp_path / "store")]
+    events = _events(tmp_path / "store")
+    kinds = [kind for kind, _, _ in events]
     assert "optimizer_step" in kinds
     assert "untracked_updates" not in kinds
+    (ended,) = [payload for kind, _, payload in events if kind == "run_ended"]
+    assert "compiled_frames" not in ended  # nothing ran compiled
 
 
 def test_the_report_says_the_steps_it_counts_are_not_all_the_updates(tmp_path: Path) -> None:
@@ -249,3 +252,47 @@ def test_the_report_says_the_steps_it_counts_are_not_all_the_updates(tmp_path: P
     _train(plain, _accumulation, 6)
     assert invoke("report", "--store", str(plain), "latest", "-o", str(page)).exit_code == 0
     assert "no optimizer step hook saw it" not in page.read_text()
+
+
+_WHOLE_STEP = """
+import sys, torch, auditlog
+from torch import nn
+torch.manual_seed(0)
+with auditlog.record(sys.argv[1], policy="audit"):
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+
+    @torch.compile(backend="eager")
+    def train_step(x, y):
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    for i in range(4):
+        train_step(torch.randn(5, 4), torch.randn(5, 1))
+"""
+
+
+def test_a_training_step_compiled_whole_leaves_a_record_that_says_so(tmp_path: Path) -> None:
+    """Forward, backward and step in one compiled function: dynamo traces every hook, so
+    the record holds the model's construction and no step; run_ended says how many frames
+    ran compiled, stderr says why no step is there, and so does the report."""
+    store = tmp_path / "store"
+    child = subprocess.run(
+        [sys.executable, "-c", _WHOLE_STEP, str(store)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert "no optimizer step was seen" in child.stderr and "torch.compile compiled" in child.stderr
+    events = _events(store)
+    kinds = {kind for kind, _, _ in events}
+    assert "module_registered" in kinds and "optimizer_step" not in kinds
+    (ended,) = [payload for kind, _, payload in events if kind == "run_ended"]
+    assert ended["compiled_frames"] > 0 and ended["steps"] == 0
+    page = tmp_path / "report.html"
+    assert invoke("report", "--store", str(store), "latest", "-o", str(page)).exit_code == 0
+    assert "frame(s) during the run" in page.read_text()

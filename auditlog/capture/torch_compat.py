@@ -74,6 +74,19 @@ def call_guard(hook: F) -> F:
     return guarded  # type: ignore[return-value]
 
 
+def dynamo_frames_compiled() -> int:
+    """Frames ``torch.compile`` (dynamo) has compiled in this process so far: its own
+    counter (``torch._dynamo.utils.counters["frames"]["ok"]``, torch 2.0-2.13), read
+    without adding a key to it; 0 while dynamo was never imported (asking never imports
+    it) or where the counter is not found (best effort: a fact for the record, not a check)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    try:
+        frames = utils.counters.get("frames") if utils is not None else None
+        return int(frames.get("ok", 0)) if frames else 0
+    except Exception:
+        return 0
+
+
 def in_transform_or_compile() -> bool:  # call_guard's test, for wrappers that must call through
     return bool(_is_compiling() or _functorch_interpreter() is not None)
 

@@ -157,6 +157,13 @@ MODEL_KINDS: list[Kind] = [
                 "host energy counters at the end, as in run_started, or null",
                 optional=True,
             ),
+            "compiled_frames": F(
+                INT,
+                "frames torch.compile compiled while the run recorded (only when some were): "
+                "what ran inside compiled code, module calls, backward passes and optimizer steps "
+                "that dynamo traced, is not in the record (docs/hooks.md)",
+                optional=True,
+            ),
             "detected_by": F(
                 STR, "for status crashed: the run id that noticed the dead process", optional=True
             ),

@@ -259,6 +259,15 @@ def _outcome(info: dict[str, Any], facts: dict[str, Any]) -> str:
         rows.append(("crash detected by run", ended.get("detected_by")))
         rows.append(("last heartbeat", ended.get("last_seen")))
     kinds = facts.get("kinds") or {}
+    if ended.get("compiled_frames"):
+        rows.append(
+            (
+                "note",
+                f"torch.compile compiled {ended['compiled_frames']} frame(s) during the run: "
+                "module calls, backward passes and optimizer steps inside compiled code are not "
+                "in the record",
+            )
+        )
     if kinds.get("untracked_updates"):
         rows.append(
             (

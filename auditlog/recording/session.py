@@ -30,6 +30,7 @@ import torch
 from auditlog.capture.buffer import RecordBuffer
 from auditlog.capture.metrics import metric_value
 from auditlog.capture.recorder import Recorder
+from auditlog.capture.torch_compat import dynamo_frames_compiled
 from auditlog.core.errors import (
     AuditlogError,
     RecordingActiveError,
@@ -125,6 +126,7 @@ class Recording(contextlib.ContextDecorator):
         self.writer: Writer | None = None
         self._previous_sigterm: Any = None
         self._ended = False
+        self._compiled_before = 0  # frames torch.compile had compiled when recording began
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> Recording:
@@ -219,6 +221,7 @@ class Recording(contextlib.ContextDecorator):
             writer.start()
             recorder.install()
             self.store, self.writer, self.recorder = store, writer, recorder
+            self._compiled_before = dynamo_frames_compiled()
             self.run_id, self.stream, self._ended = run_id, stream, False
             self.launch = launch
             _active = self
@@ -291,6 +294,16 @@ class Recording(contextlib.ContextDecorator):
                 dropped=writer.dropped,
                 energy=energy_counters(),
             )
+            compiled = dynamo_frames_compiled() - self._compiled_before
+            if compiled > 0:  # what ran inside compiled code had no hook: the record says so
+                ending["compiled_frames"] = compiled
+                if not recorder.ctx.step and "untracked_updates" not in recorder.ctx.warned:
+                    _warn_once(
+                        f"auditlog: torch.compile compiled {compiled} frame(s) during this "
+                        "recording and no optimizer step was seen: module calls, backward passes "
+                        "and optimizer steps inside compiled code are not recorded "
+                        "(run_ended.compiled_frames; docs/hooks.md)"
+                    )
             recorder.ctx.emit("run_ended", payload=ending)
             writer.close()
             writer.sign_final()
