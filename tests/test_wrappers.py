@@ -15,7 +15,7 @@ from helpers import invoke
 from torch import nn
 
 import auditlog
-from auditlog.capture.torch_compat import parallel_wrapper_attr, unwrap_model
+from auditlog.capture.wrappers import parallel_wrapper_attr, unwrap_model
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"

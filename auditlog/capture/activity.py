@@ -38,13 +38,13 @@ from auditlog.capture.torch_compat import (
     call_guard,
     compiled_modules,
     local_view,
-    parallel_wrapper_attr,
     skip_guards_at_frame_level,
     tensor_hooks,
     tensor_version,
     transform_value,
     unwrap_compiled,
 )
+from auditlog.capture.wrappers import parallel_wrapper_attr
 from auditlog.core.chain import Clean
 from auditlog.core.policy import Policy
 from auditlog.core.tensors import StatsRecord, activity_stats, batch_records, dtype_name

@@ -33,11 +33,10 @@ from auditlog.capture.torch_compat import (
     is_compiled_wrapper,
     is_persistent_buffer,
     is_uninitialized,
-    parallel_wrapper_attr,
     parameters_of,
     registering_persistent,
-    unwrap_model,
 )
+from auditlog.capture.wrappers import parallel_wrapper_attr, unwrap_model
 from auditlog.core.chain import Clean
 from auditlog.core.tensors import batch_records
 

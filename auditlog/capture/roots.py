@@ -25,8 +25,8 @@ from auditlog.capture.torch_compat import (
     children_of,
     is_uninitialized,
     parameters_of,
-    unwrap_model,
 )
+from auditlog.capture.wrappers import unwrap_model
 
 # Snapshots that may wait, host-copied, behind the one the writer is storing
 # before the training thread waits (docs/snapshots.md, "When the writer falls behind").

@@ -28,8 +28,8 @@ from auditlog.capture.torch_compat import (
     children_of,
     is_uninitialized,
     parameters_of,
-    unwrap_model,
 )
+from auditlog.capture.wrappers import unwrap_model
 from auditlog.core.tensors import dtype_name
 
 _MISSING = object()

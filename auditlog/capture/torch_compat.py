@@ -143,49 +143,6 @@ def compiled_modules(root: torch.nn.Module, limit: int = 8) -> list[str]:
     return found
 
 
-# --------------------------------------------------------------------------- parallel wrappers
-# Data-parallel wrappers hold the user's model under one attribute and are not
-# part of it: their forward calls the model's (whose hooks fire too), their state
-# dict only adds a prefix. By qualified class name, so that checking a module
-# imports nothing (torch.distributed may be absent); subclasses count (MRO).
-PARALLEL_WRAPPERS: dict[str, str] = {
-    "torch.nn.parallel.distributed.DistributedDataParallel": "module",
-    "torch.nn.parallel.data_parallel.DataParallel": "module",
-    "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel": "_fsdp_wrapped_module",
-}
-_wrapper_attr: dict[type, str | None] = {}
-
-
-def parallel_wrapper_attr(module: torch.nn.Module) -> str | None:
-    """The attribute holding the wrapped model when ``module`` is a data-parallel wrapper
-    (DDP, DataParallel, FSDP1), else None. One dict lookup per call after the first."""
-    cls = type(module)
-    try:
-        return _wrapper_attr[cls]
-    except KeyError:
-        pass
-    found = None
-    for base in cls.__mro__:
-        found = PARALLEL_WRAPPERS.get(f"{base.__module__}.{base.__qualname__}")
-        if found is not None:
-            break
-    _wrapper_attr[cls] = found
-    return found
-
-
-def unwrap_model(module: torch.nn.Module) -> torch.nn.Module:
-    """The user's model inside any torch.compile and data-parallel wrappers."""
-    for _ in range(8):  # DDP(compile(model)) and the like; never loops forever
-        attr = parallel_wrapper_attr(module)
-        inner = children_of(module).get(attr) if attr is not None else None
-        if inner is None and is_compiled_wrapper(module):
-            inner = unwrap_compiled(module)
-        if inner is None:
-            return module
-        module = inner
-    return module
-
-
 # --------------------------------------------------------------------------- sharded tensors
 def is_dtensor(tensor: torch.Tensor) -> bool:
     """Is this a ``torch.distributed.tensor.DTensor`` (FSDP2, tensor parallel)? By class name and
