@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,7 @@ def test_run_answer_holds_finding_snapshots_and_annotations(
     client: TestClient, recorded: dict[str, Any]
 ) -> None:
     summary = client.get("/api/runs/nan").json()
+    assert summary["gaps"] == []  # every update went through an optimizer step that was seen
     assert summary["run"]["run_id"] == recorded["ids"]["nan"] and summary["last_step"] == 6
     assert summary["finding"]["found"] and summary["finding"]["step"] == 3
     assert (
@@ -538,6 +540,7 @@ def browse(page: Any, url: str, ids: dict[str, str]) -> None:
     assert page.locator('li[data-module="head"]').count() == 1
     page.wait_for_selector("#verdict")
     assert "chain intact, unsigned" in page.inner_text("#verdict")
+    assert page.locator("#gaps").count() == 0  # nothing ran where no hook saw it
 
     # the data a run trained on, a dataset class named with markup shown as text
     page.goto(url + "#/run/" + ids["script"])
@@ -579,3 +582,46 @@ def browse(page: Any, url: str, ids: dict[str, str]) -> None:
     page.click("#run-query")
     page.locator("#result table").wait_for()
     assert page.locator("#result td").all_inner_texts() == ["grows", "nan", SCRIPT_NAME]
+
+
+def _updated_by_hand(store: Path) -> None:
+    """A run whose parameters change between backward passes with no optimizer step."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # its untracked_updates warning
+        with auditlog.record(store, name="by hand"):
+            torch.manual_seed(0)
+            model = nn.Linear(4, 2)
+            for _ in range(3):
+                model.zero_grad()
+                model(torch.randn(5, 4)).pow(2).mean().backward()
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p -= 0.1 * p.grad  # type: ignore[operator]
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install -y chromium)"
+)
+def test_a_run_page_says_what_the_record_does_not_hold(tmp_path: Path) -> None:
+    """The report's outcome and the run page word a gap in the record the same way."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    store = tmp_path / "store"
+    _updated_by_hand(store)
+    with auditlog.open(store) as opened:
+        client = TestClient(create_app(opened), base_url="http://127.0.0.1")
+        run_id = client.get("/api/runs").json()["rows"][0]["run_id"]
+        gaps = client.get("/api/runs/" + run_id).json()["gaps"]
+    assert len(gaps) == 1 and "no optimizer step hook saw it" in gaps[0]
+    server, url = serve(store)
+    try:
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"]
+            )
+            page = browser.new_page()
+            page.goto(url + "#/run/" + run_id)
+            page.locator("#gaps li").wait_for()
+            assert gaps[0] in page.inner_text("#gaps")
+            browser.close()
+    finally:
+        stop(server)

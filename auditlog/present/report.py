@@ -241,6 +241,32 @@ UNSIGNED_NOTE = (
 )
 
 
+def record_gaps(kinds: dict[str, int], ended: dict[str, Any]) -> list[str]:
+    """What the run's record says it does not hold: work that ran where no hook saw it.
+    ``kinds``: the run's event counts by kind; ``ended``: its ``run_ended`` payload. The
+    report's outcome and the web UI's run page show the same sentences."""
+    gaps = []
+    frames = ended.get("compiled_frames")
+    if isinstance(frames, int) and not isinstance(frames, bool) and frames > 0:
+        gaps.append(
+            f"torch.compile compiled {frames} frame(s) during the run: module calls, backward "
+            "passes and optimizer steps inside compiled code are not in the record"
+        )
+    if kinds.get("untracked_updates"):
+        gaps.append(
+            "parameters were updated where no optimizer step hook saw it (a step inside "
+            "torch.compile, or an update by hand): those updates are not counted as steps "
+            "here, and their gradient norms and learning rates are not in the record "
+            "(auditlog events --kind untracked_updates)"
+        )
+    if kinds.get("hooks_removed"):
+        gaps.append(
+            "other code removed auditlog's hooks during the run: what they would have "
+            "recorded meanwhile is missing (auditlog events --kind hooks_removed)"
+        )
+    return gaps
+
+
 def _outcome(info: dict[str, Any], facts: dict[str, Any]) -> str:
     ended = facts["ended"] or {}
     losses = [r for r in facts["metric_rows"] if r.get("loss") is not None]
@@ -258,34 +284,7 @@ def _outcome(info: dict[str, Any], facts: dict[str, Any]) -> str:
     if ended.get("detected_by"):
         rows.append(("crash detected by run", ended.get("detected_by")))
         rows.append(("last heartbeat", ended.get("last_seen")))
-    kinds = facts.get("kinds") or {}
-    if ended.get("compiled_frames"):
-        rows.append(
-            (
-                "note",
-                f"torch.compile compiled {ended['compiled_frames']} frame(s) during the run: "
-                "module calls, backward passes and optimizer steps inside compiled code are not "
-                "in the record",
-            )
-        )
-    if kinds.get("untracked_updates"):
-        rows.append(
-            (
-                "note",
-                "parameters were updated where no optimizer step hook saw it (a step inside "
-                "torch.compile, or an update by hand): those updates are not counted as steps "
-                "here, and their gradient norms and learning rates are not in the record "
-                "(auditlog events --kind untracked_updates)",
-            )
-        )
-    if kinds.get("hooks_removed"):
-        rows.append(
-            (
-                "note",
-                "other code removed auditlog's hooks during the run: what they would have "
-                "recorded meanwhile is missing (auditlog events --kind hooks_removed)",
-            )
-        )
+    rows.extend(("note", gap) for gap in record_gaps(facts.get("kinds") or {}, ended))
     if info.get("status") in ("running", "incomplete", "crashed") and not ended:
         rows.append(
             ("note", "the run has no run_ended event: the table shows how far the record goes")

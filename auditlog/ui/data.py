@@ -26,7 +26,7 @@ from typing import Any
 
 from auditlog.core.errors import UsageError
 from auditlog.core.values import finite_or_text
-from auditlog.present.report import BADGES, UNSIGNED_NOTE, verify_verdict
+from auditlog.present.report import BADGES, UNSIGNED_NOTE, record_gaps, verify_verdict
 from auditlog.read.api import Store
 from auditlog.read.data import DATASET_COLUMNS, LOADER_COLUMNS, data_questions, data_summary
 from auditlog.read.forensics import find_nonfinite, questions
@@ -146,6 +146,8 @@ def run_summary(store: Store, run: Run) -> dict[str, Any]:
         finding = find_nonfinite(q)
         flops = q.events_of("flops")
         data = data_summary(q)
+        kinds = q.kind_counts()
+        ended = q.events_of("run_ended")
     try:
         metadata = json.loads(row.get("metadata") or "{}") or {}
     except ValueError:
@@ -173,7 +175,14 @@ def run_summary(store: Store, run: Run) -> dict[str, Any]:
         "snapshot_bytes": stored,
         "flops": [_json_or_text(e["payload"]) for e in flops[:1]],
         "last_step": int(row.get("steps") or 0),
+        # what the record says it does not hold (the report's outcome shows the same)
+        "gaps": record_gaps(kinds, _ended_payload(ended)),
     }
+
+
+def _ended_payload(ended: list[dict[str, Any]]) -> dict[str, Any]:
+    payload = _json_or_text(ended[0]["payload"]) if ended else None
+    return payload if isinstance(payload, dict) else {}
 
 
 def restore_command(store: str, run_id: str, step: int | None) -> str:

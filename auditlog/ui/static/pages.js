@@ -94,6 +94,7 @@ async function runPage(selector) {
       ["python / torch / CUDA", `${r.python || "?"} / ${r.torch || "?"} / ${r.cuda || "none"}`],
       ["seed at start", fmt(r.seed)], ["parameters", `${fmt(s.totals.total)} (${fmt(s.totals.trainable)} trainable, ${fmt(s.totals.tensors)} tensors)`],
     ])),
+    gapsSection(s.gaps || []),
     integrity,
     el("section", {id: "model"}, el("h2", {}, "Model"), treeBox),
     curvesBox,
@@ -135,6 +136,13 @@ function drawTree(box, id, lastStep) {
   };
   slider.addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(load, 120); });
   load();
+}
+
+// What the record says it does not hold (work that ran where no hook saw it), as the report says it.
+function gapsSection(gaps) {
+  if (!gaps.length) return null;
+  return el("section", {id: "gaps"}, el("h2", {}, "Not in the record"),
+    el("ul", {}, gaps.map((g) => el("li", {}, badge("gap", "bad"), " " + g))));
 }
 
 function nonfiniteSection(f) {
