@@ -296,3 +296,50 @@ def test_a_training_step_compiled_whole_leaves_a_record_that_says_so(tmp_path: P
     page = tmp_path / "report.html"
     assert invoke("report", "--store", str(store), "latest", "-o", str(page)).exit_code == 0
     assert "frame(s) during the run" in page.read_text()
+
+
+class _Sam(torch.optim.Optimizer):
+    """Sharpness-aware minimization as its usual implementation steps: ``first_step``
+    moves the weights in place (no ``Optimizer.step``, so no hook), ``second_step`` moves
+    them back and steps the base optimizer."""
+
+    def __init__(self, params: Any, lr: float) -> None:
+        super().__init__(params, {"lr": lr})
+        self.base = torch.optim.SGD(self.param_groups, lr=lr)
+        self.param_groups = self.base.param_groups
+
+    @torch.no_grad()
+    def first_step(self) -> None:
+        for p in (p for g in self.param_groups for p in g["params"] if p.grad is not None):
+            self.state[p]["e"] = 0.05 * p.grad
+            p.add_(self.state[p]["e"])
+
+    @torch.no_grad()
+    def second_step(self) -> None:
+        for p in (p for g in self.param_groups for p in g["params"] if "e" in self.state[p]):
+            p.sub_(self.state[p]["e"])
+        self.base.step()
+
+
+def test_sams_perturbation_before_the_first_step_is_the_one_finding(tmp_path: Path) -> None:
+    """Once its base optimizer has stepped, its parameters are held by an optimizer seen
+    stepping and are no longer looked at: the perturbation is found once, at step 0, and
+    every step is recorded."""
+    store = tmp_path / "store"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with auditlog.record(store, policy="audit"):
+            model = _model()
+            opt = _Sam(model.parameters(), lr=0.05)
+            for i in range(4):
+                x, y = _batch(i)
+                nn.functional.mse_loss(model(x), y).backward()
+                opt.first_step()
+                opt.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                opt.second_step()
+                opt.zero_grad()
+    events = _events(store)
+    found = [(kind, payload) for kind, _, payload in events if kind == "untracked_updates"]
+    assert [p["first_step"] for _, p in found] == [0] and found[0][1]["backwards"] == 1
+    assert sum(kind == "optimizer_step" for kind, _, _ in events) == 4
