@@ -11,6 +11,7 @@ later, a closure — records none.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -343,3 +344,45 @@ def test_sams_perturbation_before_the_first_step_is_the_one_finding(tmp_path: Pa
     found = [(kind, payload) for kind, _, payload in events if kind == "untracked_updates"]
     assert [p["first_step"] for _, p in found] == [0] and found[0][1]["backwards"] == 1
     assert sum(kind == "optimizer_step" for kind, _, _ in events) == 4
+    # the bill of materials gives the optimizer's hyperparameters with the gap beside them
+    if importlib.util.find_spec("cyclonedx") is not None:
+        bom = tmp_path / "bom.json"
+        assert invoke("bom", "--store", str(store), "-o", str(bom)).exit_code == 0
+        properties = {
+            p["name"]: p["value"]
+            for p in json.loads(bom.read_text())["metadata"]["component"]["properties"]
+        }
+        assert "torch.optim.sgd.SGD" in properties["auditlog:hyperparameters"]
+        assert "no optimizer step hook saw it" in properties["auditlog:hyperparameters:note"]
+
+
+def test_the_documentation_facts_carry_the_gap_beside_the_step_count(tmp_path: Path) -> None:
+    """The bill of materials and the facts behind the EU AI Act headings do not present a
+    step count that misses updates as the whole training: the note goes with it."""
+    pytest.importorskip("cyclonedx")
+    store = tmp_path / "store"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        _train(store, by_hand, 3)
+    out = tmp_path / "facts.json"
+    assert invoke("bom", "--store", str(store), "--format", "json", "-o", str(out)).exit_code == 0
+    facts = json.loads(out.read_text())["facts"]
+    assert "no optimizer step hook saw it" in facts["model"]["note"]
+    assert facts["model"]["value"]["steps"] == 0
+    assert "no optimizer step was recorded" in facts["hyperparameters"]["note"]
+    assert "no optimizer step hook saw it" in facts["hyperparameters"]["note"]
+    bom = tmp_path / "bom.json"
+    done = invoke("bom", "--store", str(store), "--format", "cyclonedx", "-o", str(bom))
+    assert done.exit_code == 0, done.output
+    properties = {
+        p["name"]: p["value"]
+        for component in [json.loads(bom.read_text())["metadata"]["component"]]
+        for p in component.get("properties", [])
+    }
+    assert "no optimizer step hook saw it" in properties["auditlog:hyperparameters"]
+    # a run that stepped through its optimizer has no such note
+    plain = tmp_path / "plain"
+    _train(plain, _accumulation, 6)
+    assert invoke("bom", "--store", str(plain), "--format", "json", "-o", str(out)).exit_code == 0
+    facts = json.loads(out.read_text())["facts"]
+    assert not facts["model"]["note"] and not facts["hyperparameters"]["note"]

@@ -40,6 +40,7 @@ from auditlog.present.report_techdoc import techdoc_section
 from auditlog.read.codefiles import dirty_files
 from auditlog.read.docfacts import Fact, documentation_facts
 from auditlog.read.forensics import Finding, find_nonfinite, finite, metrics_table, questions
+from auditlog.read.gaps import record_gaps
 from auditlog.read.run import Run
 from auditlog.read.series import Panel, panels
 from auditlog.store.readmodel.forensics import ForensicQueries
@@ -239,32 +240,6 @@ UNSIGNED_NOTE = (
     "(auditlog keygen: runs are then signed as they are recorded) and keep an exported "
     "head outside the store (auditlog export-head)."
 )
-
-
-def record_gaps(kinds: dict[str, int], ended: dict[str, Any]) -> list[str]:
-    """What the run's record says it does not hold: work that ran where no hook saw it.
-    ``kinds``: the run's event counts by kind; ``ended``: its ``run_ended`` payload. The
-    report's outcome and the web UI's run page show the same sentences."""
-    gaps = []
-    frames = ended.get("compiled_frames")
-    if isinstance(frames, int) and not isinstance(frames, bool) and frames > 0:
-        gaps.append(
-            f"torch.compile compiled {frames} frame(s) during the run: module calls, backward "
-            "passes and optimizer steps inside compiled code are not in the record"
-        )
-    if kinds.get("untracked_updates"):
-        gaps.append(
-            "parameters were updated where no optimizer step hook saw it (a step inside "
-            "torch.compile, or an update by hand): those updates are not counted as steps "
-            "here, and their gradient norms and learning rates are not in the record "
-            "(auditlog events --kind untracked_updates)"
-        )
-    if kinds.get("hooks_removed"):
-        gaps.append(
-            "other code removed auditlog's hooks during the run: what they would have "
-            "recorded meanwhile is missing (auditlog events --kind hooks_removed)"
-        )
-    return gaps
 
 
 def _outcome(info: dict[str, Any], facts: dict[str, Any]) -> str:

@@ -207,6 +207,8 @@ def _properties(facts: DocumentationFacts, names: tuple[str, ...]) -> list[Any]:
                 value=_text(fact.value if fact.value is not None else f"not recorded: {fact.note}"),
             )
         )
+        if fact.value is not None and fact.note:  # what the value cannot say (a gap, say)
+            out.append(Property(name=f"auditlog:{name}:note", value=_text(fact.note)))
         if fact.evidence:
             out.append(Property(name=f"auditlog:{name}:evidence", value=_text(fact.evidence)))
     return out

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from auditlog.core.hashing import is_content_hash
 from auditlog.read.forensics import questions
+from auditlog.read.gaps import record_gaps
 
 if TYPE_CHECKING:
     from auditlog.read.run import Run
@@ -172,6 +173,11 @@ def documentation_facts(
         facts["hyperparameters"] = _hyperparameters(q)
         facts["metrics"] = _metrics(q)
         annotations = {a["key"]: a for a in q.annotations()}
+        # Work that ran where no hook saw it: said beside the step count and the optimizers.
+        gaps = record_gaps(q.kind_counts(), _payload(ended[0]) if ended else {})
+        for name in ("model", "hyperparameters") if gaps else ():
+            fact = facts[name]
+            fact.note = "; ".join([*([fact.note] if fact.note else []), *gaps])
     facts["weights"] = _weights(run, step)
     facts["verification"] = verification if verification is not None else _verification(run)
     for key, what in USER_SUPPLIED.items():
@@ -469,6 +475,14 @@ def _verification(run: Run) -> Fact:
 
 
 # ---------------------------------------------------------------------------- helpers
+def _payload(event: dict[str, Any]) -> dict[str, Any]:
+    try:
+        payload = json.loads(event["payload"])
+    except (TypeError, ValueError):
+        return {}
+    return payload if isinstance(payload, dict) else {}
+
+
 def _ref(event: dict[str, Any]) -> dict[str, Any]:
     return {"kind": event["kind"], "stream": event.get("stream", 0), "seq": event["seq"]}
 

@@ -26,10 +26,11 @@ from typing import Any
 
 from auditlog.core.errors import UsageError
 from auditlog.core.values import finite_or_text
-from auditlog.present.report import BADGES, UNSIGNED_NOTE, record_gaps, verify_verdict
+from auditlog.present.report import BADGES, UNSIGNED_NOTE, verify_verdict
 from auditlog.read.api import Store
 from auditlog.read.data import DATASET_COLUMNS, LOADER_COLUMNS, data_questions, data_summary
 from auditlog.read.forensics import find_nonfinite, questions
+from auditlog.read.gaps import record_gaps
 from auditlog.read.run import Run
 from auditlog.read.runs import RunInfo
 from auditlog.read.series import Panel, panels, total_grad_norms
