@@ -380,6 +380,14 @@ def test_the_documentation_facts_carry_the_gap_beside_the_step_count(tmp_path: P
         for p in component.get("properties", [])
     }
     assert "no optimizer step hook saw it" in properties["auditlog:hyperparameters"]
+    if importlib.util.find_spec("spdx_python_model") is not None:
+        spdx = tmp_path / "spdx.json"
+        done = invoke("bom", "--store", str(store), "--format", "spdx", "-o", str(spdx))
+        assert done.exit_code == 0, done.output
+        (package,) = [
+            e for e in json.loads(spdx.read_text())["@graph"] if e.get("type") == "ai_AIPackage"
+        ]
+        assert "no optimizer step hook saw it" in package["ai_informationAboutTraining"]
     # a run that stepped through its optimizer has no such note
     plain = tmp_path / "plain"
     _train(plain, _accumulation, 6)

@@ -260,6 +260,8 @@ def spdx_document(facts: DocumentationFacts) -> dict[str, Any]:
                     "frameworks",
                 )
             }
+            # training that ran where no hook saw it (read.gaps), beside the facts it qualifies
+            | ({"not_in_the_record": f["model"].note} if f["model"].note else {})
         ),
         ai_typeOfModel=list((f["architecture"].value or {}).get("roots") or []),
         comment="auditlog evidence: " + _text({k: f[k].evidence for k in f}),
