@@ -109,6 +109,23 @@ def test_gradient_norms_read_from_the_parameters_or_none_for_the_general_path() 
         plan.grad_norms(params)
 
 
+def test_a_small_model_plan_reads_gradients_in_one_call_or_none() -> None:
+    """A few small tensors of distinct shapes: nothing stacked, one ``_foreach_norm``."""
+    params = [torch.nn.Parameter(torch.randn(*shape)) for shape in ((16, 4), (4,), (1, 4), (1,))]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    plan = NormPlan(params)
+    assert plan.plain
+    got = plan.grad_norms(params)
+    want = torch.stack([torch.linalg.vector_norm(p.grad) for p in params])  # type: ignore[arg-type]
+    assert got is not None and torch.equal(got, want)
+    params[3].grad = None
+    assert plan.grad_norms(params) is None
+    params[3].grad = torch.randn(1)
+    params[0].grad = torch.randn(16, 4).to_sparse()
+    assert plan.grad_norms(params) is None
+
+
 def test_a_parameter_reshaped_in_place_gets_a_new_plan_and_exact_norms(store: Path) -> None:
     """``p.data = ...`` keeps the object (the plan's identity) but not its shape: the
     step's norms come out right, from a plan worked out again."""

@@ -16,6 +16,7 @@ the tables torch uses now included, so nothing of a finished recording fires.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,17 +93,19 @@ class HookTables:
             _take_out(entry)
 
     def missing(self) -> list[str]:
-        """The kinds whose hook is not in the table torch uses now (cheap: a dict
-        lookup per kind; this runs at every optimizer step)."""
+        """The kinds whose hook is not in the table torch uses now. This runs at every
+        optimizer step, so the common case is one comparison done in C: the objects
+        the tables torch uses now hold under the entries' ids, against the entries'
+        hooks (identical, or equal: a bound method of the same object and function)."""
         expected = self._expected
         if expected is None:
             expected = self._expected = self._expect()
-        tables, always_ids = expected
-        for accessor, pairs in tables:
-            table = accessor()  # the table torch uses now: it may have been replaced
-            for hook_id, hook in pairs:
-                if table.get(hook_id) is not hook:
-                    return self._missing()
+        accessors, ids, hooks, always_ids = expected
+        try:
+            if tuple(map(dict.get, map(operator.call, accessors), ids)) != hooks:
+                return self._missing()
+        except TypeError:  # a table replaced by something that is not a dict
+            return self._missing()
         if always_ids:
             always = global_hook_table("forward_always_called")
             for hook_id in always_ids:
@@ -112,14 +115,13 @@ class HookTables:
 
     def _expect(self) -> _Expected:
         """What ``missing`` looks for: each entry's last handle in its table."""
-        by_table: dict[str, list[tuple[int, Callable[..., Any]]]] = {}
-        always_ids = []
-        for kind, entry in self._entries.items():
-            by_table.setdefault(KIND_TABLES[kind], []).append((entry.handle.id, entry.hook))
-            if entry.always_called:
-                always_ids.append(entry.handle.id)
-        tables = tuple((GLOBAL_HOOK_TABLES[name], tuple(pairs)) for name, pairs in by_table.items())
-        return tables, tuple(always_ids)
+        entries = list(self._entries.values())
+        return (
+            tuple(GLOBAL_HOOK_TABLES[KIND_TABLES[entry.kind]] for entry in entries),
+            tuple(entry.handle.id for entry in entries),
+            tuple(entry.hook for entry in entries),
+            tuple(entry.handle.id for entry in entries if entry.always_called),
+        )
 
     def _missing(self) -> list[str]:
         """``missing`` once a lookup failed: each kind in turn, a table put back included."""
@@ -183,11 +185,13 @@ class HookTables:
 
 
 _Expected = tuple[
-    tuple[tuple[Callable[[], dict[int, Any]], tuple[tuple[int, Callable[..., Any]], ...]], ...],
+    tuple[Callable[[], dict[int, Any]], ...],
+    tuple[int, ...],
+    tuple[Callable[..., Any], ...],
     tuple[int, ...],
 ]
-"""``HookTables.missing``'s plan: (table accessor, (hook id, hook) pairs) per table, and
-the hook ids the always-called table holds."""
+"""``HookTables.missing``'s plan, one position per entry: the accessor of the table it
+lives in, its hook id, its hook; then the hook ids the always-called table holds."""
 
 
 def _take_out(entry: Entry) -> None:

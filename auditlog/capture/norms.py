@@ -22,6 +22,7 @@ float per parameter.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,7 +60,18 @@ class NormPlan:
     permutation back to input order (None when the concatenation already is).
     """
 
-    __slots__ = ("_copies", "dots", "groups", "order", "plain", "rest", "size", "tail")
+    __slots__ = (
+        "_copies",
+        "_group_picks",
+        "_tail_pick",
+        "dots",
+        "groups",
+        "order",
+        "plain",
+        "rest",
+        "size",
+        "tail",
+    )
 
     def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
         by_kind: dict[tuple[object, ...], list[int]] = {}
@@ -91,6 +103,10 @@ class NormPlan:
         rest.sort()
         self.rest = rest
         self.tail = self.dots + rest  # the tensors not stacked, in the order they are reduced
+        # Each group's and the tail's positions as one C call (``operator.itemgetter``):
+        # a comprehension per group cost ~8 bytecodes per tensor, at every step.
+        self._group_picks = [_picker(members) for members in self.groups]
+        self._tail_pick = _picker(self.tail) if self.tail else None
         self.size = len(tensors)
         placed = [i for members in self.groups for i in members] + self.dots + rest
         if placed == list(range(self.size)):
@@ -108,7 +124,7 @@ class NormPlan:
         """One 1-D float32 tensor: the L2 norm of each tensor, in input order (no sync)."""
         if not tensors:
             return None
-        return self._reduce(lambda members: [tensors[i] for i in members])
+        return self._reduce(tensors, grads=False)
 
     def grad_norms(self, params: Sequence[torch.Tensor]) -> torch.Tensor | None:
         """``norms`` of the parameters' gradients, read straight from ``params`` (the plan
@@ -124,25 +140,27 @@ class NormPlan:
         if not params:
             return None
         if self.plain:  # every tensor reduced by _foreach_norm: one list, one call, no permutation
-            grads = [p.grad for p in params]
-            for g in grads:
-                if g is None or g.layout is not torch.strided:
-                    return None
-            return _stacked_foreach(grads)  # type: ignore[arg-type]
+            grads = list(map(_GRAD, params))
+            # (ids compared: ``None in grads`` would call Tensor.__eq__)
+            if _NONE_ID in map(id, grads) or set(map(_LAYOUT, grads)) != _STRIDED:
+                return None
+            return _stacked_foreach(grads)
         try:
-            out = self._reduce(lambda members: [params[i].grad for i in members], strict=True)  # type: ignore[misc]
+            out = self._reduce(params, grads=True)
         except (TypeError, AttributeError):  # a None or sparse gradient
             return None
         return out
 
-    def _reduce(
-        self, pick: Callable[[list[int]], list[torch.Tensor]], strict: bool = False
-    ) -> torch.Tensor:
+    def _reduce(self, tensors: Sequence[torch.Tensor], grads: bool) -> torch.Tensor:
         """Stack each group, take the others as they are, reduce (``_reduce_parts``).
-        ``strict``: raise TypeError on an absent or sparse tensor."""
-        laid = [torch.stack(pick(members)) for members in self.groups]
-        tail = pick(self.tail) if self.tail else []
-        if strict and not (
+        ``grads``: of ``tensors``' gradients, raising TypeError on an absent or sparse one."""
+        if grads:
+            laid = [torch.stack(list(map(_GRAD, pick(tensors)))) for pick in self._group_picks]
+            tail = [] if self._tail_pick is None else list(map(_GRAD, self._tail_pick(tensors)))
+        else:
+            laid = [torch.stack(pick(tensors)) for pick in self._group_picks]
+            tail = [] if self._tail_pick is None else list(self._tail_pick(tensors))
+        if grads and not (
             all(t.layout is torch.strided for t in laid)
             and all(t is not None and t.layout is torch.strided for t in tail)
         ):
@@ -222,6 +240,20 @@ class NormPlan:
         if order.device != device:
             order = self.order = order.to(device)
         return order
+
+
+_GRAD = operator.attrgetter("grad")
+_LAYOUT = operator.attrgetter("layout")
+_STRIDED = {torch.strided}
+_NONE_ID = id(None)
+
+
+def _picker(members: list[int]) -> Callable[[Sequence[torch.Tensor]], tuple[torch.Tensor, ...]]:
+    """The tensors at ``members`` of a sequence, as a tuple, in one C call."""
+    pick = operator.itemgetter(*members)
+    if len(members) == 1:  # itemgetter of one position gives the item itself
+        return lambda tensors: (pick(tensors),)
+    return pick
 
 
 def _dot_norms(tensors: list[torch.Tensor]) -> torch.Tensor:

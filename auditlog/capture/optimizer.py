@@ -43,7 +43,13 @@ from auditlog.capture.nonfinite import NonFiniteWatch
 from auditlog.capture.payloads import StackedNorms, StepPayload
 from auditlog.capture.registrations import class_name
 from auditlog.capture.roots import RootTracking
-from auditlog.capture.stepnorms import Grads, StepNorms, grad_disabled, grad_restored
+from auditlog.capture.stepnorms import (
+    Grads,
+    StepNorms,
+    grad_disabled,
+    grad_restored,
+    optimizer_params,
+)
 from auditlog.capture.structure import StructureChecks
 from auditlog.capture.torch_compat import compile_guard
 from auditlog.core.chain import Clean
@@ -158,7 +164,7 @@ class OptimizerHooks:
                 return None
             ctx.clear_call_stack()  # a forward that died on BaseException left stale entries
             self.norms.note_stepping(optimizer)
-            params = [p for group in optimizer.param_groups for p in group["params"]]
+            params = optimizer_params(optimizer)
             construction = self.construction
             if self._step_scanned != construction.registrations or construction.lazy:
                 # The structure changed since the last step: per-call hooks may be
@@ -241,7 +247,7 @@ class OptimizerHooks:
             ):
                 params, ids = pending.params, pending.ids
             else:  # the pre hook did not run (or the groups changed inside the step)
-                params = [p for group in optimizer.param_groups for p in group["params"]]
+                params = optimizer_params(optimizer)
                 ids = self.norms.ids_of(optimizer, params)
                 pending = _Pending(params, ids, None, False, None, True)
             if ctx.policy.grad_norms and pending.closure:  # (the pre hook looked at these args)

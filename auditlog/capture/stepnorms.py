@@ -26,6 +26,7 @@ import operator
 import sys
 import warnings
 import weakref
+from itertools import chain
 from pathlib import Path
 from typing import NamedTuple
 
@@ -98,7 +99,7 @@ class StepNorms:
             known = self._stepping_now()
             measured = []
             for optimizer in known:
-                params = [p for group in optimizer.param_groups for p in group["params"]]
+                params = optimizer_params(optimizer)
                 if id(optimizer) not in self._param_ids:
                     self.ids_of(optimizer, params)
                 self._raw.set(
@@ -348,6 +349,14 @@ class StepNorms:
 _STRIDED = torch.strided
 _GRAD = operator.attrgetter("grad")
 _PARAMS = operator.itemgetter("params")
+
+
+def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every parameter of the optimizer's groups, in order. The iteration runs in C: as a
+    comprehension it cost ~5 bytecodes per parameter, three times a step."""
+    return list(chain.from_iterable(map(_PARAMS, optimizer.param_groups)))
+
+
 _NONE_ID = id(None)
 
 
