@@ -112,6 +112,19 @@ def fast_mlp() -> nn.Module:
     )
 
 
+def wide_mlp() -> nn.Module:
+    """The 5,000-module model of ``scale.py``: 2,500 x (Linear(8, 8), Tanh) in one Sequential,
+    5,000 parameter tensors: the recorder's per-parameter work with almost no arithmetic."""
+    layers: list[nn.Module] = []
+    for _ in range(2500):
+        layers += [nn.Linear(8, 8), nn.Tanh()]
+    return nn.Sequential(*layers)
+
+
+def _wide_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(16, 8), torch.randn(16, 8)
+
+
 def _fast_batch() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(8, 16), torch.randn(8, 1)
 
@@ -207,6 +220,14 @@ WORKLOADS: dict[str, Workload] = {
         _adamw,
         # 100 steps of 0.3-1.4 ms end before the writer's first batch: its cost went uncounted
         timed_steps=2000,
+    ),
+    "wide": Workload(
+        "wide",
+        "5,000 modules: 2,500 x (Linear(8,8) + Tanh), batch 16, MSELoss, SGD (scale.py's wide model)",
+        wide_mlp,
+        _wide_batch,
+        nn.functional.mse_loss,
+        _sgd,
     ),
     "transformer": Workload(
         "transformer",

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from benchlib import machine_line, record_options
+from benchlib import machine_line, record_options, wide_mlp
 from torch import nn
 
 import auditlog
@@ -81,13 +81,6 @@ class Workload:
     batch: Callable[[], tuple[torch.Tensor, torch.Tensor]]
     loss: Callable[[nn.Module, tuple[torch.Tensor, torch.Tensor]], torch.Tensor]
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
-
-
-def wide() -> nn.Module:
-    layers: list[nn.Module] = []
-    for _ in range(2500):
-        layers += [nn.Linear(8, 8), nn.Tanh()]
-    return nn.Sequential(*layers)
 
 
 def _wide_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -117,7 +110,7 @@ WORKLOADS = {
     "wide": Workload(
         "wide",
         "5,000 modules: 2,500 x (Linear(8,8) + Tanh), batch 16, SGD",
-        wide,
+        wide_mlp,
         lambda: (torch.randn(16, 8), torch.randn(16, 8)),
         _wide_loss,
         lambda params: torch.optim.SGD(params, lr=0.01),

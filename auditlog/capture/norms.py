@@ -124,47 +124,30 @@ class NormPlan:
         """One 1-D float32 tensor: the L2 norm of each tensor, in input order (no sync)."""
         if not tensors:
             return None
-        return self._reduce(tensors, grads=False)
+        return self._reduce(tensors)
 
-    def grad_norms(self, params: Sequence[torch.Tensor]) -> torch.Tensor | None:
-        """``norms`` of the parameters' gradients, read straight from ``params`` (the plan
-        worked out for the parameters: a gradient has its parameter's shape).
+    def grad_norms(self, grads: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+        """``norms`` of the gradients of the parameters the plan was worked out for, in
+        their order (a gradient has its parameter's shape), read by the caller once.
 
-        One pass over the parameters in Python, where building the gradient list,
-        checking it and slicing it per group took three (a cost per step that
-        grows with the parameter count). None when a gradient is absent or not strided: the caller
-        then takes the general path (``norms`` of the gradients present).
-        RuntimeError when the plan no longer fits the parameters (one changed
-        shape in place: the caller works out a new plan).
+        None when a gradient is absent or not strided: the caller then takes the
+        general path (``norms`` of the gradients present). RuntimeError when the
+        plan no longer fits (a parameter changed shape in place: the caller works
+        out a new plan).
         """
-        if not params:
+        if not grads:
+            return None
+        # (ids compared: ``None in grads`` would call Tensor.__eq__)
+        if _NONE_ID in map(id, grads) or set(map(_LAYOUT, grads)) != _STRIDED:
             return None
         if self.plain:  # every tensor reduced by _foreach_norm: one list, one call, no permutation
-            grads = list(map(_GRAD, params))
-            # (ids compared: ``None in grads`` would call Tensor.__eq__)
-            if _NONE_ID in map(id, grads) or set(map(_LAYOUT, grads)) != _STRIDED:
-                return None
-            return _stacked_foreach(grads)
-        try:
-            out = self._reduce(params, grads=True)
-        except (TypeError, AttributeError):  # a None or sparse gradient
-            return None
-        return out
+            return _stacked_foreach(grads)  # type: ignore[arg-type]
+        return self._reduce(grads)  # type: ignore[arg-type]
 
-    def _reduce(self, tensors: Sequence[torch.Tensor], grads: bool) -> torch.Tensor:
-        """Stack each group, take the others as they are, reduce (``_reduce_parts``).
-        ``grads``: of ``tensors``' gradients, raising TypeError on an absent or sparse one."""
-        if grads:
-            laid = [torch.stack(list(map(_GRAD, pick(tensors)))) for pick in self._group_picks]
-            tail = [] if self._tail_pick is None else list(map(_GRAD, self._tail_pick(tensors)))
-        else:
-            laid = [torch.stack(pick(tensors)) for pick in self._group_picks]
-            tail = [] if self._tail_pick is None else list(self._tail_pick(tensors))
-        if grads and not (
-            all(t.layout is torch.strided for t in laid)
-            and all(t is not None and t.layout is torch.strided for t in tail)
-        ):
-            raise TypeError("an absent or sparse tensor")
+    def _reduce(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Stack each group, take the others as they are, reduce (``_reduce_parts``)."""
+        laid = [torch.stack(pick(tensors)) for pick in self._group_picks]
+        tail = [] if self._tail_pick is None else list(self._tail_pick(tensors))
         return self._reduce_parts(laid + tail)
 
     def copy(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -242,7 +225,6 @@ class NormPlan:
         return order
 
 
-_GRAD = operator.attrgetter("grad")
 _LAYOUT = operator.attrgetter("layout")
 _STRIDED = {torch.strided}
 _NONE_ID = id(None)

@@ -102,8 +102,12 @@ class StepNorms:
                 params = optimizer_params(optimizer)
                 if id(optimizer) not in self._param_ids:
                     self.ids_of(optimizer, params)
+                # Read once for both (a parameter's ``.grad`` costs ~0.5 us: 5,000 of them
+                # were read twice here and once more by the pre hook)
+                grads = list(map(_GRAD, params))
                 self._raw.set(
-                    optimizer, _Raw(self.grad_norms(optimizer, params), grad_fingerprint(params))
+                    optimizer,
+                    _Raw(self.grad_norms(optimizer, params, grads), fingerprint_of(grads)),
                 )
                 measured.append(params)
             # Looking for parameters no optimizer holds walks every root: only until none
@@ -213,15 +217,16 @@ class StepNorms:
                     params.append(p)
         if not params:
             return None
-        grads: list[torch.Tensor] = [local_view(p.grad) for p in params]  # type: ignore[arg-type]
-        norms = norms_of(grads)
+        held = list(map(_GRAD, params))
+        norms = norms_of([local_view(g) for g in held])
         assert norms is not None
         versions = dict(zip(map(id, params), map(tensor_version, params), strict=True))
         self._look_for_untracked(params, versions, previous)
+        grad_ids, grad_versions = fingerprint_of(held)
         return _Unbound(
             norms,
             {id(p): i for i, p in enumerate(params)},
-            dict(zip(map(id, params), grad_fingerprint(params), strict=True)),
+            dict(zip(map(id, params), zip(grad_ids, grad_versions, strict=True), strict=True)),
             versions,
             self.ctx.step,
         )
@@ -244,7 +249,11 @@ class StepNorms:
         picked = torch.tensor(
             [positions[i] for i in present], dtype=torch.long, device=unbound.norms.device
         )
-        fingerprint = tuple(unbound.fingerprint.get(id(p)) for p in params)
+        held = unbound.fingerprint
+        pairs = [
+            held.get(id(p), _ABSENT) for p in params
+        ]  # (a parameter not measured: no gradient)
+        fingerprint = (tuple(pair[0] for pair in pairs), tuple(pair[1] for pair in pairs))
         norms = StackedNorms(
             unbound.norms[picked], len(params), None if len(present) == len(params) else present
         )
@@ -259,10 +268,12 @@ class StepNorms:
             optimizer, "grad_scale", None
         )  # set by GradScaler.step for fused optimizers
         modified: bool | None
-        if raw is not None and grad_fingerprint(params) == raw.fingerprint:
+        grads = list(map(_GRAD, params))
+        if raw is not None and fingerprint_of(grads) == raw.fingerprint:
             used, modified = raw.norms, False
         else:
-            used, modified = self.grad_norms(optimizer, params), (None if raw is None else True)
+            used = self.grad_norms(optimizer, params, grads)
+            modified = None if raw is None else True
         if isinstance(scale, torch.Tensor) and used.norms is not None:
             with torch.no_grad():
                 unscaled = used.norms / scale.detach().to(used.norms.device, torch.float32)
@@ -279,20 +290,24 @@ class StepNorms:
         return self._param_plans.plan(optimizer, self._param_ids[key][0], tensors), tensors
 
     def grad_norms(
-        self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
+        self,
+        optimizer: torch.optim.Optimizer,
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor | None],
     ) -> StackedNorms:
-        """The norms of the parameters' gradients (absent ones marked), plan cached.
+        """The norms of the parameters' gradients ``grads`` (read from ``params`` by the
+        caller, once; absent ones marked), plan cached.
 
-        Read straight from the parameters through their plan when every gradient
-        is present and strided (``NormPlan.grad_norms``); otherwise the gradients
-        present get a plan of their own."""
+        Through the parameters' plan when every gradient is present and strided
+        (``NormPlan.grad_norms``); otherwise the gradients present get a plan of
+        their own."""
         key = id(optimizer)
         identity = self._param_ids[key][0]  # set by ids_of (the pre hook calls it first)
         enabled = grad_disabled()
         try:
             if key not in self._sharded:
                 try:
-                    norms = self.param_plan(optimizer, params)[0].grad_norms(params)
+                    norms = self.param_plan(optimizer, params)[0].grad_norms(grads)
                 except (
                     RuntimeError
                 ):  # the plan no longer fits (a shape changed in place), or mixed layouts
@@ -300,7 +315,6 @@ class StepNorms:
                     norms = None
                 if norms is not None:
                     return StackedNorms(norms, len(params))
-            grads = [p.grad for p in params]
             present: list[int] | None = None
             if not all(g is not None and g.layout is _STRIDED for g in grads):
                 present = [i for i, g in enumerate(grads) if g is not None and g.layout is _STRIDED]
@@ -365,7 +379,7 @@ class _Raw(NamedTuple):
     objects at which in-place versions they were (``grad_fingerprint``)."""
 
     norms: StackedNorms
-    fingerprint: tuple[tuple[int, int] | None, ...]
+    fingerprint: Fingerprint
 
 
 class _Unbound(NamedTuple):
@@ -373,7 +387,7 @@ class _Unbound(NamedTuple):
 
     norms: torch.Tensor
     positions: dict[int, int]  # id of the parameter -> its row of ``norms``
-    fingerprint: dict[int, tuple[int, int] | None]
+    fingerprint: dict[int, tuple[int, int]]  # id of the parameter -> (id, version) of its gradient
     versions: dict[int, int]  # id of the parameter -> its in-place version counter
     step: int  # the run's step count when measured
 
@@ -416,14 +430,27 @@ def grad_restored(enabled: bool) -> None:
         set_grad_mode(True)
 
 
-def grad_fingerprint(params: list[torch.Tensor]) -> tuple[tuple[int, int] | None, ...]:
+Fingerprint = tuple[tuple[int, ...], tuple[int, ...]]
+"""``fingerprint_of``: the ids of the gradient objects and their in-place versions."""
+
+_ABSENT = (_NONE_ID, -1)
+"""A gradient that is None, in a ``Fingerprint``."""
+
+
+def fingerprint_of(grads: list[torch.Tensor | None]) -> Fingerprint:
     """Which gradient object each parameter holds and its in-place version counter: equal
     fingerprints mean no gradient was replaced or changed in place since
     (``clip_grad_norm_``, ``GradScaler.unscale_``, ``p.grad.mul_`` all bump the counter;
-    a change through ``.data`` has its own counter and is not seen)."""
-    grads = list(map(_GRAD, params))  # the iterations in C: this runs twice a step
+    a change through ``.data`` has its own counter and is not seen). Two flat tuples of
+    ints, where a pair per gradient made 5,000 tuples a call for a model of 5,000
+    parameters (garbage-collector work at every step); the iterations run in C."""
     ids = tuple(map(id, grads))
     if _NONE_ID not in ids:  # (ints compared: ``None in grads`` would call Tensor.__eq__)
-        return tuple(zip(ids, map(tensor_version, grads), strict=True))
+        return ids, tuple(map(tensor_version, grads))  # type: ignore[arg-type]
     version = tensor_version
-    return tuple(None if g is None else (id(g), version(g)) for g in grads)
+    return ids, tuple(-1 if g is None else version(g) for g in grads)
+
+
+def grad_fingerprint(params: list[torch.Tensor]) -> Fingerprint:
+    """``fingerprint_of`` the parameters' gradients."""
+    return fingerprint_of(list(map(_GRAD, params)))
