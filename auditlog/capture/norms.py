@@ -138,7 +138,7 @@ class NormPlan:
         if not grads:
             return None
         # (ids compared: ``None in grads`` would call Tensor.__eq__)
-        if _NONE_ID in map(id, grads) or set(map(_LAYOUT, grads)) != _STRIDED:
+        if NONE_ID in map(id, grads) or set(map(_LAYOUT, grads)) != _STRIDED:
             return None
         if self.plain:  # every tensor reduced by _foreach_norm: one list, one call, no permutation
             return _stacked_foreach(grads)  # type: ignore[arg-type]
@@ -227,7 +227,9 @@ class NormPlan:
 
 _LAYOUT = operator.attrgetter("layout")
 _STRIDED = {torch.strided}
-_NONE_ID = id(None)
+NONE_ID = id(None)
+"""``id(None)``: a list of tensors is searched for None by ids, as ``None in tensors``
+would call ``Tensor.__eq__``."""
 
 
 def _picker(members: list[int]) -> Callable[[Sequence[torch.Tensor]], tuple[torch.Tensor, ...]]:

@@ -10,7 +10,7 @@ It also measures the *raw* gradient norms: the gradients as the last
 ``backward()`` left them (``backward.py`` calls ``backward_finished``), before any
 clipping or unscaling. The step then uses them as the norms of the gradients
 the update consumed when no gradient was replaced or changed in place since
-(``grad_fingerprint``); otherwise it measures again, and both are recorded.
+(``fingerprint_of``); otherwise it measures again, and both are recorded.
 
 Until every trainable parameter has an optimizer seen stepping, each backward also
 notes the in-place versions of the parameters none holds: if they changed by the next
@@ -35,7 +35,7 @@ import torch
 from auditlog.capture.byobject import ByObject
 from auditlog.capture.construction import ConstructionHooks
 from auditlog.capture.context import RecordingContext
-from auditlog.capture.norms import NormPlan, PlanCache, norms_of
+from auditlog.capture.norms import NONE_ID, NormPlan, PlanCache, norms_of
 from auditlog.capture.payloads import StackedNorms
 from auditlog.capture.roots import RootTracking
 from auditlog.capture.torch_compat import local_view, set_grad_mode, tensor_version
@@ -249,11 +249,10 @@ class StepNorms:
         picked = torch.tensor(
             [positions[i] for i in present], dtype=torch.long, device=unbound.norms.device
         )
-        held = unbound.fingerprint
-        pairs = [
-            held.get(id(p), _ABSENT) for p in params
-        ]  # (a parameter not measured: no gradient)
-        fingerprint = (tuple(pair[0] for pair in pairs), tuple(pair[1] for pair in pairs))
+        # (a parameter not measured had no gradient)
+        pairs = [unbound.fingerprint.get(id(p), _ABSENT) for p in params]
+        grad_ids, grad_versions = zip(*pairs, strict=True)
+        fingerprint = (grad_ids, grad_versions)
         norms = StackedNorms(
             unbound.norms[picked], len(params), None if len(present) == len(params) else present
         )
@@ -371,12 +370,9 @@ def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return list(chain.from_iterable(map(_PARAMS, optimizer.param_groups)))
 
 
-_NONE_ID = id(None)
-
-
 class _Raw(NamedTuple):
     """The gradients one backward left for one optimizer: their norms, and which gradient
-    objects at which in-place versions they were (``grad_fingerprint``)."""
+    objects at which in-place versions they were (``fingerprint_of``)."""
 
     norms: StackedNorms
     fingerprint: Fingerprint
@@ -433,7 +429,7 @@ def grad_restored(enabled: bool) -> None:
 Fingerprint = tuple[tuple[int, ...], tuple[int, ...]]
 """``fingerprint_of``: the ids of the gradient objects and their in-place versions."""
 
-_ABSENT = (_NONE_ID, -1)
+_ABSENT = (NONE_ID, -1)
 """A gradient that is None, in a ``Fingerprint``."""
 
 
@@ -445,12 +441,7 @@ def fingerprint_of(grads: list[torch.Tensor | None]) -> Fingerprint:
     ints, where a pair per gradient made 5,000 tuples a call for a model of 5,000
     parameters (garbage-collector work at every step); the iterations run in C."""
     ids = tuple(map(id, grads))
-    if _NONE_ID not in ids:  # (ints compared: ``None in grads`` would call Tensor.__eq__)
+    if NONE_ID not in ids:  # (ints compared: ``None in grads`` would call Tensor.__eq__)
         return ids, tuple(map(tensor_version, grads))  # type: ignore[arg-type]
     version = tensor_version
     return ids, tuple(-1 if g is None else version(g) for g in grads)
-
-
-def grad_fingerprint(params: list[torch.Tensor]) -> Fingerprint:
-    """``fingerprint_of`` the parameters' gradients."""
-    return fingerprint_of(list(map(_GRAD, params)))
