@@ -51,7 +51,7 @@ def compile_guard(hook: F) -> F:
     return guarded  # type: ignore[return-value]
 
 
-_functorch_interpreter = torch._C._functorch.peek_interpreter_stack
+_functorch_active = torch._C._are_functorch_transforms_active
 
 
 def call_guard(hook: F) -> F:
@@ -61,13 +61,19 @@ def call_guard(hook: F) -> F:
     tensors (``functional_call`` puts them in the module itself): reading their
     values fails under vmap ("calling .item() on a Tensor"), and they are
     transient values of the transform, not the model's. The check is
-    ``torch._C._functorch.peek_interpreter_stack()`` (None outside any
-    transform; torch 2.0-2.13), cheap enough for every call.
+    ``torch._C._are_functorch_transforms_active()`` (the transforms' dispatch keys
+    in this thread's included set; torch 2.0-2.13, what ``torch.autograd.backward``
+    itself asks), cheap enough for every call. Not
+    ``torch._C._functorch.peek_interpreter_stack()``: its first call creates this
+    thread's functorch state, and from then on the autograd engine deep-copies that
+    state at each of its thread-local-state switches, in every backward of the
+    user's program (~19 K instructions a step on the fast MLP, more the larger the
+    graph: docs/performance.md).
     """
 
     @functools.wraps(hook)
     def guarded(*args: Any) -> None:
-        if _is_compiling() or _functorch_interpreter() is not None:
+        if _is_compiling() or _functorch_active():
             return None
         return hook(*args)  # type: ignore[no-any-return]
 
@@ -88,7 +94,7 @@ def dynamo_frames_compiled() -> int:
 
 
 def in_transform_or_compile() -> bool:  # call_guard's test, for wrappers that must call through
-    return bool(_is_compiling() or _functorch_interpreter() is not None)
+    return bool(_is_compiling() or _functorch_active())
 
 
 # --------------------------------------------------------------------------- torch.compile
@@ -539,8 +545,8 @@ REQUIRED = {
     "torch._foreach_copy_": lambda: torch._foreach_copy_,
     "torch._foreach_sub_": lambda: torch._foreach_sub_,
     "torch.compiler.is_compiling": lambda: torch.compiler.is_compiling,
-    "torch._C._functorch.peek_interpreter_stack": lambda: (
-        torch._C._functorch.peek_interpreter_stack()
+    "torch._C._are_functorch_transforms_active": lambda: (
+        torch._C._are_functorch_transforms_active()
     ),
     "torch._C._functorch.is_functorch_wrapped_tensor": lambda: (
         torch._C._functorch.is_functorch_wrapped_tensor

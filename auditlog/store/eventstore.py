@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import operator
 import sqlite3
 import sys
 import threading
@@ -34,8 +33,8 @@ from auditlog.core.errors import (
     UsageError,
     one_line,
 )
-from auditlog.core.eventrow import STORED_COLUMNS
 from auditlog.store import revision as revisions
+from auditlog.store.inserts import Inserts
 from auditlog.store.location import StoreLocation, resolve_store
 from auditlog.store.opening import check_revision, existing_revision, make_engine, read_only_query
 from auditlog.store.queries import EventQueries
@@ -44,9 +43,6 @@ from auditlog.store.sqlread import EngineReads, Reads, SqliteReads
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
-
-EVENT_COLUMNS = STORED_COLUMNS  # what the writer inserts (core.eventrow defines them)
-_EVENT_VALUES = operator.itemgetter(*EVENT_COLUMNS)
 
 
 class EventStore(EventQueries):
@@ -66,7 +62,7 @@ class EventStore(EventQueries):
         self.synchronous = synchronous
         self._engine = engine
         self._engine_lock = threading.Lock()
-        self._insert_sql: str | None = None
+        self._inserts: Inserts | None = None
         self.reads: Reads = self._sqlite_reads() if engine is None else EngineReads(engine)
 
     def _sqlite_reads(self) -> Reads:
@@ -178,15 +174,13 @@ class EventStore(EventQueries):
 
         The rows go to the driver's ``executemany`` as tuples (SQLAlchemy's Core
         insert added a large share per row to the writer: benchmarks/ingest.py,
-        docs/performance.md);
-        the statement is built once for the dialect's parameter style. Driver
-        errors propagate unconverted: the writer retries and reports them itself.
+        docs/performance.md), their NULLs left out of the statement (``inserts.py``).
+        Driver errors propagate unconverted: the writer retries and reports them itself.
         """
         from auditlog.store import schema
 
         with self.engine.begin() as conn:
-            if rows:
-                conn.exec_driver_sql(self.insert_sql, [_EVENT_VALUES(r) for r in rows])
+            self._insert(conn, rows)
             if not heartbeat:
                 return
             conn.execute(
@@ -220,7 +214,15 @@ class EventStore(EventQueries):
     def add_events(self, rows: Sequence[dict[str, Any]]) -> None:
         """Insert already chained events in one transaction (``auditlog combine``)."""
         with self.guard("copying events"), self.engine.begin() as conn:
-            conn.exec_driver_sql(self.insert_sql, [_EVENT_VALUES(r) for r in rows])
+            self._insert(conn, rows)
+
+    def _insert(self, conn: Any, rows: Sequence[dict[str, Any]]) -> None:
+        """The rows, in order, through the statements of the engine's parameter style."""
+        inserts = self._inserts
+        if inserts is None:
+            inserts = self._inserts = Inserts(self.engine.dialect.paramstyle)
+        for statement, values in inserts.batches(rows):
+            conn.exec_driver_sql(statement, values)
 
     def rename_run(self, run_id: str, name: str) -> None:
         """Name a run that has no name yet (a ``record(name=...)`` joining ``auditlog run``);
@@ -306,13 +308,6 @@ class EventStore(EventQueries):
                 f"store {self.location.display()!r}: error while {doing}: {one_line(exc)}"
             ) from exc
 
-    @property
-    def insert_sql(self) -> str:
-        """The events INSERT in the engine's parameter style (made once)."""
-        if self._insert_sql is None:
-            self._insert_sql = _insert_statement(self.engine.dialect.paramstyle)
-        return self._insert_sql
-
     def close(self) -> None:
         """Release the store's connections (an open store holds a connection pool)."""
         self.reads.close()
@@ -333,18 +328,6 @@ def _store_error(exc: Exception) -> type[StoreError] | None:
     if sa_exc is not None and isinstance(exc, sa_exc.SQLAlchemyError):
         return StoreUnavailableError if isinstance(exc, sa_exc.OperationalError) else StoreError
     return None
-
-
-def _insert_statement(paramstyle: str) -> str:
-    """The events INSERT for a positional parameter style (rows are tuples)."""
-    count = len(EVENT_COLUMNS)
-    if paramstyle == "qmark":
-        marks = ["?"] * count
-    elif paramstyle == "numeric":
-        marks = [f":{i + 1}" for i in range(count)]
-    else:  # format / pyformat (psycopg): %s is positional there
-        marks = ["%s"] * count
-    return f"INSERT INTO events ({', '.join(EVENT_COLUMNS)}) VALUES ({', '.join(marks)})"
 
 
 def upgrade_store(store: str | StoreLocation | None) -> tuple[str | None, str]:
