@@ -12,7 +12,9 @@ instructions per step, and every other thread's (auditlog's writer).
 
 Configurations: ``bare``; ``floor`` (bare plus what every preset must compute on
 the training thread with nothing recorded: the gradient norms of every step in
-one fused call, and the loss read as a number); ``debug-floor``
+one fused call, and the loss read as a number); ``record-floor`` (the same plus
+the two events of a step built, chained and inserted with the library's own
+functions and nothing else: ``recordfloor.py``); ``debug-floor``
 (``overhead_configs.DebugStatisticsFloor``: ``debug``'s statistics computed
 with the library's own functions in plain hooks, nothing recorded); the presets. The writer's
 batching follows wall time (a batch every 0.1 s), which valgrind slows ~50x: its
@@ -49,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import WORKLOADS, machine_line, record_options
 from overhead_configs import DebugStatisticsFloor
+from recordfloor import RecordFloor
 
 import auditlog
 
@@ -61,9 +64,14 @@ def child(model: str, config: str, steps: int) -> None:
     work = WORKLOADS[model]
     if config == "debug-floor":
         DebugStatisticsFloor().begin(Path(tempfile.gettempdir()))
+    floor = (
+        RecordFloor(Path(tempfile.mkdtemp(prefix="auditlog-instr-")))
+        if config == "record-floor"
+        else None
+    )
     recording = (
         None
-        if config in ("bare", "floor", "debug-floor")
+        if config in ("bare", "floor", "record-floor", "debug-floor")
         else auditlog.record(tempfile.mkdtemp(prefix="auditlog-instr-"), **record_options(config))
     )
     run = recording.__enter__() if recording is not None else None
@@ -83,6 +91,8 @@ def child(model: str, config: str, steps: int) -> None:
             with torch.no_grad():
                 torch.stack(torch._foreach_norm([p.grad for p in params]))
             loss.item()
+        elif floor is not None:
+            floor.step(opt, params, loss.item())
         opt.step()
 
     for _ in range(WARMUP):
@@ -95,6 +105,8 @@ def child(model: str, config: str, steps: int) -> None:
         step()
     if run is not None:
         run.flush()  # the writer's share of these steps
+    if floor is not None:
+        floor.flush()
     print("DONE", flush=True)
     time.sleep(2.0)
     if recording is not None:
