@@ -14,7 +14,8 @@ Configurations: ``bare``; ``floor`` (bare plus what every preset must compute on
 the training thread with nothing recorded: the gradient norms of every step in
 one fused call, and the loss read as a number); ``record-floor`` (the same plus
 the two events of a step built, chained and inserted with the library's own
-functions and nothing else: ``recordfloor.py``); ``debug-floor``
+functions and nothing else: ``recordfloor.py``; ``record-floor-single``: one event a
+step, the loss inside ``optimizer_step``); ``debug-floor``
 (``overhead_configs.DebugStatisticsFloor``: ``debug``'s statistics computed
 with the library's own functions in plain hooks, nothing recorded); the presets. The writer's
 batching follows wall time (a batch every 0.1 s), which valgrind slows ~50x: its
@@ -65,13 +66,15 @@ def child(model: str, config: str, steps: int) -> None:
     if config == "debug-floor":
         DebugStatisticsFloor().begin(Path(tempfile.gettempdir()))
     floor = (
-        RecordFloor(Path(tempfile.mkdtemp(prefix="auditlog-instr-")))
-        if config == "record-floor"
+        RecordFloor(
+            Path(tempfile.mkdtemp(prefix="auditlog-instr-")), single=config.endswith("-single")
+        )
+        if config.startswith("record-floor")
         else None
     )
     recording = (
         None
-        if config in ("bare", "floor", "record-floor", "debug-floor")
+        if config in ("bare", "floor", "debug-floor") or floor is not None
         else auditlog.record(tempfile.mkdtemp(prefix="auditlog-instr-"), **record_options(config))
     )
     run = recording.__enter__() if recording is not None else None

@@ -11,6 +11,11 @@ a real store's ``events`` table (same schema and indexes, WAL,
 no writer thread, no policy, no checks: what a recorder of this event model in
 Python cannot go below. ``python benchmarks/instructions.py --configs
 bare,floor,record-floor,minimal``.
+
+``single=True`` (``record-floor-single``) stores one event a step instead, the
+loss inside ``optimizer_step``: what the floor would be if the event model
+carried a step's loss in its step event (it does not: ``metrics`` is its own
+event, docs/events.md).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ BATCH = 100
 class RecordFloor:
     """Per step: norms and loss (``step``), two payloads, two chained rows, batched inserts."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, single: bool = False) -> None:
+        self.single = single
         store = EventStore.open(str(directory / "store"), create=True)
         database = store.location.database
         store.close()
@@ -57,7 +63,9 @@ class RecordFloor:
         with torch.no_grad():
             norms = torch.stack(torch._foreach_norm([p.grad for p in params]))  # type: ignore[misc]
         self.steps += 1
-        self._event("metrics", Clean({"entries": [{"name": "loss", "value": loss}]}))
+        entries = [{"name": "loss", "value": loss}]
+        if not self.single:
+            self._event("metrics", Clean({"entries": entries}))
         if self.ids is None:
             self.ids = Clean(pack_ints(list(range(1, len(params) + 1))))
         groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
@@ -69,6 +77,8 @@ class RecordFloor:
             "tensor_ids": self.ids,
             "grad_norms": pack_f32(norms.numpy().tobytes()),
         }
+        if self.single:
+            payload["metrics"] = entries
         self._event("optimizer_step", Clean(payload))
         if len(self.rows) >= BATCH:
             self.flush()

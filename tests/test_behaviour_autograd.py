@@ -10,7 +10,10 @@ in-place changes after views, and function transforms.
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -318,3 +321,49 @@ def test_deepcopy_of_a_hooked_trained_model(twice: Twice) -> None:
 
     fired, same, _, _ = twice(behaviour)
     assert fired == ["hook"] * 3 and same
+
+
+_NO_FUNCTORCH_STATE = """
+import sys
+import torch
+from torch import nn
+
+calls = []
+peek = torch._C._functorch.peek_interpreter_stack
+
+
+def spy():
+    calls.append(1)
+    return peek()
+
+
+torch._C._functorch.peek_interpreter_stack = spy  # before auditlog binds anything
+import auditlog
+
+for preset in ("minimal", "audit", "debug"):
+    with auditlog.record(sys.argv[1] + "/" + preset, policy=preset):
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        opt = torch.optim.AdamW(model.parameters())
+        for _ in range(3):
+            loss = nn.functional.mse_loss(model(torch.randn(5, 4)), torch.randn(5, 1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+print("peeks", len(calls))
+"""
+
+
+def test_recording_never_creates_functorch_state(tmp_path: Path) -> None:
+    """The hooks tell a ``torch.func`` transform by its dispatch keys, never by
+    ``peek_interpreter_stack``: that call creates the thread's functorch state, which
+    the autograd engine then copies at every node of every later backward (the user's
+    backward made dearer: docs/performance.md). Every preset, a whole training loop, in
+    a fresh process with the call watched from before auditlog is imported."""
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_FUNCTORCH_STATE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-2:] == ["peeks", "0"], done.stdout
