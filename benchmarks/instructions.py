@@ -11,8 +11,9 @@ and reads the counts per thread (``--separate-threads``): the training thread's
 instructions per step, and every other thread's (auditlog's writer).
 
 Configurations: ``bare``; ``floor`` (bare plus what every preset must compute on
-the training thread with nothing recorded: the gradient norms of every step in
-one fused call, and the loss read as a number); ``record-floor`` (the same plus
+the training thread with nothing recorded: the gradient norms of every step with
+the library's norm plan, one ``_foreach_norm`` for a small model, and the loss
+read as a number); ``record-floor`` (the same plus
 the two events of a step built, chained and inserted with the library's own
 functions and nothing else: ``recordfloor.py``; ``record-floor-single``: one event a
 step, the loss inside ``optimizer_step``); ``debug-floor``
@@ -55,6 +56,7 @@ from overhead_configs import DebugStatisticsFloor
 from recordfloor import RecordFloor
 
 import auditlog
+from auditlog.capture.norms import PlanCache
 
 WARMUP = 30
 
@@ -85,14 +87,19 @@ def child(model: str, config: str, steps: int) -> None:
     opt = work.optimizer(model_.parameters())
     x, y = work.batch()
     params = [p for group in opt.param_groups for p in group["params"]]
+    # the library's norm plan, kept per optimizer and used as the recorder uses it for
+    # gradients (one ``_foreach_norm`` for a small model; stacked groups for thousands
+    # of small tensors)
+    plans, identity = PlanCache(), tuple(map(id, params))
 
     def step() -> None:
         opt.zero_grad()
         loss = work.loss(model_(x), y)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         if config == "floor":
             with torch.no_grad():
-                torch.stack(torch._foreach_norm([p.grad for p in params]))
+                grads = [p.grad for p in params]
+                plans.plan(id(opt), identity, grads).grad_norms(grads)
             loss.item()
         elif floor is not None:
             floor.step(opt, params, loss.item())

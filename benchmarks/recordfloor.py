@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from auditlog.capture.norms import PlanCache
 from auditlog.core.chain import Clean, chained_row, encode_clean, genesis_hash, row_prefix
 from auditlog.core.packed import pack_f32, pack_ints
 from auditlog.store.eventstore import EventStore
@@ -55,13 +56,20 @@ class RecordFloor:
         self.steps = 0
         self.rows: list[dict[str, Any]] = []
         self.ids: Clean | None = None
+        self.plans = PlanCache()  # the library's norm plan, kept and used as the recorder does
+        self.identity: tuple[int, ...] = ()
 
     def step(
         self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor], loss: float
     ) -> None:
         """After ``backward()``: the norms of the gradients and the two events of the step."""
+        if not self.identity:
+            self.identity = tuple(map(id, params))
         with torch.no_grad():
-            norms = torch.stack(torch._foreach_norm([p.grad for p in params]))  # type: ignore[misc]
+            grads = [p.grad for p in params]
+            plan = self.plans.plan(id(optimizer), self.identity, grads)  # type: ignore[arg-type]
+            norms = plan.grad_norms(grads)
+        assert norms is not None
         self.steps += 1
         entries = [{"name": "loss", "value": loss}]
         if not self.single:

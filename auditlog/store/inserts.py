@@ -8,7 +8,9 @@ are left out of the statement instead of bound as ``None``: the stdlib
 was ~3,300 CPU instructions per NULL, 2 NULLs in most events: ~1.4-2 us a row,
 a tenth of the writer's time on a fast training step (benchmarks/instructions.py,
 docs/performance.md). A column left out gets its default, NULL: the stored row is
-the same.
+the same (no migration gives these columns another default; a store altered to
+have one would store that value, and ``verify`` would find those rows' hashes
+wrong: the chain covers the NULL).
 
 Rows keep their order (the store's ``id`` is the insertion order): a batch is
 cut into runs of consecutive rows with the same pattern, one ``executemany``
