@@ -116,7 +116,7 @@ def child(model: str, config: str, steps: int) -> None:
     if run is not None:
         run.flush()  # the writer's share of these steps
     if floor is not None:
-        floor.flush()
+        floor.close()  # its last rows inserted
     print("DONE", flush=True)
     time.sleep(2.0)
     if recording is not None:

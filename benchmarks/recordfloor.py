@@ -9,7 +9,9 @@ stored row and its SHA-256 chain link (``chained_row``), and a batch insert into
 a real store's ``events`` table (same schema and indexes, WAL,
 ``synchronous=NORMAL``; ``store.inserts``) every 100 events. No hooks, no queue,
 no writer thread, no policy, no checks: what a recorder of this event model in
-Python cannot go below. ``python benchmarks/instructions.py --configs
+Python cannot go below. Its payloads hold fewer keys than the recorder's (no
+raw norms, no non-finite count, no group ids), so it errs low, as a floor
+should. ``python benchmarks/instructions.py --configs
 bare,floor,record-floor,minimal``.
 
 ``single=True`` (``record-floor-single``) stores one event a step instead, the

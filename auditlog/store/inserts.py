@@ -67,19 +67,14 @@ class Inserts:
         if made is None:
             null = {i for i, kind in zip(_NULLABLE, pattern, strict=True) if kind is _NONE}
             kept = [i for i in range(len(EVENT_COLUMNS)) if i not in null]
-            pick = None if not null else _picker(kept)
+            # (``kept`` always holds the columns that are never NULL: several positions, so
+            # the getter gives a tuple)
+            pick = None if not null else operator.itemgetter(*kept)
             made = self._made[pattern] = (
                 insert_statement(self.paramstyle, [EVENT_COLUMNS[i] for i in kept]),
                 pick,
             )
         return made
-
-
-def _picker(positions: list[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
-    pick = operator.itemgetter(*positions)
-    if len(positions) == 1:  # itemgetter of one position gives the item itself
-        return lambda values: (pick(values),)
-    return pick
 
 
 def insert_statement(paramstyle: str, columns: Sequence[str] = EVENT_COLUMNS) -> str:
